@@ -1,0 +1,120 @@
+"""The run config: one typed document shared by every component, and its derived numbers.
+
+``RunConfig`` is what every process receives (from a file, ``section.key=value`` arguments
+and ``ASYNCRL_SECTION__KEY`` variables, see :mod:`asyncrl.config.loader`).
+``DerivedNumbers`` computes, in one place, the quantities verl derives from the knobs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from asyncrl.config.sections_core import (
+    AsyncTrainingConfig,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+    Section,
+)
+from asyncrl.config.sections_infra import (
+    ActorConfig,
+    EnginesConfig,
+    NatsConfig,
+    RunSection,
+    SecurityConfig,
+    SyncConfig,
+    TrainerConfig,
+)
+
+CONCURRENT_PER_ENGINE = 16  # verl: max_concurrent_samples = len(server_handles) * 16
+WIRE_BYTES_PER_TOKEN_BOUND = 24  # msgpack: token id <=5 B, logprob 9 B, version <=5 B, mask 1 B
+DEBUG_TEXT_BYTES_PER_TOKEN = 16  # optional `messages` text: worst-case UTF-8 bytes per token
+WIRE_FIXED_OVERHEAD = 1 << 20  # headers, reward details, timings, metadata
+
+
+class RunConfig(Section):
+    """Everything a run needs; each section documents its fields."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    """Run identity and directory."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy model."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Training and validation prompts."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """The rollout service and its agents."""
+    async_training: AsyncTrainingConfig = Field(default_factory=AsyncTrainingConfig)
+    """verl's fully-async knobs."""
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    """The policy-gradient algorithm."""
+    engines: EnginesConfig = Field(default_factory=EnginesConfig)
+    """Inference engines."""
+    nats: NatsConfig = Field(default_factory=NatsConfig)
+    """NATS JetStream."""
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    """Trainer processes and checkpoints."""
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+    """The sync agent."""
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    """Tokens."""
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory with ``{id}`` substituted."""
+        return Path(self.run.dir.format(id=self.run.id))
+
+    @property
+    def derived(self) -> "DerivedNumbers":
+        """verl's derived numbers for this config."""
+        return DerivedNumbers.of(self)
+
+
+class DerivedNumbers(BaseModel):
+    """Numbers verl derives from the knobs (names as in verl's fully_async_policy).
+
+    ``required_samples``: samples per trainer update (``ppo_mini_batch_size *
+    require_batches``). ``max_required_samples``: samples the rollout may start between two
+    syncs before stale ones are subtracted, ``required_samples * trigger_parameter_sync_step
+    * (1 + staleness_threshold)`` (floored). ``max_concurrent_samples``: trajectories in flight.
+    ``max_queue_size``: verl's MessageQueue bound, equal to ``max_required_samples``.
+    """
+
+    num_engines: int
+    required_samples: int
+    required_trajectories: int
+    samples_per_sync: int
+    max_required_samples: int
+    max_concurrent_samples: int
+    max_queue_size: int
+    total_updates: int | None
+    total_syncs: int | None
+    max_message_bytes: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "DerivedNumbers":
+        at = cfg.async_training
+        if cfg.engines.backend == "local" and not cfg.engines.urls:
+            num_engines = cfg.engines.num_local
+        else:
+            num_engines = len(cfg.engines.urls)
+        required = cfg.actor.ppo_mini_batch_size * at.require_batches
+        per_sync = required * at.trigger_parameter_sync_step
+        max_required = math.floor(per_sync * (1.0 + at.staleness_threshold) + 1e-9)
+        concurrent = cfg.rollout.max_concurrent or max(1, num_engines) * CONCURRENT_PER_ENGINE
+        total = cfg.rollout.total_rollout_steps
+        max_tokens = cfg.model.max_model_len
+        return cls(
+            num_engines=num_engines,
+            required_samples=required,
+            required_trajectories=required * cfg.rollout.n,
+            samples_per_sync=per_sync,
+            max_required_samples=max_required,
+            max_concurrent_samples=concurrent,
+            max_queue_size=max_required,
+            total_updates=None if total is None else total // required,
+            total_syncs=None if total is None else total // per_sync,
+            max_message_bytes=max_tokens * (WIRE_BYTES_PER_TOKEN_BOUND + DEBUG_TEXT_BYTES_PER_TOKEN) + WIRE_FIXED_OVERHEAD,
+        )

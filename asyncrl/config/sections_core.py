@@ -1,0 +1,127 @@
+"""Config sections for the model, the data, the rollout and verl's async-training knobs.
+
+Every field has a docstring, a default where one makes sense, and bounds. Names follow
+verl's fully_async_policy where verl has the knob (``staleness_threshold``,
+``trigger_parameter_sync_step``, ``require_batches``, ``partial_rollout``,
+``use_rollout_log_probs``, ``compute_prox_log_prob``, ``ppo_mini_batch_size``).
+
+Vocabulary used throughout asyncrl, as in verl's docs: a *sample* is one prompt and the
+``rollout.n`` trajectories generated for it (a *group*); a *trajectory* is one episode.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are validated on
+    assignment too, and field docstrings become the field descriptions."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class ModelConfig(Section):
+    path: str = "builtin:tiny"
+    """Model spec: ``builtin:tiny``, ``builtin:smollm2-135m`` or a local Hugging Face model
+    directory. The engines, the trainer and the rollout tokenizer all load this."""
+    tokenizer_path: str | None = None
+    """Tokenizer spec when it differs from ``path`` (same forms)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights dtype on the engines (CPU: float32 is exact, bfloat16 ~2x faster)."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Initialisation seed of builtin models; the same seed gives identical weights everywhere."""
+    max_model_len: int = Field(4096, ge=16, le=1_048_576)
+    """Longest sequence (prompt + response, all turns) any component accepts, in tokens."""
+
+
+class DataConfig(Section):
+    train_files: list[str] = Field(default_factory=list)
+    """JSONL or Parquet files in verl's layout (``prompt``, ``data_source``,
+    ``reward_model.ground_truth``, ``extra_info``). Empty: the built-in demo task."""
+    val_files: list[str] = Field(default_factory=list)
+    """Validation files in the same layout. Empty: no validation unless the demo task."""
+    shuffle: bool = True
+    """Shuffle prompts each epoch (deterministically from ``seed``)."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Seed of the prompt order."""
+    max_prompt_length: int = Field(1024, ge=1, le=1_048_576)
+    """Prompts longer than this many tokens (after the chat template) are skipped and reported."""
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    """Sampling temperature; 0 means greedy. Rollout logprobs are of the
+    temperature-scaled distribution, and the trainer scales its logits the same way."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int = Field(-1, ge=-1)
+    """Keep the k most likely tokens; -1 keeps all."""
+    max_new_tokens: int = Field(256, ge=1, le=1_048_576)
+    """Upper bound of tokens per assistant turn (also bounded by ``rollout.response_length``)."""
+
+
+class MultiTurnConfig(Section):
+    max_assistant_turns: int = Field(4, ge=1, le=1000)
+    """Most assistant (model) turns per trajectory."""
+    max_user_turns: int = Field(4, ge=0, le=1000)
+    """Most tool/environment turns per trajectory."""
+    max_parallel_calls: int = Field(1, ge=1, le=64)
+    """Most tool calls executed from one assistant turn; extra calls get an error result."""
+    tool_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
+    """Wall-clock limit of one tool call."""
+    max_tool_response_length: int = Field(256, ge=1, le=1_048_576)
+    """Tool results are truncated to this many tokens before entering the context."""
+    tool_parser: Literal["hermes"] = "hermes"
+    """Parser of tool calls in model output (``hermes``: ``<tool_call>{json}</tool_call>``,
+    used by Qwen2.5/Qwen3 and the builtin models)."""
+
+
+class RolloutConfig(Section):
+    n: int = Field(4, ge=1, le=1024)
+    """Trajectories per prompt (the GRPO group size)."""
+    max_concurrent: int | None = Field(None, ge=1, le=1_000_000)
+    """Trajectories in flight at once. None: 16 per engine (verl's ``max_concurrent_samples``)."""
+    response_length: int = Field(512, ge=1, le=1_048_576)
+    """Total response tokens per trajectory across all turns (model and tool tokens)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling of training rollouts."""
+    val_sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.0))
+    """Sampling of validation rollouts (greedy by default)."""
+    multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
+    """Limits of the multi-turn tool agent."""
+    total_rollout_steps: int | None = Field(None, ge=1)
+    """Total samples (prompts) to roll out, as verl's ``rollout.total_rollout_steps``. None: epochs."""
+    total_epochs: int = Field(1, ge=1, le=100_000)
+    """Passes over the training data when ``total_rollout_steps`` is None."""
+    test_freq: int = Field(-1, ge=-1)
+    """Validate every this many weight versions; -1 never."""
+    publish_unit: Literal["trajectory", "group"] = "trajectory"
+    """Publish each trajectory when it finishes, or a group when all of its ``n`` finish."""
+    host: str = "127.0.0.1"
+    """Address the rollout service binds to."""
+    port: int = Field(8000, ge=0, le=65535)
+    """Port of the rollout service (0: pick a free one)."""
+    outbox_max_items: int = Field(10_000, ge=1)
+    """Finished trajectories held on disk while NATS is unreachable; past it admission stops."""
+
+
+class AsyncTrainingConfig(Section):
+    staleness_threshold: float = Field(0.5, ge=0.0, le=100.0)
+    """verl: the fraction of stale samples allowed. Between two syncs the rollout starts at most
+    ``(1 + staleness_threshold) * trigger_parameter_sync_step * require_batches *
+    ppo_mini_batch_size`` samples minus the stale ones already produced. 0 = synchronous."""
+    trigger_parameter_sync_step: int = Field(1, ge=1, le=100_000)
+    """verl: local trainer updates between two weight syncs."""
+    require_batches: int = Field(1, ge=1, le=100_000)
+    """verl: ``ppo_mini_batch_size`` batches the trainer takes at once for one update."""
+    partial_rollout: bool = True
+    """verl: at a sync, abort in-flight generations and continue them afterwards (modes d);
+    False drains them first (mode c). Only takes effect when ``staleness_threshold > 0``."""
+    use_rollout_log_probs: bool = True
+    """verl: use the engine's logprobs as the PPO old logprobs (the fully async default)."""
+    compute_prox_log_prob: bool = False
+    """verl: compute proximal logprobs with a trainer forward pass before the update
+    (decoupled PPO); the rollout logprobs then only enter the importance-sampling correction."""

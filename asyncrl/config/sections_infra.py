@@ -1,0 +1,199 @@
+"""Config sections for the trainer's algorithm, the engines, NATS, the trainer processes,
+the sync agent, security and the run itself."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+
+from asyncrl.config.sections_core import Section
+
+RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,47}$"
+
+
+class OptimConfig(Section):
+    lr: float = Field(1e-5, gt=0.0, le=1.0)
+    """AdamW learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = Field(0.01, ge=0.0, le=1.0)
+    """AdamW decoupled weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up steps of the learning rate."""
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    """Schedule after warm-up (cosine decays to 0 at ``trainer.total_training_steps``)."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this value."""
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
+
+class ActorConfig(Section):
+    ppo_mini_batch_size: int = Field(4, ge=1, le=1_000_000)
+    """Samples (prompts, each with ``rollout.n`` trajectories) per optimiser update, global
+    across data-parallel ranks (verl's meaning)."""
+    ppo_micro_batch_size_per_gpu: int = Field(4, ge=1, le=100_000)
+    """Trajectories per forward/backward on one rank (gradient accumulation below it)."""
+    ppo_epochs: int = Field(1, ge=1, le=100)
+    """Passes over each mini-batch."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimiser."""
+    clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0)
+    """PPO lower clip: ratio >= 1 - clip_ratio_low."""
+    clip_ratio_high: float = Field(0.28, ge=0.0, le=10.0)
+    """PPO upper clip: ratio <= 1 + clip_ratio_high (DAPO's clip-higher uses 0.28)."""
+    clip_ratio_c: float | None = Field(3.0, gt=1.0)
+    """Dual-clip constant for negative advantages (None disables dual clip)."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """Loss aggregation (verl's names): token-mean is DAPO's token-level loss."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group's reward std (Dr. GRPO sets this False)."""
+    filter_zero_variance_groups: bool = False
+    """Drop groups whose rewards are all equal (no learning signal; DAPO's dynamic sampling)."""
+    tis_imp_ratio_cap: float | None = Field(2.0, gt=0.0)
+    """Truncated importance sampling: weight each token by min(pi_old/pi_rollout, cap) to
+    correct the rollout/trainer probability mismatch. None disables."""
+    use_kl_loss: bool = False
+    """Add a KL penalty to a frozen reference model."""
+    kl_loss_coef: float = Field(0.001, ge=0.0)
+    """Coefficient of the KL penalty."""
+    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "low_var_kl"
+    """KL estimator (verl's names)."""
+    entropy_coeff: float = Field(0.0, ge=0.0)
+    """Entropy bonus coefficient."""
+    activation_checkpointing: bool = False
+    """Recompute decoder-block activations in backward to save memory."""
+
+
+class EnginesConfig(Section):
+    backend: Literal["local", "sglang"] = "local"
+    """``local``: asyncrl starts CPU engines (local_engine). ``sglang``: use ``urls``."""
+    urls: list[str] = Field(default_factory=list)
+    """Base URLs of running engines (SGLang, or local engines started elsewhere)."""
+    num_local: int = Field(1, ge=0, le=64)
+    """Local engines ``asyncrl up`` starts when ``backend`` is ``local`` and ``urls`` is empty."""
+    gpus_per_engine: int = Field(1, ge=1, le=64)
+    """Ranks each engine contributes to the weight-update group (SGLang: its TP size)."""
+    max_batch_size: int = Field(32, ge=1, le=4096)
+    """Local engine: most requests decoded together in one step."""
+    api_key: SecretStr | None = None
+    """Bearer token the engines require (SGLang ``--api-key``)."""
+    request_timeout_s: float = Field(600.0, gt=0.0)
+    """Upper bound of one /generate call."""
+    control_timeout_s: float = Field(60.0, gt=0.0)
+    """Upper bound of control calls (pause, abort, flush, info)."""
+
+    @field_validator("urls")
+    @classmethod
+    def _urls_are_http(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not re.match(r"^https?://[^/\s]+", url):
+                raise ValueError(f"engine url {url!r} must start with http:// or https://")
+        return [u.rstrip("/") for u in v]
+
+
+class NatsConfig(Section):
+    url: str | None = None
+    """NATS server URL (``nats://host:4222``). None: start or use the embedded server."""
+    embedded_port: int = Field(0, ge=0, le=65535)
+    """Port of the embedded server (0: a free port)."""
+    stream_max_bytes: int = Field(4 * 2**30, ge=2**20)
+    """Byte limit of the run's stream. With discard=new, a full stream rejects publishes."""
+    duplicate_window_s: float = Field(1800.0, ge=1.0, le=7 * 86400.0)
+    """``Nats-Msg-Id`` dedup window; must exceed how long the outbox may retry a publish."""
+    sync_always: bool = False
+    """Embedded server: fsync every write (survives an OS crash, slower)."""
+    user: str | None = None
+    """NATS user name (with ``security.nats_password``)."""
+
+
+class CheckpointConfig(Section):
+    save_freq: int = Field(0, ge=0)
+    """Save a sharded checkpoint every this many steps (0: only at the end)."""
+    keep_last: int = Field(2, ge=1)
+    """Complete checkpoints kept."""
+    async_save: bool = False
+    """Write checkpoints in the background (``torch.distributed.checkpoint.async_save``)."""
+    export_hf: bool = True
+    """Also export a Hugging Face safetensors directory with each checkpoint."""
+    resume: bool = True
+    """Resume from the newest complete checkpoint in the run directory."""
+
+
+class TrainerConfig(Section):
+    nnodes: int = Field(1, ge=1, le=4096)
+    """torchrun ``--nnodes``."""
+    nproc_per_node: int = Field(1, ge=1, le=1024)
+    """torchrun ``--nproc-per-node``."""
+    node_rank: int = Field(0, ge=0)
+    """torchrun ``--node-rank``."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous address of the trainer's own process group."""
+    master_port: int = Field(0, ge=0, le=65535)
+    """Rendezvous port (0: a free port, single node only)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """``cpu`` trains with gloo in fp32; ``cuda`` with NCCL."""
+    mixed_precision: Literal["fp32", "bf16"] = "fp32"
+    """FSDP2 parameter dtype (``bf16``: bf16 params, fp32 reduce)."""
+    total_training_steps: int | None = Field(None, ge=1)
+    """Stop after this many updates. None: derived from ``rollout.total_rollout_steps``."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Checkpointing."""
+    metrics_port: int = Field(9400, ge=0, le=65535)
+    """Prometheus port of trainer rank 0 (0: a free port)."""
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
+    """Metric sinks besides Prometheus."""
+    weight_sync_backend: Literal["gloo", "nccl"] | None = None
+    """Backend of the trainer↔engines weight group. None: gloo on cpu, nccl on cuda."""
+    weight_sync_port: int = Field(0, ge=0, le=65535)
+    """Port of the weight-group rendezvous on trainer rank 0 (0: a free port)."""
+
+
+class SyncConfig(Section):
+    host: str = "127.0.0.1"
+    """Address the sync agent binds to."""
+    port: int = Field(8100, ge=0, le=65535)
+    """Port of the sync agent (0: a free port)."""
+    url: str | None = None
+    """Where other components reach the sync agent. None: http://host:port."""
+    bucket_bytes: int = Field(256 * 2**20, ge=2**16)
+    """Size of a dtype-homogeneous weight bucket (``flattened_bucket``)."""
+    pause_timeout_s: float = Field(120.0, gt=0.0)
+    """Limit of the pause phase (drain mode waits for in-flight generations)."""
+    broadcast_timeout_s: float = Field(300.0, gt=0.0)
+    """Limit of the weight broadcast (all buckets)."""
+    resume_timeout_s: float = Field(30.0, gt=0.0)
+    """Limit of the resume phase."""
+    group_init_timeout_s: float = Field(120.0, gt=0.0)
+    """Limit of forming the weight-update group with the engines."""
+
+
+class SecurityConfig(Section):
+    admin_token: SecretStr | None = None
+    """Bearer token of admin routes (rollout /admin/*). Required unless ``insecure_dev``."""
+    api_token: SecretStr | None = None
+    """Bearer token of the data plane (OpenAI routes, sessions). None: open data plane."""
+    sync_token: SecretStr | None = None
+    """Bearer token of the sync agent's routes."""
+    nats_password: SecretStr | None = None
+    """Password of ``nats.user``."""
+    insecure_dev: bool = False
+    """Allow empty tokens (local development only)."""
+
+
+class RunSection(Section):
+    id: str = Field("demo", pattern=RUN_ID_PATTERN)
+    """Run id: lower-case letters, digits, ``-`` and ``_`` (NATS names derive from it)."""
+    dir: str = "runs/{id}"
+    """Run directory for logs, NATS store, checkpoints, metrics (``{id}`` is substituted)."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level of every component."""
+    log_json: bool = False
+    """Structured JSON log lines."""
