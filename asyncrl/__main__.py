@@ -1,0 +1,5 @@
+import sys
+
+from asyncrl.cli import main
+
+sys.exit(main())

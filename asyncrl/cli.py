@@ -1,0 +1,73 @@
+"""The ``asyncrl`` command line.
+
+Subcommands import their component lazily, so ``asyncrl config show`` never imports torch.
+
+    asyncrl config show [FILE] [section.key=value ...]   print the resolved config + derived numbers
+    asyncrl nats [FILE] [k=v ...]                         run the embedded NATS JetStream server
+    asyncrl engine --model M --port P                     run a local_engine (SGLang protocol, CPU)
+    asyncrl demo-stack [FILE] [k=v ...]                   start NATS + an engine and show them working
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+
+def _split_config_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """``[FILE] [k=v ...]`` → (file or None, overrides)."""
+    items = list(args)
+    path = None
+    if items and "=" not in items[0]:
+        path = items.pop(0)
+    return path, items
+
+
+def _cmd_config(argv: Sequence[str]) -> int:
+    from asyncrl.config_cli import main as config_main
+
+    return config_main(argv)
+
+
+def _cmd_nats(argv: Sequence[str]) -> int:
+    from asyncrl.nats_cli import main as nats_main
+
+    return nats_main(argv)
+
+
+def _cmd_engine(argv: Sequence[str]) -> int:
+    from local_engine.__main__ import main as engine_main
+
+    return engine_main(argv)
+
+
+def _cmd_demo_stack(argv: Sequence[str]) -> int:
+    from asyncrl.demo_stack import main as demo_main
+
+    return demo_main(argv)
+
+
+COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
+    "config": (_cmd_config, "show the resolved run config and verl's derived numbers"),
+    "nats": (_cmd_nats, "run the embedded NATS JetStream server for a run"),
+    "engine": (_cmd_engine, "run a CPU inference engine that speaks SGLang's HTTP protocol"),
+    "demo-stack": (_cmd_demo_stack, "start embedded NATS and a local engine, and show them working"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=sorted(COMMANDS), help="; ".join(f"{k}: {v[1]}" for k, v in COMMANDS.items()))
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(sorted(COMMANDS))}")
+    handler, _ = COMMANDS[argv[0]]
+    return int(handler(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
