@@ -1,0 +1,57 @@
+"""``asyncrl config show [FILE] [section.key=value ...] [--json]``: the resolved run config.
+
+Prints every section with defaults, file values, ``ASYNCRL_…`` variables and arguments
+applied (secrets masked), then verl's derived numbers computed by
+:class:`asyncrl.config.DerivedNumbers`. An invalid value exits with status 2 and a message
+naming the field, its source and the allowed range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from asyncrl.config import ConfigError, RunConfig, load_config
+
+SECRET_MASK = "**********"
+
+
+def resolved_document(cfg: RunConfig) -> dict:
+    """The config as plain data with secrets masked, plus a ``derived`` section."""
+    data = cfg.model_dump(mode="json")
+    for key, value in cfg.security.model_dump().items():
+        if value is not None and key.endswith(("token", "password")):
+            data["security"][key] = SECRET_MASK
+    if cfg.engines.api_key is not None:
+        data["engines"]["api_key"] = SECRET_MASK
+    data["derived"] = cfg.derived.model_dump()
+    return data
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["show"], help="show: print the resolved config")
+    parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...]")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    ns = parser.parse_args(argv)
+    from asyncrl.cli import _split_config_args
+
+    path, overrides = _split_config_args(ns.args)
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    doc = resolved_document(cfg)
+    if ns.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        derived = doc.pop("derived")
+        print(yaml.safe_dump(doc, sort_keys=False).rstrip())
+        print("\n# derived (verl's fully_async_policy formulas, see docs/config.md)")
+        print(yaml.safe_dump({"derived": derived}, sort_keys=False).rstrip())
+    return 0

@@ -1,0 +1,141 @@
+"""Connecting to NATS and creating (or checking) a run's stream and KV buckets.
+
+The run's stream (names from :class:`asyncrl.wire.NatsNames`):
+
+- retention ``limits`` (messages stay until limits remove them, so a trainer can replay
+  from its checkpointed sequence), file storage, one replica (embedded) or as configured;
+- ``duplicate_window`` from ``nats.duplicate_window_s`` so ``Nats-Msg-Id`` dedup covers the
+  publisher's whole retry horizon;
+- ``discard=new``: a full stream rejects publishes (an error the outbox retries) instead of
+  silently deleting old trajectories;
+- ``max_msg_size`` that fits the largest trajectory the config allows
+  (``DerivedNumbers.max_message_bytes``).
+
+``ensure_stream`` is idempotent: it creates the stream, or updates mutable limits of an
+existing one, and refuses (``StreamMismatch``) when an existing stream differs in a way that
+cannot be updated in place (retention, storage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from urllib.parse import urlparse
+
+import nats
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from asyncrl.config import RunConfig
+from asyncrl.launch import port_open
+from asyncrl.wire import NatsNames
+
+log = logging.getLogger(__name__)
+
+CONNECT_PORT_WAIT_S = 10.0  # poll the TCP port first: nats.connect() to a closed port costs ~2 s of backoff
+RECONNECT_WAIT_S = 0.5  # between reconnect attempts during an outage
+KV_HISTORY = 1  # agent checkpoints: only the latest state matters
+
+
+class StreamMismatch(RuntimeError):
+    """An existing stream has settings that cannot be changed in place."""
+
+
+async def wait_for_port(url: str, timeout_s: float = CONNECT_PORT_WAIT_S) -> None:
+    """Poll the TCP port of a ``nats://`` URL until it accepts connections."""
+    parsed = urlparse(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 4222
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await asyncio.to_thread(port_open, host, port):
+        if loop.time() > deadline:
+            raise TimeoutError(f"NATS at {url} did not accept connections within {timeout_s:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+async def connect(url: str, name: str, user: str | None = None, password: str | None = None, persistent: bool = True) -> nats.NATS:
+    """Connect with an error callback and, when ``persistent``, unlimited reconnects
+    (services ride out NATS restarts; their publishers buffer in the outbox meanwhile)."""
+    await wait_for_port(url)
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats client %s: %s", name, exc)
+
+    async def on_disconnect() -> None:
+        log.warning("nats client %s: disconnected", name)
+
+    async def on_reconnect() -> None:
+        log.info("nats client %s: reconnected", name)
+
+    return await nats.connect(
+        url,
+        name=name,
+        user=user,
+        password=password,
+        error_cb=on_error,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
+        max_reconnect_attempts=-1 if persistent else 3,
+        reconnect_time_wait=RECONNECT_WAIT_S,
+        allow_reconnect=True,
+    )
+
+
+def stream_config(cfg: RunConfig) -> StreamConfig:
+    """The run's stream settings (see the module docstring)."""
+    names = NatsNames(cfg.run.id)
+    return StreamConfig(
+        name=names.stream,
+        description=f"asyncrl trajectories of run {cfg.run.id}",
+        subjects=names.stream_subjects,
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.NEW,
+        max_bytes=cfg.nats.stream_max_bytes,
+        max_msg_size=cfg.derived.max_message_bytes,
+        duplicate_window=cfg.nats.duplicate_window_s,
+        num_replicas=1,
+    )
+
+
+async def ensure_stream(js: JetStreamContext, cfg: RunConfig) -> StreamConfig:
+    """Create the run's stream or reconcile an existing one; return its config."""
+    wanted = stream_config(cfg)
+    try:
+        info = await js.stream_info(wanted.name)
+    except NotFoundError:
+        info = await js.add_stream(wanted)
+        log.info("created stream %s", wanted.name)
+        return info.config
+    have = info.config
+    if have.retention != wanted.retention or have.storage != wanted.storage:
+        raise StreamMismatch(
+            f"stream {wanted.name} exists with retention={have.retention} storage={have.storage}; "
+            f"asyncrl needs retention={wanted.retention} storage={wanted.storage}; delete it or use another run id"
+        )
+    drift = {
+        k: (getattr(have, k), getattr(wanted, k))
+        for k in ("subjects", "discard", "max_bytes", "max_msg_size", "duplicate_window")
+        if getattr(have, k) != getattr(wanted, k)
+    }
+    if drift:
+        info = await js.update_stream(wanted)
+        log.info("updated stream %s: %s", wanted.name, drift)
+    return info.config
+
+
+async def ensure_kv(js: JetStreamContext, bucket: str, max_value_size: int = -1):
+    """Open a KV bucket, creating it (file storage, history 1) when missing."""
+    try:
+        return await js.key_value(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return await js.create_key_value(
+            KeyValueConfig(bucket=bucket, history=KV_HISTORY, storage=StorageType.FILE, max_value_size=max_value_size)
+        )

@@ -1,0 +1,107 @@
+"""The Trajectory wire schema: round trips, invariants, and rejection of bad payloads."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncrl.wire import NatsNames, Trajectory, WireDecodeError, decode_trajectory, encode_trajectory
+
+
+def make(**over) -> Trajectory:
+    base = dict(
+        id="t-1", run_id="demo", group_id="g-1", group_size=2, group_index=1, prompt_id="p-1", data_source="asyncrl/arith",
+        token_ids=[5, 6, 7, 8, 9, 10], prompt_length=2, loss_mask=[1, 1, 0, 1], rollout_logprobs=[-0.1, -2.0, 0.0, -0.3],
+        weight_versions=[3, 3, -1, 4], reward=1.0, reward_details={"correct": True}, finish_reason="stop",
+        num_turns=2, num_tool_calls=1, version_start=3, version_end=4, temperature=0.9,
+    )
+    base.update(over)
+    return Trajectory(**base)
+
+
+@st.composite
+def trajectories(draw):
+    prompt = draw(st.lists(st.integers(0, 200_000), min_size=1, max_size=30))
+    resp = draw(st.lists(st.tuples(st.integers(0, 200_000), st.booleans(),
+                                   st.floats(-50, 0, allow_nan=False), st.integers(0, 1000)), max_size=40))
+    size = draw(st.integers(1, 8))
+    return make(
+        token_ids=prompt + [r[0] for r in resp], prompt_length=len(prompt),
+        loss_mask=[int(r[1]) for r in resp], rollout_logprobs=[r[2] if r[1] else 0.0 for r in resp],
+        weight_versions=[r[3] if r[1] else -1 for r in resp], group_size=size, group_index=draw(st.integers(0, size - 1)),
+        version_start=0, version_end=1000, messages=draw(st.none() | st.just([{"role": "user", "content": "hi"}])),
+    )
+
+
+@given(trajectories())
+def test_round_trip_is_exact(t: Trajectory):
+    assert decode_trajectory(encode_trajectory(t)) == t
+
+
+def test_schema_field_on_the_wire():
+    raw = msgspec.msgpack.decode(encode_trajectory(make()))
+    assert raw["schema"] == "asyncrl.trajectory/1"
+
+
+def _mutated(**changes) -> bytes:
+    raw = msgspec.msgpack.decode(encode_trajectory(make()))
+    raw.update(changes)
+    return msgspec.msgpack.encode(raw)
+
+
+@pytest.mark.parametrize("changes,fragment", [
+    ({"schema": "asyncrl.trajectory/2"}, "unsupported trajectory schema version"),
+    ({"schema": "something/1"}, "not a trajectory message"),
+    ({"prompt_length": "2"}, "$.prompt_length"),
+    ({"loss_mask": [1, 1, 0]}, "loss_mask has 3 entries"),
+    ({"loss_mask": [1, 2, 0, 1]}, "must be 0 or 1"),
+    ({"weight_versions": [3, 3, 5, 4]}, "-1 exactly where loss_mask is 0"),
+    ({"rollout_logprobs": [0.5, -2.0, 0.0, -0.3]}, "finite and <= 0"),
+    ({"group_index": 2}, "group_index"),
+    ({"version_start": 9}, "version_start"),
+    ({"token_ids": [1, 2, 3, -4, 5, 6]}, "non-negative"),
+    ({"finish_reason": "exploded"}, "finish_reason"),
+    ({"prompt_length": 0}, "prompt_length"),
+])
+def test_malformed_payloads_are_rejected_with_the_reason(changes, fragment):
+    with pytest.raises(WireDecodeError) as err:
+        decode_trajectory(_mutated(**changes))
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize("payload", [b"", b"\x00\x01garbage", b'{"schema": "asyncrl.trajectory/1"}', msgspec.msgpack.encode([1, 2])])
+def test_garbage_is_rejected(payload: bytes):
+    with pytest.raises(WireDecodeError):
+        decode_trajectory(payload)
+
+
+def test_missing_required_field_is_named():
+    raw = msgspec.msgpack.decode(encode_trajectory(make()))
+    del raw["run_id"]
+    with pytest.raises(WireDecodeError, match="run_id"):
+        decode_trajectory(msgspec.msgpack.encode(raw))
+
+
+def test_constructor_enforces_invariants():
+    with pytest.raises(ValueError, match="rollout_logprobs has 1 entries"):
+        make(rollout_logprobs=[-0.1])
+
+
+def test_derived_properties():
+    t = make()
+    assert t.response_length == 4 and t.response_ids == [7, 8, 9, 10] and t.num_model_tokens == 3 and t.is_partial
+
+
+def test_nats_names_derive_from_run_id():
+    n = NatsNames("my-run_1")
+    assert n.stream == "ASYNCRL_MY_RUN_1"
+    assert n.trajectories == "asyncrl.my-run_1.traj"
+    assert n.stream_subjects == ["asyncrl.my-run_1.traj", "asyncrl.my-run_1.dlq"]
+    assert n.metrics("trainer") == "asyncrl.my-run_1.metrics.trainer"
+    assert n.agents_bucket == "ASYNCRL_MY_RUN_1_AGENTS"
+    with pytest.raises(ValueError):
+        NatsNames("Bad.Run")
+    with pytest.raises(ValueError):
+        n.environment("a.b")
