@@ -140,3 +140,10 @@ def test_config_show_cli(tmp_path: Path):
     assert "s3cret" not in ok.stdout
     bad = subprocess.run([*exe, "rollout.n=0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "rollout.n" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_config_reference_doc_is_current():
+    from asyncrl.config.reference import render
+
+    committed = (Path(__file__).resolve().parents[2] / "docs" / "config_reference.md").read_text()
+    assert committed == render(), "docs/config_reference.md is stale: run python -m asyncrl.config.reference > docs/config_reference.md"

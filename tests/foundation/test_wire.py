@@ -57,6 +57,8 @@ def _mutated(**changes) -> bytes:
     ({"prompt_length": "2"}, "$.prompt_length"),
     ({"loss_mask": [1, 1, 0]}, "loss_mask has 3 entries"),
     ({"loss_mask": [1, 2, 0, 1]}, "must be 0 or 1"),
+    ({"weight_versions": [3, -1, -1, 4]}, ">= 0 for model tokens"),
+    ({"rollout_logprobs": [float("nan"), -2.0, 0.0, -0.3]}, "finite and <= 0"),
     ({"weight_versions": [3, 3, 5, 4]}, "-1 exactly where loss_mask is 0"),
     ({"rollout_logprobs": [0.5, -2.0, 0.0, -0.3]}, "finite and <= 0"),
     ({"group_index": 2}, "group_index"),
