@@ -1,0 +1,148 @@
+"""Child side of the python sandbox: set up isolation, then exec the interpreter.
+
+Run by :mod:`tools.python_sandbox` as ``python -I -S _sandbox_launcher.py CONFIG_JSON``
+with an empty environment, in a new session, with the run's temporary directory as cwd.
+It uses only the standard library and runs *before* any model code, in this order:
+
+1. network: ``unshare(CLONE_NEWNET)`` (as root) or ``unshare(CLONE_NEWUSER|CLONE_NEWNET)``
+   (as a normal user), leaving the process in a namespace whose only interface, ``lo``,
+   is down. If that fails and the mode is ``auto``, fall back to an audit-hook guard in
+   the interpreter (weak: see the prelude below); mode ``namespace`` fails closed.
+2. resource limits (``setrlimit``), clamped to the hard limits we already have.
+3. privileges (when a uid is given, i.e. the service runs as root): ``chown`` the cwd to
+   the run's own uid/gid, drop supplementary groups, ``setresgid``/``setresuid``, and check
+   that regaining root fails.
+4. ``PR_SET_NO_NEW_PRIVS`` (no setuid binaries) and ``PR_SET_PDEATHSIG`` = SIGKILL.
+5. one report line on stderr (``REPORT_MARKER`` + JSON), then ``execve`` of the
+   interpreter on ``main.py`` with an empty environment.
+
+On any setup failure it writes the report line with ``setup_error`` and exits with
+``SETUP_FAILED_EXIT_CODE``; model code never runs with less isolation than reported.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+
+REPORT_MARKER = "\x00asyncrl-sandbox-report "
+SETUP_FAILED_EXIT_CODE = 125
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+
+# Fallback network guard, run in the sandboxed interpreter before the model's code. An audit
+# hook cannot be removed from Python code; it refuses internet sockets, and refuses ctypes
+# and starting new programs (either would escape the hook). Bypassable by native code, so
+# it is reported as the weaker "audit_hook" isolation.
+AUDIT_HOOK_PRELUDE = """\
+import sys
+def _asyncrl_guard(event, args, _inet=(2, 10, 17)):
+    if event == "socket.__new__" and args[1] in _inet:
+        raise PermissionError("network access is disabled in this sandbox")
+    if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg") \\
+            and isinstance(args[1], tuple):
+        raise PermissionError("network access is disabled in this sandbox")
+    if event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr"):
+        raise PermissionError("network access is disabled in this sandbox")
+    if event == "import" and args[0] in ("ctypes", "_ctypes"):
+        raise ImportError("ctypes is disabled in this sandbox")
+    if event in ("ctypes.dlopen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+                 "subprocess.Popen", "os.forkpty", "pty.spawn"):
+        raise PermissionError(event + " is disabled in this sandbox")
+sys.addaudithook(_asyncrl_guard)
+del _asyncrl_guard
+import runpy
+sys.argv[:] = ["main.py"]
+runpy.run_path("main.py", run_name="__main__")
+"""
+
+
+def _libc_call(libc, function_name, *args):
+    """Call a libc function; None on success, else the OS error text."""
+    if getattr(libc, function_name)(*args) != 0:
+        return os.strerror(ctypes.get_errno())
+    return None
+
+
+def _isolate_network(libc, is_root):
+    flags = CLONE_NEWNET if is_root else CLONE_NEWUSER | CLONE_NEWNET
+    return _libc_call(libc, "unshare", ctypes.c_int(flags))
+
+
+def _apply_rlimits(rlimits):
+    applied = {}
+    for name, (soft, hard) in rlimits.items():
+        kind = getattr(resource, name)
+        _, current_hard = resource.getrlimit(kind)
+        if current_hard != resource.RLIM_INFINITY:
+            hard = min(hard, current_hard)
+            soft = min(soft, hard)
+        resource.setrlimit(kind, (soft, hard))
+        applied[name] = [soft, hard]
+    return applied
+
+
+def _drop_privileges(uid, gid):
+    os.chown(".", uid, gid)
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    try:
+        os.setuid(0)
+    except PermissionError:
+        return
+    raise RuntimeError("could regain root after dropping privileges")
+
+
+def _report(data):
+    os.write(2, (REPORT_MARKER + json.dumps(data) + "\n").encode())
+
+
+def main():
+    config = json.loads(sys.argv[1])
+    report = {"network": None, "uid": None, "rlimits": None}
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        is_root = os.geteuid() == 0
+        if config["network"] in ("auto", "namespace"):
+            error = _isolate_network(libc, is_root)
+            if error is None:
+                report["network"] = "namespace"
+            elif config["network"] == "namespace":
+                raise RuntimeError(f"network namespace unavailable: {error}")
+            else:
+                report["network"] = "audit_hook"
+                report["network_namespace_error"] = error
+        else:
+            report["network"] = "audit_hook"
+        report["rlimits"] = _apply_rlimits(config["rlimits"])
+        if config["uid_base"] is not None:
+            uid = config["uid_base"] + os.getpid()  # unique among live processes
+            _drop_privileges(uid, uid)
+            report["uid"] = uid
+        os.umask(0o077)
+        for option, value in ((PR_SET_NO_NEW_PRIVS, 1), (PR_SET_PDEATHSIG, signal.SIGKILL)):
+            error = _libc_call(libc, "prctl", option, value, 0, 0, 0)
+            if error is not None:
+                raise RuntimeError(f"prctl({option}) failed: {error}")
+    except Exception as exc:  # report, never run model code half-isolated
+        report["setup_error"] = f"{type(exc).__name__}: {exc}"
+        _report(report)
+        os._exit(SETUP_FAILED_EXIT_CODE)
+    interpreter = config["interpreter"]
+    argv = [interpreter, "-I", "-S", "-B"]
+    argv += ["main.py"] if report["network"] == "namespace" else ["-c", AUDIT_HOOK_PRELUDE]
+    _report(report)
+    try:
+        os.execve(interpreter, argv, {})
+    except OSError as exc:
+        _report({"setup_error": f"cannot execute {interpreter}: {exc}"})
+        os._exit(SETUP_FAILED_EXIT_CODE)
+
+
+if __name__ == "__main__":
+    main()

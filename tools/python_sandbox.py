@@ -1,0 +1,232 @@
+"""The ``python`` tool: run model-written code in a resource-limited, isolated subprocess.
+
+**Defence in depth, not a security boundary.** The code runs as a separate process with
+the limits below; a determined attacker with a kernel bug, or with access the host grants
+to every user (world-readable files), is not stopped. Run the rollout service in a
+container/VM without secrets either way (RELIABILITY.md row B3 asks for nsjail/cgroups;
+this module is the in-process layer).
+
+Each call:
+- writes the code to ``main.py`` in a fresh temporary directory (the cwd), deleted after;
+- starts ``python -I -S -B main.py`` (isolated mode, no site-packages: stdlib only) through
+  :mod:`tools._sandbox_launcher` with an **empty environment** (the interpreter itself adds
+  only ``LC_CTYPE=C.UTF-8``, PEP 538) and stdin at /dev/null;
+- limits, per process: CPU time (RLIMIT_CPU, then SIGXCPU/SIGKILL), address space
+  (RLIMIT_AS), file size (RLIMIT_FSIZE), open files (RLIMIT_NOFILE), no core dumps;
+  process count (RLIMIT_NPROC) for the run's uid;
+- enforces the wall-clock limit from the parent and then kills the process group, and (as
+  root) every process of the run's uid (see :mod:`tools.sandbox_process`);
+- isolates the network in a new network namespace (only a downed ``lo``), else falls back
+  to an audit-hook guard; ``result.metadata["isolation"]`` says which one held.
+
+As root (the default when the service runs as root) each run also gets **its own uid and
+gid** (``uid_base + launcher pid``, unique among live processes) with no supplementary
+groups and ``no_new_privs``: RLIMIT_NPROC then bounds exactly this run's processes (root
+ignores RLIMIT_NPROC), runs cannot signal, ptrace or read each other or the service, and
+the cleanup can find escaped processes by uid. As a normal user the run keeps the
+service's uid: RLIMIT_NPROC is set to (the user's current task count + ``max_processes``),
+so it is shared with the service and other runs, and processes that leave the process
+group survive the run.
+
+Not covered: reading world-readable files (``/etc``, the repository, other users' homes if
+permissions allow), writing to world-writable directories (``/tmp``, ``/dev/shm``; bounded
+per file by RLIMIT_FSIZE only), total memory of all the run's processes (each process has
+its own RLIMIT_AS: the bound is ``max_processes × memory_mb``), CPU contention with the
+service, kernel attack surface (no seccomp), and third-party packages (stdlib only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools.base import Tool, ToolResult
+from tools.sandbox_process import RunOutcome, RunSpec, count_tasks_of_uid, run_isolated
+from tools.sandbox_results import outcome_to_result
+
+logger = logging.getLogger(__name__)
+
+MIB = 2**20
+
+
+class PythonSandboxConfig(BaseModel):
+    """Limits and isolation of the ``python`` tool; defaults suit short agent computations."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    wall_timeout_s: float = Field(10.0, gt=0, le=600)
+    """Longest wall-clock time of one run; a call's own timeout_s can only shorten it."""
+    cpu_time_s: int = Field(10, ge=1, le=600)
+    """RLIMIT_CPU per process: SIGXCPU at this many CPU seconds, SIGKILL one second later."""
+    memory_mb: int = Field(512, ge=64, le=65536)
+    """RLIMIT_AS per process (virtual memory, MiB); Python needs ~30 MiB to start."""
+    max_processes: int = Field(16, ge=1, le=4096)
+    """RLIMIT_NPROC: processes+threads of the run (as root: exactly; else added to the user's count)."""
+    max_file_size_mb: int = Field(16, ge=0, le=65536)
+    """RLIMIT_FSIZE: largest file the run may write (MiB); writes beyond fail with EFBIG."""
+    max_open_files: int = Field(64, ge=16, le=65536)
+    """RLIMIT_NOFILE: open file descriptors per process."""
+    max_output_bytes: int = Field(16_384, ge=256, le=16 * MIB)
+    """Bytes kept of stdout and of stderr each (first and last halves); the rest is counted."""
+    max_code_chars: int = Field(100_000, ge=1, le=10_000_000)
+    """Longest program accepted."""
+    max_concurrent_runs: int = Field(8, ge=1, le=4096)
+    """Runs of this tool instance at once; further calls wait (within their timeout)."""
+    network_isolation: Literal["auto", "namespace", "audit_hook"] = "auto"
+    """auto: network namespace, else audit-hook guard; namespace: refuse to run without one;
+    audit_hook: only the (weak) in-interpreter guard."""
+    drop_privileges: bool | None = None
+    """Run as a per-run uid (needs root). None: when the service runs as root."""
+    uid_base: int = Field(2_000_000_000, ge=100_000, le=2**31 - 2**23)
+    """Per-run uid = uid_base + launcher pid; choose a range no real user or container uses."""
+    interpreter: str | None = None
+    """Python for the sandboxed code; None: this interpreter if the run's uid can use it,
+    else /usr/bin/python3 or /usr/local/bin/python3."""
+    work_root: str | None = None
+    """Parent directory of the per-run temporary directories; None: the system default."""
+
+
+def _usable_by_others(path: str) -> bool:
+    """Whether an unprivileged uid can execute ``path`` and read its ``<prefix>/lib``."""
+    real = Path(os.path.realpath(path))
+    try:
+        if not (real.is_file() and real.stat().st_mode & stat.S_IXOTH):
+            return False
+        lib = real.parent.parent / "lib"
+        for directory in [*real.parents, lib]:
+            mode = directory.stat().st_mode
+            if not mode & stat.S_IXOTH or (directory == lib and not mode & stat.S_IROTH):
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def choose_interpreter(configured: str | None, for_other_uid: bool) -> str:
+    """The interpreter for sandboxed code (see ``PythonSandboxConfig.interpreter``)."""
+    if configured is not None:
+        return configured
+    if not for_other_uid:
+        return sys.executable
+    candidates = [sys.executable, getattr(sys, "_base_executable", sys.executable),
+                  "/usr/bin/python3", "/usr/local/bin/python3"]
+    for candidate in candidates:
+        if _usable_by_others(candidate):
+            return os.path.realpath(candidate)
+    raise RuntimeError(
+        "no Python interpreter is usable by an unprivileged uid; set `interpreter` or "
+        "`drop_privileges=False`"
+    )
+
+
+class PythonSandbox(Tool):
+    """The ``python`` tool (see the module docstring). Safe to call concurrently."""
+
+    name = "python"
+    description = (
+        "Run a Python 3 program (standard library only, no network, no input) and return "
+        "what it prints. Use print() to see results. Files written are discarded."
+    )
+
+    def __init__(self, config: PythonSandboxConfig | None = None, **overrides: Any) -> None:
+        base = config.model_dump() if config is not None else {}
+        self.config = PythonSandboxConfig(**{**base, **overrides})
+        is_root = os.geteuid() == 0
+        drop = is_root if self.config.drop_privileges is None else self.config.drop_privileges
+        if drop and not is_root:
+            raise ValueError("drop_privileges=True needs the service to run as root")
+        self._drop_privileges = drop
+        self.interpreter = choose_interpreter(self.config.interpreter, for_other_uid=drop)
+        self._slots = asyncio.Semaphore(self.config.max_concurrent_runs)
+        self.parameters = {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "The program.",
+                         "maxLength": self.config.max_code_chars}
+            },
+            "required": ["code"],
+            "additionalProperties": False,
+        }
+
+    def _rlimits(self) -> dict[str, tuple[int, int]]:
+        c = self.config
+        nproc = c.max_processes
+        if not self._drop_privileges:  # shared uid: allow what the user already runs
+            nproc += count_tasks_of_uid(os.getuid())
+        return {
+            "RLIMIT_CPU": (c.cpu_time_s, c.cpu_time_s + 1),
+            "RLIMIT_AS": (c.memory_mb * MIB, c.memory_mb * MIB),
+            "RLIMIT_NPROC": (nproc, nproc),
+            "RLIMIT_FSIZE": (c.max_file_size_mb * MIB, c.max_file_size_mb * MIB),
+            "RLIMIT_NOFILE": (c.max_open_files, c.max_open_files),
+            "RLIMIT_CORE": (0, 0),
+        }
+
+    async def call(self, arguments: dict[str, Any], *, timeout_s: float) -> ToolResult:
+        """Run ``arguments["code"]``; total time (queueing included) stays within timeout_s."""
+        code = arguments.get("code")
+        if not isinstance(code, str):
+            return ToolResult.error("Error: 'code' must be a string.")
+        if len(code) > self.config.max_code_chars:
+            limit = self.config.max_code_chars
+            return ToolResult.error(f"Error: program too long (limit {limit} characters).")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(timeout_s, self.config.wall_timeout_s)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()
+        except TimeoutError:
+            return ToolResult.error("Error: the python sandbox is busy; try again later.",
+                                    failure="busy")
+        try:
+            outcome = await self._run(code, wall_timeout_s=max(deadline - loop.time(), 0.05))
+        finally:
+            self._slots.release()
+        return outcome_to_result(outcome, self.config, self.interpreter)
+
+    async def _run(self, code: str, wall_timeout_s: float) -> RunOutcome:
+        workdir = await asyncio.to_thread(tempfile.mkdtemp, prefix="asyncrl-python-",
+                                          dir=self.config.work_root)
+        try:
+            main_py = Path(workdir, "main.py")
+            main_py.write_text(code, encoding="utf-8", errors="surrogatepass")
+            main_py.chmod(0o444)
+            spec = RunSpec(
+                workdir=workdir, interpreter=self.interpreter, wall_timeout_s=wall_timeout_s,
+                rlimits=self._rlimits(), network=self.config.network_isolation,
+                uid_base=self.config.uid_base if self._drop_privileges else None,
+                max_output_bytes=self.config.max_output_bytes,
+            )
+            return await run_isolated(spec)
+        finally:
+            await asyncio.to_thread(_remove_tree, workdir)
+
+
+def _remove_tree(path: str) -> None:
+    """Delete a run's directory, even where the run removed its own permissions."""
+
+    def make_writable_and_retry(function: Any, failed_path: str, _exc: Any) -> None:
+        parent = os.path.dirname(failed_path)
+        for fixable in (parent, failed_path):
+            try:
+                os.chmod(fixable, stat.S_IRWXU, follow_symlinks=False)
+            except (OSError, NotImplementedError):
+                pass
+        function(failed_path)
+
+    try:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=make_writable_and_retry)
+        else:
+            shutil.rmtree(path, onerror=make_writable_and_retry)
+    except OSError:
+        logger.exception("could not delete sandbox directory %s", path)
