@@ -1,0 +1,148 @@
+"""The on-disk outbox: finished trajectories wait here until JetStream acknowledges them.
+
+Every finished trajectory is written here (atomically and fsynced) *before* the service
+forgets the agent that produced it, and removed only after a PubAck — so a trajectory
+survives a NATS outage and a crash of the service, and ``Nats-Msg-Id`` dedup turns every
+republish after a crash into a no-op.
+
+Layout under the outbox directory::
+
+    ready/<seq>-<trajectory id>.traj   to publish, oldest first
+    held/<group id>/<trajectory id>.traj  finished trajectories of a group still running
+                                          (``publish_unit = "group"``)
+    rejected/<trajectory id>.traj      refused by the server for good (e.g. too large);
+                                       kept and counted, never silently dropped
+
+The outbox is bounded by ``max_items`` (ready + held). ``has_room`` turning False is the
+runner's signal to stop admitting new work (backpressure). Single-process, single event
+loop: the directory must not be shared by two rollout services.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncrl.wire import Trajectory, decode_trajectory, encode_trajectory
+
+_READY_NAME = re.compile(r"^(\d{12})-(.+)\.traj$")
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    path: Path
+    trajectory_id: str
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class Outbox:
+    def __init__(self, root: Path | str, max_items: int) -> None:
+        self.root = Path(root)
+        self.max_items = max_items
+        self.ready_dir = self.root / "ready"
+        self.held_dir = self.root / "held"
+        self.rejected_dir = self.root / "rejected"
+        for d in (self.ready_dir, self.held_dir, self.rejected_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        for leftover in self.root.rglob("*.tmp"):
+            leftover.unlink()
+        self._next_seq = 1 + max((int(m.group(1)) for p in self.ready_dir.iterdir() if (m := _READY_NAME.match(p.name))), default=0)
+        self._count = len(self.ready_entries()) + sum(len(ids) for ids in self.held_ids().values())
+
+    # -- counting -----------------------------------------------------------------------
+    def ready_entries(self) -> list[OutboxEntry]:
+        """Ready trajectories, oldest first."""
+        entries = []
+        for p in sorted(self.ready_dir.iterdir()):
+            m = _READY_NAME.match(p.name)
+            if m:
+                entries.append(OutboxEntry(p, m.group(2)))
+        return entries
+
+    def held_ids(self) -> dict[str, set[str]]:
+        """group id → ids of its finished trajectories waiting for the rest of the group."""
+        return {g.name: {p.stem for p in g.glob("*.traj")} for g in self.held_dir.iterdir() if g.is_dir()}
+
+    def __len__(self) -> int:
+        """Ready + held trajectories (kept in memory; the directory is only scanned at start)."""
+        return self._count
+
+    def has_room(self) -> bool:
+        return len(self) < self.max_items
+
+    def contains(self, trajectory_id: str) -> bool:
+        """True when the trajectory is waiting here (ready or held)."""
+        if any(e.trajectory_id == trajectory_id for e in self.ready_entries()):
+            return True
+        return any(trajectory_id in ids for ids in self.held_ids().values())
+
+    # -- writing ------------------------------------------------------------------------
+    def put_ready(self, traj: Trajectory) -> Path:
+        """Durably queue a trajectory for publishing."""
+        path = self._write_ready(traj)
+        self._count += 1
+        return path
+
+    def _write_ready(self, traj: Trajectory) -> Path:
+        path = self.ready_dir / f"{self._next_seq:012d}-{traj.id}.traj"
+        self._next_seq += 1
+        _atomic_write(path, encode_trajectory(traj))
+        return path
+
+    def hold(self, traj: Trajectory) -> Path:
+        """Durably keep a finished trajectory until its group completes."""
+        group = self.held_dir / traj.group_id
+        group.mkdir(exist_ok=True)
+        path = group / f"{traj.id}.traj"
+        if not path.exists():
+            self._count += 1
+        _atomic_write(path, encode_trajectory(traj))
+        return path
+
+    def release_group(self, group_id: str) -> int:
+        """Move a completed group's held trajectories to ready (in group-index order)."""
+        group = self.held_dir / group_id
+        if not group.is_dir():
+            return 0
+        trajs = sorted((decode_trajectory(p.read_bytes()) for p in group.glob("*.traj")), key=lambda t: t.group_index)
+        for traj in trajs:
+            self._write_ready(traj)
+        shutil.rmtree(group)
+        return len(trajs)
+
+    # -- after the server answered ----------------------------------------------------------
+    def read(self, entry: OutboxEntry) -> bytes:
+        return entry.path.read_bytes()
+
+    def ack(self, entry: OutboxEntry) -> None:
+        """The server stored it (or already had it): forget it."""
+        if entry.path.exists():
+            entry.path.unlink()
+            self._count -= 1
+
+    def reject(self, entry: OutboxEntry, reason: str) -> Path:
+        """The server refused it for good: keep it aside with the reason, out of the queue."""
+        target = self.rejected_dir / f"{entry.trajectory_id}.traj"
+        os.replace(entry.path, target)
+        self._count -= 1
+        target.with_suffix(".reason").write_text(reason + "\n")
+        return target
+
+    def rejected_count(self) -> int:
+        return len(list(self.rejected_dir.glob("*.traj")))

@@ -1,0 +1,151 @@
+"""Publishing the outbox to JetStream, exactly once.
+
+``TrajectoryPublisher.run`` drains the outbox's ready queue in order: each trajectory is
+published to the run's trajectory subject with ``Nats-Msg-Id`` = its id and removed from
+the outbox only after a PubAck (``duplicate: true`` counts as stored — an earlier attempt
+landed). Transient failures (no connection, timeouts, no responders while NATS restarts,
+a full stream) are retried with capped exponential backoff, forever: the outbox bound,
+not the publisher, is what eventually stops admission. A trajectory the server refuses
+for good (too large) is first retried without its debug ``messages``, then moved to the
+outbox's ``rejected/`` directory and counted — never silently dropped.
+
+The dedup window (``nats.duplicate_window_s``) must exceed how long an entry can sit in the
+outbox between a lost PubAck and its retry; with the default 30 min and the 5 s backoff cap
+that holds unless NATS is down for longer than the window (then a duplicate is possible
+only for the one message whose ack was lost at the moment of the outage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import msgspec
+from nats.errors import MaxPayloadError
+from nats.js.errors import APIError
+
+from asyncrl.wire import decode_trajectory, encode_trajectory
+from rollout_service.publish.outbox import Outbox, OutboxEntry
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT_S = 5.0  # one publish request; a healthy server answers in ~1 ms
+BACKOFF_START_S = 0.1
+BACKOFF_MAX_S = 5.0  # keeps a recovered NATS reached within seconds, far below the dedup window
+IDLE_WAIT_S = 1.0  # re-scan the outbox at least this often even without a notification
+JS_ERR_MESSAGE_TOO_LARGE = 10054  # JSStreamMessageExceedsMaximumErr
+
+
+@dataclass
+class PublisherStats:
+    published: int = 0
+    duplicates: int = 0
+    retries: int = 0
+    rejected: int = 0
+    stripped_messages: int = 0
+    last_error: str | None = None
+    last_error_at: float | None = None
+    last_publish_at: float | None = None
+
+
+PublishFn = Callable[[str, bytes, dict[str, str]], Awaitable[object]]
+
+
+class TrajectoryPublisher:
+    """Drains an :class:`Outbox` into JetStream (see the module docstring).
+
+    ``publish`` is ``js.publish``-compatible: ``(subject, payload, headers) -> PubAck``.
+    Passing the function rather than a connection lets the service swap connections.
+    """
+
+    def __init__(self, outbox: Outbox, subject: str, publish: PublishFn) -> None:
+        self.outbox = outbox
+        self.subject = subject
+        self._publish = publish
+        self._wakeup = asyncio.Event()
+        self.stats = PublisherStats()
+
+    def notify(self) -> None:
+        """New entries are ready: wake the loop now."""
+        self._wakeup.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self.outbox.ready_entries())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish until ``stop`` is set (entries left over stay in the outbox)."""
+        while not stop.is_set():
+            entries = self.outbox.ready_entries()
+            if not entries:
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), IDLE_WAIT_S)
+                except TimeoutError:
+                    pass
+                continue
+            for entry in entries:
+                if stop.is_set():
+                    return
+                await self._publish_until_done(entry, stop)
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait until the ready queue is empty (True) or the timeout passes (False)."""
+        deadline = time.monotonic() + timeout_s
+        while self.outbox.ready_entries():
+            if time.monotonic() > deadline:
+                return False
+            self.notify()
+            await asyncio.sleep(0.05)
+        return True
+
+    async def _publish_until_done(self, entry: OutboxEntry, stop: asyncio.Event) -> None:
+        payload = self.outbox.read(entry)
+        backoff = BACKOFF_START_S
+        while not stop.is_set():
+            try:
+                ack = await asyncio.wait_for(
+                    self._publish(self.subject, payload, {"Nats-Msg-Id": entry.trajectory_id}), PUBLISH_TIMEOUT_S
+                )
+            except (MaxPayloadError, APIError) as exc:
+                if isinstance(exc, APIError) and exc.err_code != JS_ERR_MESSAGE_TOO_LARGE:
+                    self._note_retry(exc)  # e.g. stream full (discard=new): wait for the trainer to free space
+                else:
+                    stripped = self._strip_debug_messages(payload)
+                    if stripped is not None:
+                        payload = stripped
+                        self.stats.stripped_messages += 1
+                        continue
+                    self.outbox.reject(entry, f"refused by the server: {exc}")
+                    self.stats.rejected += 1
+                    log.error("trajectory %s rejected for good: %s", entry.trajectory_id, exc)
+                    return
+            except Exception as exc:  # noqa: BLE001 - every other failure is transient here
+                self._note_retry(exc)
+            else:
+                if getattr(ack, "duplicate", False):
+                    self.stats.duplicates += 1
+                else:
+                    self.stats.published += 1
+                self.stats.last_publish_at = time.time()
+                self.outbox.ack(entry)
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    def _note_retry(self, exc: Exception) -> None:
+        self.stats.retries += 1
+        self.stats.last_error = f"{type(exc).__name__}: {exc}"
+        self.stats.last_error_at = time.time()
+        log.warning("publish failed, will retry: %s", self.stats.last_error)
+
+    @staticmethod
+    def _strip_debug_messages(payload: bytes) -> bytes | None:
+        """The same trajectory without its debug ``messages`` (None if it had none)."""
+        traj = decode_trajectory(payload)
+        if traj.messages is None:
+            return None
+        return encode_trajectory(msgspec.structs.replace(traj, messages=None))

@@ -1,0 +1,1 @@
+"""The agent runner: admission (staleness quota), agents, pause/resume."""

@@ -1,0 +1,107 @@
+"""The staleness quota: how many new samples the rollout may start, with verl's semantics.
+
+verl's FullyAsyncRollouter keeps a counter ``staleness_samples``:
+
+- it grows by one each time a **new** sample (a prompt, with its ``rollout.n``
+  trajectories) is started; resuming a partial sample after a sync does not count again;
+- at every weight-version update it is **reset** to the number of samples that will be
+  stale under the new version: those in flight (active or paused partial) plus those
+  finished but not yet consumed by the trainer (queued in the stream);
+- the rollout admits a new sample only while ``staleness_samples < max_required_samples``
+  (``(1 + staleness_threshold) * trigger_parameter_sync_step * require_batches *
+  ppo_mini_batch_size``) and the queue holds fewer than ``max_queue_size`` samples.
+
+So between two syncs the service starts at most ``max_required_samples`` minus the stale
+samples it carried over — verl's ``rollout_num``. ``StalenessQuota`` is a plain object
+(no I/O, no locks: the runner calls it from one event loop) so the invariant can be
+property-tested on the counters alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class QuotaSnapshot:
+    """What ``/admin/status`` shows of the quota."""
+
+    version: int
+    max_required_samples: int
+    max_queue_size: int
+    staleness_samples: int
+    started_this_version: int
+    carried_over_at_reset: int
+    remaining: int
+    blocked_reason: str | None
+
+
+@dataclass
+class StalenessQuota:
+    max_required_samples: int
+    max_queue_size: int
+    version: int = 0
+    staleness_samples: int = 0
+    started_this_version: int = 0
+    carried_over_at_reset: int = 0
+    history: list[tuple[int, int, int]] = field(default_factory=list)
+    """(version, carried over at reset, started during the version), newest last, bounded."""
+
+    HISTORY_LIMIT = 64
+
+    def __post_init__(self) -> None:
+        if self.max_required_samples < 1 or self.max_queue_size < 1:
+            raise ValueError("max_required_samples and max_queue_size must be >= 1")
+
+    def blocked_reason(self, queued_samples: int) -> str | None:
+        """Why no new sample may start now, or None when one may."""
+        if queued_samples >= self.max_queue_size:
+            return f"queue full: {queued_samples} unconsumed samples >= max_queue_size {self.max_queue_size}"
+        if self.staleness_samples >= self.max_required_samples:
+            return (f"staleness quota used: staleness_samples {self.staleness_samples} >= "
+                    f"max_required_samples {self.max_required_samples}")
+        return None
+
+    def can_start(self, queued_samples: int) -> bool:
+        return self.blocked_reason(queued_samples) is None
+
+    def on_start(self) -> None:
+        """A new sample was admitted (call only after ``can_start`` said yes)."""
+        self.staleness_samples += 1
+        self.started_this_version += 1
+
+    def on_version(self, version: int, in_flight_samples: int, queued_samples: int) -> None:
+        """Weights changed to ``version``: reset the counter to what is now stale.
+
+        A version never goes backwards; repeating the current version is a no-op, which
+        makes ``/admin/resume`` idempotent.
+        """
+        if version < self.version:
+            raise ValueError(f"weight version went backwards: {self.version} -> {version}")
+        if version == self.version:
+            return
+        self.history.append((self.version, self.carried_over_at_reset, self.started_this_version))
+        del self.history[: -self.HISTORY_LIMIT]
+        self.version = version
+        self.staleness_samples = in_flight_samples + queued_samples
+        self.carried_over_at_reset = self.staleness_samples
+        self.started_this_version = 0
+
+    def snapshot(self, queued_samples: int) -> QuotaSnapshot:
+        return QuotaSnapshot(
+            version=self.version,
+            max_required_samples=self.max_required_samples,
+            max_queue_size=self.max_queue_size,
+            staleness_samples=self.staleness_samples,
+            started_this_version=self.started_this_version,
+            carried_over_at_reset=self.carried_over_at_reset,
+            remaining=max(0, self.max_required_samples - self.staleness_samples),
+            blocked_reason=self.blocked_reason(queued_samples),
+        )
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "history"}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("version", "staleness_samples", "started_this_version", "carried_over_at_reset"):
+            setattr(self, key, int(state[key]))

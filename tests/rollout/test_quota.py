@@ -1,0 +1,81 @@
+"""The staleness quota keeps verl's bound across versions (property test on the counters)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_service.runner.quota import StalenessQuota
+
+# An operation is one of: start (if allowed), finish an in-flight sample, trainer consumes a
+# queued one, version update.
+ops = st.lists(st.sampled_from(["start", "start", "start", "finish", "consume", "version"]), max_size=300)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=ops, max_required=st.integers(1, 20), max_queue=st.integers(1, 30))
+def test_samples_started_per_version_never_exceed_the_bound(ops, max_required, max_queue):
+    q = StalenessQuota(max_required_samples=max_required, max_queue_size=max_queue)
+    in_flight = queued = 0
+    version = 0
+    for op in ops:
+        if op == "start" and q.can_start(queued):
+            q.on_start()
+            in_flight += 1
+        elif op == "finish" and in_flight:
+            in_flight -= 1
+            queued += 1
+        elif op == "consume" and queued:
+            queued -= 1
+        elif op == "version":
+            version += 1
+            q.on_version(version, in_flight, queued)
+            assert q.staleness_samples == in_flight + queued
+        # verl's rollout_num: new samples this version <= max_required - stale carried over
+        assert q.started_this_version <= max(0, max_required - q.carried_over_at_reset)
+        assert q.staleness_samples == q.carried_over_at_reset + q.started_this_version
+        # the queue bound holds whenever a start was admitted
+        assert queued <= max_queue + in_flight
+
+
+def test_verl_example_numbers():
+    # mini 2, require 1, trigger 2, staleness 0.5 → max_required = floor(4 * 1.5) = 6
+    q = StalenessQuota(max_required_samples=6, max_queue_size=6)
+    started = 0
+    while q.can_start(queued_samples=0):
+        q.on_start()
+        started += 1
+    assert started == 6 and "staleness quota used" in q.blocked_reason(0)
+    q.on_version(1, in_flight_samples=1, queued_samples=1)  # 2 stale carried over
+    started = 0
+    while q.can_start(queued_samples=0):
+        q.on_start()
+        started += 1
+    assert started == 4
+
+
+def test_queue_bound_blocks_admission():
+    q = StalenessQuota(max_required_samples=10, max_queue_size=3)
+    assert q.can_start(2) and not q.can_start(3)
+    assert "queue full" in q.blocked_reason(3)
+
+
+def test_version_is_idempotent_and_monotonic():
+    q = StalenessQuota(max_required_samples=4, max_queue_size=4)
+    q.on_start()
+    q.on_version(2, 1, 0)
+    q.on_start()
+    q.on_version(2, 5, 5)  # repeating the current version changes nothing
+    assert q.staleness_samples == 2 and q.version == 2
+    with pytest.raises(ValueError, match="backwards"):
+        q.on_version(1, 0, 0)
+
+
+def test_state_round_trip():
+    q = StalenessQuota(max_required_samples=4, max_queue_size=4)
+    q.on_start()
+    q.on_version(3, 1, 1)
+    q2 = StalenessQuota(max_required_samples=4, max_queue_size=4)
+    q2.load_state_dict(q.state_dict())
+    assert q2.snapshot(0) == q.snapshot(0)
