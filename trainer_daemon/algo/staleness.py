@@ -1,0 +1,132 @@
+"""Weight-version bookkeeping of trajectories: staleness, drop rule, partial-rollout metrics.
+
+Inputs per trajectory (the wire ``Trajectory`` fields): ``weight_versions`` (the weight version
+that produced each response token, ``-1`` for non-model tokens), ``version_start``,
+``version_end``, ``group_id``. Let ``v_min`` / ``v_max`` be the smallest / largest version over
+the model tokens (falling back to ``version_start`` / ``version_end`` when there are none) and
+``c`` the trainer's current version (the version of the weights the update is applied to).
+
+Definitions:
+
+- *span* = ``v_max - v_min``; a trajectory is *partial* when ``span > 0`` (its generation was
+  interrupted by at least one weight sync and resumed, ``partial_rollout``). verl computes it
+  as ``|param_version_end - param_version_start|``; the two agree when the wire invariants hold.
+- *lag* = ``c - v_max``; the trajectory is *stale* when ``lag >= 1``, i.e. even its newest
+  token came from older weights (verl's rule on ``param_version_end``). A partial trajectory
+  that finished under the current weights is therefore not stale.
+- *oldest lag* = ``c - v_min``. It is *dropped* when ``max_lag`` is given and
+  ``oldest lag > max_lag``. This is asyncrl's rule (verl drops only on a full queue): it bounds
+  how off-policy any token can be, which partial rollouts would otherwise leave unbounded.
+- A *sample* (group) is stale when its newest token over all trajectories is older than ``c``
+  (verl stamps a sample with the rollout version when its last trajectory finished).
+
+:func:`max_version_lag` derives ``max_lag`` from ``staleness_threshold`` ``s``: between two
+syncs the rollout starts at most ``(1 + s) N`` samples for ``N`` consumed, so without partial
+rollouts a sample is consumed at most ``ceil(s)`` versions after the one that generated it; a
+partial trajectory's first tokens can be one more sync older per interruption, hence the
+``slack`` argument (asyncrl suggests ``slack=1`` with ``partial_rollout``).
+
+Metrics of one training batch (:func:`batch_version_metrics`, verl's names):
+``fully_async/count/stale_samples_processed`` and ``.../stale_trajectory_processed`` are
+*running totals* (verl's; pass the previous totals), ``fully_async/count/current_param_version``
+is ``c``; ``fully_async/partial/total_partial_num`` (partial trajectories in the batch),
+``partial_ratio`` (that / trajectories in the batch, 0 for an empty batch) and
+``max_partial_span`` (max span in the batch, 0 if none) describe the batch alone.
+
+Not covered: the rollout-side sample budget itself (the rollout service enforces it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class VersionedTrajectory(Protocol):
+    weight_versions: Sequence[int]
+    version_start: int
+    version_end: int
+    group_id: Hashable
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """Version facts of one trajectory relative to the trainer's current version (module doc)."""
+
+    v_min: int
+    v_max: int
+    span: int
+    partial: bool
+    lag: int
+    oldest_lag: int
+    stale: bool
+    drop: bool
+
+
+def model_version_range(
+    weight_versions: Iterable[int], version_start: int, version_end: int
+) -> tuple[int, int]:
+    """``(v_min, v_max)`` over the model tokens (versions ``>= 0``); ``(version_start, version_end)`` if none."""
+    versions = [int(v) for v in weight_versions if int(v) >= 0]
+    if not versions:
+        return int(version_start), int(version_end)
+    return min(versions), max(versions)
+
+
+def max_version_lag(staleness_threshold: float, slack: int = 0) -> int:
+    """``ceil(staleness_threshold) + slack``: the ``max_lag`` of :func:`version_info` (module doc)."""
+    if staleness_threshold < 0 or slack < 0:
+        raise ValueError("staleness_threshold and slack must be >= 0")
+    return math.ceil(staleness_threshold) + slack
+
+
+def version_info(
+    weight_versions: Iterable[int],
+    version_start: int,
+    version_end: int,
+    current_version: int,
+    max_lag: int | None = None,
+) -> VersionInfo:
+    """Span, partial, lag, stale and drop of one trajectory (definitions in the module doc)."""
+    v_min, v_max = model_version_range(weight_versions, version_start, version_end)
+    lag, oldest = current_version - v_max, current_version - v_min
+    return VersionInfo(
+        v_min=v_min,
+        v_max=v_max,
+        span=v_max - v_min,
+        partial=v_max > v_min,
+        lag=lag,
+        oldest_lag=oldest,
+        stale=lag >= 1,
+        drop=max_lag is not None and oldest > max_lag,
+    )
+
+
+def batch_version_metrics(
+    trajectories: Sequence[VersionedTrajectory],
+    current_version: int,
+    *,
+    prev_stale_samples: int = 0,
+    prev_stale_trajectories: int = 0,
+) -> dict[str, float]:
+    """verl's ``fully_async/count/*`` and ``fully_async/partial/*`` metrics for one batch (module doc)."""
+    infos = [
+        version_info(t.weight_versions, t.version_start, t.version_end, current_version)
+        for t in trajectories
+    ]
+    newest: dict[Hashable, int] = {}
+    for t, info in zip(trajectories, infos, strict=True):
+        newest[t.group_id] = max(newest.get(t.group_id, info.v_max), info.v_max)
+    stale_traj = sum(info.stale for info in infos)
+    stale_samples = sum(current_version - v >= 1 for v in newest.values())
+    partial = [info for info in infos if info.partial]
+    return {
+        "fully_async/count/stale_samples_processed": float(prev_stale_samples + stale_samples),
+        "fully_async/count/stale_trajectory_processed": float(prev_stale_trajectories + stale_traj),
+        "fully_async/count/current_param_version": float(current_version),
+        "fully_async/partial/total_partial_num": float(len(partial)),
+        "fully_async/partial/partial_ratio": len(partial) / len(infos) if infos else 0.0,
+        "fully_async/partial/max_partial_span": float(max((i.span for i in infos), default=0)),
+    }
