@@ -38,10 +38,10 @@ service, kernel attack surface (no seccomp), and third-party packages (stdlib on
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import stat
-import logging
 import sys
 import tempfile
 from pathlib import Path

@@ -41,6 +41,7 @@ LAUNCHER_PATH = str(Path(__file__).with_name("_sandbox_launcher.py"))
 READ_CHUNK_BYTES = 64 * 1024
 REAP_TIMEOUT_S = 5.0  # SIGKILLed processes exit in milliseconds; this only bounds a bug
 PIPE_DRAIN_TIMEOUT_S = 1.0  # after the kill, pipes hit EOF at once unless a survivor holds them
+EXIT_POLL_S = 0.01  # see _wait_for_exit; adds at most this much latency to a run
 SWEEP_ROUNDS = 3  # kill(-1) is atomic w.r.t. fork; extra rounds only cover odd races
 _KILL_ALL_OF_MY_UID = "import os, signal; os.kill(-1, signal.SIGKILL)"
 
@@ -171,6 +172,17 @@ async def sweep_uid(uid: int, interpreter: str) -> tuple[int, int]:
     return found, survivors
 
 
+async def _wait_for_exit(proc: asyncio.subprocess.Process) -> None:
+    """Wait until the process itself has exited.
+
+    Not ``proc.wait()``: on Python 3.11 that also waits until every holder of its stdout and
+    stderr closes them, i.e. until its children (which inherit the pipes) exit too.
+    ``returncode`` is set as soon as the child watcher reaps the process.
+    """
+    while proc.returncode is None:
+        await asyncio.sleep(EXIT_POLL_S)
+
+
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -200,7 +212,7 @@ async def run_isolated(spec: RunSpec) -> RunOutcome:
     found = left = 0
     try:
         try:
-            await asyncio.wait_for(proc.wait(), spec.wall_timeout_s)
+            await asyncio.wait_for(_wait_for_exit(proc), spec.wall_timeout_s)
         except TimeoutError:
             timed_out = True
     finally:  # also on cancellation: nothing of the run may outlive this call
@@ -208,13 +220,16 @@ async def run_isolated(spec: RunSpec) -> RunOutcome:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), REAP_TIMEOUT_S)
+            await asyncio.wait_for(_wait_for_exit(proc), REAP_TIMEOUT_S)
         if spec.uid_base is not None:
             found, left = await sweep_uid(spec.uid_base + proc.pid, spec.interpreter)
         _, pending = await asyncio.wait(readers, timeout=PIPE_DRAIN_TIMEOUT_S)
-        for reader in pending:
+        for reader in pending:  # a survivor still holds a pipe (only possible without a uid)
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
+        transport = getattr(proc, "_transport", None)  # close our pipe ends even then
+        if transport is not None:
+            transport.close()
     return RunOutcome(
         returncode=proc.returncode, timed_out=timed_out, wall_s=loop.time() - started,
         stdout=stdout.text(), stderr=stderr.text(),

@@ -1,0 +1,205 @@
+"""Adversarial tests of the python sandbox's isolation: network, environment, files, uid.
+
+One property per test. Network tests start a real listener in the test and check both
+sides: the program's connect fails *and* the listener never saw a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandbox_helpers import IS_ROOT, root_only, sandbox_pids
+
+from tools.python_sandbox import PythonSandbox
+
+CONNECT_PROGRAM = """
+    import socket, sys
+    try:
+        socket.create_connection((sys.argv_host, sys.argv_port), timeout=2).close()
+        print("connected")
+    except OSError as exc:
+        print("blocked:", type(exc).__name__, exc)
+"""
+
+
+def connect_program(host: str, port: int) -> str:
+    code = textwrap.dedent(CONNECT_PROGRAM)
+    return code.replace("sys.argv_host", repr(host)).replace("sys.argv_port", str(port))
+
+
+async def run(sandbox: PythonSandbox, code: str, timeout_s: float = 10.0):
+    return await sandbox.call({"code": textwrap.dedent(code)}, timeout_s=timeout_s)
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A real TCP listener on 127.0.0.1 (non-blocking, so accept() shows who connected)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def accepted_connection(server: socket.socket) -> bool:
+    try:
+        connection, _ = server.accept()
+    except BlockingIOError:
+        return False
+    connection.close()
+    return True
+
+
+async def test_loopback_listener_is_unreachable(sandbox: PythonSandbox, listener) -> None:
+    result = await run(sandbox, connect_program("127.0.0.1", listener.getsockname()[1]))
+    assert result.content.startswith("blocked:"), result.content
+    assert not accepted_connection(listener)
+
+
+async def test_metadata_and_cloud_ips_are_unreachable(sandbox: PythonSandbox) -> None:
+    for host, port in [("169.254.169.254", 80), ("1.1.1.1", 53)]:
+        result = await run(sandbox, connect_program(host, port))
+        assert result.content.startswith("blocked:"), (host, result.content)
+
+
+async def test_public_dns_name_does_not_resolve(sandbox: PythonSandbox) -> None:
+    code = "import socket\ntry:\n    print(socket.getaddrinfo('example.com', 80))\nexcept OSError as e:\n    print('blocked', e)"
+    result = await run(sandbox, code)
+    assert result.content.startswith("blocked"), result.content
+
+
+@root_only
+async def test_namespace_isolation_is_reported_when_required(make_sandbox) -> None:
+    result = await run(make_sandbox(network_isolation="namespace"), "print('ok')")
+    assert result.content == "ok\n"
+    assert result.metadata["isolation"]["network"] == "namespace"
+
+
+async def test_audit_hook_fallback_blocks_loopback(make_sandbox, listener) -> None:
+    sandbox = make_sandbox(network_isolation="audit_hook")
+    result = await run(sandbox, connect_program("127.0.0.1", listener.getsockname()[1]))
+    assert result.metadata["isolation"]["network"] == "audit_hook"
+    assert result.content.startswith("blocked: PermissionError"), result.content
+    assert not accepted_connection(listener)
+
+
+async def test_audit_hook_fallback_blocks_ctypes_and_new_programs(make_sandbox) -> None:
+    sandbox = make_sandbox(network_isolation="audit_hook")
+    for code in ["import ctypes", "import subprocess\nsubprocess.run(['/bin/true'])",
+                 "import os\nos.system('true')"]:
+        result = await run(sandbox, code)
+        assert result.is_error, code
+        assert "disabled in this sandbox" in result.content, result.content
+
+
+async def test_audit_hook_fallback_still_allows_local_socketpairs(make_sandbox) -> None:
+    code = "import asyncio\nasync def f():\n    return 7\nprint(asyncio.run(f()))"
+    result = await run(make_sandbox(network_isolation="audit_hook"), code)
+    assert result.content == "7\n", result.content
+
+
+async def test_environment_is_empty(sandbox: PythonSandbox, monkeypatch) -> None:
+    monkeypatch.setenv("ASYNCRL_TEST_SECRET", "hunter2-secret-value")
+    result = await run(sandbox, "import json, os\nprint(json.dumps(dict(os.environ)))")
+    environment = json.loads(result.content)
+    assert set(environment) <= {"LC_CTYPE"}, environment  # PEP 538: set by the interpreter
+    assert "hunter2" not in result.content and "PATH" not in environment
+
+
+async def test_stdin_is_empty(sandbox: PythonSandbox) -> None:
+    result = await run(sandbox, "import sys\nprint(repr(sys.stdin.read()))")
+    assert result.content == "''\n"
+
+
+async def test_working_directory_is_fresh_and_deleted(sandbox: PythonSandbox) -> None:
+    code = "import os\nopen('scratch.txt', 'w').write('x')\nprint(os.getcwd())\nprint(sorted(os.listdir()))"
+    result = await run(sandbox, code)
+    cwd, listing = result.content.splitlines()
+    assert listing == "['main.py', 'scratch.txt']"
+    assert not Path(cwd).exists()
+
+
+async def test_working_directory_is_deleted_after_a_timeout(make_sandbox, work_root) -> None:
+    result = await run(make_sandbox(wall_timeout_s=0.5), "import time\ntime.sleep(30)")
+    assert result.metadata["timed_out"]
+    assert list(work_root.iterdir()) == []
+
+
+async def test_cancelled_call_kills_the_run_and_deletes_its_directory(make_sandbox, work_root) -> None:
+    call = asyncio.create_task(run(make_sandbox(), "import time\ntime.sleep(30)"))
+    await asyncio.sleep(0.5)  # let it start
+    assert list(work_root.iterdir()) != []
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(call, 5)
+    assert list(work_root.iterdir()) == []
+    assert sandbox_pids() == {}
+
+
+@root_only
+async def test_program_runs_as_an_unprivileged_per_run_uid(sandbox: PythonSandbox) -> None:
+    result = await run(sandbox, "import os\nprint(os.getuid(), os.getgid(), os.getgroups())")
+    uid, gid, groups = result.content.split(maxsplit=2)
+    assert int(uid) == result.metadata["isolation"]["uid"] and int(uid) >= 1_000_000
+    assert gid == uid and groups.strip() == "[]"
+
+
+@root_only
+async def test_program_cannot_signal_the_service(sandbox: PythonSandbox) -> None:
+    code = f"import os\ntry:\n    os.kill({os.getpid()}, 0)\n    print('reachable')\nexcept PermissionError:\n    print('denied')"
+    assert (await run(sandbox, code)).content == "denied\n"
+
+
+@root_only
+async def test_program_cannot_write_outside_its_directory(sandbox: PythonSandbox) -> None:
+    target = Path(tempfile.mkdtemp(prefix="asyncrl-test-readonly-"))
+    try:
+        target.chmod(0o755)
+        code = f"try:\n    open({str(target / 'pwned')!r}, 'w')\n    print('wrote')\nexcept PermissionError:\n    print('denied')"
+        assert (await run(sandbox, code)).content == "denied\n"
+        assert not (target / "pwned").exists()
+    finally:
+        os.rmdir(target)
+
+
+@root_only
+async def test_program_cannot_read_root_only_files(sandbox: PythonSandbox) -> None:
+    if not Path("/etc/shadow").exists():
+        pytest.skip("no /etc/shadow here")
+    code = "try:\n    open('/etc/shadow').read()\n    print('read')\nexcept PermissionError:\n    print('denied')"
+    assert (await run(sandbox, code)).content == "denied\n"
+
+
+@root_only
+async def test_concurrent_runs_cannot_read_each_others_directories(make_sandbox) -> None:
+    sandbox = make_sandbox()
+    writer = asyncio.create_task(run(sandbox, "open('secret.txt', 'w').write('s')\nimport time\ntime.sleep(2)"))
+    await asyncio.sleep(0.5)
+    peek = """
+        import os
+        others = [d for d in os.listdir('..') if os.path.join('..', d) != os.path.join('..', os.path.basename(os.getcwd()))]
+        for other in others:
+            try:
+                print(os.listdir(os.path.join('..', other)))
+            except PermissionError:
+                print('denied')
+    """
+    result = await run(sandbox, peek)
+    await writer
+    assert result.content == "denied\n", result.content
+
+
+@pytest.mark.skipif(IS_ROOT, reason="checks the non-root fallback")
+async def test_without_root_the_run_keeps_the_service_uid(sandbox: PythonSandbox) -> None:
+    result = await run(sandbox, "import os\nprint(os.getuid())")
+    assert int(result.content) == os.getuid()
+    assert result.metadata["isolation"]["uid"] is None
