@@ -7,7 +7,7 @@ Each row is in verl's layout (see :mod:`.records`)::
      "data_source": "asyncrl/arith", "ability": "arithmetic",
      "reward_model": {"style": "rule", "ground_truth": "9197"},
      "extra_info": {"index": 0, "split": "train", "expression": "317 * 29 + 4",
-                    "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": "9197"}}}}}
+                    "tools_kwargs": {"calculator": {"create_kwargs": {"expression": "317 * 29 + 4"}}}}}
 
 Contracts: generation is a pure function of (``n``, ``seed``, ``split``, ``spec``); the
 ground truth is the exact integer value of the expression with the usual precedence
@@ -101,7 +101,7 @@ def make_row(index: int, split: str, expression: str, answer: int) -> dict[str, 
             "index": index,
             "split": split,
             "expression": expression,
-            "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"ground_truth": truth}}},
+            "tools_kwargs": {TOOL_NAME: {"create_kwargs": {"expression": expression}}},
         },
     }
 
