@@ -210,3 +210,17 @@ def test_config_from_asyncrl_sections_and_validation():
             torch.ones(3, 2),
             PolicyLossConfig(),
         )
+
+
+def test_empty_mask_gives_zero_loss_and_metrics():
+    z = torch.zeros(2, 3)
+    loss, m = compute_policy_loss(
+        torch.full((2, 3), -1.0),
+        z - 2.0,
+        torch.ones(2, 3),
+        z,
+        PolicyLossConfig(),
+        rollout_log_prob=z - 3.0,
+    )
+    assert loss.item() == 0.0
+    assert all(v == 0.0 for v in m.values()) and len(m) == 12

@@ -212,35 +212,40 @@ def compute_policy_loss(
 
     with torch.no_grad():
         mask = response_mask.bool()
-        r = ratio.detach()
+        r = ratio.detach().to(torch.float64)
         clipped = l2.detach() > l1.detach()
-
-        def frac(flags: torch.Tensor) -> float:
-            return masked_mean(flags.to(torch.float64), mask).item()
-
-        metrics = {
-            "actor/pg_clipfrac": frac(clipped),
-            "actor/pg_clipfrac_high": frac(clipped & (r > hi)),
-            "actor/pg_clipfrac_low": frac(clipped & (r < lo)),
-            "actor/pg_clipfrac_dual": frac(dual),
-            "actor/ppo_kl": masked_mean(-log_ratio.detach(), mask).item(),
-            "actor/ratio_mean": masked_mean(r, mask).item(),
-            "actor/ratio_max": _masked_extreme(r, mask, torch.amax),
-            "actor/ratio_min": _masked_extreme(r, mask, torch.amin),
+        stats = {  # computed on the device, moved to the host in one transfer
+            "actor/pg_clipfrac": masked_mean(clipped.double(), mask),
+            "actor/pg_clipfrac_high": masked_mean((clipped & (r > hi)).double(), mask),
+            "actor/pg_clipfrac_low": masked_mean((clipped & (r < lo)).double(), mask),
+            "actor/pg_clipfrac_dual": masked_mean(dual.double(), mask),
+            "actor/ppo_kl": masked_mean(-log_ratio.detach().double(), mask),
+            "actor/ratio_mean": masked_mean(r, mask),
+            "actor/ratio_max": _masked_extreme(r, mask, largest=True),
+            "actor/ratio_min": _masked_extreme(r, mask, largest=False),
         }
         if weight is not None:
-            raw_log_w = (old - rollout_log_prob.detach()).clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
-            metrics["actor/is_weight_mean"] = masked_mean(weight, mask).item()
-            metrics["actor/is_weight_max"] = _masked_extreme(weight, mask, torch.amax)
-            metrics["actor/is_truncated_frac"] = frac(
-                torch.exp(raw_log_w) > config.tis_imp_ratio_cap
+            raw_log_w = (
+                (old - rollout_log_prob.detach())
+                .clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+                .double()
             )
-            metrics["actor/behav_kl"] = masked_mean(-raw_log_w, mask).item()
-    return loss, metrics
+            w = weight.double()
+            stats["actor/is_weight_mean"] = masked_mean(w, mask)
+            stats["actor/is_weight_max"] = _masked_extreme(w, mask, largest=True)
+            stats["actor/is_truncated_frac"] = masked_mean(
+                (raw_log_w.exp() > config.tis_imp_ratio_cap).double(), mask
+            )
+            stats["actor/behav_kl"] = masked_mean(-raw_log_w, mask)
+        values = torch.stack(list(stats.values())).cpu().tolist()
+    return loss, dict(zip(stats, values, strict=True))
 
 
-def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, op) -> float:
-    """``op`` (amax / amin) over the masked entries; 0.0 when no entry is selected."""
-    if not bool(mask.any()):
-        return 0.0
-    return float(op(values[mask]).item())
+def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, *, largest: bool) -> torch.Tensor:
+    """Max (or min) over the masked entries as a 0-dim tensor; 0 when no entry is selected."""
+    fill = torch.tensor(
+        -torch.inf if largest else torch.inf, dtype=values.dtype, device=values.device
+    )
+    picked = torch.where(mask, values, fill)
+    ext = picked.amax() if largest else picked.amin()
+    return torch.where(mask.any(), ext, torch.zeros_like(ext))
