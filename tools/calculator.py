@@ -57,10 +57,23 @@ _UNARY_OPERATORS: dict[type[ast.unaryop], Callable[[Any], Any]] = {
 }
 _CONSTANTS = {"pi": math.pi, "e": math.e, "tau": math.tau}
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max,
-    "floor": math.floor, "ceil": math.ceil, "log": math.log, "log2": math.log2,
-    "log10": math.log10, "exp": math.exp, "sin": math.sin, "cos": math.cos, "tan": math.tan,
-    "asin": math.asin, "acos": math.acos, "atan": math.atan,
+    "sqrt": math.sqrt,
+    "abs": abs,
+    "round": round,
+    "min": min,
+    "max": max,
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "log": math.log,
+    "log2": math.log2,
+    "log10": math.log10,
+    "exp": math.exp,
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "asin": math.asin,
+    "acos": math.acos,
+    "atan": math.atan,
 }
 _OPERATOR_HINTS = {ast.BitXor: "use ** for powers", ast.MatMult: "use * to multiply"}
 
@@ -118,7 +131,8 @@ class _Evaluator:
         if isinstance(node, ast.BinOp):
             hint = _OPERATOR_HINTS.get(type(node.op))
             raise CalculatorError(
-                f"operator {type(node.op).__name__} is not supported" + (f" ({hint})" if hint else "")
+                f"operator {type(node.op).__name__} is not supported"
+                + (f" ({hint})" if hint else "")
             )
         raise CalculatorError(f"{type(node).__name__} is not allowed in an arithmetic expression")
 
@@ -134,7 +148,9 @@ class _Evaluator:
         name = node.func.id
         if name == "round" and len(args) == 2:
             if not isinstance(args[1], int) or abs(args[1]) > MAX_ROUND_DIGITS:
-                raise CalculatorError(f"round() digits must be an integer within ±{MAX_ROUND_DIGITS}")
+                raise CalculatorError(
+                    f"round() digits must be an integer within ±{MAX_ROUND_DIGITS}"
+                )
         return _check_int(_FUNCTIONS[name](*args))
 
 

@@ -117,8 +117,12 @@ def choose_interpreter(configured: str | None, for_other_uid: bool) -> str:
         return configured
     if not for_other_uid:
         return sys.executable
-    candidates = [sys.executable, getattr(sys, "_base_executable", sys.executable),
-                  "/usr/bin/python3", "/usr/local/bin/python3"]
+    candidates = [
+        sys.executable,
+        getattr(sys, "_base_executable", sys.executable),
+        "/usr/bin/python3",
+        "/usr/local/bin/python3",
+    ]
     for candidate in candidates:
         if _usable_by_others(candidate):
             return os.path.realpath(candidate)
@@ -150,8 +154,11 @@ class PythonSandbox(Tool):
         self.parameters = {
             "type": "object",
             "properties": {
-                "code": {"type": "string", "description": "The program.",
-                         "maxLength": self.config.max_code_chars}
+                "code": {
+                    "type": "string",
+                    "description": "The program.",
+                    "maxLength": self.config.max_code_chars,
+                }
             },
             "required": ["code"],
             "additionalProperties": False,
@@ -185,8 +192,9 @@ class PythonSandbox(Tool):
             async with asyncio.timeout_at(deadline):
                 await self._slots.acquire()
         except TimeoutError:
-            return ToolResult.error("Error: the python sandbox is busy; try again later.",
-                                    failure="busy")
+            return ToolResult.error(
+                "Error: the python sandbox is busy; try again later.", failure="busy"
+            )
         try:
             outcome = await self._run(code, wall_timeout_s=max(deadline - loop.time(), 0.05))
         finally:
@@ -194,15 +202,19 @@ class PythonSandbox(Tool):
         return outcome_to_result(outcome, self.config, self.interpreter)
 
     async def _run(self, code: str, wall_timeout_s: float) -> RunOutcome:
-        workdir = await asyncio.to_thread(tempfile.mkdtemp, prefix="asyncrl-python-",
-                                          dir=self.config.work_root)
+        workdir = await asyncio.to_thread(
+            tempfile.mkdtemp, prefix="asyncrl-python-", dir=self.config.work_root
+        )
         try:
             main_py = Path(workdir, "main.py")
             main_py.write_text(code, encoding="utf-8", errors="surrogatepass")
             main_py.chmod(0o444)
             spec = RunSpec(
-                workdir=workdir, interpreter=self.interpreter, wall_timeout_s=wall_timeout_s,
-                rlimits=self._rlimits(), network=self.config.network_isolation,
+                workdir=workdir,
+                interpreter=self.interpreter,
+                wall_timeout_s=wall_timeout_s,
+                rlimits=self._rlimits(),
+                network=self.config.network_isolation,
                 uid_base=self.config.uid_base if self._drop_privileges else None,
                 max_output_bytes=self.config.max_output_bytes,
             )

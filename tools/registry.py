@@ -85,7 +85,10 @@ class ToolRegistry:
 
     @classmethod
     def from_names(
-        cls, names: Iterable[str], *, max_content_chars: int = DEFAULT_MAX_CONTENT_CHARS,
+        cls,
+        names: Iterable[str],
+        *,
+        max_content_chars: int = DEFAULT_MAX_CONTENT_CHARS,
         **options: Mapping[str, Any],
     ) -> ToolRegistry:
         """A registry with the named builtin tools; ``options[name]`` are that tool's kwargs.
@@ -137,19 +140,26 @@ class ToolRegistry:
             available = ", ".join(self._tools) or "none"
             return ToolResult.error(
                 f"Error: unknown tool {str(name)[:100]!r}. Available tools: {available}.",
-                tool=name, failure="unknown_tool",
+                tool=name,
+                failure="unknown_tool",
             )
-        if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
+        if (
+            not isinstance(timeout_s, (int, float))
+            or not math.isfinite(timeout_s)
+            or timeout_s <= 0
+        ):
             return ToolResult.error(
                 f"Error: invalid timeout {timeout_s!r} for tool '{name}'.",
-                tool=name, failure="bad_timeout",
+                tool=name,
+                failure="bad_timeout",
             )
         parsed = _parse_arguments(arguments)
         problem = parsed if isinstance(parsed, str) else tool.validate(parsed)
         if problem is not None:
             return ToolResult.error(
                 f"Error: invalid arguments for tool '{name}': {problem}.",
-                tool=name, failure="bad_arguments",
+                tool=name,
+                failure="bad_arguments",
             )
         deadline = asyncio.timeout(timeout_s + CLEANUP_GRACE_S)
         try:
@@ -159,13 +169,17 @@ class ToolRegistry:
             if isinstance(exc, TimeoutError) and deadline.expired():
                 return ToolResult.error(
                     f"Error: tool '{name}' timed out after {timeout_s:g} s.",
-                    tool=name, failure="timeout", elapsed_s=round(time.monotonic() - started, 3),
+                    tool=name,
+                    failure="timeout",
+                    elapsed_s=round(time.monotonic() - started, 3),
                 )
             logger.exception("tool %r raised", name)
             message = f"{type(exc).__name__}: {exc}"[:MAX_EXCEPTION_MESSAGE_CHARS]
             return ToolResult.error(
                 f"Error: tool '{name}' failed: {message}",
-                tool=name, failure="exception", exception=type(exc).__name__,
+                tool=name,
+                failure="exception",
+                exception=type(exc).__name__,
             )
         if not isinstance(result, ToolResult) or not isinstance(result.content, str):
             logger.error("tool %r returned %r instead of a ToolResult", name, type(result))

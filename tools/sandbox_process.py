@@ -119,7 +119,7 @@ async def _drain_stderr(
                 sink.feed(line)
                 break
             with contextlib.suppress(ValueError):
-                report.update(json.loads(line[len(marker):]))
+                report.update(json.loads(line[len(marker) :]))
     await _drain(stream, sink)
 
 
@@ -155,9 +155,18 @@ async def sweep_uid(uid: int, interpreter: str) -> tuple[int, int]:
     found = survivors = len(await asyncio.to_thread(live_pids_of_uid, uid))
     for _ in range(SWEEP_ROUNDS if found else 0):
         killer = await asyncio.create_subprocess_exec(
-            interpreter, "-I", "-S", "-c", _KILL_ALL_OF_MY_UID,
-            user=uid, group=uid, extra_groups=[], env={}, cwd="/",
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            interpreter,
+            "-I",
+            "-S",
+            "-c",
+            _KILL_ALL_OF_MY_UID,
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+            cwd="/",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )
         try:
@@ -192,16 +201,26 @@ async def run_isolated(spec: RunSpec) -> RunOutcome:
     """Run ``main.py`` in ``spec.workdir`` under the launcher; see the module docstring."""
     loop = asyncio.get_running_loop()
     launch_config = {
-        "interpreter": spec.interpreter, "rlimits": spec.rlimits,
-        "network": spec.network, "uid_base": spec.uid_base,
+        "interpreter": spec.interpreter,
+        "rlimits": spec.rlimits,
+        "network": spec.network,
+        "uid_base": spec.uid_base,
     }
     stdout, stderr = CappedOutput(spec.max_output_bytes), CappedOutput(spec.max_output_bytes)
     report: dict[str, Any] = {}
     started = loop.time()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-S", LAUNCHER_PATH, json.dumps(launch_config),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, cwd=spec.workdir, env={}, start_new_session=True,
+        sys.executable,
+        "-I",
+        "-S",
+        LAUNCHER_PATH,
+        json.dumps(launch_config),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=spec.workdir,
+        env={},
+        start_new_session=True,
     )
     assert proc.stdout is not None and proc.stderr is not None
     readers = [
@@ -231,8 +250,14 @@ async def run_isolated(spec: RunSpec) -> RunOutcome:
         if transport is not None:
             transport.close()
     return RunOutcome(
-        returncode=proc.returncode, timed_out=timed_out, wall_s=loop.time() - started,
-        stdout=stdout.text(), stderr=stderr.text(),
-        stdout_bytes=stdout.total, stderr_bytes=stderr.total, report=report,
-        survivors_killed=found, survivors_left=left,
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        wall_s=loop.time() - started,
+        stdout=stdout.text(),
+        stderr=stderr.text(),
+        stdout_bytes=stdout.total,
+        stderr_bytes=stderr.total,
+        report=report,
+        survivors_killed=found,
+        survivors_left=left,
     )

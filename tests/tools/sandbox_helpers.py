@@ -44,5 +44,3 @@ def sandbox_pids(uid_base: int = TEST_UID_BASE) -> dict[int, int]:
         if uid_base <= uid <= uid_base + PID_MAX and not fields["State"].strip().startswith("Z"):
             found[int(entry)] = uid
     return found
-
-

@@ -43,7 +43,9 @@ async def test_program_killed_by_a_signal_is_named(sandbox: PythonSandbox) -> No
 
 async def test_non_utf8_output_does_not_break_the_result(sandbox: PythonSandbox) -> None:
     result = await run(sandbox, "import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe end')")
-    assert not result.is_error and result.content.startswith("ok ") and result.content.endswith(" end")
+    assert (
+        not result.is_error and result.content.startswith("ok ") and result.content.endswith(" end")
+    )
 
 
 async def test_oversized_program_is_refused_without_running(make_sandbox) -> None:
@@ -53,7 +55,9 @@ async def test_oversized_program_is_refused_without_running(make_sandbox) -> Non
 
 async def test_concurrent_calls_run_in_parallel(sandbox: PythonSandbox) -> None:
     started = time.monotonic()
-    results = await asyncio.gather(*(run(sandbox, "import time\ntime.sleep(1)\nprint('done')") for _ in range(6)))
+    results = await asyncio.gather(
+        *(run(sandbox, "import time\ntime.sleep(1)\nprint('done')") for _ in range(6))
+    )
     elapsed = time.monotonic() - started
     assert [r.content for r in results] == ["done\n"] * 6
     assert elapsed < 2.5, f"6 one-second sleeps took {elapsed:.1f} s"
@@ -62,7 +66,9 @@ async def test_concurrent_calls_run_in_parallel(sandbox: PythonSandbox) -> None:
 async def test_max_concurrent_runs_queues_the_rest(make_sandbox) -> None:
     sandbox = make_sandbox(max_concurrent_runs=1)
     started = time.monotonic()
-    results = await asyncio.gather(*(run(sandbox, "import time\ntime.sleep(0.4)") for _ in range(3)))
+    results = await asyncio.gather(
+        *(run(sandbox, "import time\ntime.sleep(0.4)") for _ in range(3))
+    )
     assert not any(r.is_error for r in results)
     assert time.monotonic() - started >= 1.2
 

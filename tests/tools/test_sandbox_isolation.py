@@ -94,8 +94,11 @@ async def test_audit_hook_fallback_blocks_loopback(make_sandbox, listener) -> No
 
 async def test_audit_hook_fallback_blocks_ctypes_and_new_programs(make_sandbox) -> None:
     sandbox = make_sandbox(network_isolation="audit_hook")
-    for code in ["import ctypes", "import subprocess\nsubprocess.run(['/bin/true'])",
-                 "import os\nos.system('true')"]:
+    for code in [
+        "import ctypes",
+        "import subprocess\nsubprocess.run(['/bin/true'])",
+        "import os\nos.system('true')",
+    ]:
         result = await run(sandbox, code)
         assert result.is_error, code
         assert "disabled in this sandbox" in result.content, result.content
@@ -134,7 +137,9 @@ async def test_working_directory_is_deleted_after_a_timeout(make_sandbox, work_r
     assert list(work_root.iterdir()) == []
 
 
-async def test_cancelled_call_kills_the_run_and_deletes_its_directory(make_sandbox, work_root) -> None:
+async def test_cancelled_call_kills_the_run_and_deletes_its_directory(
+    make_sandbox, work_root
+) -> None:
     call = asyncio.create_task(run(make_sandbox(), "import time\ntime.sleep(30)"))
     await asyncio.sleep(0.5)  # let it start
     assert list(work_root.iterdir()) != []
@@ -182,7 +187,9 @@ async def test_program_cannot_read_root_only_files(sandbox: PythonSandbox) -> No
 @root_only
 async def test_concurrent_runs_cannot_read_each_others_directories(make_sandbox) -> None:
     sandbox = make_sandbox()
-    writer = asyncio.create_task(run(sandbox, "open('secret.txt', 'w').write('s')\nimport time\ntime.sleep(2)"))
+    writer = asyncio.create_task(
+        run(sandbox, "open('secret.txt', 'w').write('s')\nimport time\ntime.sleep(2)")
+    )
     await asyncio.sleep(0.5)
     peek = """
         import os

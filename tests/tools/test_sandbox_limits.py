@@ -55,7 +55,9 @@ async def test_call_timeout_shorter_than_the_config_wins(make_sandbox) -> None:
     assert time.monotonic() - started < 2.5
 
 
-async def test_ten_gigabyte_allocation_fails_and_parent_is_unaffected(sandbox: PythonSandbox) -> None:
+async def test_ten_gigabyte_allocation_fails_and_parent_is_unaffected(
+    sandbox: PythonSandbox,
+) -> None:
     rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = await run(sandbox, "x = bytearray(10 * 1024**3)\nprint('allocated')")
     assert result.is_error
