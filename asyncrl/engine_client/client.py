@@ -1,0 +1,289 @@
+"""The one async client every asyncrl component uses to talk to an inference engine.
+
+It speaks the SGLang HTTP subset in ``shared/reference/sglang_contract.md`` and works
+against real SGLang servers (old and new, see §9 there) and ``local_engine``. aiohttp, not
+httpx: at concurrency 64 against a trivial FastAPI server aiohttp does ~15x the requests
+per second on this hardware (``bench/http_client.py``; numbers in docs/benchmarks.md).
+
+Contract:
+
+- one aiohttp session per client; use ``async with EngineClient(...) as c`` (or call
+  :meth:`close`). Safe to share between tasks of one event loop.
+- every call has a timeout: ``request_timeout_s`` for ``/generate``, ``control_timeout_s``
+  for the rest; each method takes ``timeout_s`` to override.
+- failures raise :class:`EngineHTTPError` (status + the engine's message from any of its
+  error shapes), :class:`EngineTimeout` or :class:`EngineUnavailable` — all
+  :class:`EngineError`. An aborted generation is *not* an error: it returns a
+  :class:`GenerateResult` whose ``finish_reason.type`` is ``"abort"``.
+- admin routes (weights, pause, continue, abort, flush) send ``admin_api_key`` when set,
+  else ``api_key``; every other route sends ``api_key``.
+- version drift: pause/continue fall back to an empty body on 4xx from servers that take
+  none; ``/model_info``, ``/server_info``, ``/v1/loads`` fall back to their ``/get_*``
+  aliases on 404.
+
+Not here: choosing an engine, retries of generations, rollout logic — the rollout
+service owns those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+
+from asyncrl.engine_client.errors import EngineError, EngineHTTPError, EngineTimeout, EngineUnavailable, error_message
+from asyncrl.engine_client.types import GenerateResult
+
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # a long agent turn on a slow engine; callers set their own
+DEFAULT_CONTROL_TIMEOUT_S = 120.0  # group init blocks until every rank joins (prime-rl PR #2673: 120 s)
+DEFAULT_MAX_CONNECTIONS = 1024  # concurrent requests per client; aiohttp's default of 100 throttles rollouts
+FALLBACK_STATUSES = (400, 405, 415, 422)  # what an old server says to a body it does not take
+
+_NO_BODY = object()
+
+
+class EngineClient:
+    """Async client for one engine's base URL (``http://host:port``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.admin_api_key = admin_api_key
+        self.request_timeout_s = request_timeout_s
+        self.control_timeout_s = control_timeout_s
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> EngineClient:
+        self._ensure_session()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+            )
+        return self._session
+
+    # -- plumbing ------------------------------------------------------------------------
+    def _headers(self, admin: bool) -> dict[str, str]:
+        key = (self.admin_api_key or self.api_key) if admin else self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = _NO_BODY,
+        *,
+        admin: bool = False,
+        timeout_s: float | None = None,
+        params: dict[str, str] | None = None,
+    ) -> Any:
+        """One HTTP call; returns the parsed body (JSON, else text, else None)."""
+        url = self.base_url + path
+        headers = self._headers(admin)
+        data = None
+        if body is not _NO_BODY:
+            data = orjson.dumps(body)
+            headers["Content-Type"] = "application/json"
+        limit = self.control_timeout_s if timeout_s is None else timeout_s
+        session = self._ensure_session()
+        try:
+            async with session.request(
+                method, url, data=data, headers=headers, params=params, timeout=aiohttp.ClientTimeout(total=limit)
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except TimeoutError:
+            raise EngineTimeout(f"{method} {url} got no answer within {limit:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        try:
+            parsed: Any = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            parsed = raw.decode("utf-8", errors="replace")
+        if not 200 <= status < 300:
+            raise EngineHTTPError(status, error_message(parsed, fallback=f"HTTP {status}"), url, parsed)
+        return parsed
+
+    @staticmethod
+    def _checked(body: Any, what: str) -> dict[str, Any]:
+        """Weight routes answer ``{"success": bool, ...}``; a 200 with success false is an error too."""
+        if not isinstance(body, dict):
+            raise EngineError(f"{what}: unexpected answer {body!r}")
+        if body.get("success") is False:
+            raise EngineHTTPError(200, error_message(body, fallback=f"{what} failed"), body=body)
+        return body
+
+    async def _get_with_alias(self, path: str, alias: str, timeout_s: float | None) -> Any:
+        try:
+            return await self._call("GET", path, timeout_s=timeout_s)
+        except EngineHTTPError as exc:
+            if exc.status != 404:
+                raise
+            return await self._call("GET", alias, timeout_s=timeout_s)
+
+    # -- generation ----------------------------------------------------------------------
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any] | None = None,
+        rid: str | None = None,
+        return_logprob: bool = True,
+        *,
+        timeout_s: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> GenerateResult:
+        """One ``/generate`` by token ids (n=1). ``rid`` defaults to a fresh uuid4 hex."""
+        body: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": dict(sampling_params or {}),
+            "return_logprob": return_logprob,
+            "rid": rid or uuid.uuid4().hex,
+            **(extra or {}),
+        }
+        out = await self._call("POST", "/generate", body, timeout_s=self.request_timeout_s if timeout_s is None else timeout_s)
+        if not isinstance(out, dict):
+            raise EngineError(f"/generate returned {type(out).__name__}, expected one object")
+        return GenerateResult.parse(out)
+
+    async def abort(self, rid: str | None = None, abort_all: bool = False, *, timeout_s: float | None = None) -> None:
+        """Abort requests whose rid starts with ``rid``, or all of them."""
+        if not rid and not abort_all:
+            raise ValueError("give a rid or abort_all=True")
+        await self._call("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all}, admin=True, timeout_s=timeout_s)
+
+    # -- pause / resume / cache ----------------------------------------------------------
+    async def _post_with_body_fallback(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Any:
+        try:
+            return await self._call("POST", path, body, admin=True, timeout_s=timeout_s)
+        except EngineHTTPError as exc:
+            if exc.status not in FALLBACK_STATUSES:
+                raise
+            return await self._call("POST", path, admin=True, timeout_s=timeout_s)
+
+    async def pause(self, mode: str = "abort", *, timeout_s: float | None = None) -> None:
+        """``/pause_generation`` with ``{"mode": mode}`` (``abort`` | ``retract`` | ``in_place``)."""
+        await self._post_with_body_fallback("/pause_generation", {"mode": mode}, timeout_s)
+
+    async def resume(self, *, timeout_s: float | None = None) -> None:
+        """``/continue_generation``."""
+        await self._post_with_body_fallback("/continue_generation", {}, timeout_s)
+
+    async def flush_cache(self, retries: int = 60, interval_s: float = 1.0, *, timeout_s: float | None = None) -> None:
+        """``/flush_cache``, retried while the engine answers 400 (requests pending)."""
+        last: EngineHTTPError | None = None
+        for attempt in range(max(1, retries)):
+            try:
+                await self._call("GET", "/flush_cache", admin=True, timeout_s=timeout_s)
+                return
+            except EngineHTTPError as exc:
+                if exc.status != 400:
+                    raise
+                last = exc
+            if attempt + 1 < retries:
+                await asyncio.sleep(interval_s)
+        assert last is not None
+        raise EngineHTTPError(400, f"cache not flushed after {retries} tries: {last.message}", last.url, last.body)
+
+    # -- weights -------------------------------------------------------------------------
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        *,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Join the weight group; returns when the engine's side has formed it."""
+        body = {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend,
+        }
+        return self._checked(await self._call("POST", "/init_weights_update_group", body, admin=True, timeout_s=timeout_s), "init_weights_update_group")
+
+    async def update_weights_from_distributed(
+        self,
+        names: Sequence[str],
+        dtypes: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        group_name: str = "weight_update_group",
+        weight_version: str | None = None,
+        load_format: str | None = None,
+        flush_cache: bool | None = None,
+        abort_all_requests: bool | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Receive one bucket; the engine answers after its broadcasts finished."""
+        body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes], "group_name": group_name}
+        for key, value in (("weight_version", weight_version), ("load_format", load_format), ("flush_cache", flush_cache), ("abort_all_requests", abort_all_requests)):
+            if value is not None:
+                body[key] = value
+        return self._checked(await self._call("POST", "/update_weights_from_distributed", body, admin=True, timeout_s=timeout_s), "update_weights_from_distributed")
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group", *, timeout_s: float | None = None) -> dict[str, Any]:
+        body = {"group_name": group_name}
+        return self._checked(await self._call("POST", "/destroy_weights_update_group", body, admin=True, timeout_s=timeout_s), "destroy_weights_update_group")
+
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str | None = None, *, abort_all_requests: bool = False, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        return self._checked(await self._call("POST", "/update_weights_from_disk", body, admin=True, timeout_s=timeout_s), "update_weights_from_disk")
+
+    async def update_weight_version(self, new_version: str, abort_all_requests: bool = True, *, timeout_s: float | None = None) -> dict[str, Any]:
+        body = {"new_version": new_version, "abort_all_requests": abort_all_requests}
+        return self._checked(await self._call("POST", "/update_weight_version", body, admin=True, timeout_s=timeout_s), "update_weight_version")
+
+    # -- info ----------------------------------------------------------------------------
+    async def model_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._get_with_alias("/model_info", "/get_model_info", timeout_s)
+
+    async def weight_version(self, *, timeout_s: float | None = None) -> str | None:
+        version = (await self.model_info(timeout_s=timeout_s)).get("weight_version")
+        return None if version is None else str(version)
+
+    async def server_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._get_with_alias("/server_info", "/get_server_info", timeout_s)
+
+    async def loads(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._get_with_alias("/v1/loads", "/get_load", timeout_s)
+
+    async def health(self, *, timeout_s: float | None = None) -> bool:
+        """True on 200, False on 5xx (starting, unhealthy, weights inconsistent); raises
+        :class:`EngineUnavailable` / :class:`EngineTimeout` when it cannot ask."""
+        try:
+            await self._call("GET", "/health", timeout_s=timeout_s)
+            return True
+        except EngineHTTPError as exc:
+            if exc.status >= 500:
+                return False
+            raise

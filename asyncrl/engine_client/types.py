@@ -1,0 +1,107 @@
+"""Typed results of the engine client, parsed from SGLang's ``/generate`` JSON.
+
+Tokens and logprobs come from ``meta_info.output_token_logprobs`` (``[logprob, id, text]``
+triples, the contract's client rule) when present, else from ``output_ids`` with no
+logprobs. A result whose ``finish_reason.type`` is ``"abort"`` is *partial*: keep its
+tokens and resubmit prompt + output with the remaining budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """``type`` is ``stop`` (``matched``: token id or stop string), ``length`` (``length``)
+    or ``abort`` (``message``, ``status_code``)."""
+
+    type: str
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+    status_code: int | None = None
+
+    @classmethod
+    def parse(cls, raw: Any) -> FinishReason:
+        if not isinstance(raw, dict):
+            return cls(type="unknown" if raw is None else str(raw))
+        return cls(
+            type=str(raw.get("type", "unknown")),
+            matched=raw.get("matched"),
+            length=raw.get("length"),
+            message=raw.get("message"),
+            status_code=raw.get("status_code"),
+        )
+
+
+@dataclass(frozen=True)
+class WeightVersionSpan:
+    """Output tokens ``[start, end)`` were produced with weight ``version``."""
+
+    version: str
+    start: int
+    end: int
+
+
+@dataclass
+class GenerateResult:
+    """One ``/generate`` answer."""
+
+    rid: str
+    text: str
+    output_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: FinishReason
+    weight_version: str | None
+    prompt_tokens: int | None
+    completion_tokens: int
+    cached_tokens: int
+    weight_versions: list[WeightVersionSpan] = field(default_factory=list)
+    e2e_latency: float | None = None
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason.type == "abort"
+
+    def token_versions(self) -> list[str | None]:
+        """The weight version of each output token (spans, else the single version)."""
+        if not self.weight_versions:
+            return [self.weight_version] * len(self.output_ids)
+        out: list[str | None] = [None] * len(self.output_ids)
+        for span in self.weight_versions:
+            for i in range(max(0, span.start), min(span.end, len(out))):
+                out[i] = span.version
+        return out
+
+    @classmethod
+    def parse(cls, body: dict[str, Any]) -> GenerateResult:
+        meta = body.get("meta_info") or {}
+        triples = meta.get("output_token_logprobs")
+        if triples is not None:
+            ids = [int(t[1]) for t in triples]
+            logprobs: list[float] | None = [float(t[0]) for t in triples]
+        else:
+            ids = [int(t) for t in body.get("output_ids") or []]
+            logprobs = None
+        spans = [
+            WeightVersionSpan(str(s["version"]), int(s["start"]), int(s["end"]))
+            for s in meta.get("weight_versions") or []
+        ]
+        version = meta.get("weight_version")
+        return cls(
+            rid=str(meta.get("id", "")),
+            text=body.get("text") or "",
+            output_ids=ids,
+            logprobs=logprobs,
+            finish_reason=FinishReason.parse(meta.get("finish_reason")),
+            weight_version=None if version is None else str(version),
+            prompt_tokens=meta.get("prompt_tokens"),
+            completion_tokens=int(meta.get("completion_tokens", len(ids))),
+            cached_tokens=int(meta.get("cached_tokens", 0) or 0),
+            weight_versions=spans,
+            e2e_latency=meta.get("e2e_latency"),
+            meta_info=meta,
+        )

@@ -1,0 +1,74 @@
+"""``asyncrl engine ...`` / ``python -m local_engine ...``: parse flags, build, serve.
+
+    asyncrl engine --model builtin:tiny --host 127.0.0.1 --port 30000 \\
+        [--dtype float32|bfloat16] [--seed 0] [--max-batch-size 32] [--max-model-len N] \\
+        [--api-key K] [--admin-api-key K] [--weight-version default]
+
+torch and transformers are imported only after the flags parsed (``--help`` is instant).
+Keys can also come from ``$LOCAL_ENGINE_API_KEY`` / ``$LOCAL_ENGINE_ADMIN_API_KEY`` so they
+stay out of ``ps`` output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+GRACEFUL_SHUTDOWN_S = 5  # uvicorn waits this long for open requests after SIGTERM
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="asyncrl engine", description="CPU inference engine speaking SGLang's HTTP protocol")
+    p.add_argument("--model", default="builtin:tiny", help="builtin:tiny | builtin:smollm2-135m | HF model dir")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback)")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--api-key", default=os.environ.get("LOCAL_ENGINE_API_KEY"))
+    p.add_argument("--admin-api-key", default=os.environ.get("LOCAL_ENGINE_ADMIN_API_KEY"))
+    p.add_argument("--weight-version", default="default")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--weight-sync-timeout-s", type=float, default=300.0)
+    p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    from pydantic import ValidationError
+
+    from local_engine.settings import EngineSettings
+
+    try:
+        settings = EngineSettings(
+            model=args.model, host=args.host, port=args.port, dtype=args.dtype, seed=args.seed,
+            max_batch_size=args.max_batch_size, max_model_len=args.max_model_len, api_key=args.api_key or None,
+            admin_api_key=args.admin_api_key or None, weight_version=args.weight_version,
+            served_model_name=args.served_model_name, weight_sync_timeout_s=args.weight_sync_timeout_s,
+            log_level=args.log_level,
+        )
+    except ValidationError as exc:
+        print(f"asyncrl engine: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import torch
+    import uvicorn
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    from local_engine.app import create_app
+
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Bearer-token auth with SGLang's three levels (pure ASGI, so disconnects still reach routes).
+
+- ``/health*`` and ``/metrics``: always open (probes and scrapers);
+- admin routes (weights, pause, continue, abort, flush): the admin key when one is set,
+  else the api key when set, else open — a data-plane token cannot pause or reload;
+- everything else: the api key when set, else open.
+
+Keys are compared in constant time. A refusal is ``401`` in the HTTPException shape.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import orjson
+
+OPEN_PREFIXES = ("/health", "/metrics")
+ADMIN_PATHS = frozenset({
+    "/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
+    "/init_weights_update_group", "/destroy_weights_update_group", "/update_weights_from_distributed",
+    "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weight_version",
+})
+
+
+def _matches(header: str | None, key: str) -> bool:
+    if not header or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[len("Bearer "):].encode(), key.encode())
+
+
+def required_key(path: str, api_key: str | None, admin_api_key: str | None) -> str | None:
+    """The key a request to ``path`` must present, or None when it is open."""
+    if path.startswith(OPEN_PREFIXES):
+        return None
+    if path in ADMIN_PATHS:
+        return admin_api_key or api_key
+    return api_key
+
+
+class BearerAuth:
+    """ASGI middleware enforcing :func:`required_key`."""
+
+    def __init__(self, app, api_key: str | None, admin_api_key: str | None):
+        self.app = app
+        self.api_key = api_key
+        self.admin_api_key = admin_api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") == "OPTIONS":
+            return await self.app(scope, receive, send)
+        key = required_key(scope["path"], self.api_key, self.admin_api_key)
+        if key is not None:
+            header = None
+            for name, value in scope.get("headers", []):
+                if name == b"authorization":
+                    header = value.decode("latin-1")
+                    break
+            if not _matches(header, key):
+                body = orjson.dumps({"object": "error", "message": "Unauthorized", "type": "401", "code": 401})
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        return await self.app(scope, receive, send)

@@ -1,0 +1,231 @@
+"""The engine core, free of HTTP: validation, the lock discipline, pause, weight updates.
+
+Lock discipline (copied from SGLang, contract §1):
+
+- ``/generate`` waits at the pause gate, then holds the reader lock until it answers;
+- weight updates take the writer lock — they wait for in-flight generations — unless the
+  engine is paused, in which case they go straight ahead (paused requests stay in flight
+  and must not block the update); the copy into the parameters additionally holds the
+  scheduler, so it never overlaps a model step;
+- ``pause(abort)``: close the gate, then abort everything running or queued until no
+  ``/generate`` is in flight (bounded by ``pause_drain_timeout_s``); their callers get
+  partial results with finish_reason abort;
+- ``pause(in_place)`` (and ``retract``): close the gate and stop stepping after the
+  current step; requests keep their rows and KV and go on after ``resume()``, with the
+  new weights if an update happened meanwhile (recorded in ``weight_versions`` spans).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from local_engine.errors import Refused, validate
+from local_engine.locks import PauseGate, RWLock
+from local_engine.metrics import EngineMetrics
+from local_engine.protocol import GenerateBody, SamplingParams, UpdateDiskBody, UpdateDistributedBody
+from local_engine.request import Renderer, Req, StopChecker
+from local_engine.runner import HFModelRunner, ModelRunner
+from local_engine.scheduler import Scheduler
+from local_engine.settings import EngineSettings
+from local_engine.weights import WeightManager, WeightUpdateError
+
+log = logging.getLogger(__name__)
+
+PAUSE_DRAIN_POLL_S = 0.01  # abort-all repeat interval while draining in-flight /generate calls
+
+
+def _eos_ids(config, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)
+
+
+class Engine:
+    """One model, its scheduler and its weights; every route calls into this."""
+
+    def __init__(self, settings: EngineSettings, runner: ModelRunner, tokenizer, model_config):
+        self.settings = settings
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.config = model_config
+        self.vocab_size = runner.vocab_size
+        self.max_model_len = settings.max_model_len or int(getattr(model_config, "max_position_embeddings", 4096))
+        self.eos_ids = _eos_ids(model_config, tokenizer)
+        self.metrics = EngineMetrics()
+        self.weights = WeightManager(runner.named_weights(), settings.weight_version, settings.weight_sync_timeout_s)
+        self.metrics.set_version(self.weights.version)
+        self.gate = PauseGate()
+        self.rwlock = RWLock()
+        self.renderer = Renderer(tokenizer)
+        self.scheduler = Scheduler(
+            runner, StopChecker(tokenizer, self.eos_ids), lambda: self.weights.version,
+            settings.max_batch_size, settings.seed, self.metrics.on_step,
+        )
+        self.started_at = time.time()
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings) -> Engine:
+        from asyncrl.models import load_config, load_model, load_tokenizer
+
+        config = load_config(settings.model)
+        model = load_model(settings.model, dtype=settings.dtype, seed=settings.seed)
+        tokenizer = load_tokenizer(settings.model)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        return cls(settings, HFModelRunner(model, pad_token_id=pad), tokenizer, config)
+
+    async def start(self) -> None:
+        self.scheduler.start()
+
+    async def close(self) -> None:
+        await self.scheduler.close()
+        await self.weights.close()
+
+    # -- generation ----------------------------------------------------------------------
+    def build_request(self, body: GenerateBody) -> Req:
+        """Validate a /generate body into a request; raises BadRequest / Refused (400)."""
+        params = validate(SamplingParams, body.sampling_params)
+        if body.text is not None:
+            ids = list(self.tokenizer.encode(body.text))
+        else:
+            ids = list(body.input_ids or [])
+        if not ids:
+            raise Refused("the input is empty: give a non-empty text or input_ids")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise Refused(f"token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
+        if len(ids) + params.max_new_tokens > self.max_model_len:
+            raise Refused(
+                f"requested token count exceeds the model's maximum context length of {self.max_model_len} tokens: "
+                f"{len(ids)} prompt tokens + max_new_tokens {params.max_new_tokens}"
+            )
+        if body.return_logprob and body.logprob_start_len >= len(ids):
+            raise Refused(f"logprob_start_len {body.logprob_start_len} must be below the prompt length {len(ids)}")
+        return Req(
+            rid=body.rid or uuid.uuid4().hex, prompt_ids=ids, params=params, return_logprob=body.return_logprob,
+            logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num,
+            return_text_in_logprobs=body.return_text_in_logprobs, stream=body.stream,
+        )
+
+    def check_serving(self) -> None:
+        if not self.weights.consistent:
+            raise Refused(f"weights are inconsistent: {self.weights.inconsistent_reason}", status=503)
+
+    @asynccontextmanager
+    async def generation_slot(self) -> AsyncIterator[None]:
+        """Gate (waits while paused), then the reader lock."""
+        await self.gate.wait()
+        self.check_serving()
+        async with self.rwlock.read():
+            yield
+
+    def submit(self, req: Req) -> None:
+        if self.scheduler.find(req.rid) is not None:
+            raise Refused(f"duplicate request id {req.rid!r}: a request with this rid is in flight")
+        req.arrived = time.monotonic()
+        self.scheduler.submit(req)
+
+    def render(self, req: Req) -> dict:
+        return self.renderer.render(req, self.weights.version)
+
+    async def generate(self, req: Req) -> dict:
+        async with self.generation_slot():
+            self.submit(req)
+            await req.done.wait()
+        self.metrics.finished.labels(reason=(req.finish_reason or {}).get("type", "unknown")).inc()
+        return self.render(req)
+
+    def cancel(self, req: Req, message: str) -> None:
+        """End one request (its client went away); no-op once finished."""
+        self.scheduler.abort_one(req, message)
+
+    # -- pause ---------------------------------------------------------------------------
+    async def pause(self, mode: str) -> None:
+        self.gate.close(mode)
+        self.metrics.paused.set(1)
+        if mode != "abort":
+            await self.scheduler.stop_stepping()
+            return
+        deadline = time.monotonic() + self.settings.pause_drain_timeout_s
+        while True:
+            self.scheduler.abort(abort_all=True)
+            if self.rwlock.readers == 0:
+                return
+            if time.monotonic() > deadline:
+                log.warning("pause: %d /generate calls still in flight after %.0f s", self.rwlock.readers, self.settings.pause_drain_timeout_s)
+                return
+            await asyncio.sleep(PAUSE_DRAIN_POLL_S)
+
+    def resume(self) -> None:
+        self.gate.open()
+        self.metrics.paused.set(0)
+        self.scheduler.start_stepping()
+
+    # -- weights -------------------------------------------------------------------------
+    @asynccontextmanager
+    async def weight_write(self) -> AsyncIterator[None]:
+        """Writer lock unless paused (SGLang: a paused engine's requests must not block)."""
+        if self.gate.paused:
+            yield
+        else:
+            async with self.rwlock.write():
+                yield
+
+    def set_version(self, version: str) -> None:
+        self.weights.version = version
+        self.metrics.set_version(version)
+
+    async def update_from_distributed(self, body: UpdateDistributedBody) -> str:
+        """Receive one bucket and apply it; raises WeightUpdateError (weights unchanged by it)."""
+        try:
+            group, dtypes = self.weights.plan_receive(body)
+            if body.abort_all_requests:
+                self.scheduler.abort(abort_all=True)
+            async with self.weight_write():
+                tensors = await self.weights.receive(group, body, dtypes)
+                self.weights.validate(body.names, tensors)
+                async with self.scheduler.hold():
+                    self.weights.apply(body.names, tensors)
+        except WeightUpdateError as exc:
+            self.weights.record_failure(exc.message)
+            self.metrics.weight_updates.labels(kind="distributed", result="failed").inc()
+            self.metrics.weights_consistent.set(int(self.weights.consistent))
+            raise
+        self.metrics.weight_updates.labels(kind="distributed", result="ok").inc()
+        self.metrics.weights_consistent.set(int(self.weights.consistent))
+        message = "Succeeded to update parameter online."
+        if body.weight_version is not None:
+            self.set_version(body.weight_version)
+            message += f" Weight version updated to {body.weight_version}."
+        return message
+
+    async def update_from_disk(self, body: UpdateDiskBody) -> str:
+        try:
+            if body.abort_all_requests:
+                self.scheduler.abort(abort_all=True)
+            async with self.weight_write():
+                tensors = await asyncio.to_thread(self.weights.read_safetensors_dir, body.model_path)
+                names = list(tensors)
+                staged = [tensors[n] for n in names]
+                self.weights.validate(names, staged, full=True)
+                async with self.scheduler.hold():
+                    self.weights.apply(names, staged)
+                    self.weights.mark_whole()
+        except WeightUpdateError:
+            self.metrics.weight_updates.labels(kind="disk", result="failed").inc()
+            raise
+        self.metrics.weight_updates.labels(kind="disk", result="ok").inc()
+        self.metrics.weights_consistent.set(1)
+        message = f"Succeeded to update model weights from {body.model_path}."
+        if body.weight_version is not None:
+            self.set_version(body.weight_version)
+            message += f" Weight version updated to {body.weight_version}."
+        return message

@@ -1,0 +1,253 @@
+"""Request bodies of the SGLang HTTP subset local_engine serves, as strict pydantic models.
+
+Like SGLang, unknown fields are ignored and ``null`` means "use the default". Unlike a
+plain pydantic model, types are strict (``"5"`` is not an int, ``1`` is not a bool) and
+floats must be finite, so malformed input fails here with 400 instead of deeper down.
+
+Fields SGLang has but local_engine cannot honour (batches, ``n>1``, penalties, grammars,
+LoRA, images, hidden states, sessions) are rejected with a clear message rather than
+silently ignored: an RL client must not believe it got a behaviour it did not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class _Body(BaseModel):
+    model_config = _STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+def _version(value: Any) -> Any:
+    """Weight versions are strings; ints are accepted and converted (slime sends str(v))."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+class SamplingParams(_Body):
+    """``sampling_params`` of /generate (SGLang ``SamplingParams``; defaults are SGLang's)."""
+
+    max_new_tokens: int = Field(128, ge=0)
+    min_new_tokens: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    stop: str | list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+    n: int = 1
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    stop_regex: str | list[str] | None = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v < 1 and v != -1:
+            raise ValueError("top_k must be -1 (disabled) or at least 1")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids(cls, v: list[int]) -> list[int]:
+        if any(t < 0 for t in v):
+            raise ValueError("stop_token_ids must be non-negative")
+        return v
+
+    @model_validator(mode="after")
+    def _supported(self) -> SamplingParams:
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError("min_new_tokens must not exceed max_new_tokens")
+        if self.n != 1:
+            raise ValueError("n > 1 is not supported by local_engine: send one request per sample")
+        unsupported = {
+            "repetition_penalty": self.repetition_penalty != 1.0,
+            "frequency_penalty": self.frequency_penalty != 0.0,
+            "presence_penalty": self.presence_penalty != 0.0,
+            "logit_bias": bool(self.logit_bias),
+            "json_schema": self.json_schema is not None,
+            "regex": self.regex is not None,
+            "ebnf": self.ebnf is not None,
+            "structural_tag": self.structural_tag is not None,
+            "stop_regex": bool(self.stop_regex),
+        }
+        bad = [k for k, v in unsupported.items() if v]
+        if bad:
+            raise ValueError(f"sampling params not supported by local_engine: {', '.join(bad)}")
+        return self
+
+    @property
+    def stop_strings(self) -> list[str]:
+        items = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [s for s in items if s]
+
+
+class GenerateBody(_Body):
+    """Body of /generate (single request only)."""
+
+    text: str | list[Any] | None = None
+    input_ids: list[Any] | None = None
+    sampling_params: dict[str, Any] | list[Any] = Field(default_factory=dict)
+    rid: str | list[Any] | None = None
+    return_logprob: bool | list[Any] = False
+    logprob_start_len: int | list[Any] = -1
+    top_logprobs_num: int | list[Any] = 0
+    token_ids_logprob: Any = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    return_hidden_states: bool | list[Any] = False
+    return_routed_experts: bool = False
+    return_prompt_token_ids: bool = False
+    image_data: Any = None
+    audio_data: Any = None
+    video_data: Any = None
+    input_embeds: Any = None
+    lora_path: Any = None
+    session_params: Any = None
+
+    @model_validator(mode="after")
+    def _single(self) -> GenerateBody:
+        batch_fields = [
+            name
+            for name in ("text", "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num")
+            if isinstance(getattr(self, name), list)
+        ]
+        if self.input_ids is not None and self.input_ids and isinstance(self.input_ids[0], list):
+            batch_fields.append("input_ids")
+        if batch_fields:
+            raise ValueError(f"batch requests are not supported by local_engine (list-valued {', '.join(batch_fields)}): send one request per prompt")
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("exactly one of text or input_ids is required")
+        if self.input_ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) for t in self.input_ids):
+            raise ValueError("input_ids must be a list of integers")
+        unsupported = [
+            name
+            for name in ("token_ids_logprob", "image_data", "audio_data", "video_data", "input_embeds", "lora_path", "session_params")
+            if getattr(self, name) is not None
+        ]
+        unsupported += [n for n in ("return_hidden_states", "return_routed_experts") if getattr(self, n)]
+        if unsupported:
+            raise ValueError(f"fields not supported by local_engine: {', '.join(unsupported)}")
+        if self.logprob_start_len < -1:
+            raise ValueError("logprob_start_len must be -1 or a prompt position")
+        if self.top_logprobs_num < 0:
+            raise ValueError("top_logprobs_num must be non-negative")
+        return self
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams.model_validate(self.sampling_params)
+
+
+class AbortBody(_Body):
+    """/abort_request: ``rid`` is matched as a prefix of running rids; or ``abort_all``."""
+
+    rid: str = ""
+    abort_all: bool = False
+
+
+class PauseBody(_Body):
+    """/pause_generation. ``retract`` behaves like ``in_place`` here (no KV memory to free)."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ContinueBody(_Body):
+    """/continue_generation. ``torch_empty_cache`` is accepted and has no effect on CPU."""
+
+    torch_empty_cache: bool = False
+
+
+class InitGroupBody(_Body):
+    """/init_weights_update_group. Only ``gloo`` exists on CPU (default here, not nccl)."""
+
+    master_address: str = Field(min_length=1)
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    group_name: str = Field("weight_update_group", min_length=1)
+    backend: str = "gloo"
+
+    @model_validator(mode="after")
+    def _ranks(self) -> InitGroupBody:
+        if self.rank_offset >= self.world_size:
+            raise ValueError(f"rank_offset {self.rank_offset} must be below world_size {self.world_size}")
+        if self.backend != "gloo":
+            raise ValueError(f"backend {self.backend!r} is not available on a CPU engine; use gloo")
+        return self
+
+
+class DestroyGroupBody(_Body):
+    """/destroy_weights_update_group."""
+
+    group_name: str = "weight_update_group"
+
+
+class UpdateDistributedBody(_Body):
+    """/update_weights_from_distributed (SGLang ``UpdateWeightsFromDistributedReqInput``)."""
+
+    names: list[str] = Field(min_length=1)
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: Literal["flattened_bucket"] | None = None
+    torch_empty_cache: bool = False
+
+    _v = field_validator("weight_version", mode="before")(_version)
+
+    @model_validator(mode="after")
+    def _lengths(self) -> UpdateDistributedBody:
+        if not (len(self.names) == len(self.dtypes) == len(self.shapes)):
+            raise ValueError(f"names, dtypes and shapes differ in length ({len(self.names)}, {len(self.dtypes)}, {len(self.shapes)})")
+        if any(d < 0 for shape in self.shapes for d in shape):
+            raise ValueError("shapes must not have negative dimensions")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("names must be unique")
+        return self
+
+
+class UpdateDiskBody(_Body):
+    """/update_weights_from_disk: a Hugging Face safetensors directory, same parameter names."""
+
+    model_path: str = Field(min_length=1)
+    load_format: Literal["auto", "safetensors"] | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+    keep_pause: bool = False
+
+    _v = field_validator("weight_version", mode="before")(_version)
+
+
+class UpdateVersionBody(_Body):
+    """/update_weight_version."""
+
+    new_version: str = Field(min_length=1)
+    abort_all_requests: bool = True
+
+    _v = field_validator("new_version", mode="before")(_version)

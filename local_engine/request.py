@@ -1,0 +1,191 @@
+"""One generation request: its state, its stop rules and the JSON the client gets.
+
+Stop rules, in SGLang's order after each new token:
+
+1. ``len(output) >= max_new_tokens`` → ``{"type":"length","length":N}``;
+2. fewer than ``min_new_tokens`` tokens → go on (EOS and stop ids are also banned from
+   sampling until then);
+3. unless ``ignore_eos``: the token is an EOS id or in ``stop_token_ids`` →
+   ``{"type":"stop","matched":<id>}``;
+4. a ``stop`` string appears in the decoded tail → ``{"type":"stop","matched":"<str>"}``.
+
+``output_ids`` and the logprobs always keep every generated token (stop and EOS included);
+trimming (``no_stop_trim=false``) and ``skip_special_tokens`` affect ``text`` only.
+
+Weight-version spans: every generated token is stamped with the engine's weight version
+at the step that produced it; ``meta_info.weight_versions`` lists ``{"version","start",
+"end"}`` spans over output token indices (``end`` exclusive) when there is more than one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from local_engine.protocol import SamplingParams
+from local_engine.sampler import RowSampling
+
+
+@dataclass
+class Req:
+    """A request from arrival to its final answer. Mutated only on the event loop."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    arrived: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None
+    versions: list[list[Any]] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    aborted_in_queue: bool = False
+    abort_message: str | None = None
+    generator: torch.Generator | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    updated: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        if self.params.sampling_seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.sampling_seed)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def wants_prompt_logits(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0
+
+    def row_sampling(self, eos_ids: frozenset[int]) -> RowSampling:
+        p = self.params
+        banned: list[int] = []
+        if len(self.output_ids) < p.min_new_tokens:
+            banned = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else eos_ids))
+        return RowSampling(p.temperature, p.top_p, p.top_k, p.min_p, self.generator, banned)
+
+    def append(self, token: int, logprob: float, top: list[tuple[float, int]] | None, version: str) -> None:
+        n = len(self.output_ids)
+        self.output_ids.append(token)
+        self.output_logprobs.append(logprob)
+        self.output_top.append(top)
+        if self.versions and self.versions[-1][0] == version:
+            self.versions[-1][2] = n + 1
+        else:
+            self.versions.append([version, n, n + 1])
+
+    def finish(self, reason: dict[str, Any]) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.done.set()
+            self.updated.set()
+
+
+class StopChecker:
+    """Applies the stop rules with one tokenizer and the model's EOS ids."""
+
+    def __init__(self, tokenizer, eos_ids: frozenset[int]):
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+
+    def check(self, req: Req) -> dict[str, Any] | None:
+        p, out = req.params, req.output_ids
+        if len(out) >= p.max_new_tokens:
+            return {"type": "length", "length": p.max_new_tokens}
+        if len(out) < p.min_new_tokens:
+            return None
+        last = out[-1]
+        if not p.ignore_eos and (last in self.eos_ids or last in p.stop_token_ids):
+            return {"type": "stop", "matched": last}
+        stops = p.stop_strings
+        if stops:
+            width = max(len(s) for s in stops) + 1
+            tail = self.tokenizer.decode(out[-width:], skip_special_tokens=False)
+            for s in stops:
+                if s in tail:
+                    return {"type": "stop", "matched": s}
+        return None
+
+
+class Renderer:
+    """Builds SGLang-shaped responses (final or cumulative stream chunks)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def _token_texts(self, ids: list[int]) -> list[str]:
+        return self.tokenizer.batch_decode([[t] for t in ids]) if ids else []
+
+    def text(self, req: Req) -> str:
+        p, ids = req.params, req.output_ids
+        reason = req.finish_reason or {}
+        matched = reason.get("matched")
+        if reason.get("type") == "stop" and isinstance(matched, int) and not p.no_stop_trim and ids:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens) if ids else ""
+        if reason.get("type") == "stop" and isinstance(matched, str) and not p.no_stop_trim:
+            cut = text.find(matched)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    def render(self, req: Req, weight_version: str) -> dict[str, Any]:
+        if req.aborted_in_queue:
+            meta = {
+                "id": req.rid,
+                "finish_reason": req.finish_reason,
+                "weight_version": weight_version,
+                "e2e_latency": time.monotonic() - req.arrived,
+                "completion_tokens": 0,
+            }
+            return {"text": "", "output_ids": [], "meta_info": meta}
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": req.finish_reason,
+            "prompt_tokens": len(req.prompt_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": 0,
+            "weight_version": weight_version,
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+        }
+        if len(req.versions) > 1:
+            meta["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in req.versions]
+        if req.return_logprob:
+            self._logprobs(req, meta)
+        if req.finished:
+            meta["e2e_latency"] = time.monotonic() - req.arrived
+        return {"text": self.text(req), "output_ids": list(req.output_ids), "meta_info": meta}
+
+    def _logprobs(self, req: Req, meta: dict[str, Any]) -> None:
+        with_text = req.return_text_in_logprobs
+        out_texts = self._token_texts(req.output_ids) if with_text else [None] * len(req.output_ids)
+        meta["output_token_logprobs"] = [
+            [lp, t, txt] for lp, t, txt in zip(req.output_logprobs, req.output_ids, out_texts, strict=True)
+        ]
+        meta["output_token_logprobs_length"] = len(req.output_ids)
+        inputs: list[list[Any]] = []
+        if req.logprob_start_len >= 0 and req.input_logprobs is not None:
+            ids = req.prompt_ids[req.logprob_start_len :]
+            lps = req.input_logprobs[req.logprob_start_len :]
+            texts = self._token_texts(ids) if with_text else [None] * len(ids)
+            inputs = [[lp, t, txt] for lp, t, txt in zip(lps, ids, texts, strict=True)]
+        meta["input_token_logprobs"] = inputs
+        if req.top_logprobs_num > 0:
+            meta["output_top_logprobs"] = [self._top(top, with_text) for top in req.output_top]
+
+    def _top(self, top: list[tuple[float, int]] | None, with_text: bool) -> list[list[Any]] | None:
+        if top is None:
+            return None
+        texts = self._token_texts([t for _, t in top]) if with_text else [None] * len(top)
+        return [[lp, t, txt] for (lp, t), txt in zip(top, texts, strict=True)]

@@ -1,0 +1,114 @@
+"""Admin routes: abort, pause/continue, flush, and the weight updates (own router, own key).
+
+Weight routes answer ``{"success": bool, "message": str}`` — 200 on success, 400 on any
+failure, never a 200 that hides one. See :mod:`local_engine.weights` for what a failure
+leaves behind.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from local_engine.errors import JSONResp, parse_body
+from local_engine.protocol import (
+    AbortBody,
+    ContinueBody,
+    DestroyGroupBody,
+    InitGroupBody,
+    PauseBody,
+    UpdateDiskBody,
+    UpdateDistributedBody,
+    UpdateVersionBody,
+)
+from local_engine.routes_generate import EngineDep
+from local_engine.weights import WeightUpdateError
+
+router = APIRouter()
+
+FLUSH_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
+
+
+def _result(ok: bool, message: str, **extra) -> JSONResp:
+    return JSONResp({"success": ok, "message": message, **extra}, status_code=200 if ok else 400)
+
+
+@router.post("/abort_request")
+async def abort_request(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, AbortBody)
+    engine.scheduler.abort(rid=body.rid, abort_all=body.abort_all)
+    return Response(status_code=200)
+
+
+@router.post("/pause_generation")
+async def pause_generation(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, PauseBody, optional=True)
+    await engine.pause(body.mode)
+    return JSONResp({"message": "Generation paused successfully.", "status": "ok"})
+
+
+@router.post("/continue_generation")
+async def continue_generation(request: Request, engine: EngineDep) -> Response:
+    await parse_body(request, ContinueBody, optional=True)
+    engine.resume()
+    return JSONResp({"message": "Generation continued successfully.", "status": "ok"})
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(engine: EngineDep) -> Response:
+    ok = engine.scheduler.num_pending == 0
+    return Response(FLUSH_TEXT, status_code=200 if ok else 400, media_type="text/plain")
+
+
+@router.post("/init_weights_update_group")
+async def init_weights_update_group(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, InitGroupBody)
+    try:
+        return _result(True, await engine.weights.init_group(body))
+    except WeightUpdateError as exc:
+        return _result(False, exc.message)
+
+
+@router.post("/destroy_weights_update_group")
+async def destroy_weights_update_group(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, DestroyGroupBody, optional=True)
+    try:
+        return _result(True, await engine.weights.destroy_group(body.group_name))
+    except WeightUpdateError as exc:
+        return _result(False, exc.message)
+
+
+@router.post("/update_weights_from_distributed")
+async def update_weights_from_distributed(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, UpdateDistributedBody)
+    try:
+        return _result(True, await engine.update_from_distributed(body))
+    except WeightUpdateError as exc:
+        return _result(False, exc.message)
+
+
+@router.post("/update_weights_from_disk")
+async def update_weights_from_disk(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, UpdateDiskBody)
+    try:
+        return _result(True, await engine.update_from_disk(body), num_paused_requests=0)
+    except WeightUpdateError as exc:
+        return _result(False, exc.message, num_paused_requests=0)
+
+
+@router.post("/update_weights_from_tensor")
+async def update_weights_from_tensor(request: Request) -> Response:
+    await request.body()
+    return _result(False, "update_weights_from_tensor needs CUDA IPC handles; local_engine does not support it")
+
+
+@router.post("/update_weight_version")
+async def update_weight_version(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, UpdateVersionBody)
+    if body.abort_all_requests:
+        engine.scheduler.abort(abort_all=True)
+    engine.set_version(body.new_version)
+    return JSONResp({"success": True, "message": f"Weight version updated to {body.new_version}", "new_version": body.new_version})

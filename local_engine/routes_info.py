@@ -1,0 +1,122 @@
+"""Read-only routes: model/server info, loads, Prometheus metrics, OpenAI model list.
+
+Never exposes ``api_key`` / ``admin_api_key`` (sglang #30166 leaked them via /server_info).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+import local_engine
+from local_engine.engine import Engine
+from local_engine.errors import JSONResp, http_error
+from local_engine.routes_generate import EngineDep
+
+router = APIRouter()
+
+SECRET_SETTINGS = frozenset({"api_key", "admin_api_key"})
+
+
+def model_info(engine: Engine) -> dict:
+    cfg = engine.config
+    return {
+        "model_path": engine.settings.model,
+        "tokenizer_path": engine.settings.model,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": engine.weights.version,
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": getattr(cfg, "model_type", None),
+        "architectures": getattr(cfg, "architectures", None),
+        "weights_consistent": engine.weights.consistent,
+        "weights_inconsistent_reason": engine.weights.inconsistent_reason,
+        "engine": "local_engine",
+    }
+
+
+def internal_state(engine: Engine) -> dict:
+    s = engine.scheduler
+    return {
+        "num_running_reqs": len(s.running),
+        "num_waiting_reqs": len(s.waiting),
+        "last_decode_batch_size": s.last_decode_batch,
+        "max_decode_batch_size": s.max_decode_batch,
+        "steps": s.steps,
+        "paused": engine.gate.paused,
+        "pause_mode": engine.gate.mode,
+        "weights_consistent": engine.weights.consistent,
+        "weight_update_groups": sorted(engine.weights.groups),
+        "generations_in_flight": engine.rwlock.readers,
+    }
+
+
+def _loads(engine: Engine) -> dict:
+    s = engine.scheduler
+    return {
+        "timestamp": datetime.now(UTC).isoformat(),
+        "version": local_engine.__version__,
+        "accelerator": "cpu",
+        "num_accelerators": 0,
+        "loads": [{"dp_rank": 0, "num_running_reqs": len(s.running), "num_waiting_reqs": len(s.waiting),
+                   "num_total_tokens": sum(len(r.prompt_ids) + len(r.output_ids) for r in s.running)}],
+    }
+
+
+@router.get("/model_info")
+@router.get("/get_model_info")
+async def get_model_info(engine: EngineDep) -> Response:
+    return JSONResp(model_info(engine))
+
+
+@router.get("/server_info")
+@router.get("/get_server_info")
+async def get_server_info(engine: EngineDep) -> Response:
+    settings = {k: v for k, v in engine.settings.model_dump().items() if k not in SECRET_SETTINGS}
+    return JSONResp({
+        **settings,
+        "model_path": engine.settings.model,
+        "served_model_name": engine.settings.served_model_name or engine.settings.model,
+        "tp_size": 1,
+        "dp_size": 1,
+        "weight_version": engine.weights.version,
+        "max_total_num_tokens": engine.settings.max_batch_size * engine.max_model_len,
+        "max_req_input_len": engine.max_model_len - 1,
+        "context_length": engine.max_model_len,
+        "vocab_size": engine.vocab_size,
+        "uptime_s": time.time() - engine.started_at,
+        "internal_states": [internal_state(engine)],
+        "version": local_engine.__version__,
+    })
+
+
+@router.get("/v1/loads")
+@router.get("/get_load")
+async def get_loads(engine: EngineDep) -> Response:
+    return JSONResp(_loads(engine))
+
+
+@router.get("/metrics")
+async def metrics(engine: EngineDep) -> Response:
+    s = engine.scheduler
+    engine.metrics.running.set(len(s.running))
+    engine.metrics.waiting.set(len(s.waiting))
+    return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/v1/models")
+async def list_models(engine: EngineDep) -> Response:
+    name = engine.settings.served_model_name or engine.settings.model
+    card = {"id": name, "object": "model", "created": int(engine.started_at), "owned_by": "sglang", "root": name,
+            "max_model_len": engine.max_model_len}
+    return JSONResp({"object": "list", "data": [card]})
+
+
+@router.get("/get_weight_version")
+@router.get("/weight_version")
+async def deprecated_weight_version() -> Response:
+    return http_error(404, "/get_weight_version is deprecated, use /model_info")

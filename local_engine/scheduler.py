@@ -1,0 +1,259 @@
+"""Continuous batching: one asyncio task steps the model for every running request at once.
+
+Each iteration of the loop, on the event loop thread:
+
+1. rows whose request finished or was aborted are dropped (lazily, in the next compute);
+2. if requests wait and there is room (``max_batch_size`` rows, ``MAX_PREFILL_TOKENS``
+   padded prompt tokens per prefill), they are prefilled together in one forward pass and
+   joined to the running batch — their first token is sampled by that pass;
+3. otherwise every running row decodes one token in one batched forward pass.
+
+Model compute and sampling run in a worker thread (``asyncio.to_thread``) so HTTP stays
+responsive; at most one compute is in flight. A new request therefore waits at most one
+step before it is prefilled, never for others to finish.
+
+Control, all on the event loop:
+
+- ``abort(prefix | all)``: a queued request ends at once as "Abort in waiting queue"; a
+  running one ends at once with its partial output and ``finish_reason`` abort (a compute
+  in flight for it is discarded on return).
+- ``stop_stepping()`` / ``start_stepping()``: pause (in place) without losing rows or KV;
+  ``stop_stepping`` returns once no compute is in flight.
+- ``hold()``: an async context during which no compute runs (weight copies use it).
+
+A compute that raises ends the requests it involved with an abort carrying status 500
+and resets the batch; the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import torch
+
+from local_engine.request import Req, StopChecker
+from local_engine.runner import ModelRunner
+from local_engine.sampler import RowSampling, SampleOutput, prompt_logprobs, sample
+
+log = logging.getLogger(__name__)
+
+# Padded prompt tokens (rows × longest prompt) one prefill may process: bounds how long a
+# burst of arrivals can stall the running decode batch (~0.1-0.5 s on 2 cores for 135M).
+MAX_PREFILL_TOKENS = 8192
+
+
+class Scheduler:
+    """Owns the waiting queue, the running rows and the loop that steps them."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        stop_checker: StopChecker,
+        version_fn: Callable[[], str],
+        max_batch_size: int,
+        seed: int = 0,
+        on_step: Callable[[str, int, int], None] | None = None,
+    ):
+        self.runner = runner
+        self.stops = stop_checker
+        self.version_fn = version_fn
+        self.max_batch_size = max_batch_size
+        self.on_step = on_step or (lambda kind, rows, tokens: None)
+        self.waiting: deque[Req] = deque()
+        self.rows: list[Req] = []  # aligned with the runner's rows
+        self._generator = torch.Generator().manual_seed(seed)
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopped = False
+        self._holds = 0
+        self._task: asyncio.Task | None = None
+        self._admitting: list[Req] = []  # popped from waiting, not yet in rows (a failing prefill ends them)
+        self.max_decode_batch = 0
+        self.last_decode_batch = 0
+        self.steps = 0
+
+    # -- introspection -------------------------------------------------------------------
+    @property
+    def running(self) -> list[Req]:
+        return [r for r in (*self.rows, *self._admitting) if not r.finished]
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="local_engine.scheduler")
+
+    async def close(self, message: str = "engine shutting down") -> None:
+        self.abort(abort_all=True, message=message)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    # -- requests ------------------------------------------------------------------------
+    def submit(self, req: Req) -> None:
+        self.waiting.append(req)
+        self._wake.set()
+
+    def find(self, rid: str) -> Req | None:
+        for req in (*self.waiting, *self.rows, *self._admitting):
+            if req.rid == rid and not req.finished:
+                return req
+        return None
+
+    def abort(self, rid: str = "", abort_all: bool = False, message: str = "Aborted", status: int | None = None) -> int:
+        """End matching requests now (rid matched as a prefix). Returns how many ended."""
+        if not abort_all and not rid:
+            return 0
+
+        def hit(req: Req) -> bool:
+            return not req.finished and (abort_all or req.rid.startswith(rid))
+
+        count = 0
+        for req in [r for r in self.waiting if hit(r)]:
+            self.waiting.remove(req)
+            req.aborted_in_queue = True
+            req.finish({"type": "abort", "message": "Abort in waiting queue", "status_code": status, "err_type": None})
+            count += 1
+        for req in (*self.rows, *self._admitting):
+            if hit(req):
+                req.finish({"type": "abort", "message": message, "status_code": status, "err_type": None})
+                count += 1
+        self._wake.set()
+        return count
+
+    def abort_one(self, req: Req, message: str) -> None:
+        """End exactly this request (queued, running, or not yet submitted)."""
+        if req.finished:
+            return
+        if req in self.waiting:
+            self.waiting.remove(req)
+            req.aborted_in_queue = True
+            message = "Abort in waiting queue"
+        req.finish({"type": "abort", "message": message, "status_code": None, "err_type": None})
+        self._wake.set()
+
+    # -- pause / exclusive access --------------------------------------------------------
+    async def stop_stepping(self) -> None:
+        self._stopped = True
+        await self._idle.wait()
+
+    def start_stepping(self) -> None:
+        self._stopped = False
+        self._wake.set()
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        self._holds += 1
+        try:
+            await self._idle.wait()
+            yield
+        finally:
+            self._holds -= 1
+            self._wake.set()
+
+    # -- the loop ------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            if not self.running and self.rows:
+                self.rows = []
+                self.runner.reset()
+            if self._stopped or self._holds or not (self.waiting or self.running):
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._idle.clear()
+            try:
+                await self._step()
+            except Exception as exc:  # a model failure must not kill the engine
+                log.exception("model step failed")
+                for req in [*self.rows, *self._admitting]:
+                    req.finish({"type": "abort", "message": f"engine error: {exc}", "status_code": 500, "err_type": type(exc).__name__})
+                self.rows = []
+                self.runner.reset()
+            finally:
+                self._admitting = []
+                self._idle.set()
+
+    def _admit(self, live: int) -> list[Req]:
+        admitted: list[Req] = []
+        longest = 0
+        while self.waiting and live + len(admitted) < self.max_batch_size:
+            nxt = self.waiting[0]
+            width = max(longest, len(nxt.prompt_ids))
+            if admitted and width * (len(admitted) + 1) > MAX_PREFILL_TOKENS:
+                break
+            admitted.append(self.waiting.popleft())
+            longest = width
+        return admitted
+
+    async def _step(self) -> None:
+        keep = [i for i, r in enumerate(self.rows) if not r.finished]
+        live = [self.rows[i] for i in keep]
+        admitted = self._admitting = self._admit(len(live))
+        version = self.version_fn()
+        eos = self.stops.eos_ids
+        if admitted:
+            rows = [r.row_sampling(eos) for r in admitted]
+            tops = [r.top_logprobs_num for r in admitted]
+            out, prompt_lps = await asyncio.to_thread(self._prefill, keep, admitted, rows, tops)
+            self.rows = live + admitted
+            for req, lps in zip(admitted, prompt_lps, strict=True):
+                req.input_logprobs = lps
+            self._apply(admitted, out, version, skip_zero_budget=True)
+            self.on_step("prefill", len(admitted), sum(len(r.prompt_ids) for r in admitted))
+        else:
+            rows = [r.row_sampling(eos) for r in live]
+            tops = [r.top_logprobs_num for r in live]
+            last = [r.output_ids[-1] for r in live]
+            out = await asyncio.to_thread(self._decode, keep, last, rows, tops)
+            self.rows = live
+            self._apply(live, out, version)
+            self.last_decode_batch = len(live)
+            self.max_decode_batch = max(self.max_decode_batch, len(live))
+            self.on_step("decode", len(live), len(live))
+        self.steps += 1
+
+    def _apply(self, reqs: list[Req], out: SampleOutput, version: str, skip_zero_budget: bool = False) -> None:
+        for i, req in enumerate(reqs):
+            if req.finished:  # aborted while the step ran
+                continue
+            if skip_zero_budget and req.params.max_new_tokens == 0:
+                req.finish({"type": "length", "length": 0})
+                continue
+            req.append(out.token_ids[i], out.logprobs[i], out.top[i], version)
+            reason = self.stops.check(req)
+            if reason is not None:
+                req.finish(reason)
+            else:
+                req.updated.set()
+
+    # -- worker-thread compute -----------------------------------------------------------
+    def _prefill(self, keep: list[int], reqs: list[Req], rows: list[RowSampling], tops: list[int]):
+        self.runner.keep(keep)
+        pf = self.runner.prefill([r.prompt_ids for r in reqs], [r.wants_prompt_logits for r in reqs])
+        out = sample(pf.last, rows, self._generator, tops)
+        lps = [
+            prompt_logprobs(logits, r.prompt_ids, r.params.temperature) if logits is not None else None
+            for r, logits in zip(reqs, pf.prompt, strict=True)
+        ]
+        return out, lps
+
+    def _decode(self, keep: list[int], tokens: list[int], rows: list[RowSampling], tops: list[int]) -> SampleOutput:
+        self.runner.keep(keep)
+        logits = self.runner.decode(tokens)
+        return sample(logits, rows, self._generator, tops)
