@@ -13,7 +13,14 @@ from .reader import (
     logging_reporter,
     read_validation_set,
 )
-from .records import ALLOWED_ROLES, ERROR_KINDS, PromptRecord, RowError, RowValidationError, record_from_row
+from .records import (
+    ALLOWED_ROLES,
+    ERROR_KINDS,
+    PromptRecord,
+    RowError,
+    RowValidationError,
+    record_from_row,
+)
 from .stream import PromptStream, dataset_fingerprint
 
 __all__ = [

@@ -69,7 +69,7 @@ def evaluate(operands: list[int], ops: list[str]) -> int:
     if len(operands) != len(ops) + 1:
         raise ValueError("need exactly one more operand than operators")
     total, term, sign = 0, operands[0], 1
-    for op, value in zip(ops, operands[1:]):
+    for op, value in zip(ops, operands[1:], strict=True):
         if op == "*":
             term *= value
         elif op in ("+", "-"):
@@ -85,7 +85,7 @@ def make_problem(rng: random.Random, spec: ArithSpec) -> tuple[str, int]:
     n = rng.randint(spec.min_terms, spec.max_terms)
     operands = [rng.randint(spec.min_operand, spec.max_operand) for _ in range(n)]
     ops = [rng.choice(spec.ops) for _ in range(n - 1)]
-    text = str(operands[0]) + "".join(f" {op} {v}" for op, v in zip(ops, operands[1:]))
+    text = str(operands[0]) + "".join(f" {op} {v}" for op, v in zip(ops, operands[1:], strict=True))
     return text, evaluate(operands, ops)
 
 

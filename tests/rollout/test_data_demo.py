@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from rollout_service.data import ArithSpec, PromptStream, generate_rows, load_records, write_demo_dataset
+from rollout_service.data import (
+    ArithSpec,
+    PromptStream,
+    generate_rows,
+    load_records,
+    write_demo_dataset,
+)
 from rollout_service.data.demo_task import evaluate
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
