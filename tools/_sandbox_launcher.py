@@ -69,8 +69,21 @@ def _libc_call(libc, function_name, *args):
 
 
 def _isolate_network(libc, is_root):
-    flags = CLONE_NEWNET if is_root else CLONE_NEWUSER | CLONE_NEWNET
-    return _libc_call(libc, "unshare", ctypes.c_int(flags))
+    """New network namespace; as a normal user inside a new user namespace that maps only
+    our own uid/gid onto themselves (so the program still sees its real ids)."""
+    if is_root:
+        return _libc_call(libc, "unshare", ctypes.c_int(CLONE_NEWNET))
+    uid, gid = os.getuid(), os.getgid()
+    error = _libc_call(libc, "unshare", ctypes.c_int(CLONE_NEWUSER | CLONE_NEWNET))
+    if error is None:
+        for name, text in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{uid} {uid} 1"),
+            ("gid_map", f"{gid} {gid} 1"),
+        ):
+            with open(f"/proc/self/{name}", "w") as mapping:
+                mapping.write(text)
+    return error
 
 
 def _apply_rlimits(rlimits):

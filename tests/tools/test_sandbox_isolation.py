@@ -208,5 +208,5 @@ async def test_concurrent_runs_cannot_read_each_others_directories(make_sandbox)
 @pytest.mark.skipif(IS_ROOT, reason="checks the non-root fallback")
 async def test_without_root_the_run_keeps_the_service_uid(sandbox: PythonSandbox) -> None:
     result = await run(sandbox, "import os\nprint(os.getuid())")
-    assert int(result.content) == os.getuid()
+    assert int(result.content) == os.getuid()  # the user namespace maps our uid onto itself
     assert result.metadata["isolation"]["uid"] is None

@@ -12,7 +12,8 @@ import resource
 import textwrap
 import time
 
-from sandbox_helpers import root_only, sandbox_pids
+import pytest
+from sandbox_helpers import IS_ROOT, root_only, sandbox_pids
 
 from tools.python_sandbox import PythonSandbox
 
@@ -118,6 +119,27 @@ async def test_process_count_is_capped_at_max_processes(make_sandbox) -> None:
     result = await run(sandbox, code)
     assert not result.is_error, result.content
     assert int(result.content) == 4  # the program itself is the fifth process
+
+
+@pytest.mark.skipif(IS_ROOT, reason="checks the non-root fallback")
+async def test_without_root_the_process_cap_is_added_to_the_users_count(make_sandbox) -> None:
+    sandbox = make_sandbox(max_processes=5)
+    code = """
+        import os, time
+        started = 0
+        for _ in range(50):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            started += 1
+        print(started)
+    """
+    result = await run(sandbox, code)
+    assert 0 < int(result.content) <= 5 + 2  # slack: the service's own threads come and go
 
 
 @root_only
