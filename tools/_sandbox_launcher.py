@@ -35,24 +35,31 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 
 # Fallback network guard, run in the sandboxed interpreter before the model's code. An audit
-# hook cannot be removed from Python code; it refuses internet sockets, and refuses ctypes
-# and starting new programs (either would escape the hook). Bypassable by native code, so
-# it is reported as the weaker "audit_hook" isolation.
+# hook cannot be removed from Python code; it refuses internet sockets, ctypes and starting
+# new programs (either would escape the hook), and the introspection that could reach the
+# hook (gc object walks, tracing). Builtins are bound as defaults so that rebinding globals
+# from a traceback frame changes nothing. Native code bypasses all of it, so it is
+# reported as the weaker "audit_hook" isolation.
 AUDIT_HOOK_PRELUDE = """\
 import sys
-def _asyncrl_guard(event, args, _inet=(2, 10, 17)):
+def _asyncrl_guard(event, args, _inet=(2, 10, 17), _isinstance=isinstance, _tuple=tuple,
+                   _PermissionError=PermissionError, _ImportError=ImportError,
+                   _addressed=frozenset(("socket.connect", "socket.bind", "socket.sendto",
+                                         "socket.sendmsg")),
+                   _denied=frozenset(("socket.getaddrinfo", "socket.gethostbyname",
+                                      "socket.gethostbyaddr", "ctypes.dlopen", "os.system",
+                                      "os.exec", "os.posix_spawn", "os.spawn", "os.forkpty",
+                                      "subprocess.Popen", "pty.spawn", "gc.get_objects",
+                                      "gc.get_referrers", "gc.get_referents", "sys.settrace",
+                                      "sys.setprofile"))):
     if event == "socket.__new__" and args[1] in _inet:
-        raise PermissionError("network access is disabled in this sandbox")
-    if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg") \\
-            and isinstance(args[1], tuple):
-        raise PermissionError("network access is disabled in this sandbox")
-    if event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr"):
-        raise PermissionError("network access is disabled in this sandbox")
+        raise _PermissionError("network access is disabled in this sandbox")
+    if event in _addressed and _isinstance(args[1], _tuple):
+        raise _PermissionError("network access is disabled in this sandbox")
     if event == "import" and args[0] in ("ctypes", "_ctypes"):
-        raise ImportError("ctypes is disabled in this sandbox")
-    if event in ("ctypes.dlopen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-                 "subprocess.Popen", "os.forkpty", "pty.spawn"):
-        raise PermissionError(event + " is disabled in this sandbox")
+        raise _ImportError("ctypes is disabled in this sandbox")
+    if event in _denied:
+        raise _PermissionError(event + " is disabled in this sandbox")
 sys.addaudithook(_asyncrl_guard)
 del _asyncrl_guard
 import runpy

@@ -65,7 +65,8 @@ class RunOutcome:
 
     returncode: int | None
     timed_out: bool
-    wall_s: float
+    wall_s: float  # from start until the program exited or was stopped (cleanup excluded)
+    wall_limit_s: float
     stdout: str
     stderr: str
     stdout_bytes: int
@@ -234,6 +235,7 @@ async def run_isolated(spec: RunSpec) -> RunOutcome:
             await asyncio.wait_for(_wait_for_exit(proc), spec.wall_timeout_s)
         except TimeoutError:
             timed_out = True
+        ended = loop.time()
     finally:  # also on cancellation: nothing of the run may outlive this call
         _kill_group(proc.pid)  # start_new_session: the launcher's pid is the group id
         with contextlib.suppress(ProcessLookupError):
@@ -252,7 +254,8 @@ async def run_isolated(spec: RunSpec) -> RunOutcome:
     return RunOutcome(
         returncode=proc.returncode,
         timed_out=timed_out,
-        wall_s=loop.time() - started,
+        wall_s=ended - started,
+        wall_limit_s=spec.wall_timeout_s,
         stdout=stdout.text(),
         stderr=stderr.text(),
         stdout_bytes=stdout.total,

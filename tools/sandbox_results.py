@@ -56,7 +56,7 @@ def _failure(outcome: RunOutcome, config: PythonSandboxConfig) -> tuple[str, str
     if outcome.report.get("setup_error"):
         return "setup", f"sandbox setup failed: {outcome.report['setup_error']}"
     if outcome.timed_out:
-        return "timeout", f"timed out after {outcome.wall_s:.1f} s (wall-clock limit)"
+        return "timeout", f"timed out after {outcome.wall_limit_s:.1f} s (wall-clock limit)"
     if code is None:
         return "lost", "the program's exit status could not be determined"
     if code == 0:

@@ -92,12 +92,15 @@ async def test_audit_hook_fallback_blocks_loopback(make_sandbox, listener) -> No
     assert not accepted_connection(listener)
 
 
-async def test_audit_hook_fallback_blocks_ctypes_and_new_programs(make_sandbox) -> None:
+async def test_audit_hook_fallback_blocks_its_known_escapes(make_sandbox) -> None:
     sandbox = make_sandbox(network_isolation="audit_hook")
     for code in [
-        "import ctypes",
-        "import subprocess\nsubprocess.run(['/bin/true'])",
+        "import ctypes",  # raw syscalls
+        "import subprocess\nsubprocess.run(['/bin/true'])",  # a new program has no hook
         "import os\nos.system('true')",
+        "import os\nos.execv('/bin/true', ['true'])",
+        "import gc\ngc.get_objects()",  # would find the hook function and patch it
+        "import sys\nsys.settrace(lambda *a: None)",
     ]:
         result = await run(sandbox, code)
         assert result.is_error, code
