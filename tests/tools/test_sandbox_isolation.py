@@ -121,6 +121,20 @@ async def test_environment_is_empty(sandbox: PythonSandbox, monkeypatch) -> None
     assert "hunter2" not in result.content and "PATH" not in environment
 
 
+async def test_service_environment_is_unreadable_through_proc(sandbox) -> None:
+    """/proc/<service pid>/environ holds the service's startup environment (its secrets)."""
+    code = f"""
+        try:
+            print(open('/proc/{os.getpid()}/environ', 'rb').read())
+        except OSError as exc:
+            print('denied', type(exc).__name__)
+    """
+    result = await run(sandbox, code)
+    if not IS_ROOT and result.metadata["isolation"]["network"] != "namespace":
+        pytest.skip("without root or a user namespace the run shares the service's uid")
+    assert result.content == "denied PermissionError\n", result.content
+
+
 async def test_stdin_is_empty(sandbox: PythonSandbox) -> None:
     result = await run(sandbox, "import sys\nprint(repr(sys.stdin.read()))")
     assert result.content == "''\n"
