@@ -50,11 +50,12 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holdin
 @dataclass(frozen=True, slots=True)
 class VerifyOutcome:
     """``status``: ``ok`` (the check ran; see ``correct``, ``pred_parsed``,
-    ``gold_parsed``), ``timeout`` (worker killed), ``crashed`` (worker died, e.g. out of
+    ``gold_parsed``, ``soft_timeout``), ``timeout`` (worker killed), ``crashed`` (worker died, e.g. out of
     memory) or ``error`` (the pool could not run the check, e.g. closed)."""
 
     status: str
     correct: bool = False
+    soft_timeout: bool = False  # math-verify's in-worker timeout fired (result is False/unparsed)
     pred_parsed: bool = False
     gold_parsed: bool = False
     elapsed_ms: float = 0.0
@@ -74,19 +75,27 @@ def _worker_main(max_memory_mb: int, soft_timeout_s: int | None) -> None:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         if hard == resource.RLIM_INFINITY or hard > limit:
             resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    soft_timeouts = _SoftTimeoutFlag()
+    mv_logger = logging.getLogger("math_verify")
+    mv_logger.setLevel(logging.WARNING)
+    mv_logger.propagate = False  # its warnings echo the input; keep them off stderr
+    mv_logger.addHandler(soft_timeouts)
     logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
     from math_verify import LatexExtractionConfig, parse, verify
 
     config = [LatexExtractionConfig(boxed_match_priority=0)]
     parse("\\boxed{\\frac{1}{2}}", config, parsing_timeout=None)  # warm the LaTeX parser
-    _write_frame(out_fd, {"ready": True})
+    try:
+        _write_frame(out_fd, {"ready": True})
+    except OSError:
+        return
     while True:
         try:
             req = _read_frame(0, None)
         except (EOFError, OSError, ValueError):
             return
         reply: dict[str, Any] = {"id": req.get("id")}
+        soft_timeouts.hit = False
         try:
             pred = parse(req["pred"], config, parsing_timeout=soft_timeout_s)
             reply.update(pred_parsed=bool(pred), gold_parsed=False, correct=False)
@@ -97,9 +106,26 @@ def _worker_main(max_memory_mb: int, soft_timeout_s: int | None) -> None:
                     if pred and verify(gold, pred, timeout_seconds=soft_timeout_s):
                         reply["correct"] = True
                         break
+            reply["soft_timeout"] = soft_timeouts.hit
         except BaseException as exc:  # MemoryError, RecursionError, anything: report, keep serving
             reply = {"id": req.get("id"), "error": type(exc).__name__}
-        _write_frame(out_fd, reply)
+        try:
+            _write_frame(out_fd, reply)
+        except OSError:  # the parent gave up on us (timeout, close): exit quietly
+            return
+
+
+class _SoftTimeoutFlag(logging.Handler):
+    """Notices math-verify's "Timeout during parsing/comparison" warnings (it reports its
+    signal timeouts only by logging them and returning an empty/False result)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.hit = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("Timeout during"):
+            self.hit = True
 
 
 def _write_frame(fd: int, obj: Any) -> None:
@@ -198,7 +224,8 @@ class VerifyPool:
         self.soft_timeout_s = soft_timeout_s if soft_timeout_s is not None else (int(timeout_s / 2) or None)
         self._max_memory_mb = max_memory_mb
         self._startup_timeout_s = startup_timeout_s
-        self._idle: queue.Queue[_Worker | None] = queue.Queue()
+        # LIFO: warm workers are reused first; a None slot (not started) only when all are busy.
+        self._idle: queue.LifoQueue[_Worker | None] = queue.LifoQueue()
         for _ in range(workers):
             self._idle.put(None)  # None: a slot whose worker is not started yet
         self._live: set[_Worker] = set()
@@ -273,7 +300,8 @@ class VerifyPool:
         self._idle.put(worker)
         return VerifyOutcome(
             "ok", correct=bool(reply["correct"]), pred_parsed=bool(reply["pred_parsed"]),
-            gold_parsed=bool(reply["gold_parsed"]), elapsed_ms=elapsed_ms,
+            gold_parsed=bool(reply["gold_parsed"]), soft_timeout=bool(reply.get("soft_timeout")),
+            elapsed_ms=elapsed_ms,
         )
 
     async def averify(self, pred: str, golds: list[str], timeout_s: float | None = None) -> VerifyOutcome:

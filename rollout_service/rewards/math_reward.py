@@ -115,7 +115,8 @@ class MathReward:
         if cfg.fast_integer_path and len(golds) == 1:
             got, want = _plain_int(answer), _plain_int(golds[0])
             if got is not None and want is not None:
-                return self._finish(VerifyOutcome("ok", got == want, True, True), details, "fast_int"), "", [], details
+                outcome = VerifyOutcome("ok", correct=got == want, pred_parsed=True, gold_parsed=True)
+                return self._finish(outcome, details, "fast_int"), "", [], details
         return None, "\\boxed{" + answer + "}", golds, details
 
     @staticmethod
@@ -125,6 +126,8 @@ class MathReward:
             details["correct"] = outcome.correct
             if outcome.correct:
                 details["reason"] = "ok"
+            elif outcome.soft_timeout:
+                details.update(reason="timeout", timeout=True)
             elif not outcome.gold_parsed:
                 details["reason"] = "bad_ground_truth"
             elif not outcome.pred_parsed:
