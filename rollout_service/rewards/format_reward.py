@@ -21,13 +21,14 @@ no subprocess.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .base import RewardResult
 from .extract import check_tool_calls, count_boxes, last_boxed
-from .math_reward import MathReward
+from .math_reward import INLINE_SCAN_CHARS, MathReward
 
 
 @dataclass(frozen=True)
@@ -93,4 +94,8 @@ class CombinedReward:
 
     async def score(self, response_text: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> RewardResult:
         math_result = await self.math.score(response_text, ground_truth, extra_info)
-        return self._combine(math_result, self.format.check(response_text))
+        if isinstance(response_text, str) and len(response_text) > INLINE_SCAN_CHARS:
+            fmt_details = await asyncio.to_thread(self.format.check, response_text)
+        else:
+            fmt_details = self.format.check(response_text)
+        return self._combine(math_result, fmt_details)

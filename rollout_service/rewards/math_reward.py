@@ -27,6 +27,7 @@ would call sympy's ``parse_expr``, which uses ``eval``).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from .base import RewardResult
 from .extract import last_boxed, last_number
 from .math_pool import VerifyOutcome, VerifyPool
 
+INLINE_SCAN_CHARS = 65536  # longer responses are scanned off the event loop (~2 ms per MB)
 _PLAIN_INT = re.compile(r"-?\d{1,4000}")  # int() refuses more than 4300 digits
 
 
@@ -149,8 +151,12 @@ class MathReward:
         return self._finish(self.pool.verify(pred, golds), details)
 
     async def score(self, response_text: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> RewardResult:
-        """Non-blocking variant of :meth:`__call__` for the event loop."""
-        early, pred, golds, details = self._prepare(response_text, ground_truth)
+        """Non-blocking variant of :meth:`__call__` for the event loop (texts over
+        ``INLINE_SCAN_CHARS`` are scanned in a thread, not on the loop)."""
+        if isinstance(response_text, str) and len(response_text) > INLINE_SCAN_CHARS:
+            early, pred, golds, details = await asyncio.to_thread(self._prepare, response_text, ground_truth)
+        else:
+            early, pred, golds, details = self._prepare(response_text, ground_truth)
         if early is not None:
             return early
         return self._finish(await self.pool.averify(pred, golds), details)

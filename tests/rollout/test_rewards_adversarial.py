@@ -126,11 +126,13 @@ def test_bad_samples_do_not_change_later_scores(rewards: dict, pool: VerifyPool,
 async def test_concurrent_mix_of_bad_and_good_samples(rewards: dict, tmp_path: Path) -> None:
     math = rewards["math"]
     hostile = hostile_inputs(tmp_path / "m")
-    batch = [(r, t) for r, t in REFERENCE] + [(hostile[n], "1") for n in ("power_tower", "big_power", "eval_boxed")]
+    batch = [(r, t) for r, t in REFERENCE] + [(hostile[n], "1") for n in ("power_tower", "big_power", "eval_boxed", "one_megabyte")]
     batch += [(r, t) for r, t in REFERENCE]
     results = await asyncio.wait_for(asyncio.gather(*(math.score(r, t, {}) for r, t in batch)), timeout=60)
     scores = [r.score for r in results]
-    assert scores == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0] + [0.0] * 3 + [1.0, 1.0, 1.0, 0.0, 1.0, 0.0]
+    assert scores == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0] + [0.0] * 4 + [1.0, 1.0, 1.0, 0.0, 1.0, 0.0]
+    combined = await rewards["combined"].score(hostile["one_megabyte"], "7", {})  # scanned off the loop
+    assert combined.details["correct"] is True and combined.details["format_ok"] is False
     assert not (tmp_path / "m").exists()
 
 
