@@ -4,16 +4,18 @@ Run by :mod:`tools.python_sandbox` as ``python -I -S _sandbox_launcher.py CONFIG
 with an empty environment, in a new session, with the run's temporary directory as cwd.
 It uses only the standard library and runs *before* any model code, in this order:
 
-1. network: ``unshare(CLONE_NEWNET)`` (as root) or ``unshare(CLONE_NEWUSER|CLONE_NEWNET)``
-   (as a normal user), leaving the process in a namespace whose only interface, ``lo``,
-   is down. If that fails and the mode is ``auto``, fall back to an audit-hook guard in
-   the interpreter (weak: see the prelude below); mode ``namespace`` fails closed.
-2. resource limits (``setrlimit``), clamped to the hard limits we already have.
+1. resource limits (``setrlimit``), clamped to the hard limits we already have.
+2. as root: ``unshare(CLONE_NEWNET)``, a network namespace whose only interface, ``lo``,
+   is down (needs CAP_SYS_ADMIN, which default Docker does not grant).
 3. privileges (when a uid is given, i.e. the service runs as root): ``chown`` the cwd to
    the run's own uid/gid, drop supplementary groups, ``setresgid``/``setresuid``, and check
    that regaining root fails.
-4. ``PR_SET_NO_NEW_PRIVS`` (no setuid binaries) and ``PR_SET_PDEATHSIG`` = SIGKILL.
-5. one report line on stderr (``REPORT_MARKER`` + JSON), then ``execve`` of the
+4. if step 2 did not happen or failed: ``unshare(CLONE_NEWUSER|CLONE_NEWNET)`` as the
+   (now unprivileged) uid, where unprivileged user namespaces are allowed. If that fails
+   too and the mode is ``auto``, fall back to an audit-hook guard in the interpreter
+   (weak: see the prelude below); mode ``namespace`` fails closed.
+5. ``PR_SET_NO_NEW_PRIVS`` (no setuid binaries) and ``PR_SET_PDEATHSIG`` = SIGKILL.
+6. one report line on stderr (``REPORT_MARKER`` + JSON), then ``execve`` of the
    interpreter on ``main.py`` with an empty environment.
 
 On any setup failure it writes the report line with ``setup_error`` and exits with
@@ -32,6 +34,7 @@ SETUP_FAILED_EXIT_CODE = 125
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 
 # Fallback network guard, run in the sandboxed interpreter before the model's code. An audit
@@ -75,11 +78,15 @@ def _libc_call(libc, function_name, *args):
     return None
 
 
-def _isolate_network(libc, is_root):
-    """New network namespace; as a normal user inside a new user namespace that maps only
-    our own uid/gid onto themselves (so the program still sees its real ids)."""
-    if is_root:
-        return _libc_call(libc, "unshare", ctypes.c_int(CLONE_NEWNET))
+def _new_network_namespace(libc):
+    """unshare(CLONE_NEWNET): needs CAP_SYS_ADMIN (root outside restrictive containers)."""
+    return _libc_call(libc, "unshare", ctypes.c_int(CLONE_NEWNET))
+
+
+def _new_user_and_network_namespace(libc):
+    """unshare(CLONE_NEWUSER | CLONE_NEWNET) as any uid (where unprivileged user namespaces
+    are allowed), mapping only our own uid/gid onto themselves so the program still sees
+    its real ids. The program has no capabilities after exec (its uid is not 0 there)."""
     uid, gid = os.getuid(), os.getgid()
     error = _libc_call(libc, "unshare", ctypes.c_int(CLONE_NEWUSER | CLONE_NEWNET))
     if error is None:
@@ -106,7 +113,7 @@ def _apply_rlimits(rlimits):
     return applied
 
 
-def _drop_privileges(uid, gid):
+def _drop_privileges(libc, uid, gid):
     os.chown(".", uid, gid)
     os.setgroups([])
     os.setresgid(gid, gid, gid)
@@ -114,8 +121,14 @@ def _drop_privileges(uid, gid):
     try:
         os.setuid(0)
     except PermissionError:
-        return
-    raise RuntimeError("could regain root after dropping privileges")
+        pass
+    else:
+        raise RuntimeError("could regain root after dropping privileges")
+    # Changing uid made us non-dumpable, so /proc/self is root's and the user-namespace
+    # maps could not be written; exec would make us dumpable again anyway (euid == uid).
+    error = _libc_call(libc, "prctl", PR_SET_DUMPABLE, 1, 0, 0, 0)
+    if error is not None:
+        raise RuntimeError(f"prctl(PR_SET_DUMPABLE) failed: {error}")
 
 
 def _report(data):
@@ -127,23 +140,27 @@ def main():
     report = {"network": None, "uid": None, "rlimits": None}
     libc = ctypes.CDLL(None, use_errno=True)
     try:
-        is_root = os.geteuid() == 0
-        if config["network"] in ("auto", "namespace"):
-            error = _isolate_network(libc, is_root)
-            if error is None:
-                report["network"] = "namespace"
-            elif config["network"] == "namespace":
-                raise RuntimeError(f"network namespace unavailable: {error}")
-            else:
-                report["network"] = "audit_hook"
-                report["network_namespace_error"] = error
-        else:
-            report["network"] = "audit_hook"
+        wants_namespace = config["network"] in ("auto", "namespace")
+        attempts = {}  # namespace kind -> None (done) or the error
         report["rlimits"] = _apply_rlimits(config["rlimits"])
+        if wants_namespace and os.geteuid() == 0:  # must happen before dropping root
+            attempts["net"] = _new_network_namespace(libc)
         if config["uid_base"] is not None:
             uid = config["uid_base"] + os.getpid()  # unique among live processes
-            _drop_privileges(uid, uid)
+            _drop_privileges(libc, uid, uid)
             report["uid"] = uid
+        if wants_namespace and attempts.get("net", "not tried") is not None:
+            attempts["user+net"] = _new_user_and_network_namespace(libc)
+        done = [kind for kind, error in attempts.items() if error is None]
+        failures = "; ".join(f"{kind}: {error}" for kind, error in attempts.items() if error)
+        if done:
+            report["network"] = "namespace"
+            report["network_namespace"] = done[0]
+        elif config["network"] == "namespace":
+            raise RuntimeError(f"network namespace unavailable ({failures})")
+        else:
+            report["network"] = "audit_hook"
+        report["network_namespace_error"] = failures or None
         os.umask(0o077)
         for option, value in ((PR_SET_NO_NEW_PRIVS, 1), (PR_SET_PDEATHSIG, signal.SIGKILL)):
             error = _libc_call(libc, "prctl", option, value, 0, 0, 0)

@@ -93,6 +93,7 @@ def outcome_to_result(
         "truncated": max(outcome.stdout_bytes, outcome.stderr_bytes) > config.max_output_bytes,
         "isolation": {
             "network": outcome.report.get("network"),
+            "network_namespace": outcome.report.get("network_namespace"),
             "network_namespace_error": outcome.report.get("network_namespace_error"),
             "uid": outcome.report.get("uid"),
             "rlimits": outcome.report.get("rlimits"),
