@@ -1,0 +1,47 @@
+"""Fixtures: real local_engine processes (builtin:tiny) and the same model in-process."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+_TESTS = str(Path(__file__).resolve().parents[1])
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+
+from engine_fixtures import EngineProc, load_reference_model, running_engine  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory) -> EngineProc:
+    """The shared engine for tests that leave it as they found it (not paused, default weights)."""
+    with running_engine(tmp_path_factory.mktemp("engine"), name="engine") as e:
+        yield e
+
+
+@pytest.fixture(scope="session")
+def small_engine(tmp_path_factory) -> EngineProc:
+    """An engine with --max-batch-size 2 (queued requests exist) for pause and queue tests."""
+    with running_engine(tmp_path_factory.mktemp("small"), "--max-batch-size", "2", name="small-engine") as e:
+        yield e
+
+
+@pytest.fixture(scope="session")
+def ref_model():
+    """builtin:tiny with the engine's seed, in this process, for teacher forcing."""
+    return load_reference_model()
+
+
+@pytest.fixture
+async def client(engine: EngineProc):
+    async with engine.client() as c:
+        yield c
+
+
+@pytest.fixture
+async def small_client(small_engine: EngineProc):
+    async with small_engine.client() as c:
+        yield c
+        await c.resume()  # never leave the shared engine paused, whatever the test did

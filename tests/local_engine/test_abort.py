@@ -1,0 +1,72 @@
+"""/abort_request: partial results of running requests, the queued shape, prefix matching."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from engine_fixtures import teacher_forced_logprobs
+from helpers import load, running_tokens, wait_until
+
+PROMPT = [5, 6, 7, 8]
+LONG = {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}
+
+
+async def test_abort_running_returns_partial_prefix_of_greedy(client, ref_model):
+    task = asyncio.create_task(client.generate(PROMPT, LONG, rid="abort-me-123"))
+    await wait_until(lambda: _over(client, len(PROMPT) + 8), "the long request to produce tokens")
+    await client.abort("abort-me")  # prefix of the rid
+    res = await asyncio.wait_for(task, 30)
+    assert res.finish_reason.type == "abort" and res.finish_reason.message == "Aborted"
+    n = len(res.output_ids)
+    assert 8 <= n < 3000 and res.completion_tokens == n and len(res.logprobs) == n
+    full = await client.generate(PROMPT, {**LONG, "max_new_tokens": n})
+    assert full.output_ids == res.output_ids
+    assert max(abs(a - b) for a, b in zip(res.logprobs, full.logprobs, strict=True)) < 1e-5
+    expected = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids)
+    assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < 1e-4
+
+
+async def _over(client, tokens: int) -> bool:
+    return await running_tokens(client) > tokens
+
+
+async def test_abort_all_and_unknown_rid(client):
+    tasks = [asyncio.create_task(client.generate(PROMPT, LONG, rid=f"all-{i}")) for i in range(3)]
+    await wait_until(lambda: _over(client, 3 * len(PROMPT) + 6), "three requests running")
+    await client.abort("no-such-request")  # ignored
+    assert not any(t.done() for t in tasks)
+    await client.abort(abort_all=True)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert all(r.finish_reason.type == "abort" and r.output_ids for r in results)
+
+
+async def test_abort_in_waiting_queue_shape(small_engine, small_client):
+    running = [asyncio.create_task(small_client.generate(PROMPT, LONG, rid=f"fill-{i}")) for i in range(2)]
+    await wait_until(lambda: _running(small_client, 2), "two running requests")
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 5}, "rid": "queued-x"}
+    async with aiohttp.ClientSession() as s:
+        queued = asyncio.create_task(s.post(f"{small_engine.url}/generate", json=body))
+        await wait_until(lambda: _waiting(small_client, 1), "one queued request")
+        await small_client.abort("queued-x")
+        resp = await asyncio.wait_for(queued, 30)
+        assert resp.status == 200
+        out = await resp.json()
+        resp.release()
+    assert out["text"] == "" and out["output_ids"] == []
+    meta = out["meta_info"]
+    assert meta["id"] == "queued-x" and meta["completion_tokens"] == 0 and "prompt_tokens" not in meta
+    assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["message"] == "Abort in waiting queue"
+    assert "weight_version" in meta and "e2e_latency" in meta
+    assert not any(t.done() for t in running)
+    await small_client.abort(abort_all=True)
+    for r in await asyncio.wait_for(asyncio.gather(*running), 30):
+        assert r.finish_reason.type == "abort"
+
+
+async def _running(client, n: int) -> bool:
+    return (await load(client))["num_running_reqs"] == n
+
+
+async def _waiting(client, n: int) -> bool:
+    return (await load(client))["num_waiting_reqs"] == n

@@ -1,0 +1,154 @@
+"""/generate against a real engine: logprobs equal teacher forcing, stop rules, streaming."""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+import pytest
+from engine_fixtures import teacher_forced_logprobs
+
+from asyncrl.models import load_tokenizer
+
+PROMPT = [17, 301, 45, 922, 8, 77]
+TOL = 1e-4
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": 0.0},
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_p": 0.9, "top_k": 50},
+        {"temperature": 1.3, "min_p": 0.05},
+    ],
+    ids=["greedy", "t1", "t0.7-topp-topk", "t1.3-minp"],
+)
+async def test_logprobs_match_teacher_forcing(client, ref_model, params):
+    sp = {"max_new_tokens": 24, "ignore_eos": True, **params}
+    res = await client.generate(PROMPT, sp)
+    assert len(res.output_ids) == 24 and res.finish_reason.type == "length" and res.finish_reason.length == 24
+    expected = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids, params["temperature"])
+    assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < TOL
+    assert res.prompt_tokens == len(PROMPT) and res.completion_tokens == 24 and res.cached_tokens == 0
+    assert res.weight_version == "default" and res.weight_versions == []
+
+
+async def test_greedy_is_argmax_of_reference(client, ref_model):
+    from engine_fixtures import greedy_continuation
+
+    res = await client.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
+    assert res.output_ids == greedy_continuation(ref_model, PROMPT, 12)
+
+
+async def test_concurrent_mixed_lengths_still_match_teacher_forcing(client, ref_model):
+    import asyncio
+
+    prompts = [PROMPT[: 2 + i] * (1 + i % 3) for i in range(6)]
+    results = await asyncio.gather(*[
+        client.generate(p, {"max_new_tokens": 10 + 3 * i, "temperature": 0.9, "ignore_eos": True}) for i, p in enumerate(prompts)
+    ])
+    for p, res in zip(prompts, results, strict=True):
+        expected = teacher_forced_logprobs(ref_model, p, res.output_ids, 0.9)
+        assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < TOL
+
+
+async def test_sampling_seed_is_reproducible(client):
+    sp = {"max_new_tokens": 16, "temperature": 1.0, "sampling_seed": 1234, "ignore_eos": True}
+    a = await client.generate(PROMPT, sp)
+    b = await client.generate(PROMPT, sp)
+    c = await client.generate(PROMPT, {**sp, "sampling_seed": 99})
+    assert a.output_ids == b.output_ids
+    assert a.output_ids != c.output_ids
+
+
+async def test_prompt_logprobs_with_logprob_start_len_zero(client, ref_model):
+    res = await client.generate(PROMPT, {"max_new_tokens": 2, "temperature": 0}, extra={"logprob_start_len": 0})
+    inputs = res.meta_info["input_token_logprobs"]
+    assert [t[1] for t in inputs] == PROMPT and inputs[0][0] is None
+    expected = teacher_forced_logprobs(ref_model, PROMPT[:1], PROMPT[1:])
+    assert max(abs(t[0] - e) for t, e in zip(inputs[1:], expected, strict=True)) < TOL
+
+
+async def test_stop_token_ids_and_eos(client):
+    first = (await client.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})).output_ids
+    res = await client.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [first[2]]})
+    # ignore_eos off: stops at the first occurrence of the stop id (it may occur before index 2)
+    cut = first.index(first[2])
+    assert res.output_ids == first[: cut + 1]
+    assert res.finish_reason.type == "stop" and res.finish_reason.matched == first[2]
+    ignored = await client.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [first[2]], "ignore_eos": True})
+    assert ignored.output_ids == first and ignored.finish_reason.type == "length"
+    held = await client.generate(PROMPT, {"max_new_tokens": 8, "min_new_tokens": 8, "temperature": 0, "stop_token_ids": [first[0]]})
+    assert len(held.output_ids) == 8 and first[0] not in held.output_ids
+
+
+async def test_stop_string_trims_text_not_tokens(engine):
+    tok = load_tokenizer("builtin:tiny")
+    async with engine.client() as c:
+        full = await c.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
+    text = tok.decode(full.output_ids)
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    assert stop.strip(), text
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True, "stop": stop}}
+    async with aiohttp.ClientSession() as s, s.post(f"{engine.url}/generate", json=body) as r:
+        out = await r.json()
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stop not in out["text"] and text.startswith(out["text"])
+    assert tok.decode(out["output_ids"]).find(stop) >= 0  # the ids keep the stop string's tokens
+    body["sampling_params"]["no_stop_trim"] = True
+    async with aiohttp.ClientSession() as s, s.post(f"{engine.url}/generate", json=body) as r:
+        kept = await r.json()
+    assert stop in kept["text"]
+
+
+async def test_text_input_and_text_in_logprobs(engine):
+    tok = load_tokenizer("builtin:tiny")
+    body = {"text": "hello world", "sampling_params": {"max_new_tokens": 4, "temperature": 0}, "return_logprob": True,
+            "return_text_in_logprobs": True, "rid": "text-1"}
+    async with aiohttp.ClientSession() as s, s.put(f"{engine.url}/generate", json=body) as r:
+        assert r.status == 200
+        out = await r.json()
+    meta = out["meta_info"]
+    assert meta["id"] == "text-1" and meta["prompt_tokens"] == len(tok.encode("hello world"))
+    assert [t[2] for t in meta["output_token_logprobs"]] == [tok.decode([t]) for t in out["output_ids"]]
+    assert meta["e2e_latency"] > 0 and meta["completion_tokens"] == len(out["output_ids"])
+
+
+async def test_stream_is_cumulative_and_ends_with_done(engine, ref_model):
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True, "stream": True}
+    chunks, done = [], False
+    async with aiohttp.ClientSession() as s, s.post(f"{engine.url}/generate", json=body) as r:
+        assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
+        async for line in r.content:
+            line = line.strip()
+            if not line:
+                continue
+            assert line.startswith(b"data: ")
+            if line == b"data: [DONE]":
+                done = True
+                break
+            chunks.append(orjson.loads(line[6:]))
+    assert done and chunks
+    lengths = [len(c["output_ids"]) for c in chunks]
+    assert lengths == sorted(lengths) and lengths[-1] == 6
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    final = chunks[-1]
+    lps = [t[0] for t in final["meta_info"]["output_token_logprobs"]]
+    expected = teacher_forced_logprobs(ref_model, PROMPT, final["output_ids"], 1.0)
+    assert max(abs(a - b) for a, b in zip(lps, expected, strict=True)) < TOL
+
+
+async def test_top_logprobs(client):
+    res = await client.generate(PROMPT, {"max_new_tokens": 3, "temperature": 0}, extra={"top_logprobs_num": 3})
+    tops = res.meta_info["output_top_logprobs"]
+    assert len(tops) == 3
+    for top, tid, lp in zip(tops, res.output_ids, res.logprobs, strict=True):
+        assert len(top) == 3 and top[0][1] == tid and abs(top[0][0] - lp) < 1e-6
+        assert top[0][0] >= top[1][0] >= top[2][0]
+
+
+async def test_max_new_tokens_zero(client):
+    res = await client.generate(PROMPT, {"max_new_tokens": 0})
+    assert res.output_ids == [] and res.finish_reason.type == "length" and res.finish_reason.length == 0
