@@ -26,12 +26,9 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import queue
-import select
-import struct
 import subprocess
 import sys
 import threading
@@ -41,6 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .verify_worker import read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -62,101 +61,7 @@ class VerifyOutcome:
     error: str = ""
 
 
-def _worker_main(max_memory_mb: int, soft_timeout_s: int | None) -> None:
-    """Worker process entry point: serve length-prefixed JSON frames on stdin/stdout."""
-    import resource
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    out_fd = os.dup(1)  # the protocol channel; stray prints of libraries go to stderr
-    os.dup2(2, 1)
-    if max_memory_mb > 0:
-        limit = max_memory_mb * 2**20
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        if hard == resource.RLIM_INFINITY or hard > limit:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    soft_timeouts = _SoftTimeoutFlag()
-    mv_logger = logging.getLogger("math_verify")
-    mv_logger.setLevel(logging.WARNING)
-    mv_logger.propagate = False  # its warnings echo the input; keep them off stderr
-    mv_logger.addHandler(soft_timeouts)
-    logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
-    from math_verify import LatexExtractionConfig, parse, verify
-
-    config = [LatexExtractionConfig(boxed_match_priority=0)]
-    parse("\\boxed{\\frac{1}{2}}", config, parsing_timeout=None)  # warm the LaTeX parser
-    try:
-        _write_frame(out_fd, {"ready": True})
-    except OSError:
-        return
-    while True:
-        try:
-            req = _read_frame(0, None)
-        except (EOFError, OSError, ValueError):
-            return
-        reply: dict[str, Any] = {"id": req.get("id")}
-        soft_timeouts.hit = False
-        try:
-            pred = parse(req["pred"], config, parsing_timeout=soft_timeout_s)
-            reply.update(pred_parsed=bool(pred), gold_parsed=False, correct=False)
-            for gold_text in req["golds"]:
-                gold = parse(gold_text, config, parsing_timeout=soft_timeout_s)
-                if gold:
-                    reply["gold_parsed"] = True
-                    if pred and verify(gold, pred, timeout_seconds=soft_timeout_s):
-                        reply["correct"] = True
-                        break
-            reply["soft_timeout"] = soft_timeouts.hit
-        except BaseException as exc:  # MemoryError, RecursionError, anything: report, keep serving
-            reply = {"id": req.get("id"), "error": type(exc).__name__}
-        try:
-            _write_frame(out_fd, reply)
-        except OSError:  # the parent gave up on us (timeout, close): exit quietly
-            return
-
-
-class _SoftTimeoutFlag(logging.Handler):
-    """Notices math-verify's "Timeout during parsing/comparison" warnings (it reports its
-    signal timeouts only by logging them and returning an empty/False result)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.hit = False
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if str(record.msg).startswith("Timeout during"):
-            self.hit = True
-
-
-def _write_frame(fd: int, obj: Any) -> None:
-    data = json.dumps(obj).encode()
-    view = memoryview(struct.pack(">I", len(data)) + data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                raise TimeoutError
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
-
-
-def _read_frame(fd: int, deadline: float | None, max_bytes: int = 1 << 24) -> Any:
-    (size,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
-    if size > max_bytes:
-        raise ValueError(f"frame of {size} bytes")
-    return json.loads(_read_exact(fd, size, deadline))
-
-
-_BOOT = "import sys; from rollout_service.rewards.math_pool import _worker_main; _worker_main(int(sys.argv[1]), int(sys.argv[2]) or None)"
+_BOOT = "import sys; from rollout_service.rewards.verify_worker import main; main(int(sys.argv[1]), int(sys.argv[2]) or None)"
 
 
 class _Worker:
@@ -171,16 +76,16 @@ class _Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
         )
         try:
-            _read_frame(self.proc.stdout.fileno(), time.monotonic() + startup_timeout_s)
+            read_frame(self.proc.stdout.fileno(), time.monotonic() + startup_timeout_s)
         except (TimeoutError, EOFError, OSError, ValueError) as exc:
             self.kill()
             raise RuntimeError(f"math-verify worker did not start within {startup_timeout_s}s: {exc!r}") from None
 
     def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
         """The reply, or None past ``timeout_s``; EOFError/OSError when the worker died."""
-        _write_frame(self.proc.stdin.fileno(), payload)
+        write_frame(self.proc.stdin.fileno(), payload)
         try:
-            return _read_frame(self.proc.stdout.fileno(), time.monotonic() + timeout_s, max_bytes=1 << 16)
+            return read_frame(self.proc.stdout.fileno(), time.monotonic() + timeout_s, max_bytes=1 << 16)
         except TimeoutError:
             return None
 
