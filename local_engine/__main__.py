@@ -18,6 +18,10 @@ import sys
 from collections.abc import Sequence
 
 GRACEFUL_SHUTDOWN_S = 5  # uvicorn waits this long for open requests after SIGTERM
+KEEP_ALIVE_S = 30  # idle connection lifetime; above clients' pools (EngineClient: 3 s) so they close first
+# One intra-op thread: with the trainer or other engines on the same cores, OpenMP's
+# spinning made a tiny-model decode step 10x slower with 2 threads than with 1 (measured).
+TORCH_THREADS = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-version", default="default")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--weight-sync-timeout-s", type=float, default=300.0)
-    p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--torch-threads", type=int, default=TORCH_THREADS,
+                   help="torch intra-op threads (default 1: on a shared 2-core box 2 threads ran 10x slower)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -60,13 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     import uvicorn
 
-    if args.torch_threads:
+    if args.torch_threads and args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     from local_engine.app import create_app
 
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, access_log=False)
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S, access_log=False)
     return 0
 
 

@@ -31,6 +31,10 @@ class RWLock:
         return self._readers
 
     @property
+    def writers_waiting(self) -> int:
+        return self._writers_waiting
+
+    @property
     def writer_active(self) -> bool:
         return self._writer
 

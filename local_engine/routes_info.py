@@ -52,6 +52,7 @@ def internal_state(engine: Engine) -> dict:
         "weights_consistent": engine.weights.consistent,
         "weight_update_groups": sorted(engine.weights.groups),
         "generations_in_flight": engine.rwlock.readers,
+        "weight_writers_waiting": engine.rwlock.writers_waiting,
     }
 
 

@@ -9,7 +9,7 @@ Contract:
   pass of the same weights gives for the same token (divided by the same T).
 - Greedy picks the argmax of the raw logits (ties: lowest id).
 - Sampling draws from ``softmax(logits / T)`` restricted by top_k, top_p and min_p, with
-  the exponential-race trick (argmax of p / Exp(1) noise). A request with
+  the Gumbel-max trick (argmax of logp - log Exp(1) noise), vectorised over rows. A request with
   ``sampling_seed`` draws its noise from its own generator, so it is reproducible whatever
   its batch neighbours do; others share the engine's generator.
 - ``banned`` token ids (EOS and stop ids before min_new_tokens) are excluded from the
@@ -58,20 +58,18 @@ def scaled_logprobs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.T
     return torch.log_softmax(logits.float() / temperatures.unsqueeze(1), dim=-1)
 
 
-def _truncate(probs: torch.Tensor, row: RowSampling) -> torch.Tensor:
-    """Zero the probabilities that top_k / top_p / min_p exclude (one row, ``[vocab]``)."""
-    if row.top_k > 0 and row.top_k < probs.shape[0]:
-        kth = torch.topk(probs, row.top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-    if row.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        cum = torch.cumsum(sorted_p, 0)
-        drop_sorted = (cum - sorted_p) > row.top_p  # keep the smallest prefix reaching top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-    if row.min_p > 0.0:
-        probs = probs.masked_fill(probs < row.min_p * probs.max(), 0.0)
-    return probs
+def _truncate(scores: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
+    """Set to -inf what top_k / top_p / min_p exclude; ``scores`` are ``[n, vocab]`` logprobs."""
+    vocab = scores.shape[1]
+    top_k = torch.tensor([r.top_k if r.top_k > 0 else vocab for r in rows]).unsqueeze(1)
+    top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32).unsqueeze(1)
+    min_p = torch.tensor([r.min_p for r in rows], dtype=torch.float32).unsqueeze(1)
+    sorted_s, order = torch.sort(scores, dim=-1, descending=True)
+    probs = torch.softmax(sorted_s, dim=-1)
+    drop = torch.arange(vocab).unsqueeze(0) >= top_k
+    drop |= (torch.cumsum(probs, dim=-1) - probs) > top_p  # keep the smallest prefix reaching top_p
+    drop |= probs < min_p * probs[:, :1]
+    return scores.scatter(1, order, sorted_s.masked_fill(drop, float("-inf")))
 
 
 def sample(
@@ -81,29 +79,36 @@ def sample(
     top_logprobs: list[int] | None = None,
 ) -> SampleOutput:
     """Pick one token per row of ``logits`` (``[rows, vocab]``) and report its logprob."""
+    n, vocab = logits.shape
     temps = torch.tensor([1.0 if r.greedy else r.temperature for r in rows], dtype=torch.float32)
     logprobs = scaled_logprobs(logits, temps)
-    chosen: list[int] = []
-    for i, row in enumerate(rows):
-        scores = logits[i] if row.greedy else logprobs[i]
-        if row.banned:
-            scores = scores.clone()
-            scores[row.banned] = float("-inf")
-        if row.greedy:
-            chosen.append(int(torch.argmax(scores)))
-            continue
-        probs = _truncate(torch.exp(scores), row)
-        noise = torch.empty_like(probs).exponential_(generator=row.generator or engine_generator)
-        chosen.append(int(torch.argmax(probs / noise)))
-    ids = torch.tensor(chosen, dtype=torch.long)
-    picked = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1).tolist()
-    top: list[list[tuple[float, int]] | None] = [None] * len(rows)
-    if top_logprobs:
-        for i, n in enumerate(top_logprobs):
-            if n > 0:
-                vals, idx = torch.topk(logprobs[i], min(n, logprobs.shape[1]))
-                top[i] = list(zip(vals.tolist(), idx.tolist(), strict=True))
-    return SampleOutput(token_ids=chosen, logprobs=picked, top=top)
+    scores = logprobs
+    banned = [(i, r.banned) for i, r in enumerate(rows) if r.banned]
+    if banned:
+        scores = scores.clone()
+        for i, ids in banned:
+            scores[i, ids] = float("-inf")
+    sampled = [i for i, r in enumerate(rows) if not r.greedy]
+    chosen = torch.argmax(scores, dim=-1)  # greedy rows: argmax of logprobs == argmax of logits
+    if sampled:
+        sub = scores[sampled]
+        trunc = [j for j, i in enumerate(sampled) if rows[i].top_k > 0 or rows[i].top_p < 1.0 or rows[i].min_p > 0.0]
+        if trunc:
+            sub[trunc] = _truncate(sub[trunc], [rows[sampled[j]] for j in trunc])
+        noise = torch.empty((len(sampled), vocab)).exponential_(generator=engine_generator)
+        for j, i in enumerate(sampled):
+            if rows[i].generator is not None:
+                noise[j].exponential_(generator=rows[i].generator)
+        chosen[sampled] = torch.argmax(sub - torch.log(noise), dim=-1)  # Gumbel-max == p / Exp(1) race
+    picked = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
+    top: list[list[tuple[float, int]] | None] = [None] * n
+    if top_logprobs and any(top_logprobs):
+        k = min(max(top_logprobs), vocab)
+        vals, idx = torch.topk(logprobs, k, dim=-1)
+        for i, want in enumerate(top_logprobs):
+            if want > 0:
+                top[i] = list(zip(vals[i, :want].tolist(), idx[i, :want].tolist(), strict=True))
+    return SampleOutput(token_ids=chosen.tolist(), logprobs=picked, top=top)
 
 
 def prompt_logprobs(logits: torch.Tensor, prompt: list[int], temperature: float) -> list[float | None]:

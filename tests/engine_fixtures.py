@@ -50,7 +50,7 @@ def running_engine(log_dir: Path, *extra: str, api_key: str | None = None, admin
     """Start an engine, wait for /health, yield it, stop it (SIGTERM, then SIGKILL)."""
     port = free_port()
     argv = [sys.executable, "-m", "local_engine", "--model", MODEL, "--seed", str(SEED), "--host", "127.0.0.1",
-            "--port", str(port), "--torch-threads", "1", "--log-level", "warning", *extra]
+            "--port", str(port), "--torch-threads", "1", "--log-level", os.environ.get("LOCAL_ENGINE_TEST_LOG_LEVEL", "warning"), *extra]
     env = dict(os.environ)
     env.pop("LOCAL_ENGINE_API_KEY", None)
     env.pop("LOCAL_ENGINE_ADMIN_API_KEY", None)

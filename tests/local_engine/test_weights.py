@@ -1,0 +1,180 @@
+"""Weight updates: a separate trainer process broadcasts through gloo; disk reloads; failures.
+
+The engine here runs with an api key and an admin key (the trainer uses the admin key),
+and ``--weight-sync-timeout-s 60``. Each test starts from the base weights loaded from
+disk, so the tests do not depend on each other's order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from engine_fixtures import greedy_continuation, running_engine, teacher_forced_logprobs
+from helpers import wait_until
+from weight_trainer import perturb
+
+from asyncrl.engine_client import EngineHTTPError
+
+TRAINER = Path(__file__).with_name("weight_trainer.py")
+TRAINER_TIMEOUT_S = 180.0
+API_KEY, ADMIN_KEY = "data-plane-key", "admin-plane-key"
+PROMPT = [31, 41, 59, 26, 53]
+GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def wengine(tmp_path_factory):
+    with running_engine(tmp_path_factory.mktemp("weights"), "--weight-sync-timeout-s", "60",
+                        api_key=API_KEY, admin_api_key=ADMIN_KEY, name="weights-engine") as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory, ref_model) -> Path:
+    path = tmp_path_factory.mktemp("base-weights")
+    ref_model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+async def wclient(wengine, base_dir):
+    async with wengine.client() as c:
+        await c.update_weights_from_disk(str(base_dir), weight_version="base")
+        yield c
+        await c.resume()
+
+
+async def run_trainer(engine, *args: str) -> dict:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(TRAINER), "--engine-url", engine.url, "--admin-api-key", ADMIN_KEY, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), TRAINER_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+async def assert_serves(client, model, version: str):
+    res = await client.generate(PROMPT, GREEDY)
+    assert res.output_ids == greedy_continuation(model, PROMPT, GREEDY["max_new_tokens"])
+    expected = teacher_forced_logprobs(model, PROMPT, res.output_ids)
+    assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < 1e-4
+    assert res.weight_version == version
+    assert (await client.model_info())["weight_version"] == version
+
+
+@pytest.mark.parametrize("layout", [["--bucket-bytes", "200000"], ["--no-flatten", "--bucket-bytes", "1000000"]], ids=["flattened", "per-tensor"])
+async def test_distributed_update_from_trainer_process(wengine, wclient, ref_model, layout):
+    await assert_serves(wclient, ref_model, "base")
+    result = await run_trainer(wengine, "--version", "1", "--perturb-seed", "7", *layout)
+    assert result["ok"], result
+    assert result["buckets"] >= 2
+    await assert_serves(wclient, perturb(copy.deepcopy(ref_model), 7), "1")
+    info = await wclient.model_info()
+    assert info["weights_consistent"] is True
+
+
+async def test_update_waits_for_in_flight_generation_when_not_paused(wengine, wclient, ref_model):
+    long = asyncio.create_task(wclient.generate(PROMPT, {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}, rid="lock-long"))
+    trainer = asyncio.create_task(run_trainer(wengine, "--version", "2", "--perturb-seed", "11", "--pause", "none"))
+    await wait_until(lambda: _writers_waiting(wclient), "the weight update to wait for the writer lock", timeout_s=120)
+    await asyncio.sleep(0.5)
+    assert not long.done() and (await wclient.model_info())["weight_version"] == "base"
+    await wclient.abort("lock-long")
+    res = await asyncio.wait_for(long, 30)
+    result = await asyncio.wait_for(trainer, TRAINER_TIMEOUT_S)
+    assert result["ok"], result
+    assert res.finish_reason.type == "abort" and res.weight_versions == []
+    expected = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids)  # all tokens from the old weights
+    assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < 1e-4
+    await assert_serves(wclient, perturb(copy.deepcopy(ref_model), 11), "2")
+
+
+async def _writers_waiting(client) -> bool:
+    return (await client.server_info())["internal_states"][0]["weight_writers_waiting"] > 0
+
+
+async def test_failure_mid_push_marks_weights_inconsistent_until_reloaded(wengine, wclient, ref_model, base_dir):
+    result = await run_trainer(wengine, "--version", "3", "--perturb-seed", "5", "--bucket-bytes", "100000", "--corrupt-bucket", "1")
+    assert not result["ok"] and result["buckets"] == 1 and "shape mismatch" in result["error"]
+    assert await wclient.health() is False
+    info = await wclient.model_info()
+    assert info["weights_consistent"] is False and "parameters had been updated" in info["weights_inconsistent_reason"]
+    assert info["weight_version"] == "3"  # bucket 0 succeeded and set it, as SGLang does
+    with pytest.raises(EngineHTTPError) as err:
+        await wclient.generate(PROMPT, GREEDY)
+    assert err.value.status == 503 and "inconsistent" in err.value.message
+    await wclient.update_weights_from_disk(str(base_dir), weight_version="base")
+    assert await wclient.health() is True
+    await assert_serves(wclient, ref_model, "base")
+
+
+async def test_refused_first_bucket_leaves_weights_consistent(wengine, wclient, ref_model):
+    result = await run_trainer(wengine, "--version", "4", "--corrupt-bucket", "0", "--bucket-bytes", "100000")
+    assert not result["ok"] and result["buckets"] == 0
+    assert await wclient.health() is True
+    await assert_serves(wclient, ref_model, "base")
+
+
+async def test_disk_update_and_its_failures(wclient, ref_model, tmp_path):
+    other = perturb(copy.deepcopy(ref_model), 23)
+    other.save_pretrained(tmp_path / "v5")
+    out = await wclient.update_weights_from_disk(str(tmp_path / "v5"), weight_version="5")
+    assert out["success"] is True and out["num_paused_requests"] == 0
+    await assert_serves(wclient, other, "5")
+    for bad_path, needle in ((tmp_path / "missing", "not a directory"), (tmp_path, "no *.safetensors")):
+        with pytest.raises(EngineHTTPError) as err:
+            await wclient.update_weights_from_disk(str(bad_path), weight_version="6")
+        assert err.value.status == 400 and needle in err.value.message
+    from safetensors.torch import save_file
+
+    wrong = {k: v.clone() for k, v in other.state_dict().items() if k != "lm_head.weight"}
+    first = next(iter(wrong))
+    wrong[first] = wrong[first].flatten()[:-1].clone()
+    (tmp_path / "wrong").mkdir()
+    save_file(wrong, str(tmp_path / "wrong" / "model.safetensors"))
+    with pytest.raises(EngineHTTPError) as err:
+        await wclient.update_weights_from_disk(str(tmp_path / "wrong"), weight_version="6")
+    assert "shape mismatch" in err.value.message
+    await assert_serves(wclient, other, "5")  # nothing changed
+
+
+async def test_update_weight_version_route(wclient):
+    out = await wclient.update_weight_version("named-7", abort_all_requests=False)
+    assert out == {"success": True, "message": "Weight version updated to named-7", "new_version": "named-7"}
+    assert await wclient.weight_version() == "named-7"
+
+
+@pytest.mark.parametrize(
+    ("path", "key", "status"),
+    [
+        ("/model_info", None, 401),
+        ("/model_info", API_KEY, 200),
+        ("/model_info", ADMIN_KEY, 401),
+        ("/health", None, 200),
+        ("/metrics", None, 200),
+        ("/flush_cache", API_KEY, 401),
+        ("/flush_cache", ADMIN_KEY, 200),
+        ("/server_info", API_KEY, 200),
+    ],
+)
+async def test_auth_levels(wengine, path, key, status):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession() as s, s.get(wengine.url + path, headers=headers) as r:
+        assert r.status == status
+        if status == 401:
+            assert (await r.json())["message"] == "Unauthorized"
+        if path == "/server_info" and status == 200:
+            text = await r.text()
+            assert API_KEY not in text and ADMIN_KEY not in text
