@@ -31,6 +31,7 @@ import sys
 
 REPORT_MARKER = "\x00asyncrl-sandbox-report "
 SETUP_FAILED_EXIT_CODE = 125
+CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
@@ -78,18 +79,24 @@ def _libc_call(libc, function_name, *args):
     return None
 
 
-def _new_network_namespace(libc):
-    """unshare(CLONE_NEWNET): needs CAP_SYS_ADMIN (root outside restrictive containers)."""
-    return _libc_call(libc, "unshare", ctypes.c_int(CLONE_NEWNET))
+def _unshare_network(libc, user_namespace, want_pid_namespace):
+    """New network namespace (only a downed ``lo``), and a new pid namespace if wanted and allowed.
 
-
-def _new_user_and_network_namespace(libc):
-    """unshare(CLONE_NEWUSER | CLONE_NEWNET) as any uid (where unprivileged user namespaces
-    are allowed), mapping only our own uid/gid onto themselves so the program still sees
-    its real ids. The program has no capabilities after exec (its uid is not 0 there)."""
+    Without ``user_namespace`` this needs CAP_SYS_ADMIN (root outside restrictive
+    containers). With it, any uid can do it where unprivileged user namespaces are allowed;
+    only our own uid/gid are mapped, onto themselves, so the program sees its real ids and
+    has no capabilities after exec (its uid is not 0 there).
+    Returns (error text or None, whether a pid namespace was created).
+    """
     uid, gid = os.getuid(), os.getgid()
-    error = _libc_call(libc, "unshare", ctypes.c_int(CLONE_NEWUSER | CLONE_NEWNET))
-    if error is None:
+    flags = CLONE_NEWNET | (CLONE_NEWUSER if user_namespace else 0)
+    error = "not requested"
+    if want_pid_namespace:
+        error = _libc_call(libc, "unshare", ctypes.c_int(flags | CLONE_NEWPID))
+    with_pid_namespace = error is None
+    if error is not None:
+        error = _libc_call(libc, "unshare", ctypes.c_int(flags))
+    if error is None and user_namespace:
         for name, text in (
             ("setgroups", "deny"),
             ("uid_map", f"{uid} {uid} 1"),
@@ -97,7 +104,7 @@ def _new_user_and_network_namespace(libc):
         ):
             with open(f"/proc/self/{name}", "w") as mapping:
                 mapping.write(text)
-    return error
+    return error, with_pid_namespace
 
 
 def _apply_rlimits(rlimits):
@@ -111,6 +118,24 @@ def _apply_rlimits(rlimits):
         resource.setrlimit(kind, (soft, hard))
         applied[name] = [soft, hard]
     return applied
+
+
+def _process_limit(config, pid_namespace, in_user_namespace):
+    """RLIMIT_NPROC for the program, and what the kernel will count against it.
+
+    The kernel counts the tasks of the real uid: with a per-run uid that is this run alone.
+    Since Linux 5.14 it counts per (user namespace, uid), and checks the enclosing levels
+    against the limit in force when each namespace was made, which is why this limit is
+    set only now, after the namespaces: then it is also this run alone. Otherwise the
+    service's uid is shared, and the user's current task count is added. The launcher and
+    the namespace's init (+2) stay alive, and counted, only with a pid namespace.
+    """
+    limit = config["max_processes"] + (2 if pid_namespace else 0)
+    if config["uid_tasks"] is None:
+        return limit, "run"
+    if in_user_namespace and tuple(map(int, os.uname().release.split(".")[:2])) >= (5, 14):
+        return limit, "run"
+    return limit + config["uid_tasks"], "shared-uid"
 
 
 def _drop_privileges(libc, uid, gid):
@@ -142,15 +167,18 @@ def main():
     try:
         wants_namespace = config["network"] in ("auto", "namespace")
         attempts = {}  # namespace kind -> None (done) or the error
+        pid_namespace = False
         report["rlimits"] = _apply_rlimits(config["rlimits"])
         if wants_namespace and os.geteuid() == 0:  # must happen before dropping root
-            attempts["net"] = _new_network_namespace(libc)
+            attempts["net"], pid_namespace = _unshare_network(libc, False, config["pid_namespace"])
         if config["uid_base"] is not None:
             uid = config["uid_base"] + os.getpid()  # unique among live processes
             _drop_privileges(libc, uid, uid)
             report["uid"] = uid
         if wants_namespace and attempts.get("net", "not tried") is not None:
-            attempts["user+net"] = _new_user_and_network_namespace(libc)
+            attempts["user+net"], pid_namespace = _unshare_network(
+                libc, True, config["pid_namespace"]
+            )
         done = [kind for kind, error in attempts.items() if error is None]
         failures = "; ".join(f"{kind}: {error}" for kind, error in attempts.items() if error)
         if done:
@@ -161,6 +189,10 @@ def main():
         else:
             report["network"] = "audit_hook"
         report["network_namespace_error"] = failures or None
+        report["pid_namespace"] = pid_namespace = pid_namespace and bool(done)
+        limit, report["nproc_counts"] = _process_limit(config, pid_namespace, "user+net" in done)
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+        report["rlimits"]["RLIMIT_NPROC"] = [limit, limit]
         os.umask(0o077)
         for option, value in ((PR_SET_NO_NEW_PRIVS, 1), (PR_SET_PDEATHSIG, signal.SIGKILL)):
             error = _libc_call(libc, "prctl", option, value, 0, 0, 0)
@@ -174,11 +206,60 @@ def main():
     argv = [interpreter, "-I", "-S", "-B"]
     argv += ["main.py"] if report["network"] == "namespace" else ["-c", AUDIT_HOOK_PRELUDE]
     _report(report)
+    if pid_namespace:
+        _run_under_namespace_init(libc, interpreter, argv)
+    _exec_program(libc, interpreter, argv)
+
+
+def _exec_program(libc, interpreter, argv):
+    _libc_call(libc, "prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # reset by fork
     try:
         os.execve(interpreter, argv, {})
     except OSError as exc:
         _report({"setup_error": f"cannot execute {interpreter}: {exc}"})
         os._exit(SETUP_FAILED_EXIT_CODE)
+
+
+def _run_under_namespace_init(libc, interpreter, argv):
+    """Run the program as pid 2 of the new pid namespace under a minimal init (pid 1).
+
+    When init exits, the kernel kills every process left in the namespace, including
+    those that left the process group. The program is not pid 1 itself, because pid 1
+    ignores signals it has no handler for (SIGXCPU at the CPU limit, its own kill()).
+    init cannot die by a mirrored signal for the same reason, so it passes the program's
+    wait status to us through a pipe, and we (outside the namespace) end the same way.
+    """
+    status_read, status_write = os.pipe()
+    init = os.fork()
+    if init == 0:
+        os.close(status_read)
+        _libc_call(libc, "prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        program = os.fork()
+        if program == 0:
+            _exec_program(libc, interpreter, argv)
+        while True:  # reap orphans too, so that they stop counting against RLIMIT_NPROC
+            pid, status = os.waitpid(-1, 0)
+            if pid == program:
+                break
+        os.write(status_write, str(status).encode())
+        os._exit(0)
+    os.close(status_write)
+    _, init_status = os.waitpid(init, 0)
+    reported = os.read(status_read, 64)
+    _end_like(int(reported) if reported else init_status)
+
+
+def _end_like(status):
+    """Exit with the same code, or die by the same signal, as a wait status says."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            signal.signal(number, signal.SIG_DFL)  # Python ignores SIGPIPE and SIGXFSZ
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP cannot be changed and need not be
+        os.kill(os.getpid(), number)
+        os._exit(128 + number)
+    os._exit(os.waitstatus_to_exitcode(status))
 
 
 if __name__ == "__main__":

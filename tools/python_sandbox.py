@@ -16,8 +16,9 @@ Each call:
   process count (RLIMIT_NPROC) for the run's uid;
 - enforces the wall-clock limit from the parent and then kills the process group, and (as
   root) every process of the run's uid (see :mod:`tools.sandbox_process`);
-- isolates the network in a new network namespace (only a downed ``lo``), else falls back
-  to an audit-hook guard; ``result.metadata["isolation"]`` says which one held.
+- isolates the network in a new network namespace with only a downed ``lo`` (as root with
+  CAP_SYS_ADMIN directly, otherwise inside a new user namespace), else falls back to an
+  audit-hook guard in the interpreter; ``result.metadata["isolation"]`` says which held.
 
 As root (the default when the service runs as root) each run also gets **its own uid and
 gid** (``uid_base + launcher pid``, unique among live processes) with no supplementary
@@ -84,6 +85,10 @@ class PythonSandboxConfig(BaseModel):
     network_isolation: Literal["auto", "namespace", "audit_hook"] = "auto"
     """auto: network namespace, else audit-hook guard; namespace: refuse to run without one;
     audit_hook: only the (weak) in-interpreter guard."""
+    pid_namespace: bool = True
+    """Run the program under its own init in a new pid namespace (made together with the
+    network namespace): everything it starts dies with it, and it cannot see or signal
+    outside processes. False: exec the program directly (two processes fewer per run)."""
     drop_privileges: bool | None = None
     """Run as a per-run uid (needs root). None: when the service runs as root."""
     uid_base: int = Field(2_000_000_000, ge=100_000, le=2**31 - 2**23)
@@ -165,14 +170,11 @@ class PythonSandbox(Tool):
         }
 
     def _rlimits(self) -> dict[str, tuple[int, int]]:
+        """All limits but RLIMIT_NPROC, which the launcher sets once it knows what counts."""
         c = self.config
-        nproc = c.max_processes
-        if not self._drop_privileges:  # shared uid: allow what the user already runs
-            nproc += count_tasks_of_uid(os.getuid())
         return {
             "RLIMIT_CPU": (c.cpu_time_s, c.cpu_time_s + 1),
             "RLIMIT_AS": (c.memory_mb * MIB, c.memory_mb * MIB),
-            "RLIMIT_NPROC": (nproc, nproc),
             "RLIMIT_FSIZE": (c.max_file_size_mb * MIB, c.max_file_size_mb * MIB),
             "RLIMIT_NOFILE": (c.max_open_files, c.max_open_files),
             "RLIMIT_CORE": (0, 0),
@@ -209,12 +211,19 @@ class PythonSandbox(Tool):
             main_py = Path(workdir, "main.py")
             main_py.write_text(code, encoding="utf-8", errors="surrogatepass")
             main_py.chmod(0o444)
+            # Without a per-run uid the kernel may count the service's own tasks too.
+            uid_tasks = None
+            if not self._drop_privileges:
+                uid_tasks = await asyncio.to_thread(count_tasks_of_uid, os.getuid())
             spec = RunSpec(
                 workdir=workdir,
                 interpreter=self.interpreter,
                 wall_timeout_s=wall_timeout_s,
                 rlimits=self._rlimits(),
                 network=self.config.network_isolation,
+                pid_namespace=self.config.pid_namespace,
+                max_processes=self.config.max_processes,
+                uid_tasks=uid_tasks,
                 uid_base=self.config.uid_base if self._drop_privileges else None,
                 max_output_bytes=self.config.max_output_bytes,
             )

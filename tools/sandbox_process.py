@@ -55,6 +55,9 @@ class RunSpec:
     wall_timeout_s: float
     rlimits: dict[str, tuple[int, int]]
     network: str  # "auto" | "namespace" | "audit_hook"
+    pid_namespace: bool  # run the program under an init in a new pid namespace
+    max_processes: int  # RLIMIT_NPROC, set by the launcher (see _process_limit there)
+    uid_tasks: int | None  # tasks of the service's uid now; None with a per-run uid
     uid_base: int | None  # run's uid = uid_base + launcher pid; None: keep the service's uid
     max_output_bytes: int
 
@@ -205,6 +208,9 @@ async def run_isolated(spec: RunSpec) -> RunOutcome:
         "interpreter": spec.interpreter,
         "rlimits": spec.rlimits,
         "network": spec.network,
+        "pid_namespace": spec.pid_namespace,
+        "max_processes": spec.max_processes,
+        "uid_tasks": spec.uid_tasks,
         "uid_base": spec.uid_base,
     }
     stdout, stderr = CappedOutput(spec.max_output_bytes), CappedOutput(spec.max_output_bytes)

@@ -94,6 +94,8 @@ def outcome_to_result(
         "isolation": {
             "network": outcome.report.get("network"),
             "network_namespace": outcome.report.get("network_namespace"),
+            "pid_namespace": outcome.report.get("pid_namespace"),
+            "nproc_counts": outcome.report.get("nproc_counts"),
             "network_namespace_error": outcome.report.get("network_namespace_error"),
             "uid": outcome.report.get("uid"),
             "rlimits": outcome.report.get("rlimits"),

@@ -8,9 +8,11 @@ of a sandbox uid is still alive or a run directory is left behind.
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from sandbox_helpers import IS_ROOT, root_only, sandbox_pids
@@ -30,13 +32,11 @@ async def test_plain_program_prints_its_output(sandbox: PythonSandbox) -> None:
 
 
 async def test_infinite_loop_is_stopped_by_the_cpu_limit(make_sandbox) -> None:
-    sandbox = make_sandbox(cpu_time_s=1, wall_timeout_s=10)
-    started = time.monotonic()
-    result = await run(sandbox, "while True: pass")
+    sandbox = make_sandbox(cpu_time_s=1, wall_timeout_s=30)
+    result = await run(sandbox, "while True: pass", timeout_s=30)
     assert result.is_error
-    assert result.metadata["failure"] == "cpu_limit"
-    assert "CPU time limit exceeded" in result.content
-    assert time.monotonic() - started < 4.0
+    assert result.metadata["failure"] == "cpu_limit"  # not the 30 s wall clock
+    assert "CPU time limit exceeded (1 s)" in result.content
 
 
 async def test_sleeping_program_is_stopped_by_the_wall_clock(make_sandbox) -> None:
@@ -94,7 +94,8 @@ async def test_fork_bomb_is_capped_and_fully_killed(make_sandbox) -> None:
         await asyncio.sleep(0.05)
     result = call.result()
     assert result.is_error and result.metadata["failure"] == "timeout"
-    assert 1 < peak <= 8, f"saw {peak} processes of the run at once"
+    # + 2: the launcher and the pid namespace's init, which wait for the program
+    assert 1 < peak <= 8 + 2, f"saw {peak} processes of the run at once"
     assert result.metadata["isolation"]["survivors_left"] == 0
     assert sandbox_pids() == {}
 
@@ -122,7 +123,7 @@ async def test_process_count_is_capped_at_max_processes(make_sandbox) -> None:
 
 
 @pytest.mark.skipif(IS_ROOT, reason="checks the non-root fallback")
-async def test_without_root_the_process_cap_is_added_to_the_users_count(make_sandbox) -> None:
+async def test_without_root_the_process_count_is_still_capped(make_sandbox) -> None:
     sandbox = make_sandbox(max_processes=5)
     code = """
         import os, time
@@ -160,21 +161,44 @@ async def test_thread_count_is_capped_too(make_sandbox) -> None:
     assert int(result.content) == 4
 
 
-@root_only
-async def test_child_that_leaves_the_process_group_is_killed_after_the_run(sandbox) -> None:
-    code = """
-        import os, time
-        pid = os.fork()
-        if pid == 0:
-            os.setsid()  # escape the process group the parent kills
-            time.sleep(60)
-            os._exit(0)
-        print(pid)
+ESCAPED_SLEEPER_MARKER = "61.2345"  # a sleep duration no other process on the host uses
+
+
+def escaped_sleepers() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline.split(b"\0")[:2] == [b"sleep", ESCAPED_SLEEPER_MARKER.encode()]:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("pid_namespace", [True, False], ids=["pid-namespace", "uid-sweep"])
+async def test_child_that_leaves_the_process_group_is_killed_after_the_run(
+    make_sandbox, pid_namespace: bool
+) -> None:
+    """Killed by the namespace's end (pid namespace) or by the sweep of the run's uid."""
+    if not pid_namespace and not IS_ROOT:
+        pytest.skip("without root or a pid namespace, escaped processes survive (documented)")
+    sandbox = make_sandbox(pid_namespace=pid_namespace)
+    code = f"""
+        import os
+        if os.fork() == 0:
+            os.setsid()  # leave the process group that the parent kills
+            os.execv("/bin/sleep", ["sleep", "{ESCAPED_SLEEPER_MARKER}"])
+        import time
+        time.sleep(0.3)  # let the child reach exec
+        print("parent exits")
     """
     result = await run(sandbox, code)
     assert not result.is_error, result.content
-    assert result.metadata["isolation"]["survivors_killed"] == 1
-    assert sandbox_pids() == {}
+    assert result.metadata["isolation"]["pid_namespace"] is pid_namespace
+    assert escaped_sleepers() == []
+    if not pid_namespace:
+        assert result.metadata["isolation"]["survivors_killed"] == 1
 
 
 async def test_large_file_write_hits_the_file_size_limit(make_sandbox) -> None:
