@@ -1,26 +1,30 @@
 """Child side of the python sandbox: set up isolation, then exec the interpreter.
 
-Run by :mod:`tools.python_sandbox` as ``python -I -S _sandbox_launcher.py CONFIG_JSON``
+Run by :mod:`tools.sandbox_process` as ``python -I -S _sandbox_launcher.py CONFIG_JSON``
 with an empty environment, in a new session, with the run's temporary directory as cwd.
 It uses only the standard library and runs *before* any model code, in this order:
 
-1. resource limits (``setrlimit``), clamped to the hard limits we already have.
-2. as root: ``unshare(CLONE_NEWNET)``, a network namespace whose only interface, ``lo``,
-   is down (needs CAP_SYS_ADMIN, which default Docker does not grant).
-3. privileges (when a uid is given, i.e. the service runs as root): ``chown`` the cwd to
-   the run's own uid/gid, drop supplementary groups, ``setresgid``/``setresuid``, and check
-   that regaining root fails.
-4. if step 2 did not happen or failed: ``unshare(CLONE_NEWUSER|CLONE_NEWNET)`` as the
-   (now unprivileged) uid, where unprivileged user namespaces are allowed. If that fails
-   too and the mode is ``auto``, fall back to an audit-hook guard in the interpreter
-   (weak: see the prelude below); mode ``namespace`` fails closed.
-5. ``PR_SET_NO_NEW_PRIVS`` (no setuid binaries) and ``PR_SET_PDEATHSIG`` = SIGKILL.
-6. one report line on stderr (``REPORT_MARKER`` + JSON), then ``execve`` of the
-   interpreter on ``main.py`` with an empty environment.
+1. resource limits (``setrlimit``) except RLIMIT_NPROC, clamped to our hard limits.
+2. as root: ``unshare(CLONE_NEWNET | CLONE_NEWPID)``: a network namespace whose only
+   interface, ``lo``, is down, and a pid namespace (needs CAP_SYS_ADMIN, which default
+   Docker does not grant). Without the pid namespace if only that is refused.
+3. with a per-run uid (the service is root): ``chown`` the cwd to the run's uid/gid,
+   drop supplementary groups, ``setresgid``/``setresuid``, check that regaining root
+   fails.
+4. if step 2 did not happen or failed: the same namespaces inside a new user namespace
+   (``CLONE_NEWUSER``), as the now unprivileged uid, mapping only that uid onto itself.
+   If that fails too: mode ``auto`` falls back to the audit-hook guard (weak, see
+   ``AUDIT_HOOK_PRELUDE``), mode ``namespace`` fails closed.
+5. RLIMIT_NPROC, now that it is known what the kernel counts (``_process_limit``).
+6. ``PR_SET_NO_NEW_PRIVS`` (setuid binaries gain nothing), ``PR_SET_PDEATHSIG``.
+7. one report line on stderr (``REPORT_MARKER`` + JSON), then ``execve`` of the
+   interpreter on ``main.py`` with an empty environment; with a pid namespace, as pid 2
+   under a minimal init (``_run_under_namespace_init``) while we wait to mirror its end.
 
 On any setup failure it writes the report line with ``setup_error`` and exits with
 ``SETUP_FAILED_EXIT_CODE``; model code never runs with less isolation than reported.
 """
+
 
 import ctypes
 import json

@@ -1,39 +1,46 @@
 """The ``python`` tool: run model-written code in a resource-limited, isolated subprocess.
 
-**Defence in depth, not a security boundary.** The code runs as a separate process with
-the limits below; a determined attacker with a kernel bug, or with access the host grants
-to every user (world-readable files), is not stopped. Run the rollout service in a
-container/VM without secrets either way (RELIABILITY.md row B3 asks for nsjail/cgroups;
-this module is the in-process layer).
+**Defence in depth, not a security boundary.** The code runs as a separate process under
+the limits below; a kernel bug, or anything the host grants to every user (world-readable
+files), is not stopped. Run the rollout service in a container/VM without secrets either
+way (RELIABILITY.md row B3 asks for nsjail/cgroups/seccomp; this module is the in-process
+layer). docs/tools.md has the full matrix of what holds where.
 
 Each call:
 - writes the code to ``main.py`` in a fresh temporary directory (the cwd), deleted after;
-- starts ``python -I -S -B main.py`` (isolated mode, no site-packages: stdlib only) through
-  :mod:`tools._sandbox_launcher` with an **empty environment** (the interpreter itself adds
-  only ``LC_CTYPE=C.UTF-8``, PEP 538) and stdin at /dev/null;
-- limits, per process: CPU time (RLIMIT_CPU, then SIGXCPU/SIGKILL), address space
-  (RLIMIT_AS), file size (RLIMIT_FSIZE), open files (RLIMIT_NOFILE), no core dumps;
-  process count (RLIMIT_NPROC) for the run's uid;
-- enforces the wall-clock limit from the parent and then kills the process group, and (as
-  root) every process of the run's uid (see :mod:`tools.sandbox_process`);
-- isolates the network in a new network namespace with only a downed ``lo`` (as root with
-  CAP_SYS_ADMIN directly, otherwise inside a new user namespace), else falls back to an
-  audit-hook guard in the interpreter; ``result.metadata["isolation"]`` says which held.
+- runs ``python -I -S -B main.py`` (isolated mode, no site-packages: stdlib only) through
+  :mod:`tools._sandbox_launcher`, with an **empty environment** (the interpreter itself
+  adds only ``LC_CTYPE=C.UTF-8``, PEP 538) and stdin at /dev/null;
+- limits each process: CPU time (RLIMIT_CPU: SIGXCPU, then SIGKILL a second later),
+  address space (RLIMIT_AS), file size (RLIMIT_FSIZE), open files (RLIMIT_NOFILE), no
+  core dumps; and the run's process+thread count (RLIMIT_NPROC, see below);
+- isolates the network in a new network namespace whose only interface (``lo``) is down:
+  directly as root with CAP_SYS_ADMIN, else inside a new user namespace; when neither is
+  possible it falls back to an audit-hook guard in the interpreter (weak; logged once);
+- with the network namespace, also a **pid namespace**: the program runs as pid 2 under a
+  minimal init, so everything it started dies when it exits, and it cannot signal
+  processes outside (they have no pid there);
+- enforces the wall-clock limit from the parent, then kills the process group and, with
+  a per-run uid, every process of that uid (:mod:`tools.sandbox_process`).
 
-As root (the default when the service runs as root) each run also gets **its own uid and
-gid** (``uid_base + launcher pid``, unique among live processes) with no supplementary
-groups and ``no_new_privs``: RLIMIT_NPROC then bounds exactly this run's processes (root
-ignores RLIMIT_NPROC), runs cannot signal, ptrace or read each other or the service, and
-the cleanup can find escaped processes by uid. As a normal user the run keeps the
-service's uid: RLIMIT_NPROC is set to (the user's current task count + ``max_processes``),
-so it is shared with the service and other runs, and processes that leave the process
-group survive the run.
+As root (``drop_privileges`` defaults to "when root") each run gets **its own uid and
+gid** (``uid_base + launcher pid``, unique among live processes), no supplementary
+groups, and ``no_new_privs``: it cannot signal, ptrace or read the files of the service
+or of other runs, and RLIMIT_NPROC counts exactly this run (root itself ignores
+RLIMIT_NPROC). As a normal user the run keeps the service's uid; RLIMIT_NPROC still
+counts only this run inside a user namespace on Linux >= 5.14, else it is set to the
+user's current task count plus ``max_processes`` (shared, approximate).
+``result.metadata["isolation"]`` reports what was in effect for every call.
 
-Not covered: reading world-readable files (``/etc``, the repository, other users' homes if
-permissions allow), writing to world-writable directories (``/tmp``, ``/dev/shm``; bounded
-per file by RLIMIT_FSIZE only), total memory of all the run's processes (each process has
-its own RLIMIT_AS: the bound is ``max_processes × memory_mb``), CPU contention with the
-service, kernel attack surface (no seccomp), and third-party packages (stdlib only).
+Not covered: reading world-readable files (``/etc``, the repository; ``/proc`` is not
+remounted, so other processes' command lines are visible), writing to world-writable
+directories (``/tmp``, ``/dev/shm``: bounded per file by RLIMIT_FSIZE only), the total
+memory of a run's processes (each has its own RLIMIT_AS: up to ``max_processes ×
+memory_mb``), CPU contention with the service, the kernel's attack surface (no seccomp),
+third-party packages. In the audit-hook fallback as a normal user (no root, no user
+namespaces) the program shares the service's uid and pid namespace: it can read the
+service's ``/proc/<pid>/environ`` and kill it (``os.kill(-1, 9)``); use
+``network_isolation="namespace"`` to refuse to run there instead.
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ class PythonSandboxConfig(BaseModel):
     memory_mb: int = Field(512, ge=64, le=65536)
     """RLIMIT_AS per process (virtual memory, MiB); Python needs ~30 MiB to start."""
     max_processes: int = Field(16, ge=1, le=4096)
-    """RLIMIT_NPROC: processes+threads of the run (as root: exactly; else added to the user's count)."""
+    """RLIMIT_NPROC: processes+threads of the run (see the module docstring for what counts)."""
     max_file_size_mb: int = Field(16, ge=0, le=65536)
     """RLIMIT_FSIZE: largest file the run may write (MiB); writes beyond fail with EFBIG."""
     max_open_files: int = Field(64, ge=16, le=65536)
@@ -156,6 +163,7 @@ class PythonSandbox(Tool):
         self._drop_privileges = drop
         self.interpreter = choose_interpreter(self.config.interpreter, for_other_uid=drop)
         self._slots = asyncio.Semaphore(self.config.max_concurrent_runs)
+        self._warned_weak_isolation = False
         self.parameters = {
             "type": "object",
             "properties": {
@@ -201,6 +209,12 @@ class PythonSandbox(Tool):
             outcome = await self._run(code, wall_timeout_s=max(deadline - loop.time(), 0.05))
         finally:
             self._slots.release()
+        if outcome.report.get("network") == "audit_hook" and not self._warned_weak_isolation:
+            self._warned_weak_isolation = True
+            logger.warning(
+                "python sandbox: no network namespace (%s); using the audit-hook guard only",
+                outcome.report.get("network_namespace_error") or "not requested",
+            )
         return outcome_to_result(outcome, self.config, self.interpreter)
 
     async def _run(self, code: str, wall_timeout_s: float) -> RunOutcome:

@@ -15,9 +15,14 @@ cancellation of the awaiting task), it
 
 Deleting ``spec.workdir`` is the caller's job (after this returns or raises).
 
-Not covered: without a per-run uid (the service is not root), processes that leave the
-process group (``setsid``, double fork) survive the run; they are bounded only by their
-own RLIMIT_CPU. Zombies left for init to reap are not counted as survivors.
+(With a pid namespace the kernel has already killed everything when the launcher exits;
+steps 1-2 then find nothing.)
+
+Not covered: with neither a per-run uid nor a pid namespace (a normal user in the
+audit-hook fallback), processes that leave the process group (``setsid``, double fork)
+survive the run, bounded only by their own RLIMIT_CPU. The uid is derived from the
+launcher's pid after it was reaped: pid reuse within the milliseconds before the sweep
+would be needed to hit another run. Zombies are not counted as survivors.
 """
 
 from __future__ import annotations
