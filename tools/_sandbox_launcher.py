@@ -25,7 +25,6 @@ On any setup failure it writes the report line with ``setup_error`` and exits wi
 ``SETUP_FAILED_EXIT_CODE``; model code never runs with less isolation than reported.
 """
 
-
 import ctypes
 import json
 import os

@@ -247,21 +247,27 @@ class PythonSandbox(Tool):
 
 
 def _remove_tree(path: str) -> None:
-    """Delete a run's directory, even where the run removed its own permissions."""
-
-    def make_writable_and_retry(function: Any, failed_path: str, _exc: Any) -> None:
-        parent = os.path.dirname(failed_path)
-        for fixable in (parent, failed_path):
-            try:
-                os.chmod(fixable, stat.S_IRWXU, follow_symlinks=False)
-            except (OSError, NotImplementedError):
-                pass
-        function(failed_path)
-
+    """Delete a run's directory, also where the run took permissions off its own folders."""
     try:
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(path, onexc=make_writable_and_retry)
-        else:
-            shutil.rmtree(path, onerror=make_writable_and_retry)
+        shutil.rmtree(path)  # does not follow symlinks the run planted
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass  # e.g. chmod 0 on a subdirectory: only a problem without root
+    try:
+        _restore_permissions(path)
+        shutil.rmtree(path)
     except OSError:
         logger.exception("could not delete sandbox directory %s", path)
+
+
+def _restore_permissions(top: str) -> None:
+    """chmod 700 every directory below ``top`` (symlinks are not followed, only real
+    directories are entered; the run's processes are dead by now)."""
+    pending = [top]
+    while pending:
+        directory = pending.pop()
+        os.chmod(directory, stat.S_IRWXU)
+        with os.scandir(directory) as entries:
+            pending.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))

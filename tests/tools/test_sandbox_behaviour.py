@@ -60,7 +60,7 @@ async def test_concurrent_calls_run_in_parallel(sandbox: PythonSandbox) -> None:
     )
     elapsed = time.monotonic() - started
     assert [r.content for r in results] == ["done\n"] * 6
-    assert elapsed < 2.5, f"6 one-second sleeps took {elapsed:.1f} s"
+    assert elapsed < 3.5, f"6 one-second sleeps took {elapsed:.1f} s"  # serial: >= 6 s
 
 
 async def test_max_concurrent_runs_queues_the_rest(make_sandbox) -> None:

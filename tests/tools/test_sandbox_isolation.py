@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import tempfile
 import textwrap
@@ -146,6 +147,26 @@ async def test_working_directory_is_fresh_and_deleted(sandbox: PythonSandbox) ->
     cwd, listing = result.content.splitlines()
     assert listing == "['main.py', 'scratch.txt']"
     assert not Path(cwd).exists()
+
+
+async def test_directory_the_program_locked_is_still_deleted(sandbox, work_root) -> None:
+    code = "import os\nos.makedirs('d/e')\nopen('d/e/f', 'w').write('x')\nos.chmod('d/e', 0)\nos.chmod('d', 0)"
+    result = await run(sandbox, code)
+    assert not result.is_error, result.content
+    assert list(work_root.iterdir()) == []
+
+
+async def test_cleanup_does_not_follow_symlinks_out_of_the_directory(sandbox) -> None:
+    outside = Path(tempfile.mkdtemp(prefix="asyncrl-test-canary-"))
+    try:
+        (outside / "canary").write_text("alive")
+        outside.chmod(0o755)
+        code = f"import os\nos.symlink({str(outside)!r}, 'link')\nos.symlink({str(outside / 'canary')!r}, 'file')"
+        result = await run(sandbox, code)
+        assert not result.is_error, result.content
+        assert (outside / "canary").read_text() == "alive"
+    finally:
+        shutil.rmtree(outside)
 
 
 async def test_working_directory_is_deleted_after_a_timeout(make_sandbox, work_root) -> None:
