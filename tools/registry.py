@@ -70,6 +70,15 @@ def _parse_arguments(arguments: Any) -> dict[str, Any] | str:
     return arguments
 
 
+def _describe(exc: BaseException) -> str:
+    """``Type: message``, short, even for exceptions whose ``__str__`` fails."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - a broken __str__ must not escape execute()
+        text = type(exc).__name__
+    return text[:MAX_EXCEPTION_MESSAGE_CHARS]
+
+
 class ToolRegistry:
     """Tools by name, their schemas for the chat template, and safe execution."""
 
@@ -145,6 +154,7 @@ class ToolRegistry:
             )
         if (
             not isinstance(timeout_s, (int, float))
+            or isinstance(timeout_s, bool)
             or not math.isfinite(timeout_s)
             or timeout_s <= 0
         ):
@@ -154,15 +164,15 @@ class ToolRegistry:
                 failure="bad_timeout",
             )
         parsed = _parse_arguments(arguments)
-        problem = parsed if isinstance(parsed, str) else tool.validate(parsed)
-        if problem is not None:
-            return ToolResult.error(
-                f"Error: invalid arguments for tool '{name}': {problem}.",
-                tool=name,
-                failure="bad_arguments",
-            )
         deadline = asyncio.timeout(timeout_s + CLEANUP_GRACE_S)
         try:
+            problem = parsed if isinstance(parsed, str) else tool.validate(parsed)
+            if problem is not None:
+                return ToolResult.error(
+                    f"Error: invalid arguments for tool '{name}': {problem}.",
+                    tool=name,
+                    failure="bad_arguments",
+                )
             async with deadline:
                 result = await tool.call(parsed, timeout_s=float(timeout_s))
         except (Exception, SystemExit) as exc:  # a tool bug must not crash the agent runner
@@ -174,9 +184,8 @@ class ToolRegistry:
                     elapsed_s=round(time.monotonic() - started, 3),
                 )
             logger.exception("tool %r raised", name)
-            message = f"{type(exc).__name__}: {exc}"[:MAX_EXCEPTION_MESSAGE_CHARS]
             return ToolResult.error(
-                f"Error: tool '{name}' failed: {message}",
+                f"Error: tool '{name}' failed: {_describe(exc)}",
                 tool=name,
                 failure="exception",
                 exception=type(exc).__name__,

@@ -125,6 +125,25 @@ async def test_exception_inside_the_tool_is_an_error(exc: BaseException) -> None
     assert type(exc).__name__ in result.content
 
 
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+async def test_exception_with_a_broken_str_is_still_an_error() -> None:
+    result = await ToolRegistry([RaisingTool(UnprintableError())]).execute(
+        "raising", {"text": "x"}, 1
+    )
+    assert result.is_error and "UnprintableError" in result.content
+
+
+async def test_tool_with_a_broken_schema_is_an_error_not_an_exception() -> None:
+    tool = EchoTool()
+    tool.parameters = {"type": "object", "required": 5}  # not a list
+    result = await ToolRegistry([tool]).execute("echo", {"text": "x"}, timeout_s=1)
+    assert result.is_error and result.metadata["failure"] == "exception"
+
+
 async def test_tool_ignoring_its_timeout_is_cancelled_by_the_registry() -> None:
     tool = HangingTool()
     registry = ToolRegistry([tool])
@@ -143,7 +162,7 @@ async def test_tool_returning_something_else_is_an_error() -> None:
     assert result.is_error and result.metadata["failure"] == "bad_result"
 
 
-@pytest.mark.parametrize("timeout_s", [0, -1, float("nan"), float("inf"), "5"])
+@pytest.mark.parametrize("timeout_s", [0, -1, float("nan"), float("inf"), "5", True])
 async def test_invalid_timeout_is_an_error(registry: ToolRegistry, timeout_s: Any) -> None:
     result = await registry.execute("echo", {"text": "x"}, timeout_s=timeout_s)
     assert result.is_error and result.metadata["failure"] == "bad_timeout"
