@@ -4,7 +4,7 @@ Shapes, as the contract lists them:
 
 - schema / JSON errors: ``400 {"object":"error","message":..,"type":"Bad Request","param":null,"code":400}``
 - a request the engine refuses for its content (SGLang raises ValueError): ``400 {"error":{"message":..}}``
-- other HTTP errors: ``{"object":"error","message":..,"type":"<status>","code":<status>}``
+- other HTTP errors (404, 405, 413 body too large, 500): ``{"object":"error","message":..,"type":"<status>","code":<status>}``
 
 Every route parses its body through :func:`parse_body`, so bad JSON, a non-object body,
 wrong types and out-of-range values all end as 400 with a JSON body. Anything unexpected
@@ -88,12 +88,28 @@ def validate(model: type[M], data: Any) -> M:
         raise BadRequest(_pydantic_message(exc)) from None
 
 
+class TooLarge(Exception):
+    """A body over :data:`MAX_BODY_BYTES`: answered 413 before it is read in full."""
+
+
+async def read_capped(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refusing (413) a declared or streamed size over ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:
     """Read and validate a JSON object body. ``optional``: an empty body means ``{}``
     (old clients call /pause_generation and /continue_generation without one)."""
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise BadRequest(f"request body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
+    raw = await read_capped(request)
     if not raw.strip():
         if optional:
             return validate(model, {})
@@ -113,6 +129,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(BadRequest)
     async def _bad_request(_: Request, exc: BadRequest) -> Response:
         return JSONResp(validation_body(exc.message), status_code=400)
+
+    @app.exception_handler(TooLarge)
+    async def _too_large(_: Request, exc: TooLarge) -> Response:
+        return http_error(413, str(exc))
 
     @app.exception_handler(Refused)
     async def _refused(_: Request, exc: Refused) -> Response:

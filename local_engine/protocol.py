@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+MAX_TOP_LOGPROBS = 20  # OpenAI's cap; each one costs a triple per generated token in the answer
 
 
 class _Body(BaseModel):
@@ -153,8 +154,8 @@ class GenerateBody(_Body):
             raise ValueError(f"fields not supported by local_engine: {', '.join(unsupported)}")
         if self.logprob_start_len < -1:
             raise ValueError("logprob_start_len must be -1 or a prompt position")
-        if self.top_logprobs_num < 0:
-            raise ValueError("top_logprobs_num must be non-negative")
+        if not 0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs_num must be between 0 and {MAX_TOP_LOGPROBS}")
         return self
 
     def sampling(self) -> SamplingParams:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from local_engine.errors import JSONResp, parse_body
+from local_engine.errors import JSONResp, parse_body, read_capped
 from local_engine.protocol import (
     AbortBody,
     ContinueBody,
@@ -101,7 +101,7 @@ async def update_weights_from_disk(request: Request, engine: EngineDep) -> Respo
 
 @router.post("/update_weights_from_tensor")
 async def update_weights_from_tensor(request: Request) -> Response:
-    await request.body()
+    await read_capped(request)
     return _result(False, "update_weights_from_tensor needs CUDA IPC handles; local_engine does not support it")
 
 

@@ -55,6 +55,7 @@ GENERATE_BAD = [
     J({**OK_IDS, "rid": 7}),
     J({**OK_IDS, "return_hidden_states": True}),
     J({**OK_IDS, "lora_path": "adapter"}),
+    J({**OK_IDS, "top_logprobs_num": 21}),
     b'{"input_ids": [1], "sampling_params": {"temperature": NaN}}',
     b'{"input_ids": [1], "sampling_params": {"temperature": 1e999}}',
     b'{"input_ids": [1, 2',
@@ -138,3 +139,15 @@ async def test_duplicate_rid_in_flight_is_refused(client):
 
 async def _running(client) -> bool:
     return (await load(client))["num_running_reqs"] >= 1
+
+
+async def test_oversized_body_is_refused_before_reading(engine):
+    reader, writer = await asyncio.open_connection("127.0.0.1", engine.port)
+    try:
+        writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000000\r\n\r\n{\"input_ids\": [")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 413")
+    finally:
+        writer.close()
