@@ -5,6 +5,7 @@ Subcommands import their component lazily, so ``asyncrl config show`` never impo
     asyncrl config show [FILE] [section.key=value ...]   print the resolved config + derived numbers
     asyncrl nats [FILE] [k=v ...]                         run the embedded NATS JetStream server
     asyncrl engine --model M --port P                     run a local_engine (SGLang protocol, CPU)
+    asyncrl rollout [FILE] [k=v ...] [--insecure-dev]     run the rollout service
     asyncrl demo-stack [FILE] [k=v ...]                   start NATS + an engine and show them working
 """
 
@@ -42,6 +43,12 @@ def _cmd_engine(argv: Sequence[str]) -> int:
     return engine_main(argv)
 
 
+def _cmd_rollout(argv: Sequence[str]) -> int:
+    from rollout_service.__main__ import main as rollout_main
+
+    return rollout_main(argv)
+
+
 def _cmd_demo_stack(argv: Sequence[str]) -> int:
     from asyncrl.demo_stack import main as demo_main
 
@@ -52,6 +59,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "config": (_cmd_config, "show the resolved run config and verl's derived numbers"),
     "nats": (_cmd_nats, "run the embedded NATS JetStream server for a run"),
     "engine": (_cmd_engine, "run a CPU inference engine that speaks SGLang's HTTP protocol"),
+    "rollout": (_cmd_rollout, "run the rollout service (agents, publisher, admin API)"),
     "demo-stack": (_cmd_demo_stack, "start embedded NATS and a local engine, and show them working"),
 }
 

@@ -11,7 +11,7 @@ Vocabulary used throughout asyncrl, as in verl's docs: a *sample* is one prompt 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -106,6 +106,14 @@ class RolloutConfig(Section):
     """Port of the rollout service (0: pick a free one)."""
     outbox_max_items: int = Field(10_000, ge=1)
     """Finished trajectories held on disk while NATS is unreachable; past it admission stops."""
+    tools: list[str] = Field(default_factory=lambda: ["calculator"])
+    """Builtin tools the agents may call (``calculator``, ``python``); their schemas go into the prompt."""
+    tool_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-tool keyword options, e.g. ``{"python": {"memory_mb": 256}}``."""
+    format_reward_weight: float = Field(0.0, ge=0.0, le=10.0)
+    """Weight of the format reward added to the task reward (0: task reward only)."""
+    pause_timeout_s: float = Field(120.0, gt=0.0)
+    """Limit of ``/admin/pause`` (drain mode waits for in-flight trajectories)."""
 
 
 class AsyncTrainingConfig(Section):

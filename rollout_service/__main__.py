@@ -1,0 +1,62 @@
+"""``asyncrl rollout [CONFIG] [k=v ...] [--host H] [--port P] [--insecure-dev]``.
+
+Runs the rollout service under uvicorn (default 127.0.0.1:8000 from ``rollout.host`` /
+``rollout.port``). Refuses to start with an empty or weak admin token unless
+``--insecure-dev``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from asyncrl.config import ConfigError, load_config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...]")
+    parser.add_argument("--host", help="bind address (default rollout.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default rollout.port)")
+    parser.add_argument("--insecure-dev", action="store_true", help="allow an empty admin token (local development only)")
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from asyncrl.cli import _split_config_args
+
+    path, overrides = _split_config_args(ns.args)
+    if ns.insecure_dev:
+        overrides.append("security.insecure_dev=true")
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from rollout_service.api.auth import InsecureConfig, check_tokens
+
+    sec = cfg.security
+    try:
+        check_tokens(sec.admin_token.get_secret_value() if sec.admin_token else None,
+                     sec.api_token.get_secret_value() if sec.api_token else None, sec.insecure_dev)
+    except InsecureConfig as exc:
+        print(f"refusing to start: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.run.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(_serve(cfg, ns.host or cfg.rollout.host, ns.port if ns.port is not None else cfg.rollout.port))
+
+
+async def _serve(cfg, host: str, port: int) -> int:
+    import uvicorn
+
+    from rollout_service.app import create_app
+    from rollout_service.service import RolloutService
+
+    svc = await RolloutService.create(cfg)
+    server = uvicorn.Server(uvicorn.Config(create_app(svc), host=host, port=port, log_level="warning", lifespan="on"))
+    await server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Admin routes (bearer ``security.admin_token``): pause, resume, status, engines.
+
+Every action is idempotent and answers with the service's new status as JSON.
+
+    POST   /admin/pause        {"mode": "partial" | "drain" | null, "timeout_s": float | null}
+    POST   /admin/resume       {"version": int}
+    GET    /admin/status
+    POST   /admin/engines      {"url": "http://host:port", "id": str | null}
+    DELETE /admin/engines/{id}
+    POST   /admin/engines/{id}/quarantine   {"reason": str}
+    DELETE /admin/engines/{id}/quarantine
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+
+from rollout_service.api.auth import require_token
+from rollout_service.api.errors import ApiError
+from rollout_service.api.status import service_status
+from rollout_service.runner.runner import PauseTimeout
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PauseRequest(_Body):
+    mode: Literal["partial", "drain"] | None = None
+    """None: ``partial`` when async_training.partial_rollout and staleness_threshold > 0, else ``drain``."""
+    timeout_s: float | None = Field(None, gt=0, le=3600)
+
+
+class ResumeRequest(_Body):
+    version: int = Field(ge=0)
+
+
+class AddEngineRequest(_Body):
+    url: HttpUrl
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class QuarantineRequest(_Body):
+    reason: str = Field("quarantined by an operator", max_length=500)
+
+
+def build_admin_router(svc) -> APIRouter:
+    token = svc.cfg.security.admin_token.get_secret_value() if svc.cfg.security.admin_token else None
+
+    def admin(request: Request) -> None:
+        require_token(request, token, "admin")
+
+    router = APIRouter(prefix="/admin", dependencies=[Depends(admin)])
+
+    def default_mode() -> str:
+        at = svc.cfg.async_training
+        return "partial" if at.partial_rollout and at.staleness_threshold > 0 else "drain"
+
+    @router.post("/pause")
+    async def pause(body: PauseRequest | None = None):
+        body = body or PauseRequest()
+        mode = body.mode or default_mode()
+        runner = svc.runner
+        if runner.paused and runner.pause_mode == mode and not runner._generating and (mode == "partial" or not runner.tasks):
+            return service_status(svc)
+        try:
+            await runner.pause(mode, body.timeout_s or svc.cfg.rollout.pause_timeout_s)
+        except PauseTimeout as exc:
+            raise ApiError(504, f"pause did not complete: {exc}; the service stays paused", status=service_status(svc)) from None
+        return service_status(svc)
+
+    @router.post("/resume")
+    async def resume(body: ResumeRequest):
+        if body.version < svc.runner.version:
+            raise ApiError(409, f"version {body.version} is older than the current version {svc.runner.version}", param="version")
+        await svc.runner.resume(body.version)
+        return service_status(svc)
+
+    @router.get("/status")
+    async def status():
+        return service_status(svc)
+
+    @router.post("/engines")
+    async def add_engine(body: AddEngineRequest):
+        try:
+            svc.pool.add(str(body.url), body.id)
+        except ValueError as exc:
+            raise ApiError(409, str(exc), param="id") from None
+        await svc.pool.check_once()
+        return service_status(svc)
+
+    @router.delete("/engines/{engine_id}")
+    async def remove_engine(engine_id: str):
+        if engine_id in svc.pool.engines:
+            await svc.pool.remove(engine_id, abort_prefix=svc.rid_prefix)
+        return service_status(svc)
+
+    @router.post("/engines/{engine_id}/quarantine")
+    async def quarantine(engine_id: str, body: QuarantineRequest | None = None):
+        body = body or QuarantineRequest()
+        _known(engine_id)
+        svc.pool.set_quarantine(engine_id, True, body.reason)
+        return service_status(svc)
+
+    @router.delete("/engines/{engine_id}/quarantine")
+    async def release(engine_id: str):
+        _known(engine_id)
+        if svc.pool.engines[engine_id].state == "quarantined":
+            svc.pool.set_quarantine(engine_id, False)
+        return service_status(svc)
+
+    def _known(engine_id: str) -> None:
+        if engine_id not in svc.pool.engines:
+            raise ApiError(404, f"no engine {engine_id!r}; known: {sorted(svc.pool.engines)}", param="engine_id")
+
+    return router

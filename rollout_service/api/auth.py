@@ -1,0 +1,44 @@
+"""Bearer-token checks. The admin token and the data-plane token are different secrets;
+comparisons are constant-time. A service refuses to start with an empty or well-known
+admin token unless ``security.insecure_dev`` (``--insecure-dev``) is set."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from rollout_service.api.errors import ApiError
+
+WEAK_TOKENS = {"", "changeme", "change-me", "admin", "token", "secret", "password", "default", "test"}
+
+
+class InsecureConfig(ValueError):
+    """Refusing to start: the admin token is missing or weak."""
+
+
+def check_tokens(admin_token: str | None, api_token: str | None, insecure_dev: bool) -> None:
+    if insecure_dev:
+        return
+    if admin_token is None or admin_token.strip().lower() in WEAK_TOKENS or len(admin_token) < 12:
+        raise InsecureConfig("security.admin_token is empty, default or shorter than 12 characters; "
+                             "set a real secret (ASYNCRL_SECURITY__ADMIN_TOKEN) or pass --insecure-dev for local development")
+    if api_token is not None and hmac.compare_digest(admin_token, api_token):
+        raise InsecureConfig("security.admin_token must differ from security.api_token")
+
+
+def bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def require_token(request: Request, expected: str | None, what: str) -> None:
+    """401 without a token, 403 with a wrong one; no-op when ``expected`` is None (open)."""
+    if expected is None:
+        return
+    got = bearer(request)
+    if got is None:
+        raise ApiError(401, f"{what} requires 'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"})
+    if not hmac.compare_digest(got.encode(), expected.encode()):
+        raise ApiError(403, f"invalid {what} token")

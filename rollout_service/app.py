@@ -1,0 +1,53 @@
+"""The rollout service's FastAPI app: health, metrics and the admin router.
+
+``create_app(service)`` builds the app around a :class:`RolloutService`; the OpenAI-
+compatible routes and sessions join it in their own routers.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from rollout_service.api.admin import build_admin_router
+from rollout_service.api.errors import BodySizeLimit, install_error_handlers
+from rollout_service.metrics import build_registry, render
+
+MAX_BODY_BYTES = 16 * 2**20  # admin and OpenAI bodies; a long chat history fits comfortably
+
+
+def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
+    """The app; with ``manage_lifecycle`` the service starts and closes with the app."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if manage_lifecycle:
+            await svc.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await svc.close()
+
+    app = FastAPI(title="asyncrl rollout service", lifespan=lifespan)
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
+    registry = build_registry(svc)
+
+    @app.get("/health")
+    async def health():
+        runner = svc.runner
+        routable = len(svc.pool.routable())
+        body = {"status": "ok" if routable else "degraded", "version": runner.version, "paused": runner.paused,
+                "routable_engines": routable}
+        return JSONResponse(body, status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(build_admin_router(svc))
+    return app

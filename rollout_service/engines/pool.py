@@ -1,0 +1,212 @@
+"""The rollout service's engines: routing, health and quarantine.
+
+Routing: a trajectory stays on the engine that served its previous turn (its prefix is in
+that engine's cache) while that engine is healthy; otherwise it goes to the healthy engine
+with the fewest requests in flight from this service. An engine is:
+
+- ``healthy``: routable;
+- ``unhealthy``: failed its health check or ``UNHEALTHY_AFTER`` consecutive requests; it is
+  probed every ``HEALTH_INTERVAL_S`` and becomes healthy again when it answers;
+- ``quarantined``: taken out of rotation by the sync agent (it may hold a mix of two weight
+  versions); only an explicit release puts it back.
+
+Engines can be added and removed at run time. Removing an engine aborts this service's
+requests on it (they come back with their partial tokens and continue elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.engine_client import EngineClient
+from asyncrl.engine_client.errors import EngineError, EngineHTTPError, EngineUnavailable
+from asyncrl.engine_client.types import GenerateResult
+
+log = logging.getLogger(__name__)
+
+HEALTH_INTERVAL_S = 2.0  # probe period; an engine that comes back is used again within this
+HEALTH_TIMEOUT_S = 5.0
+UNHEALTHY_AFTER = 2  # consecutive connection failures before an engine stops receiving traffic
+NO_ENGINE_WAIT_S = 30.0  # a generate call waits this long for some engine to become routable
+
+
+class NoEngineAvailable(EngineError):
+    """No healthy engine to route to."""
+
+
+@dataclass
+class EngineHandle:
+    id: str
+    url: str
+    client: EngineClient
+    state: str = "healthy"
+    reason: str | None = None
+    inflight: int = 0
+    served: int = 0
+    consecutive_failures: int = 0
+    weight_version: str | None = None
+    last_checked: float = 0.0
+    tokens_decoded: int = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"id": self.id, "url": self.url, "state": self.state, "reason": self.reason, "inflight": self.inflight,
+                "served": self.served, "weight_version": self.weight_version, "tokens_decoded": self.tokens_decoded}
+
+
+def engine_id_for(url: str) -> str:
+    """A short stable id for an engine URL."""
+    return "e-" + hashlib.sha1(url.encode()).hexdigest()[:8]
+
+
+@dataclass
+class EnginePool:
+    api_key: str | None = None
+    request_timeout_s: float = 600.0
+    control_timeout_s: float = 60.0
+    engines: dict[str, EngineHandle] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._changed = asyncio.Event()
+
+    # -- membership ---------------------------------------------------------------------
+    def add(self, url: str, engine_id: str | None = None) -> EngineHandle:
+        """Add an engine (idempotent by URL); it is routable at once."""
+        url = url.rstrip("/")
+        for handle in self.engines.values():
+            if handle.url == url:
+                return handle
+        eid = engine_id or engine_id_for(url)
+        if eid in self.engines:
+            raise ValueError(f"engine id {eid!r} is already used by {self.engines[eid].url}")
+        client = EngineClient(url, api_key=self.api_key, request_timeout_s=self.request_timeout_s,
+                              control_timeout_s=self.control_timeout_s)
+        handle = EngineHandle(id=eid, url=url, client=client)
+        self.engines[eid] = handle
+        self._changed.set()
+        return handle
+
+    async def remove(self, engine_id: str, abort_prefix: str | None = None) -> EngineHandle:
+        handle = self.engines.pop(engine_id)
+        if abort_prefix:
+            try:
+                await handle.client.abort(rid=abort_prefix, timeout_s=self.control_timeout_s)
+            except EngineError as exc:
+                log.warning("aborting requests on removed engine %s failed: %s", engine_id, exc)
+        await handle.client.close()
+        return handle
+
+    def set_quarantine(self, engine_id: str, quarantined: bool, reason: str | None = None) -> EngineHandle:
+        handle = self.engines[engine_id]
+        handle.state = "quarantined" if quarantined else "healthy"
+        handle.reason = reason if quarantined else None
+        handle.consecutive_failures = 0
+        self._changed.set()
+        return handle
+
+    async def close(self) -> None:
+        for handle in self.engines.values():
+            await handle.client.close()
+
+    # -- routing ------------------------------------------------------------------------
+    def routable(self) -> list[EngineHandle]:
+        return [h for h in self.engines.values() if h.state == "healthy"]
+
+    def pick(self, affinity: str | None) -> EngineHandle:
+        candidates = self.routable()
+        if not candidates:
+            raise NoEngineAvailable("no healthy engine: " + ", ".join(f"{h.id}={h.state}" for h in self.engines.values()))
+        if affinity is not None:
+            for h in candidates:
+                if h.id == affinity:
+                    return h
+        return min(candidates, key=lambda h: (h.inflight, h.served))
+
+    async def _pick_waiting(self, affinity: str | None) -> EngineHandle:
+        deadline = time.monotonic() + NO_ENGINE_WAIT_S
+        while True:
+            try:
+                return self.pick(affinity)
+            except NoEngineAvailable:
+                if time.monotonic() > deadline:
+                    raise
+                self._changed.clear()
+                try:
+                    await asyncio.wait_for(self._changed.wait(), 1.0)
+                except TimeoutError:
+                    pass
+
+    async def generate(self, state, input_ids: list[int], sampling_params: dict, rid: str) -> GenerateResult:
+        """Route one generate call (``state.engine_id`` is the affinity, updated here)."""
+        handle = await self._pick_waiting(getattr(state, "engine_id", None))
+        handle.inflight += 1
+        try:
+            res = await handle.client.generate(input_ids, sampling_params, rid=rid)
+        except EngineUnavailable:
+            self._note_failure(handle, "connection failed")
+            raise
+        except EngineHTTPError as exc:
+            if exc.status >= 500:
+                self._note_failure(handle, f"HTTP {exc.status}")
+            raise
+        finally:
+            handle.inflight -= 1
+        handle.consecutive_failures = 0
+        handle.served += 1
+        handle.tokens_decoded += res.completion_tokens
+        if res.weight_version is not None:
+            handle.weight_version = res.weight_version
+        if state is not None:
+            state.engine_id = handle.id
+        return res
+
+    def _note_failure(self, handle: EngineHandle, why: str) -> None:
+        handle.consecutive_failures += 1
+        if handle.state == "healthy" and handle.consecutive_failures >= UNHEALTHY_AFTER:
+            handle.state, handle.reason = "unhealthy", why
+            log.warning("engine %s (%s) marked unhealthy: %s", handle.id, handle.url, why)
+
+    async def abort_prefix(self, prefix: str) -> None:
+        """Abort this service's requests (rid prefix) on every engine."""
+        await asyncio.gather(*(self._abort_one(h, prefix) for h in list(self.engines.values())))
+
+    async def _abort_one(self, handle: EngineHandle, prefix: str) -> None:
+        try:
+            await handle.client.abort(rid=prefix, timeout_s=self.control_timeout_s)
+        except EngineError as exc:
+            log.warning("abort on engine %s failed: %s", handle.id, exc)
+
+    # -- health -------------------------------------------------------------------------
+    async def check_once(self) -> None:
+        await asyncio.gather(*(self._check(h) for h in list(self.engines.values())))
+
+    async def _check(self, handle: EngineHandle) -> None:
+        handle.last_checked = time.time()
+        try:
+            ok = await handle.client.health(timeout_s=HEALTH_TIMEOUT_S)
+            if ok:
+                handle.weight_version = await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S)
+        except EngineError:
+            ok = False
+        if ok and handle.state == "unhealthy":
+            handle.state, handle.reason, handle.consecutive_failures = "healthy", None, 0
+            log.info("engine %s healthy again", handle.id)
+            self._changed.set()
+        elif not ok and handle.state == "healthy":
+            handle.state, handle.reason = "unhealthy", "health check failed"
+            log.warning("engine %s failed its health check", handle.id)
+
+    async def health_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.check_once()
+            try:
+                await asyncio.wait_for(stop.wait(), HEALTH_INTERVAL_S)
+            except TimeoutError:
+                pass
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [h.snapshot() for h in self.engines.values()]

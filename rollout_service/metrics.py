@@ -1,0 +1,89 @@
+"""Prometheus metrics of the rollout service, read from the live objects at scrape time.
+
+Names follow verl where verl has one, with ``/`` → ``_`` and an ``asyncrl_`` prefix
+(Prometheus names cannot contain ``/``):
+
+| Prometheus | verl |
+|---|---|
+| ``asyncrl_rollouter_idle_ratio`` | ``rollouter/idle_ratio`` (last completed version) |
+| ``asyncrl_rollouter_staleness_samples`` | ``count/staleness_samples`` |
+| ``asyncrl_rollouter_max_required_samples`` | ``static/max_required_samples`` |
+| ``asyncrl_rollouter_partial_trajectories_total`` | trajectories whose tokens span > 1 version |
+
+plus throughput, tokens, tool calls, turns, queue and outbox gauges. Each app has its own
+``CollectorRegistry`` (no global state).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+
+class RolloutCollector:
+    def __init__(self, svc) -> None:
+        self.svc = svc
+
+    def collect(self):
+        r = self.svc.runner
+        c = r.counters
+
+        def gauge(name, doc, value, labels=None):
+            g = GaugeMetricFamily(name, doc, labels=list(labels or {}))
+            g.add_metric(list((labels or {}).values()), float(value))
+            return g
+
+        def counter(name, doc, value):
+            m = CounterMetricFamily(name, doc)
+            m.add_metric([], float(value))
+            return m
+
+        yield gauge("asyncrl_rollout_weight_version", "Current weight version of the rollout service", r.version)
+        yield gauge("asyncrl_rollout_paused", "1 while paused for a weight sync", int(r.paused))
+        yield gauge("asyncrl_rollouter_idle_ratio", "verl rollouter/idle_ratio of the last completed version",
+                    r.clock.last_idle_ratio if r.clock.last_idle_ratio is not None else 0.0)
+        yield gauge("asyncrl_rollouter_staleness_samples", "verl count/staleness_samples", r.quota.staleness_samples)
+        yield gauge("asyncrl_rollouter_max_required_samples", "verl static/max_required_samples", r.quota.max_required_samples)
+        yield gauge("asyncrl_rollout_active_trajectories", "Trajectories in flight", r.active_trajectories)
+        yield gauge("asyncrl_rollout_generating", "Generate calls in flight", r._generating)
+        yield gauge("asyncrl_rollout_queued_samples", "Finished samples not yet consumed by the trainer", r.queued_samples)
+        yield gauge("asyncrl_rollout_outbox_trajectories", "Trajectories waiting in the outbox", len(r.outbox))
+        yield counter("asyncrl_rollout_samples_started", "Samples (prompts) admitted", c.samples_started)
+        yield counter("asyncrl_rollout_trajectories_finished", "Trajectories finished", c.trajectories_finished)
+        yield counter("asyncrl_rollouter_partial_trajectories", "Finished trajectories spanning >1 weight version", c.partial_trajectories)
+        yield counter("asyncrl_rollout_tokens_decoded", "Tokens the engines decoded for this service", r.tokens.decoded)
+        yield counter("asyncrl_rollout_tokens_kept", "Decoded tokens kept in trajectories", r.tokens.kept)
+        pub = r.publisher.stats
+        yield counter("asyncrl_rollout_published", "Trajectories stored by JetStream", pub.published)
+        yield counter("asyncrl_rollout_publish_duplicates", "Republishes JetStream deduplicated", pub.duplicates)
+        yield counter("asyncrl_rollout_publish_retries", "Failed publish attempts (retried)", pub.retries)
+        yield counter("asyncrl_rollout_publish_rejected", "Trajectories refused for good (kept in outbox/rejected)", pub.rejected)
+        reasons = CounterMetricFamily("asyncrl_rollout_finish_reasons", "Finished trajectories by finish reason", labels=["reason"])
+        for reason, n in sorted(c.finish_reasons.items()):
+            reasons.add_metric([reason], n)
+        yield reasons
+        stats = self.svc.tools.stats
+        calls = CounterMetricFamily("asyncrl_rollout_tool_calls", "Tool calls by tool", labels=["tool"])
+        errors = CounterMetricFamily("asyncrl_rollout_tool_errors", "Tool calls that returned an error", labels=["tool"])
+        secs = CounterMetricFamily("asyncrl_rollout_tool_seconds", "Time spent in tool calls", labels=["tool"])
+        for tool in sorted(stats.calls):
+            calls.add_metric([tool], stats.calls[tool])
+            errors.add_metric([tool], stats.errors.get(tool, 0))
+            secs.add_metric([tool], stats.seconds.get(tool, 0.0))
+        yield calls
+        yield errors
+        yield secs
+        eng = GaugeMetricFamily("asyncrl_rollout_engine_inflight", "Requests in flight per engine", labels=["engine", "state"])
+        for h in self.svc.pool.engines.values():
+            eng.add_metric([h.id, h.state], h.inflight)
+        yield eng
+
+
+def build_registry(svc) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(RolloutCollector(svc))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,284 @@
+"""The agent runner: admits samples under the staleness quota, drives their agents, pauses
+and resumes around weight syncs, and hands finished trajectories to the outbox.
+
+Contract (pinned by tests/rollout):
+
+- **Admission.** A new sample (one prompt → ``rollout.n`` agents, one group) starts only
+  while the runner is not paused, the prompt stream has prompts, the staleness quota allows
+  it (:mod:`.quota`), the outbox has room (backpressure while NATS is unreachable) and
+  fewer than ``max_concurrent_samples`` trajectories are in flight.
+- **Pause** ``partial``: close the gate, abort this service's requests on every engine,
+  and return once no generate call is in flight; aborted agents keep their tokens and
+  continue after resume. ``drain``: stop admitting and return once every in-flight
+  trajectory has finished. Both are idempotent; both time out with an error while staying
+  paused (the sync agent then resumes at the old version).
+- **Resume** ``version``: the quota is reset (verl: in-flight + queued samples become the
+  stale carry-over), the gate opens, admission restarts. Resuming at the current version is
+  a no-op apart from reopening.
+- **Exactly once.** A finished trajectory is written to the outbox (fsynced) before its
+  agent checkpoint is deleted; on restart, checkpointed agents whose trajectory is already
+  in the outbox are dropped, the others resume from their last checkpoint; trajectory ids
+  are deterministic (``<run>-s<sample index>-<i>``) so re-running a sample is deduplicated
+  by ``Nats-Msg-Id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.config import RunConfig
+from rollout_service.agent.loop import AgentDeps, run_agent
+from rollout_service.agent.state import AgentState, Phase
+from rollout_service.runner.accounting import TokenAccounting, VersionClock
+from rollout_service.runner.finish import to_trajectory
+from rollout_service.runner.gate import Gate
+from rollout_service.runner.quota import StalenessQuota
+
+log = logging.getLogger(__name__)
+
+ADMISSION_POLL_S = 0.5  # re-check admission at least this often (queue depth changes outside)
+PAUSE_REABORT_S = 0.25  # re-send aborts while a pause waits: catches calls that raced the first abort
+
+
+class PauseTimeout(RuntimeError):
+    """The pause did not complete in time (the runner stays paused)."""
+
+
+@dataclass
+class RunnerCounters:
+    samples_started: int = 0
+    trajectories_finished: int = 0
+    trajectories_failed: int = 0
+    partial_trajectories: int = 0
+    restored_agents: int = 0
+    dropped_already_finished: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+
+class Runner:
+    """See the module docstring. Build with the collaborators, then ``await start()``."""
+
+    def __init__(self, cfg: RunConfig, *, deps_factory: Callable[["Runner"], AgentDeps], stream, outbox, publisher,
+                 agent_store, state_store, queue_probe: Callable[[], Awaitable[int]], abort_engines: Callable[[str], Awaitable[None]],
+                 rid_prefix: str) -> None:
+        self.cfg = cfg
+        d = cfg.derived
+        self.n = cfg.rollout.n
+        self.max_concurrent = d.max_concurrent_samples
+        self.quota = StalenessQuota(d.max_required_samples, d.max_queue_size)
+        self.stream, self.outbox, self.publisher = stream, outbox, publisher
+        self.agent_store, self.state_store = agent_store, state_store
+        self.queue_probe, self.abort_engines, self.rid_prefix = queue_probe, abort_engines, rid_prefix
+        self.gate = Gate()
+        self.paused = False
+        self.pause_mode: str | None = None
+        self.tokens = TokenAccounting()
+        self.clock = VersionClock()
+        self.counters = RunnerCounters()
+        self.agents: dict[str, AgentState] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.groups: dict[str, int] = {}  # group id -> members not finished yet
+        self.queued_trajectories = 0
+        self._generating = 0
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._loops: list[asyncio.Task] = []
+        self.deps = deps_factory(self)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        await self._restore()
+        self._loops = [asyncio.create_task(self._admission_loop(), name="admission"),
+                       asyncio.create_task(self.publisher.run(self._stop), name="publisher")]
+
+    async def stop(self) -> None:
+        """Stop admitting and driving agents; their last checkpoints stay in the KV bucket."""
+        self._stop.set()
+        self._wake.set()
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), *self._loops, return_exceptions=True)
+        await self.agent_store.flush_dirty()
+        await self._save_state()
+
+    @property
+    def version(self) -> int:
+        return self.quota.version
+
+    @property
+    def active_trajectories(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def in_flight_samples(self) -> int:
+        return sum(1 for left in self.groups.values() if left > 0)
+
+    @property
+    def queued_samples(self) -> int:
+        return math.ceil((self.queued_trajectories + len(self.outbox)) / self.n)
+
+    # -- restore --------------------------------------------------------------------------
+    async def _restore(self) -> None:
+        doc = await self.state_store.load()
+        if doc:
+            self.stream.load_state_dict(doc["stream"])
+            self.quota.load_state_dict(doc["quota"])
+        restored = []
+        for state in await self.agent_store.load_all():
+            if self.outbox.contains(state.id):
+                await self.agent_store.delete(state.id)
+                self.counters.dropped_already_finished += 1
+                continue
+            restored.append(state)
+            self.groups[state.group_id] = self.groups.get(state.group_id, 0) + 1
+        for group_id in self.outbox.held_ids():
+            if group_id not in self.groups:  # every member finished before the crash
+                self.outbox.release_group(group_id)
+        for state in restored:
+            self.counters.restored_agents += 1
+            self._launch(state)
+        log.info("restored %d agents (%d already finished), version %d", self.counters.restored_agents,
+                 self.counters.dropped_already_finished, self.version)
+
+    # -- admission ------------------------------------------------------------------------
+    def admission_blocker(self) -> str | None:
+        """Why no new sample starts now (None: one may)."""
+        if self._stop.is_set():
+            return "stopping"
+        if self.paused:
+            return f"paused ({self.pause_mode})"
+        if self.stream.exhausted:
+            return "prompt stream exhausted"
+        if not self.outbox.has_room():
+            return f"outbox full ({len(self.outbox)} trajectories waiting for NATS)"
+        if self.active_trajectories and self.active_trajectories + self.n > self.max_concurrent:
+            return f"max_concurrent_samples reached ({self.active_trajectories} in flight)"
+        return self.quota.blocked_reason(self.queued_samples)
+
+    async def _admission_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.queued_trajectories = await self.queue_probe()
+            except Exception as exc:  # noqa: BLE001 - NATS down: keep the last known depth
+                log.debug("queue probe failed: %s", exc)
+            while self.admission_blocker() is None:
+                await self._admit_sample()
+            self.clock.set_idle(self._generating == 0 and not self.tasks)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), ADMISSION_POLL_S)
+            except TimeoutError:
+                pass
+
+    async def _admit_sample(self) -> None:
+        index = self.stream.produced
+        record = next(self.stream)
+        self.quota.on_start()
+        self.counters.samples_started += 1
+        group_id = f"s{index:08d}"
+        states = [
+            AgentState(id=f"{self.cfg.run.id}-{group_id}-{i}", run_id=self.cfg.run.id, group_id=group_id, group_size=self.n,
+                       group_index=i, prompt_id=record.prompt_id, data_source=record.data_source,
+                       ground_truth=record.ground_truth, extra_info=dict(record.extra_info), messages=record.chat(),
+                       created_at=time.time())
+            for i in range(self.n)
+        ]
+        for state in states:
+            await self.agent_store.put(state)
+        await self._save_state()
+        self.groups[group_id] = self.n
+        for state in states:
+            self._launch(state)
+
+    def _launch(self, state: AgentState) -> None:
+        self.agents[state.id] = state
+        self.tasks[state.id] = asyncio.create_task(self._drive(state), name=f"agent-{state.id}")
+
+    async def _drive(self, state: AgentState) -> None:
+        try:
+            if state.phase != Phase.DONE:
+                await run_agent(state, self.deps)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one broken episode must not stop the service
+            log.exception("agent %s failed", state.id)
+            state.phase, state.finish_reason = Phase.DONE, "error"
+            state.reward_details["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        await self._finish(state)
+
+    async def _finish(self, state: AgentState) -> None:
+        traj = to_trajectory(state, self.version)
+        if self.cfg.rollout.publish_unit == "group":
+            self.outbox.hold(traj)
+            left = self.groups.get(state.group_id, 1) - 1
+            self.groups[state.group_id] = left
+            if left <= 0:
+                self.outbox.release_group(state.group_id)
+        else:
+            self.outbox.put_ready(traj)
+            self.groups[state.group_id] = self.groups.get(state.group_id, 1) - 1
+        if self.groups.get(state.group_id, 0) <= 0:
+            self.groups.pop(state.group_id, None)
+        await self.agent_store.delete(state.id)
+        self.publisher.notify()
+        self.tasks.pop(state.id, None)
+        self.agents.pop(state.id, None)
+        c = self.counters
+        c.trajectories_finished += 1
+        c.trajectories_failed += state.finish_reason == "error"
+        c.partial_trajectories += traj.is_partial
+        c.finish_reasons[traj.finish_reason] = c.finish_reasons.get(traj.finish_reason, 0) + 1
+        self._wake.set()
+
+    # -- generate-call accounting (wrapped around the engine pool by the service) --------
+    async def generate(self, state: AgentState, input_ids: list[int], sampling_params: dict, rid: str, engines) -> Any:
+        self._generating += 1
+        self.clock.set_idle(False)
+        try:
+            return await engines.generate(state, input_ids, sampling_params, rid)
+        finally:
+            self._generating -= 1
+            if self._generating == 0:
+                self._wake.set()
+
+    # -- pause / resume -------------------------------------------------------------------
+    async def pause(self, mode: str, timeout_s: float) -> None:
+        """See the module docstring. ``mode`` is ``partial`` or ``drain``."""
+        self.paused = True
+        self.pause_mode = mode
+        deadline = time.monotonic() + timeout_s
+        if mode == "partial":
+            self.gate.close()
+            while self._generating > 0:
+                await self.abort_engines(self.rid_prefix)
+                if time.monotonic() > deadline:
+                    raise PauseTimeout(f"{self._generating} generate calls still in flight after {timeout_s:.0f} s")
+                await asyncio.sleep(PAUSE_REABORT_S)
+        else:  # drain: in-flight agents keep generating; only admission stops
+            while self.tasks:
+                if time.monotonic() > deadline:
+                    raise PauseTimeout(f"{len(self.tasks)} trajectories still running after {timeout_s:.0f} s")
+                await asyncio.sleep(0.05)
+            self.gate.close()
+        self.clock.set_idle(True)
+        await self.agent_store.flush_dirty()
+        await self._save_state()
+
+    async def resume(self, version: int) -> None:
+        if version != self.version:
+            self.clock.new_version(version)
+        self.quota.on_version(version, self.in_flight_samples, self.queued_samples)
+        self.paused = False
+        self.pause_mode = None
+        self.gate.open()
+        await self._save_state()
+        self._wake.set()
+
+    async def _save_state(self) -> None:
+        await self.state_store.save({"stream": self.stream.state_dict(), "quota": self.quota.state_dict()})

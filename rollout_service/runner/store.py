@@ -1,0 +1,111 @@
+"""Checkpoints of agents and of the runner in the run's JetStream KV buckets.
+
+``AgentStore`` keeps one key per live trajectory (its id, with ``.`` replaced) in the
+agents bucket, holding the MessagePack of its :class:`AgentState`; ``RunnerStateStore``
+keeps the prompt-stream cursor, the quota counters and the weight version in the state
+bucket. Writes are best effort with a timeout: while NATS is unreachable a failed write is
+remembered and the newest state is written at the next opportunity (``flush_dirty``), so an
+outage never blocks rollouts; what a crash during an outage loses is the progress since the
+last successful write (the agent is then resumed from its older checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import msgspec
+from nats.js.kv import KeyValue
+
+from rollout_service.agent.state import AgentState, decode_state, encode_state
+
+log = logging.getLogger(__name__)
+
+KV_TIMEOUT_S = 2.0  # one KV write; NATS answers in ~1 ms when healthy
+_KEY_SAFE = re.compile(r"[^A-Za-z0-9_=-]")
+
+
+def kv_key(trajectory_id: str) -> str:
+    """A legal KV key for a trajectory id (``.``/``:`` and friends become ``_``)."""
+    return _KEY_SAFE.sub("_", trajectory_id)
+
+
+class AgentStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+        self._dirty: dict[str, AgentState] = {}
+        self.write_failures = 0
+
+    async def put(self, state: AgentState) -> bool:
+        """Write ``state``; on failure remember it for :meth:`flush_dirty`."""
+        try:
+            await asyncio.wait_for(self.kv.put(kv_key(state.id), encode_state(state)), KV_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - NATS down, timeouts: retried later
+            self.write_failures += 1
+            self._dirty[state.id] = state
+            log.warning("agent checkpoint %s not written (will retry): %s", state.id, exc)
+            return False
+        self._dirty.pop(state.id, None)
+        return True
+
+    async def delete(self, trajectory_id: str) -> bool:
+        self._dirty.pop(trajectory_id, None)
+        try:
+            await asyncio.wait_for(self.kv.delete(kv_key(trajectory_id)), KV_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("agent checkpoint %s not deleted: %s", trajectory_id, exc)
+            return False
+        return True
+
+    async def flush_dirty(self) -> int:
+        """Retry failed writes; return how many are still pending."""
+        for state in list(self._dirty.values()):
+            await self.put(state)
+        return len(self._dirty)
+
+    async def load_all(self) -> list[AgentState]:
+        """Every checkpointed agent (undecodable entries are logged and skipped)."""
+        try:
+            keys = await self.kv.keys()
+        except Exception as exc:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
+            if type(exc).__name__ == "NoKeysError":
+                return []
+            raise
+        states = []
+        for key in keys:
+            entry = await self.kv.get(key)
+            if not entry.value:
+                continue
+            try:
+                states.append(decode_state(entry.value))
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.error("agent checkpoint %s is unreadable, skipped: %s", key, exc)
+        return states
+
+
+class RunnerStateStore:
+    """Small JSON documents of the runner (stream cursor, quota, version) in a KV bucket."""
+
+    def __init__(self, kv: KeyValue, service_key: str = "rollout") -> None:
+        self.kv = kv
+        self.key = f"{service_key}_runner"
+        self.write_failures = 0
+
+    async def save(self, doc: dict) -> bool:
+        try:
+            await asyncio.wait_for(self.kv.put(self.key, msgspec.json.encode(doc)), KV_TIMEOUT_S)
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self.write_failures += 1
+            log.warning("runner state not written (will retry): %s", exc)
+            return False
+
+    async def load(self) -> dict | None:
+        try:
+            entry = await self.kv.get(self.key)
+        except Exception as exc:  # noqa: BLE001 - KeyNotFoundError on a fresh run
+            if type(exc).__name__ in ("KeyNotFoundError", "KeyDeletedError"):
+                return None
+            raise
+        return msgspec.json.decode(entry.value) if entry.value else None

@@ -1,0 +1,171 @@
+"""Building the rollout service from the run config, and its lifecycle.
+
+``RolloutService.create(cfg)`` connects to NATS (``nats.url`` or the run's embedded server),
+ensures the run's stream and KV buckets, loads the tokenizer, tools, rewards and prompts,
+opens the outbox in ``<run dir>/rollout/outbox`` and wires the :class:`Runner`. ``start``
+restores checkpointed agents and begins admitting; ``close`` stops everything, leaving the
+agents' checkpoints for the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import RunConfig
+from asyncrl.jetstream import connect, ensure_kv, ensure_stream, resolve_nats_url
+from asyncrl.models import load_tokenizer
+from asyncrl.wire import NatsNames
+from rollout_service.agent.chat import ChatTokenizer
+from rollout_service.agent.loop import AgentDeps
+from rollout_service.agent.tool_parser import PARSERS
+from rollout_service.engines import EnginePool
+from rollout_service.prompts import build_prompt_stream
+from rollout_service.publish import Outbox, TrajectoryPublisher
+from rollout_service.rewards import MathReward, default_registry
+from rollout_service.runner.finish import model_text
+from rollout_service.runner.runner import Runner
+from rollout_service.runner.store import AgentStore, RunnerStateStore
+from tools.registry import ToolRegistry
+
+log = logging.getLogger(__name__)
+
+HEALTH_LOOP_NAME = "engine-health"
+
+
+def version_of(raw: str | None) -> int:
+    """Integer weight version from an engine's string (``"default"`` and junk → 0)."""
+    if raw is None:
+        return 0
+    try:
+        return max(0, int(str(raw).strip()))
+    except ValueError:
+        return 0
+
+
+@dataclass
+class ToolStats:
+    calls: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class CountingTools:
+    """A :class:`ToolRegistry` wrapper that counts calls, errors and time per tool."""
+
+    def __init__(self, registry: ToolRegistry) -> None:
+        self.registry = registry
+        self.stats = ToolStats()
+
+    async def execute(self, name: str, arguments: Any, timeout_s: float):
+        t0 = time.monotonic()
+        result = await self.registry.execute(name, arguments, timeout_s)
+        key = name if self.registry.get(name) is not None else "<unknown>"
+        s = self.stats
+        s.calls[key] = s.calls.get(key, 0) + 1
+        s.errors[key] = s.errors.get(key, 0) + int(result.is_error)
+        s.seconds[key] = s.seconds.get(key, 0.0) + time.monotonic() - t0
+        return result
+
+
+class RolloutService:
+    """Owns the NATS connection, the engines, the runner and their background loops."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.names = NatsNames(cfg.run.id)
+        self.rid_prefix = f"rl-{cfg.run.id}."
+        self.started_at = time.time()
+        self.nc = None
+        self.runner: Runner | None = None
+        self.pool = EnginePool(api_key=cfg.engines.api_key.get_secret_value() if cfg.engines.api_key else None,
+                               request_timeout_s=cfg.engines.request_timeout_s, control_timeout_s=cfg.engines.control_timeout_s)
+        self._stop = asyncio.Event()
+        self._loops: list[asyncio.Task] = []
+        self.math_reward: MathReward | None = None
+
+    @classmethod
+    async def create(cls, cfg: RunConfig) -> "RolloutService":
+        svc = cls(cfg)
+        await svc._build()
+        return svc
+
+    async def _build(self) -> None:
+        cfg = self.cfg
+        if not cfg.engines.urls:
+            raise ValueError("engines.urls is empty: give the engines' URLs (asyncrl up starts local engines and passes them)")
+        for url in cfg.engines.urls:
+            self.pool.add(url)
+        tokenizer = await asyncio.to_thread(load_tokenizer, cfg.model.tokenizer_path or cfg.model.path)
+        self.tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **cfg.rollout.tool_options))
+        self.chat = ChatTokenizer(tokenizer, self.tools.registry.schemas())
+        self.math_reward = MathReward()
+        self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
+        stream = await asyncio.to_thread(build_prompt_stream, cfg, self.chat)
+        password = cfg.security.nats_password.get_secret_value() if cfg.security.nats_password else None
+        url = resolve_nats_url(cfg.nats.url, cfg.run_dir)
+        self.nc = await connect(url, f"rollout-{cfg.run.id}", user=cfg.nats.user, password=password)
+        js = self.nc.jetstream()
+        await ensure_stream(js, cfg)
+        agents_kv = await ensure_kv(js, self.names.agents_bucket)
+        state_kv = await ensure_kv(js, self.names.state_bucket)
+        outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items)
+        publisher = TrajectoryPublisher(outbox, self.names.trajectories, lambda s, p, h: js.publish(s, p, headers=h))
+
+        async def queue_probe() -> int:
+            return await self._unconsumed_trajectories(js)
+
+        self.runner = Runner(
+            cfg, deps_factory=self._deps, stream=stream, outbox=outbox, publisher=publisher,
+            agent_store=AgentStore(agents_kv), state_store=RunnerStateStore(state_kv), queue_probe=queue_probe,
+            abort_engines=self.pool.abort_prefix, rid_prefix=self.rid_prefix,
+        )
+
+    def _deps(self, runner: Runner) -> AgentDeps:
+        cfg = self.cfg
+
+        class _Routed:
+            async def generate(_self, state, input_ids, sampling_params, rid):
+                return await runner.generate(state, input_ids, sampling_params, rid, self.pool)
+
+        async def reward(state) -> tuple[float, dict]:
+            res = await self.rewards.score(state.data_source, model_text(state, self.chat), state.ground_truth, state.extra_info)
+            return res.score, dict(res.details)
+
+        return AgentDeps(
+            chat=self.chat, generator=_Routed(), tools=self.tools, gate=runner.gate,
+            parse=PARSERS[cfg.rollout.multi_turn.tool_parser], checkpoint=runner.agent_store.put, reward=reward,
+            version_of=version_of, multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
+            response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,
+            rid_prefix=self.rid_prefix, on_tokens=runner.tokens.add,
+        )
+
+    async def _unconsumed_trajectories(self, js) -> int:
+        """Trajectories in the stream the trainer has not acknowledged yet."""
+        try:
+            info = await js.consumer_info(self.names.stream, self.names.trainer_consumer, timeout=1.0)
+            return int(info.num_pending) + int(info.num_ack_pending)
+        except Exception:  # noqa: BLE001 - no trainer consumer yet: everything stored is unconsumed
+            sinfo = await js.stream_info(self.names.stream, subjects_filter=self.names.trajectories)
+            return int(sinfo.state.messages)
+
+    async def start(self) -> None:
+        assert self.runner is not None
+        await self.pool.check_once()
+        await self.runner.start()
+        self._loops.append(asyncio.create_task(self.pool.health_loop(self._stop), name=HEALTH_LOOP_NAME))
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self.runner is not None:
+            await self.runner.stop()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        await self.pool.close()
+        if self.math_reward is not None:
+            self.math_reward.close()
+        if self.nc is not None:
+            await self.nc.close()

@@ -1,0 +1,100 @@
+"""A small supervised fine-tune on token sequences: the warm-up that turns a random builtin
+model into a policy that already speaks the task's format (tool calls, boxed answers).
+
+Input: examples of ``(token_ids, loss_mask)`` (mask 1 on the tokens to learn — the model's
+turns — and 0 on prompt and tool/environment tokens). Single process, CPU or GPU, AdamW,
+padded batches, loss averaged over masked tokens. Output: a Hugging Face directory
+(safetensors + tokenizer) that every component can load as ``model.path``.
+
+Not covered: distributed SFT, packing, long sequences (this is a warm-up for small models).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    seed: int = 0
+    log_every: int = 50
+
+
+def _batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.float32)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, (toks, m) in enumerate(examples):
+        ids[row, : len(toks)] = torch.tensor(toks)
+        mask[row, : len(m)] = torch.tensor(m, dtype=torch.float32)
+        attn[row, : len(toks)] = 1
+    return ids, mask, attn
+
+
+def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over positions whose *target* has mask 1."""
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    targets = ids[:, 1:]
+    weights = mask[:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+    return (nll * weights.reshape(-1)).sum() / weights.sum().clamp(min=1.0)
+
+
+def sft(model, examples: Sequence[tuple[list[int], list[int]]], cfg: SftConfig, pad_id: int) -> list[float]:
+    """Train ``model`` in place; return the loss of every step."""
+    if not examples:
+        raise ValueError("no SFT examples")
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    losses = []
+    t0 = time.monotonic()
+    for step in range(cfg.steps):
+        ids, mask, attn = _batch(rng.sample(list(examples), min(cfg.batch_size, len(examples))), pad_id)
+        loss = masked_lm_loss(model, ids, mask, attn)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if cfg.log_every and (step + 1) % cfg.log_every == 0:
+            log.info("sft step %d/%d loss %.4f (%.1f s)", step + 1, cfg.steps, losses[-1], time.monotonic() - t0)
+    model.eval()
+    return losses
+
+
+def save_hf(model, tokenizer, out_dir: Path | str) -> Path:
+    """Write a loadable Hugging Face directory atomically (``COMPLETE`` marks it whole)."""
+    import os
+    import shutil
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".incomplete")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "COMPLETE").write_text("asyncrl sft warm-up\n")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
