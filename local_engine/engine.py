@@ -27,7 +27,12 @@ from contextlib import asynccontextmanager
 from local_engine.errors import Refused, validate
 from local_engine.locks import PauseGate, RWLock
 from local_engine.metrics import EngineMetrics
-from local_engine.protocol import GenerateBody, SamplingParams, UpdateDiskBody, UpdateDistributedBody
+from local_engine.protocol import (
+    GenerateBody,
+    SamplingParams,
+    UpdateDiskBody,
+    UpdateDistributedBody,
+)
 from local_engine.request import Renderer, Req, StopChecker
 from local_engine.runner import HFModelRunner, ModelRunner
 from local_engine.scheduler import Scheduler
@@ -121,11 +126,21 @@ class Engine:
 
     @asynccontextmanager
     async def generation_slot(self) -> AsyncIterator[None]:
-        """Gate (waits while paused), then the reader lock."""
-        await self.gate.wait()
-        self.check_serving()
-        async with self.rwlock.read():
+        """Gate (waits while paused), then the reader lock. The gate is checked again once
+        the lock is held: a call that queued behind a weight update while the engine got
+        paused goes back to waiting instead of slipping past ``pause(abort)``."""
+        while True:
+            await self.gate.wait()
+            self.check_serving()
+            lock = self.rwlock.read()
+            await lock.__aenter__()
+            if not self.gate.paused:
+                break
+            await lock.__aexit__(None, None, None)
+        try:
             yield
+        finally:
+            await lock.__aexit__(None, None, None)
 
     def submit(self, req: Req) -> None:
         if self.scheduler.find(req.rid) is not None:

@@ -109,7 +109,7 @@ class StopChecker:
             return {"type": "stop", "matched": last}
         stops = p.stop_strings
         if stops:
-            width = max(len(s) for s in stops) + 1
+            width = max(len(s.encode("utf-8")) for s in stops) + 1  # a token holds >= 1 byte
             tail = self.tokenizer.decode(out[-width:], skip_special_tokens=False)
             for s in stops:
                 if s in tail:
@@ -134,7 +134,7 @@ class Renderer:
             ids = ids[:-1]
         text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens) if ids else ""
         if reason.get("type") == "stop" and isinstance(matched, str) and not p.no_stop_trim:
-            cut = text.find(matched)
+            cut = text.rfind(matched)  # the occurrence that ended generation is the last one
             if cut >= 0:
                 text = text[:cut]
         return text

@@ -262,8 +262,5 @@ class HFModelRunner(ModelRunner):
         return out.logits[:, -1, :].float()
 
     def named_weights(self) -> dict[str, torch.Tensor]:
-        weights = dict(self.model.named_parameters(remove_duplicate=False))
-        for name, buf in self.model.named_buffers(remove_duplicate=False):
-            if buf.is_floating_point() and "rotary_emb" not in name:
-                weights.setdefault(name, buf)
-        return weights
+        """The state dict (persistent floating tensors; tied weights under both names)."""
+        return {k: v for k, v in self.model.state_dict(keep_vars=True).items() if v.is_floating_point()}

@@ -8,6 +8,9 @@ Each iteration of the loop, on the event loop thread:
    joined to the running batch — their first token is sampled by that pass;
 3. otherwise every running row decodes one token in one batched forward pass.
 
+While rows are running, prefill steps alternate with decode steps, so a steady stream of
+arrivals cannot stall the running batch.
+
 Model compute and sampling run in a worker thread (``asyncio.to_thread``) so HTTP stays
 responsive; at most one compute is in flight. A new request therefore waits at most one
 step before it is prefilled, never for others to finish.
@@ -73,6 +76,7 @@ class Scheduler:
         self._holds = 0
         self._task: asyncio.Task | None = None
         self._admitting: list[Req] = []  # popped from waiting, not yet in rows (a failing prefill ends them)
+        self._prefilled_last = False  # the previous step was a prefill: decode next if rows run
         self.max_decode_batch = 0
         self.last_decode_batch = 0
         self.steps = 0
@@ -204,7 +208,8 @@ class Scheduler:
     async def _step(self) -> None:
         keep = [i for i, r in enumerate(self.rows) if not r.finished]
         live = [self.rows[i] for i in keep]
-        admitted = self._admitting = self._admit(len(live))
+        admitted = self._admitting = [] if (live and self._prefilled_last) else self._admit(len(live))
+        self._prefilled_last = bool(admitted)
         version = self.version_fn()
         eos = self.stops.eos_ids
         if admitted:

@@ -30,7 +30,13 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.weight_sync import WeightGroup, WeightSyncError, init_weight_group, parse_dtype, receive_bucket
+from asyncrl.weight_sync import (
+    WeightGroup,
+    WeightSyncError,
+    init_weight_group,
+    parse_dtype,
+    receive_bucket,
+)
 from local_engine.protocol import InitGroupBody, UpdateDistributedBody
 
 log = logging.getLogger(__name__)
@@ -55,9 +61,10 @@ class WeightManager:
         self.consistent = True
         self.inconsistent_reason: str | None = None
         self._canonical: dict[str, str] = {}
-        first_by_ptr: dict[int, str] = {}
-        for name, t in weights.items():
-            self._canonical[name] = first_by_ptr.setdefault(t.data_ptr(), name)
+        first_by_ptr: dict[tuple, str] = {}
+        for name, t in weights.items():  # tied weights share storage: one canonical name
+            key = (t.data_ptr(), tuple(t.shape)) if t.numel() else (name,)
+            self._canonical[name] = first_by_ptr.setdefault(key, name)
         self._all = set(first_by_ptr.values())
         self._touched: set[str] = set()
 

@@ -17,8 +17,8 @@ Contract:
   :class:`GenerateResult` whose ``finish_reason.type`` is ``"abort"``.
 - admin routes (weights, pause, continue, abort, flush) send ``admin_api_key`` when set,
   else ``api_key``; every other route sends ``api_key``.
-- version drift: pause/continue fall back to an empty body on 4xx from servers that take
-  none; ``/model_info``, ``/server_info``, ``/v1/loads`` fall back to their ``/get_*``
+- version drift: ``pause("abort")`` and ``resume()`` fall back to an empty body on
+  400/405/415/422 from servers that take none; ``/model_info``, ``/server_info``, ``/v1/loads`` fall back to their ``/get_*``
   aliases on 404.
 
 Not here: choosing an engine, retries of generations, rollout logic — the rollout
@@ -35,7 +35,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-from asyncrl.engine_client.errors import EngineError, EngineHTTPError, EngineTimeout, EngineUnavailable, error_message
+from asyncrl.engine_client.errors import (
+    EngineError,
+    EngineHTTPError,
+    EngineTimeout,
+    EngineUnavailable,
+    error_message,
+)
 from asyncrl.engine_client.types import GenerateResult
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # a long agent turn on a slow engine; callers set their own
@@ -189,8 +195,14 @@ class EngineClient:
             return await self._call("POST", path, admin=True, timeout_s=timeout_s)
 
     async def pause(self, mode: str = "abort", *, timeout_s: float | None = None) -> None:
-        """``/pause_generation`` with ``{"mode": mode}`` (``abort`` | ``retract`` | ``in_place``)."""
-        await self._post_with_body_fallback("/pause_generation", {"mode": mode}, timeout_s)
+        """``/pause_generation`` with ``{"mode": mode}`` (``abort`` | ``retract`` | ``in_place``).
+
+        Only ``abort`` falls back to an empty body: old servers pause that way only, and a
+        refused ``in_place`` must not silently become an abort."""
+        if mode == "abort":
+            await self._post_with_body_fallback("/pause_generation", {"mode": mode}, timeout_s)
+        else:
+            await self._call("POST", "/pause_generation", {"mode": mode}, admin=True, timeout_s=timeout_s)
 
     async def resume(self, *, timeout_s: float | None = None) -> None:
         """``/continue_generation``."""

@@ -8,7 +8,14 @@
   (``form_group_with_engines``, ``push_bucket``, ``push_weights``).
 """
 
-from asyncrl.weight_sync.buckets import Bucket, dtype_name, flatten_bucket, parse_dtype, plan_buckets, unflatten_bucket
+from asyncrl.weight_sync.buckets import (
+    Bucket,
+    dtype_name,
+    flatten_bucket,
+    parse_dtype,
+    plan_buckets,
+    unflatten_bucket,
+)
 from asyncrl.weight_sync.group import (
     DEFAULT_GROUP_NAME,
     DEFAULT_GROUP_TIMEOUT_S,

@@ -115,6 +115,9 @@ async def test_old_server_fallbacks(old_server):
         await c.resume()
         assert state["bodies"]["/pause_generation"] == [b'{"mode":"abort"}', b""]
         assert state["bodies"]["/continue_generation"] == [b"{}", b""]
+        with pytest.raises(EngineHTTPError) as err:  # an old server cannot pause in place: say so
+            await c.pause("in_place")
+        assert err.value.status == 422 and state["bodies"]["/pause_generation"][-1] == b'{"mode":"in_place"}'
         assert (await c.model_info())["weight_version"] == "7"
         assert await c.weight_version() == "7"
         assert (await c.server_info())["version"] == "0.5.4"
