@@ -67,9 +67,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.torch_threads and args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
+    from asyncrl.models import ModelSpecError
     from local_engine.app import create_app
 
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except (ModelSpecError, OSError, ValueError) as exc:  # bad spec, unreadable dir, unsupported model
+        print(f"asyncrl engine: cannot load model {settings.model!r}: {exc}", file=sys.stderr)
+        return 2
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S, access_log=False)
     return 0
