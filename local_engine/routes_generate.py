@@ -14,6 +14,7 @@ engine is idle and not paused (bounded by ``HEALTH_GENERATE_TIMEOUT_S``).
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -105,7 +106,7 @@ async def health_generate(engine: EngineDep) -> Response:
     basic = await health(engine)
     if basic.status_code != 200 or engine.gate.paused or engine.scheduler.running:
         return basic  # paused on purpose, or already making progress
-    req = Req(rid=f"HEALTH_CHECK_{engine.scheduler.steps}_{id(basic)}", prompt_ids=[0],
+    req = Req(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", prompt_ids=[0],
               params=SamplingParams(max_new_tokens=1, temperature=0.0))
     try:
         await asyncio.wait_for(engine.generate(req), HEALTH_GENERATE_TIMEOUT_S)

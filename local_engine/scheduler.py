@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -239,6 +240,10 @@ class Scheduler:
                 continue
             if skip_zero_budget and req.params.max_new_tokens == 0:
                 req.finish({"type": "length", "length": 0})
+                continue
+            if not math.isfinite(out.logprobs[i]):
+                req.finish({"type": "abort", "message": "non-finite logits: the model produced NaN/inf", "status_code": 500,
+                            "err_type": "NonFiniteLogits"})
                 continue
             req.append(out.token_ids[i], out.logprobs[i], out.top[i], version)
             reason = self.stops.check(req)

@@ -2,8 +2,8 @@
 
 Contract:
 
-- An update is *staged*: tensors are received (or read) into fresh buffers, every name
-  and shape is checked against the model, and only then copied into the parameters (with
+- An update is *staged*: tensors are received (or read) into fresh buffers, every name,
+  shape and value (finite) is checked against the model, and only then copied into the parameters (with
   a dtype cast, e.g. a float32 trainer into a bfloat16 engine). A rejected call leaves
   the model as it was and answers ``success: false``.
 - Distributed calls whose body is inconsistent (lengths, dtypes, flattened with mixed
@@ -152,6 +152,9 @@ class WeightManager:
             raise WeightUpdateError("shape mismatch: " + "; ".join(bad[:8]))
         if not all(t.is_floating_point() for t in tensors):
             raise WeightUpdateError("weights must be floating point tensors")
+        nonfinite = [n for n, t in zip(names, tensors, strict=True) if not bool(torch.isfinite(t).all())]
+        if nonfinite:
+            raise WeightUpdateError(f"non-finite values (NaN/inf) in: {', '.join(nonfinite[:8])}")
         if full:
             missing = self._all - {self._canonical[n] for n in names}
             if missing:

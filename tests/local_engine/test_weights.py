@@ -147,6 +147,13 @@ async def test_disk_update_and_its_failures(wclient, ref_model, tmp_path):
     with pytest.raises(EngineHTTPError) as err:
         await wclient.update_weights_from_disk(str(tmp_path / "wrong"), weight_version="6")
     assert "shape mismatch" in err.value.message
+    nan = {k: v.clone() for k, v in other.state_dict().items() if k != "lm_head.weight"}
+    nan["model.norm.weight"][0] = float("nan")
+    (tmp_path / "nan").mkdir()
+    save_file(nan, str(tmp_path / "nan" / "model.safetensors"))
+    with pytest.raises(EngineHTTPError) as err:
+        await wclient.update_weights_from_disk(str(tmp_path / "nan"), weight_version="6")
+    assert "non-finite" in err.value.message and "model.norm.weight" in err.value.message
     await assert_serves(wclient, other, "5")  # nothing changed
 
 
