@@ -8,6 +8,7 @@ disk, so the tests do not depend on each other's order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import sys
@@ -45,12 +46,14 @@ def base_dir(tmp_path_factory, ref_model) -> Path:
 @pytest.fixture
 async def wclient(wengine, base_dir):
     async with wengine.client() as c:
+        with contextlib.suppress(EngineHTTPError):  # a failed earlier test may have left its group
+            await c.destroy_weights_update_group()
         await c.update_weights_from_disk(str(base_dir), weight_version="base")
         yield c
         await c.resume()
 
 
-async def run_trainer(engine, *args: str) -> dict:
+async def run_trainer(engine, *args: str, expect_exit: int = 0) -> dict:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(TRAINER), "--engine-url", engine.url, "--admin-api-key", ADMIN_KEY, *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -61,8 +64,9 @@ async def run_trainer(engine, *args: str) -> dict:
         proc.kill()
         await proc.wait()
         raise
-    assert proc.returncode == 0, err.decode()[-3000:]
-    return json.loads(out.decode().strip().splitlines()[-1])
+    assert proc.returncode == expect_exit, err.decode()[-3000:]
+    lines = out.decode().strip().splitlines()
+    return json.loads(lines[-1]) if lines else {}
 
 
 async def assert_serves(client, model, version: str):
@@ -118,6 +122,26 @@ async def test_failure_mid_push_marks_weights_inconsistent_until_reloaded(wengin
     await wclient.update_weights_from_disk(str(base_dir), weight_version="base")
     assert await wclient.health() is True
     await assert_serves(wclient, ref_model, "base")
+
+
+async def test_trainer_crash_mid_broadcast_is_reported_and_quarantined(wengine, wclient, ref_model, base_dir):
+    await run_trainer(wengine, "--version", "8", "--bucket-bytes", "100000", "--pause", "none", "--die-at-bucket", "2", expect_exit=3)
+    await wait_until(_unhealthy(wclient), "the engine to notice the dead sender", timeout_s=60)
+    info = await wclient.model_info()
+    assert info["weights_consistent"] is False and "broadcast failed" in info["weights_inconsistent_reason"]
+    state = (await wclient.server_info())["internal_states"][0]
+    assert state["weight_update_groups"] == ["weight_update_group"]
+    await wclient.destroy_weights_update_group()
+    await wclient.update_weights_from_disk(str(base_dir), weight_version="base")
+    assert await wclient.health() is True
+    await assert_serves(wclient, ref_model, "base")
+
+
+def _unhealthy(client):
+    async def check() -> bool:
+        return not await client.health()
+
+    return check
 
 
 async def test_refused_first_bucket_leaves_weights_consistent(wengine, wclient, ref_model):

@@ -6,7 +6,8 @@
 Loads the engine's model (builtin:tiny, seed 0), adds seeded noise (:func:`perturb`, also
 imported by the tests to build the expected model), forms the group the way slime does
 (fire the engine's init call, join as rank 0, collect), then per bucket fires the HTTP
-update call, broadcasts, collects the reply. ``--corrupt-bucket K`` declares bucket K's
+update call, broadcasts, collects the reply. ``--die-at-bucket K`` exits hard after firing
+bucket K's HTTP call (a trainer crash mid-sync). ``--corrupt-bucket K`` declares bucket K's
 first tensor with another shape of the same element count (so the broadcast itself still
 lines up) to provoke a refused update in the middle of a push. Prints one JSON line:
 ``{"ok", "buckets", "error", "bucket_done_at": [unix times], "started_at"}``.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -28,6 +30,8 @@ from asyncrl.weight_sync import WeightSyncError, plan_buckets
 from asyncrl.weight_sync.engines import form_group_with_engines, push_bucket
 
 GROUP_TIMEOUT_S = 60.0
+DIE_AFTER_S = 1.0  # --die-at-bucket: time for the engine to enter the broadcast before the crash
+DIE_EXIT_CODE = 3
 
 
 @torch.no_grad()
@@ -54,6 +58,11 @@ async def run(args) -> dict:
             try:
                 for i, bucket in enumerate(plan_buckets(named, args.bucket_bytes)):
                     tensors = [named[n] for n in bucket.names]
+                    if i == args.die_at_bucket:  # the engine is inside its receive when we vanish
+                        asyncio.create_task(engine.update_weights_from_distributed(
+                            **bucket.http_fields(), group_name=args.group_name, load_format="flattened_bucket"))
+                        await asyncio.sleep(DIE_AFTER_S)
+                        os._exit(DIE_EXIT_CODE)
                     if i == args.corrupt_bucket:
                         numel = tensors[0].numel()
                         bucket.shapes[0] = [numel, 1] if len(bucket.shapes[0]) == 1 else [numel]
@@ -85,6 +94,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-flatten", action="store_true")
     p.add_argument("--pause", choices=["abort", "in_place", "none"], default="abort")
     p.add_argument("--corrupt-bucket", type=int, default=-1)
+    p.add_argument("--die-at-bucket", type=int, default=-1, help="crash after sending bucket K's HTTP call, before broadcasting")
     p.add_argument("--group-name", default="weight_update_group")
     p.add_argument("--api-key", default=None)
     p.add_argument("--admin-api-key", default=None)
