@@ -47,6 +47,8 @@ class EngineHandle:
     state: str = "healthy"
     reason: str | None = None
     inflight: int = 0
+    routed: int = 0
+    """Generate calls sent to this engine (counted when sent)."""
     served: int = 0
     consecutive_failures: int = 0
     weight_version: str | None = None
@@ -55,7 +57,7 @@ class EngineHandle:
 
     def snapshot(self) -> dict[str, Any]:
         return {"id": self.id, "url": self.url, "state": self.state, "reason": self.reason, "inflight": self.inflight,
-                "served": self.served, "weight_version": self.weight_version, "tokens_decoded": self.tokens_decoded}
+                "routed": self.routed, "served": self.served, "weight_version": self.weight_version, "tokens_decoded": self.tokens_decoded}
 
 
 def engine_id_for(url: str) -> str:
@@ -144,6 +146,7 @@ class EnginePool:
         """Route one generate call (``state.engine_id`` is the affinity, updated here)."""
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
         handle.inflight += 1
+        handle.routed += 1
         try:
             res = await handle.client.generate(input_ids, sampling_params, rid=rid)
         except EngineUnavailable:

@@ -43,6 +43,7 @@ from rollout_service.runner.quota import StalenessQuota
 log = logging.getLogger(__name__)
 
 ADMISSION_POLL_S = 0.5  # re-check admission at least this often (queue depth changes outside)
+STORE_RETRY_S = 2.0  # retry checkpoint writes/deletes that failed while NATS was unreachable
 PAUSE_REABORT_S = 0.25  # re-send aborts while a pause waits: catches calls that raced the first abort
 
 
@@ -162,7 +163,11 @@ class Runner:
         return self.quota.blocked_reason(self.queued_samples)
 
     async def _admission_loop(self) -> None:
+        last_flush = time.monotonic()
         while not self._stop.is_set():
+            if self.agent_store.pending and time.monotonic() - last_flush > STORE_RETRY_S:
+                last_flush = time.monotonic()
+                await self.agent_store.flush_dirty()
             try:
                 self.queued_trajectories = await self.queue_probe()
             except Exception as exc:  # noqa: BLE001 - NATS down: keep the last known depth

@@ -35,6 +35,7 @@ class AgentStore:
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
         self._dirty: dict[str, AgentState] = {}
+        self._pending_deletes: set[str] = set()
         self.write_failures = 0
 
     async def put(self, state: AgentState) -> bool:
@@ -50,19 +51,29 @@ class AgentStore:
         return True
 
     async def delete(self, trajectory_id: str) -> bool:
+        """Forget a finished agent; a failed delete is retried by :meth:`flush_dirty`."""
         self._dirty.pop(trajectory_id, None)
         try:
             await asyncio.wait_for(self.kv.delete(kv_key(trajectory_id)), KV_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001
-            log.warning("agent checkpoint %s not deleted: %s", trajectory_id, exc)
+            self._pending_deletes.add(trajectory_id)
+            log.warning("agent checkpoint %s not deleted (will retry): %s", trajectory_id, exc)
             return False
+        self._pending_deletes.discard(trajectory_id)
         return True
 
+    @property
+    def pending(self) -> int:
+        """Writes and deletes waiting for NATS."""
+        return len(self._dirty) + len(self._pending_deletes)
+
     async def flush_dirty(self) -> int:
-        """Retry failed writes; return how many are still pending."""
+        """Retry failed writes and deletes; return how many are still pending."""
         for state in list(self._dirty.values()):
             await self.put(state)
-        return len(self._dirty)
+        for trajectory_id in list(self._pending_deletes):
+            await self.delete(trajectory_id)
+        return self.pending
 
     async def load_all(self) -> list[AgentState]:
         """Every checkpointed agent (undecodable entries are logged and skipped)."""

@@ -1,0 +1,81 @@
+"""Fixtures for rollout-service tests: a warm tiny model, engines, and the service running
+under uvicorn on a loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import aiohttp
+import pytest
+import uvicorn
+
+from asyncrl.config import load_config
+from asyncrl.launch import free_port
+from tests.helpers.processes import start_engine
+from tests.helpers.warm_model import warm_tiny_model
+
+ADMIN = "test-admin-token-0123456789"
+
+
+@pytest.fixture(scope="session")
+def warm_model() -> Path:
+    return warm_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def warm_engine(warm_model: Path, tmp_path_factory):
+    proc, url = start_engine(tmp_path_factory.mktemp("engine-logs"), str(warm_model))
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+def service_config(tmp_path: Path, nats_url: str, engine_urls: list[str], *overrides: str):
+    base = [f"run.dir={tmp_path / 'run'}", f"nats.url={nats_url}", f"engines.urls={engine_urls!r}".replace("'", '"'),
+            f"security.admin_token={ADMIN}", "rollout.n=2", "actor.ppo_mini_batch_size=2"]
+    return load_config(overrides=[*base, *overrides], environ={})
+
+
+@contextlib.asynccontextmanager
+async def running_service(cfg):
+    """The rollout service with its app on a free loopback port; yields (service, base_url)."""
+    from rollout_service.app import create_app
+    from rollout_service.service import RolloutService
+
+    svc = await RolloutService.create(cfg)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    for _ in range(400):
+        if server.started:
+            break
+        await asyncio.sleep(0.05)
+    assert server.started, "rollout service did not start"
+    try:
+        yield svc, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 60)
+
+
+async def admin(session: aiohttp.ClientSession, method: str, url: str, json=None, token: str | None = ADMIN):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with session.request(method, url, json=json, headers=headers) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(interval_s)

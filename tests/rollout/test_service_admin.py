@@ -1,0 +1,116 @@
+"""Admin API: authentication, bad input, engines at run time, metrics, refusing weak tokens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from tests.rollout.conftest import ADMIN, admin, running_service, service_config, wait_for
+
+ROUTES = [("POST", "/admin/pause", {}), ("POST", "/admin/resume", {"version": 1}), ("GET", "/admin/status", None),
+          ("POST", "/admin/engines", {"url": "http://127.0.0.1:9"}), ("DELETE", "/admin/engines/x", None),
+          ("POST", "/admin/engines/x/quarantine", {}), ("DELETE", "/admin/engines/x/quarantine", None)]
+
+
+@pytest.fixture
+async def service(tmp_path, nats_server, warm_engine):
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.total_rollout_steps=2", "security.api_token=data-plane-token-xyz")
+    async with running_service(cfg) as running:
+        yield running
+
+
+async def test_admin_routes_refuse_missing_wrong_and_data_plane_tokens(service):
+    svc, url = service
+    async with aiohttp.ClientSession() as http:
+        for method, path, body in ROUTES:
+            for token, expected in ((None, 401), ("wrong-token-123456", 403), ("data-plane-token-xyz", 403)):
+                status, payload = await admin(http, method, url + path, body, token=token)
+                assert status == expected, (method, path, token, status, payload)
+                assert payload["error"]["code"] == expected and "token" in payload["error"]["message"].lower() or "Bearer" in payload["error"]["message"]
+        assert not svc.runner.paused, "an unauthenticated pause must not pause"
+        status, _ = await admin(http, "GET", f"{url}/admin/status")
+        assert status == 200
+        async with http.get(f"{url}/health") as resp:  # health needs no token
+            assert resp.status == 200
+
+
+@pytest.mark.parametrize("method,path,raw,expected,fragment", [
+    ("POST", "/admin/resume", b"{not json", 400, "malformed JSON"),
+    ("POST", "/admin/resume", b'{"version": "abc"}', 422, "version"),
+    ("POST", "/admin/resume", b'{"version": -1}', 422, "version"),
+    ("POST", "/admin/resume", b"{}", 422, "version"),
+    ("POST", "/admin/pause", b'{"mode": "sideways"}', 422, "mode"),
+    ("POST", "/admin/pause", b'{"timeout_s": 0}', 422, "timeout_s"),
+    ("POST", "/admin/pause", b'{"bogus": 1}', 422, "bogus"),
+    ("POST", "/admin/engines", b'{"url": "not a url"}', 422, "url"),
+    ("POST", "/admin/engines/e-nope/quarantine", b"{}", 404, "no engine"),
+    ("POST", "/admin/resume", b'[1, 2]', 422, ""),
+])
+async def test_bad_admin_input_gets_a_json_4xx_never_500(service, method, path, raw, expected, fragment):
+    _svc, url = service
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, url + path, data=raw, headers={"Authorization": f"Bearer {ADMIN}",
+                                                                       "Content-Type": "application/json"}) as resp:
+            body = await resp.json(content_type=None)
+            assert resp.status == expected, body
+            assert fragment in body["error"]["message"]
+
+
+async def test_resume_to_an_older_version_is_a_conflict(service):
+    svc, url = service
+    async with aiohttp.ClientSession() as http:
+        assert (await admin(http, "POST", f"{url}/admin/resume", {"version": 3}))[0] == 200
+        status, body = await admin(http, "POST", f"{url}/admin/resume", {"version": 2})
+        assert status == 409 and "older" in body["error"]["message"]
+        status, body = await admin(http, "POST", f"{url}/admin/resume", {"version": 3})  # idempotent
+        assert status == 200 and body["version"] == 3
+
+
+async def test_engines_added_quarantined_released_and_removed_at_run_time(tmp_path, nats_server, warm_engine):
+    from tests.helpers.processes import start_engine
+
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "async_training.staleness_threshold=100")
+    proc, second = start_engine(tmp_path, "builtin:tiny")
+    try:
+        async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+            status, body = await admin(http, "POST", f"{url}/admin/engines", {"url": second, "id": "second"})
+            assert status == 200 and {e["id"] for e in body["engines"]} >= {"second"}
+            first_id = next(e["id"] for e in body["engines"] if e["id"] != "second")
+            status, body = await admin(http, "POST", f"{url}/admin/engines/{first_id}/quarantine", {"reason": "mixed weights"})
+            states = {e["id"]: e["state"] for e in body["engines"]}
+            assert states == {first_id: "quarantined", "second": "healthy"}
+            assert [h.id for h in svc.pool.routable()] == ["second"]
+            routed_before = svc.pool.engines[first_id].routed
+            await wait_for(lambda: svc.pool.engines["second"].routed > 3, 60, "traffic on the second engine")
+            assert svc.pool.engines[first_id].routed == routed_before, "a quarantined engine gets no new traffic"
+            await svc.pool.check_once()  # a health check must not release a quarantine
+            assert svc.pool.engines[first_id].state == "quarantined"
+            status, body = await admin(http, "DELETE", f"{url}/admin/engines/{first_id}/quarantine")
+            assert status == 200 and {e["id"]: e["state"] for e in body["engines"]}[first_id] == "healthy"
+            status, body = await admin(http, "DELETE", f"{url}/admin/engines/second")
+            assert status == 200 and [e["id"] for e in body["engines"]] == [first_id]
+            status, body = await admin(http, "DELETE", f"{url}/admin/engines/second")  # idempotent
+            assert status == 200
+    finally:
+        proc.stop()
+
+
+async def test_metrics_use_verl_names(service):
+    svc, url = service
+    await wait_for(lambda: svc.runner.counters.trajectories_finished >= 1, 120, "a finished trajectory")
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    for name in ("asyncrl_rollouter_idle_ratio", "asyncrl_rollouter_staleness_samples", "asyncrl_rollout_trajectories_finished_total",
+                 "asyncrl_rollout_tool_calls_total", "asyncrl_rollout_queued_samples", "asyncrl_rollout_tokens_decoded_total"):
+        assert name in text, name
+
+
+@pytest.mark.parametrize("extra,fragment", [([], "admin_token is empty"), (["security.admin_token=changeme"], "admin_token is empty"),
+                                            (["security.admin_token=same-token-123456", "security.api_token=same-token-123456"], "must differ")])
+def test_service_refuses_to_start_with_a_weak_admin_token(tmp_path, extra, fragment):
+    out = subprocess.run([sys.executable, "-m", "asyncrl", "rollout", f"run.dir={tmp_path}", *extra],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and fragment in out.stderr and "Traceback" not in out.stderr

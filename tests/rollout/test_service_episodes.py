@@ -1,0 +1,109 @@
+"""The rollout service end to end with a real nats-server and real engine processes:
+published trajectories are exact records of the conversation and of what the engine returned."""
+
+from __future__ import annotations
+
+import asyncio
+
+from asyncrl.jetstream import connect
+from asyncrl.models import load_tokenizer
+from asyncrl.wire import NatsNames, decode_trajectory
+from rollout_service.agent.chat import ChatTokenizer
+from tests.helpers.recording_proxy import RecordingProxy
+from tests.rollout.conftest import running_service, service_config, wait_for
+from tools.calculator import CalculatorError, evaluate_expression, format_number
+from tools.registry import ToolRegistry
+
+
+async def fetch_all(nats_url: str, run_id: str, expected: int, timeout_s: float = 180.0):
+    nc = await connect(nats_url, "test-reader", persistent=False)
+    js = nc.jetstream()
+    names = NatsNames(run_id)
+    sub = await js.pull_subscribe(names.trajectories, durable=None)
+    out = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while len(out) < expected and loop.time() < deadline:
+        try:
+            msgs = await sub.fetch(50, timeout=1)
+        except TimeoutError:
+            continue
+        out += [decode_trajectory(m.data) for m in msgs]
+    # anything beyond `expected` (a duplicate) would show up here
+    try:
+        out += [decode_trajectory(m.data) for m in await sub.fetch(50, timeout=1)]
+    except TimeoutError:
+        pass
+    await nc.close()
+    return out
+
+
+def model_segments(traj):
+    """(start, end) of runs of loss-mask 1 in the response."""
+    segs, start = [], None
+    for i, m in enumerate(traj.loss_mask + [0]):
+        if m and start is None:
+            start = i
+        if not m and start is not None:
+            segs.append((start, i))
+            start = None
+    return segs
+
+
+async def test_group_with_tool_calls_is_published_once_and_exactly(tmp_path, nats_server, warm_engine, warm_model):
+    proxy = await RecordingProxy(warm_engine).start()
+    cfg = service_config(tmp_path, nats_server.url, [proxy.url], "rollout.n=3", "rollout.total_rollout_steps=2",
+                         "rollout.sampling.temperature=0", "rollout.sampling.max_new_tokens=48",
+                         "rollout.multi_turn.max_assistant_turns=3", "rollout.response_length=200")
+    try:
+        async with running_service(cfg) as (svc, _url):
+            await wait_for(lambda: svc.runner.counters.trajectories_finished >= 6, 240, "6 finished trajectories")
+            await wait_for(lambda: svc.runner.publisher.stats.published >= 6, 60, "6 published trajectories")
+            wasted = svc.runner.tokens.wasted
+        trajs = await fetch_all(nats_server.url, cfg.run.id, 6)
+    finally:
+        await proxy.stop()
+    assert len(trajs) == 6 and len({t.id for t in trajs}) == 6, "each trajectory published exactly once"
+    groups = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, []).append(t.group_index)
+    assert sorted(map(sorted, groups.values())) == [[0, 1, 2], [0, 1, 2]]
+    assert wasted == 0
+
+    chat = ChatTokenizer(load_tokenizer(str(warm_model)), ToolRegistry.from_names(["calculator"]).schemas())
+    by_rid = {}
+    for req, resp in proxy.exchanges:
+        by_rid[req["rid"]] = (req, resp)
+    for t in trajs:
+        assert t.num_tool_calls >= 1, f"{t.id} made no tool call: {t.messages}"
+        assert t.weight_versions and set(v for v in t.weight_versions if v != -1) == {0}
+        # the prompt is the chat template's rendering of the dataset prompt (with tools)
+        user = [m for m in t.messages if m["role"] == "user"][:1]
+        assert chat.decode(t.token_ids[: t.prompt_length]) == chat.decode(chat.prompt_ids(user))
+        resp_ids = t.response_ids
+        segs = model_segments(t)
+        # every model segment is exactly one engine answer: same ids, same logprobs
+        exchanges = [by_rid[r] for r in sorted(by_rid) if r.startswith(f"rl-{cfg.run.id}.{t.id}.")]
+        assert len(exchanges) == len(segs)
+        for (start, end), (req, resp) in zip(segs, exchanges):
+            triples = resp["meta_info"]["output_token_logprobs"]
+            assert resp_ids[start:end] == [tr[1] for tr in triples]
+            assert t.rollout_logprobs[start:end] == [tr[0] for tr in triples]
+            assert req["input_ids"] == t.token_ids[: t.prompt_length + start], "generation by token ids of the sequence so far"
+        # loss mask 0 exactly on the tool segments, which render the calculator's real answer
+        env_runs = [(a, b) for a, b in zip([e for _, e in segs], [s for s, _ in segs[1:]] + [t.response_length]) if a < b]
+        calls = [c for m in t.messages if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+        tool_msgs = [m for m in t.messages if m["role"] == "tool"]
+        assert len(env_runs) == len(tool_msgs) == len(calls) or t.finish_reason in ("length", "turn_limit")
+        for (a, b), call, tool_msg in zip(env_runs, calls, tool_msgs):
+            import json
+
+            expr = json.loads(call["function"]["arguments"]).get("expression", "")
+            try:
+                expected = format_number(evaluate_expression(expr))
+            except CalculatorError:
+                expected = None
+            if expected is not None:
+                assert tool_msg["content"] == expected
+            assert set(t.loss_mask[a:b]) == {0} and set(t.weight_versions[a:b]) == {-1}
+            assert chat.decode(resp_ids[a:b]) == chat.decode(chat.environment_segment([tool_msg]))

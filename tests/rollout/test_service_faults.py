@@ -1,0 +1,89 @@
+"""Faults: NATS stopped and restarted mid-run, and the rollout service SIGKILLed mid-episode
+and restarted — every trajectory is published exactly once either way."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import aiohttp
+
+from asyncrl.launch import ChildProcess, free_port, http_ok
+from tests.rollout.conftest import ADMIN, admin, running_service, service_config, wait_for
+from tests.rollout.test_service_episodes import fetch_all
+
+
+async def test_nats_outage_mid_run_loses_and_duplicates_nothing(tmp_path, nats_server, warm_engine):
+    samples, n = 6, 2
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], f"rollout.n={n}", f"rollout.total_rollout_steps={samples}",
+                         "async_training.staleness_threshold=10")
+    async with running_service(cfg) as (svc, _url):
+        await wait_for(lambda: svc.runner.publisher.stats.published >= 2, 120, "first publishes")
+        nats_server.kill()
+        await wait_for(lambda: svc.runner.counters.trajectories_finished >= 6, 120, "trajectories finishing during the outage")
+        await asyncio.sleep(6.5)  # longer than one publish attempt's timeout: the publisher must retry
+        assert len(svc.runner.outbox) > 0, "finished trajectories wait in the outbox while NATS is down"
+        nats_server.start()
+        await wait_for(lambda: svc.runner.counters.trajectories_finished == samples * n, 180, "all trajectories finished")
+        await wait_for(lambda: svc.runner.publisher.pending == 0 and len(svc.runner.outbox) == 0, 120, "outbox drained")
+        assert svc.runner.publisher.stats.retries > 0
+        await wait_for(lambda: svc.runner.agent_store.pending == 0, 30, "checkpoint deletes retried")
+    trajs = await fetch_all(nats_server.url, cfg.run.id, samples * n)
+    ids = [t.id for t in trajs]
+    assert len(ids) == samples * n and len(set(ids)) == samples * n
+    assert {t.group_id for t in trajs} == {f"s{i:08d}" for i in range(samples)}
+
+
+def _rollout_process(cfg_path, log, port) -> ChildProcess:
+    return ChildProcess("rollout", [sys.executable, "-m", "asyncrl", "rollout", str(cfg_path), f"rollout.port={port}"], log).start()
+
+
+async def _status(http, url):
+    try:
+        return (await admin(http, "GET", f"{url}/admin/status"))[1]
+    except aiohttp.ClientError:
+        return None
+
+
+async def test_sigkill_mid_episode_then_restart_publishes_each_trajectory_once(tmp_path, nats_server, warm_engine):
+    samples, n = 8, 2
+    cfg_path = tmp_path / "rollout.json"
+    cfg_path.write_text(json.dumps({
+        "run": {"dir": str(tmp_path / "run")}, "nats": {"url": nats_server.url}, "engines": {"urls": [warm_engine]},
+        "security": {"admin_token": ADMIN}, "rollout": {"n": n, "total_rollout_steps": samples},
+        "actor": {"ppo_mini_batch_size": 2}, "async_training": {"staleness_threshold": 10},
+    }))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    first = _rollout_process(cfg_path, tmp_path / "rollout-1.log", port)
+    async with aiohttp.ClientSession() as http:
+        try:
+            first.wait_ready(lambda: http_ok(f"{url}/health"), 120)
+
+            async def mid_episode():
+                s = await _status(http, url)
+                return s and s["counts"]["active"] >= 2 and s["counters"]["trajectories_finished"] >= 2
+
+            await wait_for(mid_episode, 120, "agents mid-episode")
+            first.kill()  # SIGKILL: no shutdown code runs
+        finally:
+            first.kill()
+        second = _rollout_process(cfg_path, tmp_path / "rollout-2.log", port)
+        try:
+            second.wait_ready(lambda: http_ok(f"{url}/health"), 120)
+            status = await _status(http, url)
+            assert status["counters"]["restored_agents"] + status["counters"]["dropped_already_finished"] >= 2
+
+            async def done():
+                s = await _status(http, url)
+                return s and s["prompts"]["produced"] == samples and s["counts"]["active"] == 0 and s["counts"]["outbox"] == 0
+
+            await wait_for(done, 240, "the restarted service to finish every sample")
+        finally:
+            second.stop()
+    trajs = await fetch_all(nats_server.url, "demo", samples * n)
+    ids = [t.id for t in trajs]
+    assert len(ids) == samples * n, f"expected {samples * n} trajectories, got {len(ids)}"
+    assert len(set(ids)) == len(ids), "a trajectory was published twice"
+    assert {t.group_id for t in trajs} == {f"s{i:08d}" for i in range(samples)}

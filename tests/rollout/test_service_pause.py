@@ -1,0 +1,74 @@
+"""Pause and resume around a weight sync (verl modes c and d) with real engines and NATS."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from asyncrl.engine_client import EngineClient
+from tests.helpers.processes import start_engine
+from tests.rollout.conftest import admin, running_service, service_config, wait_for
+from tests.rollout.test_service_episodes import fetch_all
+
+
+@pytest.fixture(scope="module")
+def random_engine(tmp_path_factory):
+    """The untrained builtin:tiny: it rarely emits EOS, so its generations run long."""
+    proc, url = start_engine(tmp_path_factory.mktemp("engine-logs"), "builtin:tiny")
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+async def test_partial_pause_mid_generation_wastes_nothing_and_resumes_at_the_new_version(tmp_path, nats_server, random_engine):
+    cfg = service_config(tmp_path, nats_server.url, [random_engine], "rollout.n=2", "rollout.total_rollout_steps=2",
+                         "rollout.sampling.max_new_tokens=3000", "rollout.response_length=3000",
+                         "async_training.partial_rollout=true", "async_training.staleness_threshold=1")
+    async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+        await wait_for(lambda: svc.runner._generating >= 2, 120, "generation under way")
+        await asyncio.sleep(1.0)  # let the engine decode a few hundred tokens
+        status, body = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})
+        assert status == 200 and body["paused"] and body["pause_mode"] == "partial"
+        assert body["counts"]["generating"] == 0 and body["counts"]["partial"] >= 1, body
+        kept_at_pause = body["tokens"]["kept"]
+        assert body["tokens"]["wasted"] == 0
+        # the sync: the engine now serves version 1
+        async with EngineClient(random_engine) as engine:
+            await engine.update_weight_version("1")
+        status, again = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})  # idempotent
+        assert status == 200 and again["tokens"]["kept"] == kept_at_pause
+        status, body = await admin(http, "POST", f"{url}/admin/resume", {"version": 1})
+        assert status == 200 and not body["paused"] and body["version"] == 1
+        await wait_for(lambda: svc.runner.counters.trajectories_finished >= 4, 240, "4 finished trajectories")
+        await wait_for(lambda: svc.runner.publisher.stats.published >= 4, 60, "published")
+        assert svc.runner.tokens.wasted == 0, "a pause must not throw away decoded tokens"
+        assert svc.runner.tokens.decoded == svc.runner.tokens.kept
+    trajs = await fetch_all(nats_server.url, cfg.run.id, 4)
+    assert len(trajs) == 4
+    partial = [t for t in trajs if t.is_partial]
+    assert partial, "the trajectories in flight at the pause continue across the version change"
+    for t in partial:
+        versions = [v for v in t.weight_versions if v != -1]
+        cut = versions.index(1)
+        assert versions[:cut] == [0] * cut and set(versions[cut:]) == {1}, "old-version prefix, new-version suffix"
+        assert (t.version_start, t.version_end) == (0, 1)
+        assert t.metadata["resumed_after_abort"] >= 1
+
+
+async def test_drain_pause_finishes_in_flight_work_and_admits_nothing(tmp_path, nats_server, warm_engine):
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.n=2", "rollout.total_rollout_steps=6",
+                         "async_training.partial_rollout=false", "async_training.staleness_threshold=2")
+    async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+        await wait_for(lambda: svc.runner.active_trajectories > 0, 60, "agents in flight")
+        status, body = await admin(http, "POST", f"{url}/admin/pause", {})  # default mode: drain (partial_rollout=false)
+        assert status == 200 and body["pause_mode"] == "drain" and body["counts"]["active"] == 0
+        started = body["counters"]["samples_started"]
+        await wait_for(lambda: svc.runner.publisher.pending == 0, 30, "outbox drained")
+        status, body = await admin(http, "GET", f"{url}/admin/status")
+        assert body["counters"]["samples_started"] == started and body["admission_blocked"].startswith("paused")
+        status, body = await admin(http, "POST", f"{url}/admin/resume", {"version": 1})
+        assert status == 200 and body["quota"]["version"] == 1
+        await wait_for(lambda: svc.runner.counters.samples_started > started, 60, "admission after resume")
