@@ -59,7 +59,7 @@ async def test_partial_pause_mid_generation_wastes_nothing_and_resumes_at_the_ne
 
 
 async def test_drain_pause_finishes_in_flight_work_and_admits_nothing(tmp_path, nats_server, warm_engine):
-    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.n=2", "rollout.total_rollout_steps=6",
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.n=2", "rollout.total_rollout_steps=50",
                          "async_training.partial_rollout=false", "async_training.staleness_threshold=2")
     async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
         await wait_for(lambda: svc.runner.active_trajectories > 0, 60, "agents in flight")
