@@ -12,7 +12,7 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig
 from rollout_service.agent.chat import ChatTokenizer
-from rollout_service.data import PromptStream, logging_reporter, write_demo_dataset
+from rollout_service.data import PromptStream, logging_reporter, read_validation_set, write_demo_dataset
 
 log = logging.getLogger(__name__)
 
@@ -37,3 +37,17 @@ def build_prompt_stream(cfg: RunConfig, chat: ChatTokenizer) -> PromptStream:
         seed=cfg.data.seed, total_rollout_steps=cfg.rollout.total_rollout_steps,
         prompt_length_fn=lambda rec: len(chat.prompt_ids(rec.chat())), max_prompt_length=cfg.data.max_prompt_length,
     )
+
+
+VAL_MAX_SAMPLES = 256  # validation is a health signal, not a benchmark: bounded cost per run
+
+
+def validation_records(cfg: RunConfig) -> list:
+    """The validation set (``data.val_files``, or the demo task's when training on it); [] if none."""
+    if cfg.data.val_files:
+        files = cfg.data.val_files
+    elif not cfg.data.train_files:
+        files = demo_files(cfg)[1]
+    else:
+        return []
+    return read_validation_set(files, max_samples=VAL_MAX_SAMPLES, on_error=logging_reporter())

@@ -10,11 +10,14 @@ agents' checkpoints for the next start.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from asyncrl.config import RunConfig
 from asyncrl.jetstream import connect, ensure_kv, ensure_stream, resolve_nats_url
@@ -24,17 +27,19 @@ from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.loop import AgentDeps
 from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.engines import EnginePool
-from rollout_service.prompts import build_prompt_stream
+from rollout_service.prompts import build_prompt_stream, validation_records
 from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.rewards import MathReward, default_registry
 from rollout_service.runner.finish import model_text
 from rollout_service.runner.runner import Runner
+from rollout_service.runner.validation import run_validation
 from rollout_service.runner.store import AgentStore, RunnerStateStore
 from tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 
 HEALTH_LOOP_NAME = "engine-health"
+METRICS_INTERVAL_S = 5.0  # period of the rollout metrics published on the run's metrics subject
 
 
 def version_of(raw: str | None) -> int:
@@ -104,6 +109,7 @@ class RolloutService:
         self.tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **cfg.rollout.tool_options))
         self.chat = ChatTokenizer(tokenizer, self.tools.registry.schemas())
         self.math_reward = MathReward()
+        self.math_reward.start()
         self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
         stream = await asyncio.to_thread(build_prompt_stream, cfg, self.chat)
         password = cfg.security.nats_password.get_secret_value() if cfg.security.nats_password else None
@@ -124,6 +130,35 @@ class RolloutService:
             agent_store=AgentStore(agents_kv), state_store=RunnerStateStore(state_kv), queue_probe=queue_probe,
             abort_engines=self.pool.abort_prefix, rid_prefix=self.rid_prefix,
         )
+        self.val_records = await asyncio.to_thread(validation_records, cfg)
+        if self.val_records:
+            self.runner.validator = self.validate
+
+    async def validate(self, version: int | None = None) -> dict:
+        """Greedy rollouts over the validation set; the result is also published as metrics."""
+        runner = self.runner
+        v = runner.version if version is None else version
+        val_deps = dataclasses.replace(runner.deps, sampling=self.cfg.rollout.val_sampling)
+        result = await run_validation(self.val_records, val_deps, self.cfg.run.id, v, runner.max_concurrent)
+        runner.last_validation = result
+        await self._publish_metrics(result)
+        return result
+
+    async def _publish_metrics(self, doc: dict) -> None:
+        try:
+            await self.nc.publish(self.names.metrics("rollout"), orjson.dumps({"component": "rollout", "time": time.time(), **doc}))
+        except Exception as exc:  # noqa: BLE001 - metrics are best effort
+            log.debug("metrics not published: %s", exc)
+
+    async def _metrics_loop(self) -> None:
+        from rollout_service.api.status import verl_metrics
+
+        while not self._stop.is_set():
+            await self._publish_metrics({"kind": "rollout", "version": self.runner.version, "metrics": verl_metrics(self)})
+            try:
+                await asyncio.wait_for(self._stop.wait(), METRICS_INTERVAL_S)
+            except TimeoutError:
+                pass
 
     def _deps(self, runner: Runner) -> AgentDeps:
         cfg = self.cfg
@@ -158,6 +193,7 @@ class RolloutService:
         await self.pool.check_once()
         await self.runner.start()
         self._loops.append(asyncio.create_task(self.pool.health_loop(self._stop), name=HEALTH_LOOP_NAME))
+        self._loops.append(asyncio.create_task(self._metrics_loop(), name="metrics"))
 
     async def close(self) -> None:
         self._stop.set()

@@ -5,6 +5,7 @@ Every action is idempotent and answers with the service's new status as JSON.
     POST   /admin/pause        {"mode": "partial" | "drain" | null, "timeout_s": float | null}
     POST   /admin/resume       {"version": int}
     GET    /admin/status
+    POST   /admin/validate     (runs the validation set now; answers with its metrics)
     POST   /admin/engines      {"url": "http://host:port", "id": str | null}
     DELETE /admin/engines/{id}
     POST   /admin/engines/{id}/quarantine   {"reason": str}
@@ -78,6 +79,12 @@ def build_admin_router(svc) -> APIRouter:
             raise ApiError(409, f"version {body.version} is older than the current version {svc.runner.version}", param="version")
         await svc.runner.resume(body.version)
         return service_status(svc)
+
+    @router.post("/validate")
+    async def validate():
+        if svc.runner.validator is None:
+            raise ApiError(409, "no validation set: set data.val_files")
+        return await svc.validate()
 
     @router.get("/status")
     async def status():

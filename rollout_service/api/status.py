@@ -40,4 +40,27 @@ def service_status(svc) -> dict[str, Any]:
         "tools": dataclasses.asdict(svc.tools.stats),
         "engines": svc.pool.snapshot(),
         "derived": svc.cfg.derived.model_dump(),
+        "last_validation": r.last_validation,
+    }
+
+
+def verl_metrics(svc) -> dict[str, float]:
+    """The rollout's numbers under verl's metric names (published on the metrics subject)."""
+    r = svc.runner
+    return {
+        "rollouter/idle_ratio": r.clock.last_idle_ratio if r.clock.last_idle_ratio is not None else float("nan"),
+        "rollouter/idle_ratio_current": r.clock.current_idle_ratio(),
+        "count/current_param_version": r.version,
+        "count/total_generated_samples": r.counters.samples_started,
+        "count/staleness_samples": r.quota.staleness_samples,
+        "static/max_required_samples": r.quota.max_required_samples,
+        "static/max_queue_size": r.quota.max_queue_size,
+        "static/max_concurrent_samples": r.max_concurrent,
+        "monitor/active_tasks_size": r.active_trajectories,
+        "monitor/queue/mq_queue_size": r.queued_samples,
+        "rollout/trajectories_finished": r.counters.trajectories_finished,
+        "rollout/partial_trajectories": r.counters.partial_trajectories,
+        "rollout/tokens_decoded": r.tokens.decoded,
+        "rollout/tokens_wasted": r.tokens.wasted,
+        "rollout/outbox": len(r.outbox),
     }

@@ -91,6 +91,10 @@ class Runner:
         self._stop = asyncio.Event()
         self._loops: list[asyncio.Task] = []
         self.deps = deps_factory(self)
+        self.validator: Callable[[int], Awaitable[dict]] | None = None
+        """Set by the service when a validation set exists; run every ``rollout.test_freq`` versions."""
+        self.last_validation: dict | None = None
+        self._validation_task: asyncio.Task | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -102,9 +106,10 @@ class Runner:
         """Stop admitting and driving agents; their last checkpoints stay in the KV bucket."""
         self._stop.set()
         self._wake.set()
-        for task in list(self.tasks.values()):
+        extra = [self._validation_task] if self._validation_task is not None else []
+        for task in [*self.tasks.values(), *extra]:
             task.cancel()
-        await asyncio.gather(*self.tasks.values(), *self._loops, return_exceptions=True)
+        await asyncio.gather(*self.tasks.values(), *self._loops, *extra, return_exceptions=True)
         await self.agent_store.flush_dirty()
         await self._save_state()
 
@@ -284,6 +289,24 @@ class Runner:
         self.gate.open()
         await self._save_state()
         self._wake.set()
+        freq = self.cfg.rollout.test_freq
+        if freq > 0 and version > 0 and version % freq == 0:
+            self.start_validation(version)
+
+    def start_validation(self, version: int) -> asyncio.Task | None:
+        """Run validation in the background (one at a time); None when none is configured."""
+        if self.validator is None:
+            return None
+        if self._validation_task is not None and not self._validation_task.done():
+            return self._validation_task
+
+        async def _run() -> dict:
+            result = await self.validator(version)
+            self.last_validation = result
+            return result
+
+        self._validation_task = asyncio.create_task(_run(), name=f"validation-v{version}")
+        return self._validation_task
 
     async def _save_state(self) -> None:
         await self.state_store.save({"stream": self.stream.state_dict(), "quota": self.quota.state_dict()})

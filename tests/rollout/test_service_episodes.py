@@ -107,3 +107,35 @@ async def test_group_with_tool_calls_is_published_once_and_exactly(tmp_path, nat
                 assert tool_msg["content"] == expected
             assert set(t.loss_mask[a:b]) == {0} and set(t.weight_versions[a:b]) == {-1}
             assert chat.decode(resp_ids[a:b]) == chat.decode(chat.environment_segment([tool_msg]))
+
+
+async def test_validation_runs_greedy_on_the_val_set_and_publishes_metrics(tmp_path, nats_server, warm_engine):
+    import json as _json
+
+    import aiohttp
+
+    from tests.rollout.conftest import admin
+
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.total_rollout_steps=1", "rollout.test_freq=2")
+    nc = await connect(nats_server.url, "metrics-reader", persistent=False)
+    seen: list[dict] = []
+
+    async def on_metrics(msg):
+        seen.append(_json.loads(msg.data))
+
+    sub = await nc.subscribe(NatsNames(cfg.run.id).metrics("rollout"), cb=on_metrics)
+    try:
+        async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+            status, body = await admin(http, "POST", f"{url}/admin/validate")
+            assert status == 200 and body["kind"] == "validation" and body["samples"] == len(svc.val_records) > 0
+            key = "val-core/asyncrl/arith/reward/mean@1"
+            assert 0.0 <= body["metrics"][key] <= 1.0 and body["metrics"]["val-aux/num_tool_calls/mean"] > 0
+            # every test_freq versions it runs by itself after a resume
+            await admin(http, "POST", f"{url}/admin/resume", {"version": 2})
+            await wait_for(lambda: (svc.runner.last_validation or {}).get("version") == 2, 180, "validation at version 2")
+            await wait_for(lambda: any(d.get("kind") == "validation" and d["version"] == 2 for d in seen), 30, "published")
+            await wait_for(lambda: any(d.get("kind") == "rollout" and "rollouter/idle_ratio" in d["metrics"] for d in seen), 30,
+                           "periodic rollout metrics")
+    finally:
+        await sub.unsubscribe()
+        await nc.close()

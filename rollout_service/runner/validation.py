@@ -1,0 +1,56 @@
+"""Validation rollouts: the validation set, greedy (``rollout.val_sampling``), scored.
+
+Validation agents run beside training rollouts on the same engines (training is never
+stopped for validation); they are not published to the trajectory stream and do not count
+against the staleness quota. They obey the pause gate like every agent, so a weight sync
+during validation pauses them too (their results then span two versions; reported).
+
+Metric names follow verl: ``val-core/<data_source>/reward/mean@1`` (accuracy for 0/1
+rewards), ``val-aux/<data_source>/response_length/mean``, ``val-aux/num_turns/mean``,
+``val-aux/num_tool_calls/mean``, plus the versions the rollouts saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+
+from rollout_service.agent.loop import AgentDeps, run_agent
+from rollout_service.agent.state import AgentState
+
+
+async def _noop_checkpoint(state: AgentState) -> None:
+    return None
+
+
+async def run_validation(records: Sequence, deps: AgentDeps, run_id: str, version: int, concurrency: int) -> dict:
+    """Roll out every record once with ``deps`` (greedy sampling) and aggregate metrics."""
+    val_deps = dataclasses.replace(deps, checkpoint=_noop_checkpoint, rid_prefix=deps.rid_prefix + "val.")
+    limit = asyncio.Semaphore(max(1, concurrency))
+    t0 = time.monotonic()
+
+    async def one(i: int, rec) -> AgentState:
+        state = AgentState(id=f"v{version}-{i}", run_id=run_id, group_id=f"val-{version}", group_size=1, group_index=0,
+                           prompt_id=rec.prompt_id, data_source=rec.data_source, ground_truth=rec.ground_truth,
+                           extra_info=dict(rec.extra_info), messages=rec.chat(), created_at=time.time())
+        async with limit:
+            return await run_agent(state, val_deps)
+
+    states = await asyncio.gather(*(one(i, rec) for i, rec in enumerate(records)))
+    by_source: dict[str, list[AgentState]] = defaultdict(list)
+    for s in states:
+        by_source[s.data_source].append(s)
+    metrics: dict[str, float] = {}
+    for source, group in sorted(by_source.items()):
+        metrics[f"val-core/{source}/reward/mean@1"] = sum(s.reward for s in group) / len(group)
+        metrics[f"val-aux/{source}/response_length/mean"] = sum(s.response_length for s in group) / len(group)
+    metrics["val-aux/num_turns/mean"] = sum(s.assistant_turns for s in states) / len(states)
+    metrics["val-aux/num_tool_calls/mean"] = sum(s.num_tool_calls for s in states) / len(states)
+    metrics["val-aux/reward/mean"] = sum(s.reward for s in states) / len(states)
+    metrics["val-aux/finished_error"] = sum(s.finish_reason == "error" for s in states)
+    seen = [v for s in states for v in (s.version_start, s.version_end) if v is not None]
+    return {"kind": "validation", "version": version, "samples": len(states), "seconds": round(time.monotonic() - t0, 3),
+            "versions_seen": sorted(set(seen)), "metrics": metrics}
