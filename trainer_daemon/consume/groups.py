@@ -1,0 +1,118 @@
+"""Assembling whole groups (all ``n`` trajectories of one prompt) into training batches.
+
+A trajectory arrives on its own (``rollout.publish_unit=trajectory``) or with its group; the
+trainer trains whole groups only, because GRPO's advantage is relative to the group.
+
+Rules (deterministic functions of the stream's content and order, so a restarted trainer
+that replays the same messages builds the same batches):
+
+- A group is *complete* when it holds ``group_size`` distinct trajectory ids.
+- A group still incomplete once the stream reached ``first_seq + patience + 1`` is *released*
+  incomplete: a member that never comes (lost upstream, or poison) must not pin the stream
+  cursor forever. Counted as ``incomplete_groups``; a member arriving later starts a new group.
+- ``ready_seq = min(completing member's seq, first_seq + patience + 1)``: the groups ready once
+  the stream was read up to ``D`` are exactly those with ``ready_seq <= D``, so taking them
+  in ``ready_seq`` order gives the same sequence of groups however the reads were chunked.
+- ``take(k, ...)`` returns the ``k`` ready groups with the smallest ``(ready_seq, first_seq)``.
+  Staleness is judged there, against the trainer's version at that moment: a trajectory whose
+  oldest model token is more than ``max_lag`` versions behind is dropped (``algo.version_info``);
+  a group left empty does not count towards ``k``.
+
+Not covered: reweighting stale trajectories instead of dropping them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asyncrl.wire import Trajectory
+from trainer_daemon.algo import version_info
+
+
+@dataclass
+class Held:
+    """One delivered, decoded, not yet resolved trajectory."""
+
+    seq: int
+    traj: Trajectory
+    payload: bytes
+
+
+@dataclass
+class _Group:
+    group_id: str
+    size: int
+    first_seq: int
+    members: dict[str, Held] = field(default_factory=dict)
+    complete_seq: int | None = None
+
+
+@dataclass
+class PendingGroup:
+    """A taken group: the trajectories to train and its stale members (resolved together)."""
+
+    kept: list[Held]
+    dropped: list[Held] = field(default_factory=list)
+    incomplete: bool = False
+
+
+@dataclass
+class Taken:
+    """The result of :meth:`GroupAssembler.take`: groups to train, and groups whose members
+    were all too stale (nothing to train; resolve them at once)."""
+
+    groups: list[PendingGroup] = field(default_factory=list)
+    empty: list[PendingGroup] = field(default_factory=list)
+
+
+class GroupAssembler:
+    """Holds trajectories by group until whole groups can be taken (module docstring)."""
+
+    def __init__(self, patience: int) -> None:
+        if patience < 1:
+            raise ValueError("patience must be >= 1")
+        self.patience = patience
+        self._groups: dict[str, _Group] = {}
+
+    def __len__(self) -> int:
+        return sum(len(g.members) for g in self._groups.values())
+
+    def add(self, item: Held) -> None:
+        t = item.traj
+        g = self._groups.get(t.group_id)
+        if g is None:
+            g = self._groups[t.group_id] = _Group(t.group_id, t.group_size, item.seq)
+        g.size = max(g.size, t.group_size)
+        g.members.setdefault(t.id, item)
+        if g.complete_seq is None and len(g.members) >= g.size:
+            g.complete_seq = item.seq
+
+    def _ready_seq(self, g: _Group, max_delivered: int) -> int | None:
+        """The sequence at which ``g`` became ready (a function of the stream alone), or None."""
+        release = g.first_seq + self.patience + 1
+        if g.complete_seq is not None:
+            return min(g.complete_seq, release)
+        return release if max_delivered >= release else None
+
+    def num_ready(self, max_delivered: int) -> int:
+        return sum(self._ready_seq(g, max_delivered) is not None for g in self._groups.values())
+
+    def take(self, k: int, max_delivered: int, version: int, max_lag: int | None) -> Taken:
+        """Up to ``k`` non-empty ready groups (oldest first) and the trajectories dropped as stale."""
+        ready = []
+        for g in self._groups.values():
+            rs = self._ready_seq(g, max_delivered)
+            if rs is not None:
+                ready.append((rs, g.first_seq, g))
+        ready.sort(key=lambda r: (r[0], r[1]))
+        out = Taken()
+        for _, _, g in ready:
+            if len(out.groups) >= k:
+                break
+            del self._groups[g.group_id]
+            pg = PendingGroup(kept=[], incomplete=g.complete_seq is None)
+            for h in sorted(g.members.values(), key=lambda h: (h.traj.group_index, h.seq)):
+                info = version_info(h.traj.weight_versions, h.traj.version_start, h.traj.version_end, version, max_lag)
+                (pg.dropped if info.drop else pg.kept).append(h)
+            (out.groups if pg.kept else out.empty).append(pg)
+        return out

@@ -1,0 +1,249 @@
+"""Rank 0's durable pull consumer on the run's stream: decode, dedup, dead-letter, assemble
+whole groups, ack after committed steps, keep held messages alive, purge what checkpoints cover.
+
+Runs on the :class:`~trainer_daemon.io_loop.IoLoop` (every method is a coroutine of that loop;
+nothing here is touched from another thread).
+
+- ``start``: the durable consumer ``trainer`` is deleted and recreated at ``cursor + 1``
+  (``DeliverPolicy.BY_START_SEQUENCE``), filtered on the trajectories subject, explicit acks,
+  ``max_deliver=-1`` (the server never gives up on a message), ``ack_wait=ACK_WAIT_S``.
+  Acks are flow control only: correctness comes from the checkpointed cursor (``state.py``).
+- Each delivered message: already resolved (``seq`` or id) → ack, skip. Undecodable
+  (``WireDecodeError``: garbage, unknown schema version, broken invariants) → ``term()``,
+  copied to the run's dead-letter subject (headers ``Asyncrl-Reason``, ``Asyncrl-Stream-Seq``,
+  ``Nats-Msg-Id: dlq-<seq>`` so a replay after a crash does not copy it twice), counted,
+  logged; never an exception. A trajectory id already held → ``duplicate``. Otherwise held.
+- ``next_batch(k, ...)`` waits up to ``wait_s`` for ``k`` groups (``groups.py``); stale
+  trajectories travel with their group and are resolved with it at commit, so a checkpoint
+  never separates them.
+- ``commit`` resolves the step's messages, acks them at once (the rollout service reads the
+  consumer's ``num_pending + num_ack_pending`` as its queue depth) and writes the ledger entry.
+- ``heartbeat_loop`` sends ``+WPI`` (in progress) for every held message every
+  ``HEARTBEAT_S`` so a long step or a slow group never lets ``ack_wait`` expire.
+- ``purge_through(seq)`` removes trajectory messages ``<= seq`` (the oldest kept checkpoint's
+  cursor); dead letters stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from asyncrl.wire import NatsNames, WireDecodeError, decode_trajectory
+from trainer_daemon.algo import batch_version_metrics
+from trainer_daemon.consume.groups import GroupAssembler, Held, PendingGroup
+from trainer_daemon.consume.state import ConsumptionState
+from trainer_daemon.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+ACK_WAIT_S = 60.0  # redelivery after this without an ack or heartbeat; heartbeats keep held messages alive
+HEARTBEAT_S = 15.0  # a quarter of ACK_WAIT_S: two lost heartbeats still leave margin
+FETCH_WAIT_S = 1.0  # one pull request's expiry; next_batch loops until its own deadline
+FETCH_BATCH_MAX = 256  # messages per pull request
+ACK_PENDING_MIN = 1024  # the server stops delivering silently at max_ack_pending (RELIABILITY §1)
+GROUP_PATIENCE_MIN = 256  # messages after a group's first member before it is released incomplete
+DLQ_REASON_MAX = 512  # characters of the decode error copied into the dead letter's header
+NATS_OP_TIMEOUT_S = 10.0  # one JetStream API request (consumer create, purge, info)
+
+
+def consumer_limits(required_trajectories: int) -> tuple[int, int]:
+    """``(group_patience, max_ack_pending)`` for a step of ``required_trajectories``."""
+    patience = max(GROUP_PATIENCE_MIN, 4 * required_trajectories)
+    return patience, max(ACK_PENDING_MIN, 2 * patience + 2 * required_trajectories)
+
+
+class TrajectorySource:
+    """See the module docstring."""
+
+    def __init__(self, names: NatsNames, state: ConsumptionState, ledger: Ledger, required_trajectories: int) -> None:
+        self.names = names
+        self.state = state
+        self.ledger = ledger
+        patience, self.max_ack_pending = consumer_limits(required_trajectories)
+        self.assembler = GroupAssembler(patience)
+        self._js: JetStreamContext | None = None
+        self._sub = None
+        self._msgs: dict[int, object] = {}  # seq -> latest Msg of every held message
+        self._held_ids: set[str] = set()
+        self._pending: list[PendingGroup] = []
+        self.redelivered_skipped = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self, js: JetStreamContext) -> None:
+        self._js = js
+        stream, durable = self.names.stream, self.names.trainer_consumer
+        try:
+            await js.delete_consumer(stream, durable)
+        except NotFoundError:
+            pass
+        config = ConsumerConfig(
+            durable_name=durable, filter_subject=self.names.trajectories,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.state.cursor + 1,
+            ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1,
+            max_ack_pending=self.max_ack_pending,
+        )
+        await js.add_consumer(stream, config, timeout=NATS_OP_TIMEOUT_S)
+        self._sub = await js.pull_subscribe_bind(durable=durable, stream=stream)
+        log.info("consumer %s on %s starts at sequence %d", durable, stream, self.state.cursor + 1)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception as exc:  # noqa: BLE001 - connection may already be gone
+                log.debug("unsubscribe failed: %s", exc)
+            self._sub = None
+
+    # -- intake ----------------------------------------------------------------------------
+    async def _fetch(self, wait_s: float) -> list:
+        room = min(FETCH_BATCH_MAX, self.max_ack_pending - len(self._msgs))
+        if room <= 0:
+            await asyncio.sleep(wait_s)
+            return []
+        try:
+            return await self._sub.fetch(batch=room, timeout=max(0.05, wait_s))
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        except nats.errors.Error as exc:  # disconnected: the client reconnects on its own
+            log.warning("fetch failed (%s); retrying", exc)
+            await asyncio.sleep(min(wait_s, FETCH_WAIT_S))
+            return []
+
+    async def _poison(self, msg, seq: int, reason: str) -> None:
+        log.warning("poison message at stream sequence %d: %s", seq, reason)
+        try:
+            await msg.term()
+        except Exception as exc:  # noqa: BLE001 - flow control only; the cursor resolves it
+            log.warning("term of sequence %d failed: %s", seq, exc)
+        headers = {"Nats-Msg-Id": f"dlq-{seq}", "Asyncrl-Reason": reason[:DLQ_REASON_MAX].replace("\n", " "),
+                   "Asyncrl-Stream-Seq": str(seq)}
+        try:
+            await self._js.publish(self.names.dead_letters, msg.data, headers=headers, timeout=NATS_OP_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - counted and logged either way
+            log.error("copying sequence %d to %s failed: %s", seq, self.names.dead_letters, exc)
+        self.state.resolve([(seq, "poison", "")])
+        self.state.count("poison")
+        self.ledger.note("poison", seq)
+
+    async def _process(self, msgs: list) -> None:
+        for msg in msgs:
+            seq = int(msg.metadata.sequence.stream)
+            self.state.delivered(seq)
+            if self.state.is_resolved(seq):
+                self.redelivered_skipped += 1
+                await _quiet_ack(msg)
+                continue
+            if seq in self.state.held:  # ack_wait redelivery: keep the newest reply subject
+                self._msgs[seq] = msg
+                continue
+            try:
+                traj = decode_trajectory(msg.data)
+            except WireDecodeError as exc:
+                await self._poison(msg, seq, str(exc))
+                continue
+            if self.state.knows_id(traj.id) or traj.id in self._held_ids:
+                log.warning("duplicate trajectory id %s at sequence %d: skipped", traj.id, seq)
+                await _quiet_ack(msg)
+                self.state.resolve([(seq, "duplicate", traj.id)])
+                self.state.count("duplicate")
+                self.ledger.note("duplicate", traj.id)
+                continue
+            self.state.hold(seq)
+            self._msgs[seq] = msg
+            self._held_ids.add(traj.id)
+            self.assembler.add(Held(seq, traj, bytes(msg.data)))
+        self.state.resolve([])  # advance over skipped sequences
+
+    def _take(self, k: int, version: int, max_lag: int | None) -> None:
+        need = k - len(self._pending)
+        if need <= 0 or not self.assembler.num_ready(self.state.max_delivered):
+            return
+        taken = self.assembler.take(need, self.state.max_delivered, version, max_lag)
+        self._pending.extend(taken.groups)
+        for group in taken.empty:  # every member too stale: nothing to train, resolve now
+            self._resolve_group(group)
+
+    async def next_batch(self, k: int, version: int, max_lag: int | None, wait_s: float) -> list[PendingGroup] | None:
+        """``k`` groups to train, or None when they did not arrive within ``wait_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            self._take(k, version, max_lag)
+            if len(self._pending) >= k:
+                batch, self._pending = self._pending[:k], self._pending[k:]
+                return batch
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            await self._process(await self._fetch(min(remaining, FETCH_WAIT_S)))
+
+    # -- commit ----------------------------------------------------------------------------
+    def _resolve_group(self, group: PendingGroup) -> list:
+        items = [(h.seq, "trained", h.traj.id) for h in group.kept] + [(h.seq, "dropped", h.traj.id) for h in group.dropped]
+        self.state.resolve(items)
+        self.state.count("dropped", len(group.dropped))
+        self.state.count("incomplete_groups", int(group.incomplete))
+        for h in group.dropped:
+            self.ledger.note("dropped", h.traj.id)
+        msgs = []
+        for h in group.kept + group.dropped:
+            self._held_ids.discard(h.traj.id)
+            msg = self._msgs.pop(h.seq, None)
+            if msg is not None:
+                msgs.append(msg)
+        return msgs
+
+    async def commit(self, groups: list[PendingGroup], step: int, version: int) -> dict[str, float]:
+        """Resolve and ack a committed step's messages; returns verl's fully_async metrics."""
+        msgs = []
+        for g in groups:
+            msgs.extend(self._resolve_group(g))
+        trained = [h for g in groups for h in g.kept]
+        self.state.count("trained", len(trained))
+        self.ledger.commit(step, version, [h.traj.id for h in trained])
+        c = self.state.counters
+        metrics = batch_version_metrics([h.traj for h in trained], version, prev_stale_samples=c["stale_samples"],
+                                        prev_stale_trajectories=c["stale_trajectories"])
+        c["stale_samples"] = int(metrics["fully_async/count/stale_samples_processed"])
+        c["stale_trajectories"] = int(metrics["fully_async/count/stale_trajectory_processed"])
+        await asyncio.gather(*(_quiet_ack(m) for m in msgs))
+        return metrics
+
+    # -- upkeep ----------------------------------------------------------------------------
+    async def heartbeat_loop(self, interval_s: float = HEARTBEAT_S) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            for msg in list(self._msgs.values()):
+                try:
+                    await msg.in_progress()
+                except Exception as exc:  # noqa: BLE001 - redelivery is harmless (dedup by seq)
+                    log.debug("in_progress failed: %s", exc)
+
+    async def purge_through(self, seq: int) -> None:
+        if seq < 1 or self._js is None:
+            return
+        try:
+            await self._js.purge_stream(self.names.stream, seq=seq + 1, subject=self.names.trajectories)
+        except Exception as exc:  # noqa: BLE001 - retried after the next checkpoint
+            log.warning("purging %s through sequence %d failed: %s", self.names.stream, seq, exc)
+
+    async def lag(self) -> dict[str, float]:
+        """Consumer lag (messages not delivered yet) and acks pending, as metrics."""
+        try:
+            info = await self._js.consumer_info(self.names.stream, self.names.trainer_consumer, timeout=NATS_OP_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - metrics are best effort
+            log.debug("consumer_info failed: %s", exc)
+            return {}
+        return {"trainer/consumer_lag": float(info.num_pending), "trainer/consumer_ack_pending": float(info.num_ack_pending)}
+
+
+async def _quiet_ack(msg) -> None:
+    try:
+        await msg.ack()
+    except Exception as exc:  # noqa: BLE001 - acks are flow control; a lost one means a redelivery we skip
+        log.debug("ack failed: %s", exc)

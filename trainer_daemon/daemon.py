@@ -1,0 +1,250 @@
+"""The trainer daemon's main loop (every rank runs it; rank 0 decides, the others follow).
+
+Each iteration rank 0 produces a *command* and broadcasts it to all ranks (msgpack bytes):
+``train`` with the step batch (the wire bytes of whole groups, in order), ``idle`` when no
+batch arrived within ``IDLE_POLL_S`` (so no rank blocks in a collective for longer than that),
+or ``stop`` (``trainer.total_training_steps`` reached, or SIGTERM/SIGINT). Then, on every rank:
+
+1. the step (``TrainStep``) — all ranks decode the same batch;
+2. rank 0 commits it: messages resolved and acked, ledger entry, verl's ``fully_async/*``;
+3. every ``async_training.trigger_parameter_sync_step`` steps, if a publisher is configured:
+   the full state dict is gathered to rank 0 (collective) and published in the background —
+   training continues at once; a sync still in flight at the next sync point is waited for;
+4. every ``trainer.checkpoint.save_freq`` steps, and at the end: a checkpoint (collective);
+5. rank 0 emits the step's metrics.
+
+Weight version: the checkpoint's (0 fresh), +1 per successful publish. After a resume with
+version > 0 the restored weights are re-published under the same version first, since engines
+may hold newer weights from the lost steps (RELIABILITY.md §2).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+import msgspec
+import torch
+
+from asyncrl.models import load_tokenizer
+from asyncrl.wire import decode_trajectory
+from trainer_daemon.algo import max_version_lag
+from trainer_daemon.checkpoint import CheckpointManager
+from trainer_daemon.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
+from trainer_daemon.export import export_hf
+from trainer_daemon.model import build_optimizer, build_policy, build_reference, build_scheduler, engine_weights, full_state_dict
+from trainer_daemon.step import StepSettings, TrainStep
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 5.0  # longest rank 0 waits for data before telling the other ranks "idle"
+PG_TIMEOUT_SLACK_S = 60.0  # a collective may wait for rank 0 to finish waiting for a sync
+
+
+class Command(msgspec.Struct):
+    kind: str  # "train" | "idle" | "stop"
+    payloads: list[bytes] = []
+    groups: list[list[int]] = []
+
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(Command)
+
+
+class TrainerDaemon:
+    """See the module docstring. ``setup()``, ``run()``, then always ``close()``."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.ctx = None
+        self.r0 = None
+        self.step = 0
+        self.stop_requested = False
+        self._last_saved = -1
+        self._idle_s = 0.0
+        self._window_start = time.perf_counter()
+        self._wait_started: float | None = None
+        self._pending: list | None = None
+
+    # -- setup -----------------------------------------------------------------------------
+    def _sync_wait_s(self) -> float:
+        s = self.cfg.sync
+        return s.group_init_timeout_s + s.pause_timeout_s + s.broadcast_timeout_s + s.resume_timeout_s
+
+    def setup(self) -> None:
+        cfg, t = self.cfg, self.cfg.trainer
+        self.ctx = init_distributed(t.device, max(PROCESS_GROUP_TIMEOUT_S, self._sync_wait_s() + PG_TIMEOUT_SLACK_S))
+        torch.manual_seed(cfg.model.seed)
+        tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+        dev, ws = self.ctx.device, self.ctx.world_size
+        self.model = build_policy(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision, cfg.actor.activation_checkpointing)
+        reference = build_reference(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision) if cfg.actor.use_kl_loss else None
+        self.optimizer = build_optimizer(self.model, cfg.actor.optim)
+        self.total_steps = t.total_training_steps or cfg.derived.total_updates
+        per_step = cfg.async_training.require_batches * cfg.actor.ppo_epochs
+        self.scheduler = build_scheduler(self.optimizer, cfg.actor.optim, self.total_steps and self.total_steps * per_step)
+        self.step_fn = TrainStep(self.model, self.optimizer, self.scheduler, StepSettings.from_config(cfg, pad_id), self.ctx, reference)
+        self.ckpt = CheckpointManager(cfg.run_dir / "checkpoints", self.ctx, t.checkpoint.keep_last, t.checkpoint.async_save)
+        state = self._resume()
+        self.step = self._last_saved = int(state.get("step", 0))
+        at = cfg.async_training
+        self.max_lag = max_version_lag(at.staleness_threshold, 1 if at.partial_rollout and at.staleness_threshold > 0 else 0)
+        self.has_sync = bool(cfg.sync.url or cfg.engines.urls)
+        if self.ctx.is_rank0:
+            from trainer_daemon.rank0 import Rank0Services
+
+            self.r0 = Rank0Services(cfg, state)
+            self.r0.start()
+        if self.has_sync and int(state.get("weight_version", 0)) > 0:
+            self._publish(same_version=True)
+        self._window_start = time.perf_counter()
+        log.info("trainer ready at step %d (world size %d)", self.step, self.ctx.world_size)
+
+    def _resume(self) -> dict[str, Any]:
+        path = None
+        if self.ctx.is_rank0:
+            self.ckpt.clean()
+            latest = self.ckpt.latest()
+            if latest is not None and not self.cfg.trainer.checkpoint.resume:
+                raise RuntimeError(f"checkpoints exist in {latest.parent}; delete them or set trainer.checkpoint.resume=true")
+            path = str(latest) if latest is not None else ""
+        path = self.ctx.broadcast_bytes(path.encode() if path is not None else None).decode()
+        if not path:
+            return {}
+        state = self.ckpt.load(path, self.model, self.optimizer)
+        self.scheduler.load_state_dict(state["scheduler"])
+        log.info("resumed from %s (step %d, weight version %d)", path, state["step"], state.get("weight_version", 0))
+        return state
+
+    # -- loop ------------------------------------------------------------------------------
+    def request_stop(self, *_: Any) -> None:
+        self.stop_requested = True
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.request_stop)
+
+    def _next_command(self) -> Command:
+        if self.ctx.is_rank0:
+            cmd = self._decide()
+            return _dec.decode(self.ctx.broadcast_bytes(_enc.encode(cmd)))
+        return _dec.decode(self.ctx.broadcast_bytes(None))
+
+    def _decide(self) -> Command:
+        self._background()
+        if self.stop_requested or (self.total_steps and self.step >= self.total_steps):
+            return Command("stop")
+        k = self.cfg.derived.required_samples
+        t0 = time.perf_counter()
+        self._wait_started = self._wait_started or t0
+        groups = self.r0.next_batch(k, self.max_lag, IDLE_POLL_S)
+        now = time.perf_counter()
+        self._idle_s += now - t0
+        self.r0.metrics.live("trainer/waiting_for_data_s", 0.0 if groups else now - self._wait_started)
+        if groups is None:
+            return Command("idle")
+        self._wait_started = None
+        self._pending = groups
+        payloads, index = [], []
+        for g in groups:
+            index.append(list(range(len(payloads), len(payloads) + len(g.kept))))
+            payloads.extend(h.payload for h in g.kept)
+        return Command("train", payloads, index)
+
+    def _background(self) -> None:
+        """Rank 0 between steps: record a finished sync, finalise an async checkpoint, purge."""
+        self._sync_metrics = self.r0.poll_sync()
+        if self.ckpt.poll() is not None:
+            self.r0.purge_through(self.ckpt.oldest_kept_cursor())
+
+    def run(self) -> None:
+        t = self.cfg.trainer
+        trigger = self.cfg.async_training.trigger_parameter_sync_step
+        while True:
+            cmd = self._next_command()
+            if cmd.kind == "stop":
+                break
+            if cmd.kind == "idle":
+                continue
+            trajs = [decode_trajectory(p) for p in cmd.payloads]
+            t0 = time.perf_counter()
+            metrics = self.step_fn.run(trajs, cmd.groups)
+            train_s = time.perf_counter() - t0
+            self.step += 1
+            if self.ctx.is_rank0:
+                metrics.update(self.r0.commit(self._pending, self.step))
+                self._pending = None
+            full = self._publish() if self.has_sync and self.step % trigger == 0 else None
+            if t.checkpoint.save_freq and self.step % t.checkpoint.save_freq == 0:
+                self._save(full)
+            if self.ctx.is_rank0:
+                self._emit(metrics, train_s)
+        self._finish()
+
+    def _emit(self, metrics: dict[str, float], train_s: float) -> None:
+        now = time.perf_counter()
+        window = max(now - self._window_start, 1e-9)
+        metrics.update(getattr(self, "_sync_metrics", {}) or {})
+        metrics.update({
+            "trainer/idle_ratio": min(1.0, self._idle_s / window),
+            "trainer/idle_time_s": self._idle_s,
+            "timing_s/step": window,
+            "timing_s/train": train_s,
+            "trainer/tokens_per_s": metrics.get("perf/total_num_tokens", 0.0) * self.cfg.actor.ppo_epochs / max(train_s, 1e-9),
+            "trainer/weight_version": float(self.r0.version),
+            "trainer/global_step": float(self.step),
+        })
+        metrics.setdefault("fully_async/count/current_param_version", float(self.r0.version))
+        self.r0.metrics.emit(self.step, metrics)
+        self._idle_s, self._window_start = 0.0, now
+
+    # -- sync and checkpoints --------------------------------------------------------------
+    def _publish(self, same_version: bool = False) -> dict[str, torch.Tensor]:
+        """*Collective.* Gather the full weights; rank 0 starts publishing them."""
+        full = full_state_dict(self.model)
+        if self.ctx.is_rank0 and self.r0.sync is not None:
+            self.r0.sync.wait(self._sync_wait_s())
+            self._sync_metrics = self.r0.poll_sync()
+            dtype = getattr(torch, self.cfg.model.dtype)
+            weights = engine_weights(full, bool(getattr(self.model.config, "tie_word_embeddings", False)), dtype)
+            self.r0.sync.start(weights, version=self.r0.version if same_version else None)
+        return full
+
+    def _save(self, full: dict[str, torch.Tensor] | None = None) -> None:
+        """*Collective.* Checkpoint the current step (rank 0 adds the stream state and the ledger).
+        ``full``: this step's gathered state dict, if a sync already gathered it."""
+        ck = self.cfg.trainer.checkpoint
+        export = None
+        if ck.export_hf:
+            full = full if full is not None else full_state_dict(self.model)
+            export = lambda d: export_hf(d, full, self.model.config, self.cfg)  # noqa: E731
+        state = segment = None
+        if self.ctx.is_rank0:
+            consumption, segment = self.r0.snapshot(self.step)
+            state = {"step": self.step, "weight_version": self.r0.version, "consumption": consumption,
+                     "scheduler": self.scheduler.state_dict(), "world_size": self.ctx.world_size,
+                     "time": time.time(), "model": self.cfg.model.path}
+        self.ckpt.save(self.step, self.model, self.optimizer, state, segment, export)
+        self._last_saved = self.step
+        if self.ctx.is_rank0 and not ck.async_save:
+            self.r0.purge_through(self.ckpt.oldest_kept_cursor())
+
+    def _finish(self) -> None:
+        """*Collective.* Wait for the last sync (so the final checkpoint records its version), save, settle."""
+        if self.ctx.is_rank0 and self.r0.sync is not None:
+            self.r0.sync.wait(self._sync_wait_s())
+            self.r0.poll_sync()
+        if self.step != self._last_saved:
+            self._save()
+        if self.ckpt.wait() is not None and self.ctx.is_rank0:
+            self.r0.purge_through(self.ckpt.oldest_kept_cursor())
+        log.info("trainer finished at step %d", self.step)
+
+    def close(self) -> None:
+        if self.r0 is not None:
+            self.r0.close()
+        if self.ctx is not None:
+            self.ctx.destroy()

@@ -1,0 +1,88 @@
+"""The training ledger: which trajectory ids each committed step trained, dropped or skipped,
+kept along the lineage of complete checkpoints — the audit trail of exactly-once consumption.
+
+Rank 0 records one entry per committed step (and one for messages resolved between steps).
+With each checkpoint it writes the entries since the previous checkpoint of its lineage as a
+*segment*, ``<checkpoints>/ledger/step-<N>.json`` = ``{"step": N, "parent": P | null,
+"entries": [...]}``, atomically and before the checkpoint is marked complete. Segments are
+never pruned with old checkpoints (a few dozen bytes per trajectory).
+
+:func:`read_lineage` follows ``parent`` links back from a complete checkpoint: the result is
+exactly what the model of that checkpoint was trained on. Segments of checkpoints that never
+completed (a crash in between) are not on any lineage and are ignored; a later timeline that
+reaches the same step overwrites them.
+
+Entry shape: ``{"step": int, "version": int, "trained": [id], "dropped": [id],
+"duplicate": [id], "poison": [seq]}`` (empty lists omitted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+LEDGER_DIR = "ledger"
+KINDS = ("trained", "dropped", "duplicate", "poison")
+
+
+def segment_path(root: Path, step: int) -> Path:
+    return Path(root) / LEDGER_DIR / f"step-{step:08d}.json"
+
+
+class Ledger:
+    """Entries since the last checkpoint of this lineage (rank 0)."""
+
+    def __init__(self, parent: int | None = None) -> None:
+        self.parent = parent
+        self.entries: list[dict[str, Any]] = []
+        self._loose: dict[str, list] = {k: [] for k in KINDS}
+
+    def note(self, kind: str, value: str | int) -> None:
+        """A message resolved outside a step (dropped, duplicate, poison) before the next commit."""
+        self._loose[kind].append(value)
+
+    def commit(self, step: int, version: int, trained: list[str]) -> None:
+        """The entry of committed step ``step`` (takes the loose notes with it)."""
+        entry: dict[str, Any] = {"step": step, "version": version, "trained": list(trained)}
+        entry.update({k: v for k, v in self._loose.items() if v and k != "trained"})
+        self.entries.append(entry)
+        self._loose = {k: [] for k in KINDS}
+
+    def snapshot(self, step: int, version: int) -> dict[str, Any]:
+        """The segment of a checkpoint at ``step``; starts a new segment whose parent is ``step``."""
+        if any(self._loose.values()):
+            self.commit(step, version, [])
+            self.entries[-1]["between_steps"] = True
+        segment = {"step": step, "parent": self.parent, "entries": self.entries}
+        self.parent, self.entries = step, []
+        return segment
+
+
+def write_segment(root: Path, segment: dict[str, Any]) -> Path:
+    """Write a segment atomically (temp file + fsync + rename)."""
+    path = segment_path(root, int(segment["step"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump(segment, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_lineage(root: Path, step: int) -> list[dict[str, Any]]:
+    """All entries of the lineage ending at checkpoint ``step``, oldest first."""
+    chain: list[list[dict[str, Any]]] = []
+    current: int | None = step
+    seen: set[int] = set()
+    while current is not None:
+        if current in seen:
+            raise ValueError(f"ledger parent cycle at step {current}")
+        seen.add(current)
+        segment = json.loads(segment_path(root, current).read_text())
+        chain.append(segment["entries"])
+        current = segment["parent"]
+    return [e for entries in reversed(chain) for e in entries]

@@ -1,0 +1,118 @@
+"""The policy (and the optional frozen reference) as FSDP2-sharded Hugging Face causal LMs, the
+optimiser and the learning-rate schedule.
+
+- Loading: :func:`asyncrl.models.load_model` (builtin specs or a local HF directory) in fp32 —
+  FSDP keeps fp32 master weights; ``trainer.mixed_precision=bf16`` casts parameters to bf16 for
+  compute and reduces gradients in fp32 (``MixedPrecisionPolicy``). The seed matters only for
+  models built in code; every rank builds the same weights and FSDP keeps its shard.
+- Sharding: ``fully_shard`` on every decoder block (modules whose class is in the model's
+  ``_no_split_modules``), then on the root, which holds the embeddings, the final norm and the
+  (possibly tied) LM head. Tied embeddings stay one parameter.
+- Activation checkpointing (``actor.activation_checkpointing``): Hugging Face's own
+  non-reentrant gradient checkpointing of the decoder blocks.
+- Optimiser: AdamW (``actor.optim``); schedule: linear warm-up, then constant or cosine to 0 at
+  ``total_updates`` optimiser updates.
+
+Not covered: tensor/sequence parallelism, CPU offload of parameters, HSDP meshes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from asyncrl.models import load_model
+
+log = logging.getLogger(__name__)
+
+
+def _mp_policy(mixed_precision: str) -> MixedPrecisionPolicy | None:
+    if mixed_precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return None
+
+
+def shard_model(model: torch.nn.Module, device: torch.device, world_size: int, mixed_precision: str) -> torch.nn.Module:
+    """``fully_shard`` each decoder block, then the root (module docstring)."""
+    mesh = init_device_mesh(device.type, (world_size,))
+    kwargs = {"mesh": mesh}
+    mp = _mp_policy(mixed_precision)
+    if mp is not None:
+        kwargs["mp_policy"] = mp
+    block_types = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in block_types]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} declares no decoder block types (_no_split_modules); cannot shard per block")
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def build_policy(spec: str, seed: int, device: torch.device, world_size: int, mixed_precision: str = "fp32",
+                 activation_checkpointing: bool = False) -> torch.nn.Module:
+    """The trainable, sharded policy in train mode."""
+    model = load_model(spec, dtype="float32", seed=seed)
+    model.config.use_cache = False
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return shard_model(model, device, world_size, mixed_precision)
+
+
+def build_reference(spec: str, seed: int, device: torch.device, world_size: int, mixed_precision: str = "fp32") -> torch.nn.Module:
+    """A frozen, sharded copy of the initial policy for the KL loss (no grads, no optimiser state)."""
+    model = load_model(spec, dtype="float32", seed=seed)
+    model.config.use_cache = False
+    model.requires_grad_(False)
+    model.eval()
+    return shard_model(model, device, world_size, mixed_precision)
+
+
+def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters with ``actor.optim``'s settings."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+
+
+def lr_factor(update: int, warmup: int, schedule: str, total: int | None) -> float:
+    """Multiplier of the base learning rate before optimiser update number ``update`` (0-based)."""
+    if warmup and update < warmup:
+        return (update + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    if not total:
+        raise ValueError("the cosine schedule needs a total number of updates (trainer.total_training_steps)")
+    progress = min(1.0, (update - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, optim, total_updates: int | None) -> torch.optim.lr_scheduler.LambdaLR:
+    if optim.lr_scheduler == "cosine" and not total_updates:
+        raise ValueError("actor.optim.lr_scheduler=cosine needs trainer.total_training_steps or rollout.total_rollout_steps")
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda u: lr_factor(u, optim.warmup_steps, optim.lr_scheduler, total_updates)
+    )
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict with Hugging Face names: CPU tensors on rank 0, ``{}``
+    elsewhere. A collective: every rank must call it."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def engine_weights(full: dict[str, torch.Tensor], tied: bool, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """What engines load by name: the full state dict without ``lm_head.weight`` when the
+    embeddings are tied (SGLang and local_engine load the embedding for both), cast to the
+    engines' dtype."""
+    out = {}
+    for name, t in full.items():
+        if tied and name == "lm_head.weight":
+            continue
+        out[name] = t.to(dtype) if dtype is not None and t.is_floating_point() and t.dtype != dtype else t
+    return out

@@ -1,0 +1,139 @@
+"""Everything only trainer rank 0 does: the I/O loop, the NATS connection and stream consumer,
+metrics sinks, and the weight-sync controller — behind synchronous methods the training loop
+calls between steps.
+
+Every call into the I/O loop is bounded (``IO_TIMEOUT_S`` beyond the operation's own wait).
+``close()`` releases everything in reverse order and never raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from asyncrl.jetstream import connect, ensure_stream, resolve_nats_url
+from asyncrl.wire import NatsNames
+from trainer_daemon.consume import ConsumptionState, PendingGroup, TrajectorySource
+from trainer_daemon.io_loop import IoLoop
+from trainer_daemon.ledger import Ledger
+from trainer_daemon.metrics import MetricsHub
+from trainer_daemon.sync import SyncController, build_publisher
+
+log = logging.getLogger(__name__)
+
+IO_TIMEOUT_S = 60.0  # slack on top of an I/O call's own wait: acks, purges, a JetStream API round trip
+CONNECT_TIMEOUT_S = 60.0  # NATS port poll (10 s) + connect + stream setup on a busy machine
+NATS_CLOSE_TIMEOUT_S = 10.0
+
+
+class Rank0Services:
+    """See the module docstring."""
+
+    def __init__(self, cfg, trainer_state: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.names = NatsNames(cfg.run.id)
+        self.io = IoLoop()
+        self.nc = None
+        self.metrics: MetricsHub | None = None
+        self.sync: SyncController | None = None
+        self._base_version = int(trainer_state.get("weight_version", 0))
+        state = ConsumptionState()
+        if trainer_state.get("consumption"):
+            state.load_state_dict(trainer_state["consumption"])
+        ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None)
+        required = cfg.derived.required_samples * cfg.rollout.n
+        self.source = TrajectorySource(self.names, state, ledger, required)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        cfg = self.cfg
+        url = resolve_nats_url(cfg.nats.url, cfg.run_dir)
+        password = cfg.security.nats_password.get_secret_value() if cfg.security.nats_password else None
+
+        async def _start():
+            self.nc = await connect(url, f"trainer-{cfg.run.id}", user=cfg.nats.user, password=password)
+            js = self.nc.jetstream()
+            await ensure_stream(js, cfg)
+            await self.source.start(js)
+            asyncio.get_running_loop().create_task(self.source.heartbeat_loop(), name="heartbeats")
+
+        self.io.run(_start(), CONNECT_TIMEOUT_S)
+        t = cfg.trainer
+        self.metrics = MetricsHub(cfg.run_dir, list(t.loggers), t.metrics_host, t.metrics_port, send=self._send_metrics)
+        publisher = build_publisher(cfg)
+        if publisher is not None:
+            self.sync = SyncController(publisher, self.io, self._base_version)
+        self.metrics.live("trainer/weight_version", self.version)
+
+    def _send_metrics(self, payload: bytes) -> None:
+        subject = self.names.metrics("trainer")
+
+        async def _pub():
+            try:
+                await self.nc.publish(subject, payload)
+            except Exception as exc:  # noqa: BLE001 - best effort by contract
+                log.debug("metrics publish failed: %s", exc)
+
+        self.io.loop.call_soon_threadsafe(lambda: self.io.loop.create_task(_pub()))
+
+    def close(self) -> None:
+        steps = [
+            ("sync", lambda: self.sync is not None and self.io.run(self.sync.publisher.close(), IO_TIMEOUT_S)),
+            ("source", lambda: self.io.run(self.source.close(), IO_TIMEOUT_S)),
+            ("nats", lambda: self.nc is not None and self.io.run(self.nc.close(), NATS_CLOSE_TIMEOUT_S)),
+            ("io", self.io.close),
+            ("metrics", lambda: self.metrics is not None and self.metrics.close()),
+        ]
+        for name, fn in steps:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - close everything else regardless
+                log.warning("closing %s failed: %s", name, exc)
+
+    # -- data ------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self.sync.version if self.sync is not None else self._base_version
+
+    def next_batch(self, k: int, max_lag: int | None, wait_s: float) -> list[PendingGroup] | None:
+        return self.io.run(self.source.next_batch(k, self.version, max_lag, wait_s), wait_s + IO_TIMEOUT_S)
+
+    def commit(self, groups: list[PendingGroup], step: int) -> dict[str, float]:
+        metrics = self.io.run(self.source.commit(groups, step, self.version), IO_TIMEOUT_S)
+        metrics.update(self.io.run(self.source.lag(), IO_TIMEOUT_S))
+        c = self.source.state.counters
+        metrics.update({
+            "trainer/dropped_stale_trajectories": float(c["dropped"]),
+            "trainer/poison_messages": float(c["poison"]),
+            "trainer/duplicate_trajectories": float(c["duplicate"]),
+            "trainer/incomplete_groups": float(c["incomplete_groups"]),
+            "trainer/trained_trajectories": float(c["trained"]),
+            "trainer/stream_cursor": float(self.source.state.cursor),
+        })
+        return metrics
+
+    def snapshot(self, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(consumption state, ledger segment)`` for a checkpoint at ``step``."""
+
+        async def _snap():
+            return self.source.state.state_dict(), self.source.ledger.snapshot(step, self.version)
+
+        return self.io.run(_snap(), IO_TIMEOUT_S)
+
+    def purge_through(self, seq: int) -> None:
+        self.io.run(self.source.purge_through(seq), IO_TIMEOUT_S)
+
+    # -- weights ---------------------------------------------------------------------------
+    def poll_sync(self) -> dict[str, float]:
+        if self.sync is not None and self.sync.poll():
+            self.metrics.live("trainer/weight_version", self.version)
+            return dict(self.sync.last)
+        return {}
+
+
+def metrics_endpoint(run_dir: Path) -> str | None:
+    """The URL rank 0 serves Prometheus metrics on, once it is up (tests, ``asyncrl up``)."""
+    p = Path(run_dir) / "metrics" / "trainer_endpoint"
+    return p.read_text().strip() if p.is_file() else None

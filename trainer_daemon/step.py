@@ -1,0 +1,234 @@
+"""One training step: ``require_batches * ppo_mini_batch_size`` groups → optimiser updates.
+
+Every rank receives the whole step batch (the same list of trajectories in the same order),
+so everything that depends on the batch alone is computed identically everywhere, without
+collectives: GRPO advantages (``actor.norm_adv_by_std_in_grpo``), the zero-variance filter
+(``actor.filter_zero_variance_groups``), the split into mini-batches of
+``ppo_mini_batch_size`` groups, the per-rank plan (``algo.plan_mini_batch``: whole groups per
+rank, token-balanced, equal micro-batch counts) and the mini-batch's global loss normalisers.
+
+Per step: if ``compute_prox_log_prob`` (or ``use_rollout_log_probs=False``) one no-grad pass
+computes the anchor log-probs with the weights at the start of the step; with
+``actor.use_kl_loss`` one no-grad pass of the frozen reference. Then ``ppo_epochs`` × each
+mini-batch: for each of this rank's micro-batches a forward pass (logits / the trajectory's
+temperature), ``algo.compute_actor_loss`` with global normalisers and ``dp_size``, backward;
+then gradient clipping (``actor.optim.grad_clip``), AdamW, LR schedule. A non-finite gradient
+norm skips that update on every rank (the norm is global). Empty micro-batches run
+:func:`~trainer_daemon.batch.dummy_micro_batch` so FSDP's collectives line up.
+
+Metrics (verl's names): ``actor/*`` from the loss (loss terms summed over micro-batches and
+averaged over ranks — the mini-batch value; ratios and fractions token-weighted means),
+``actor/grad_norm``, ``actor/lr``, ``critic/rewards/*``, ``response_length/*``,
+``perf/total_num_tokens``, ``perf/throughput`` (tokens/s per rank, verl's), ``timing_s/*``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from asyncrl.wire import Trajectory
+from trainer_daemon.algo import (
+    PolicyLossConfig,
+    compute_actor_loss,
+    entropy_from_logits,
+    grpo_advantages,
+    log_probs_from_logits,
+    plan_mini_batch,
+    resolve_log_probs,
+    zero_variance_mask,
+)
+from trainer_daemon.batch import MicroBatch, collate
+from trainer_daemon.distributed import DistContext
+
+SHARE_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss")  # summed over micro-batches
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """The knobs of a step (read from ``RunConfig`` by :meth:`from_config`)."""
+
+    ppo_mini_batch_size: int
+    micro_batch_size: int
+    ppo_epochs: int
+    grad_clip: float
+    norm_adv_by_std: bool
+    filter_zero_variance: bool
+    pad_id: int
+    loss: PolicyLossConfig
+
+    @classmethod
+    def from_config(cls, cfg, pad_id: int) -> StepSettings:
+        a = cfg.actor
+        return cls(a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_gpu, a.ppo_epochs, a.optim.grad_clip,
+                   a.norm_adv_by_std_in_grpo, a.filter_zero_variance_groups, pad_id,
+                   PolicyLossConfig.from_configs(a, cfg.async_training))
+
+    @property
+    def needs_recompute(self) -> bool:
+        return self.loss.compute_prox_log_prob or not self.loss.use_rollout_log_probs
+
+
+class TrainStep:
+    """Callable step function (module docstring); identical on every rank."""
+
+    def __init__(self, model, optimizer, scheduler, settings: StepSettings, ctx: DistContext, reference=None) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.s, self.ctx, self.reference = settings, ctx, reference
+        if settings.loss.use_kl_loss and reference is None:
+            raise ValueError("actor.use_kl_loss needs a reference model")
+
+    # -- forward ---------------------------------------------------------------------------
+    def _forward(self, model, mb: MicroBatch, need_entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(logp, entropy, logits)``, ``(B, R)`` each (entropy detached unless it is in the loss)."""
+        mb = mb.to(self.ctx.device)
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                       logits_to_keep=mb.logits_to_keep, use_cache=False).logits
+        idx = mb.resp_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+        z = logits.gather(1, idx).float() / mb.temperature[:, None, None]
+        logp = log_probs_from_logits(z, mb.labels)
+        if need_entropy_grad:
+            ent = entropy_from_logits(z)
+        else:
+            with torch.no_grad():
+                ent = entropy_from_logits(z.detach())
+        return logp, ent, logits
+
+    @torch.no_grad()
+    def _log_probs(self, model, mb: MicroBatch) -> torch.Tensor:
+        return self._forward(model, mb, False)[0].detach()
+
+    # -- planning --------------------------------------------------------------------------
+    def _plans(self, trajs: Sequence[Trajectory], groups: Sequence[Sequence[int]], keep: list[bool]) -> list[tuple[list[int], list[list[int]]]]:
+        """Per mini-batch: all its members, and this rank's micro-batches ([] = dummy)."""
+        out = []
+        mini = self.s.ppo_mini_batch_size
+        for start in range(0, len(groups), mini):
+            members = [i for g in groups[start:start + mini] for i in g if keep[i]]
+            if not members:
+                continue
+            plan = plan_mini_batch([len(trajs[i].token_ids) for i in members], [trajs[i].group_id for i in members],
+                                   self.ctx.world_size, self.s.micro_batch_size)
+            out.append((members, [[members[j] for j in micro] for micro in plan[self.ctx.rank]]))
+        return out
+
+    # -- the step --------------------------------------------------------------------------
+    def run(self, trajs: Sequence[Trajectory], groups: Sequence[Sequence[int]]) -> dict[str, float]:
+        """Train on ``trajs`` (``groups``: indices per sample, in batch order); returns metrics."""
+        t0 = time.perf_counter()
+        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+        gids = [t.group_id for t in trajs]
+        adv = grpo_advantages(rewards, gids, norm_by_std=self.s.norm_adv_by_std).tolist()
+        keep = [True] * len(trajs)
+        if self.s.filter_zero_variance:
+            keep = (~zero_variance_mask(rewards, gids)).tolist()
+        plans = self._plans(trajs, groups, keep)
+        # Micro-batches in plan order: every rank runs the same number of forward passes of
+        # each (sharded) model, dummies included.
+        mbs = [[collate(trajs, micro, adv, self.s.pad_id) for micro in plan] for _, plan in plans]
+
+        t1 = time.perf_counter()
+        anchors = [[self._log_probs(self.model, mb) for mb in row] for row in mbs] if self.s.needs_recompute else None
+        t2 = time.perf_counter()
+        refs = [[self._log_probs(self.reference, mb) for mb in row] for row in mbs] if self.s.loss.use_kl_loss else None
+        t3 = time.perf_counter()
+
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        grad_norms, skipped = [], 0
+        for _ in range(self.s.ppo_epochs):
+            for p, (members, _) in enumerate(plans):
+                tokens = float(sum(sum(trajs[i].loss_mask) for i in members))
+                seqs = float(sum(1 for i in members if any(trajs[i].loss_mask)))
+                for m, mb in enumerate(mbs[p]):
+                    self._micro(mb, anchors[p][m] if anchors else None, refs[p][m] if refs else None,
+                                tokens, seqs, sums, weights)
+                norm = self._clip()
+                grad_norms.append(norm)
+                if math.isfinite(norm):
+                    self.optimizer.step()
+                else:
+                    skipped += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                self.scheduler.step()
+        t4 = time.perf_counter()
+        metrics = self._reduce(sums, weights, max(1, len(grad_norms)))
+        tokens = sum(len(t.token_ids) for t in trajs)
+        resp = [t.response_length for t in trajs]
+        elapsed = time.perf_counter() - t0
+        finite = [g for g in grad_norms if math.isfinite(g)]
+        metrics.update({
+            "actor/grad_norm": sum(finite) / len(finite) if finite else 0.0,
+            "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
+            "actor/num_updates": float(len(grad_norms)),
+            "actor/skipped_updates": float(skipped),
+            "critic/rewards/mean": float(rewards.mean()) if len(trajs) else 0.0,
+            "critic/rewards/max": float(rewards.max()) if len(trajs) else 0.0,
+            "critic/rewards/min": float(rewards.min()) if len(trajs) else 0.0,
+            "response_length/mean": sum(resp) / max(1, len(resp)),
+            "response_length/max": float(max(resp, default=0)),
+            "response_length/min": float(min(resp, default=0)),
+            "trainer/zero_variance_filtered": float(keep.count(False)),
+            "trainer/trajectories": float(len(trajs)),
+            "trainer/samples": float(len(groups)),
+            "perf/total_num_tokens": float(tokens),
+            "perf/throughput": tokens * self.s.ppo_epochs / elapsed / self.ctx.world_size,
+            "timing_s/old_log_prob": t2 - t1,
+            "timing_s/ref": t3 - t2,
+            "timing_s/update_actor": t4 - t3,
+        })
+        return metrics
+
+    def _micro(self, mb: MicroBatch, anchor, ref, tokens: float, seqs: float, sums, weights) -> None:
+        """Forward, loss, backward of one micro-batch. A dummy has an all-zero mask: its loss is
+        exactly 0 with zero gradients, but the passes (and FSDP's collectives) still happen."""
+        logp, ent, _ = self._forward(self.model, mb, self.s.loss.entropy_coeff != 0.0)
+        dev = logp.device
+        old, behav = resolve_log_probs(self.s.loss, mb.rollout_logp.to(dev), None if anchor is None else anchor.to(dev))
+        loss, m = compute_actor_loss(
+            logp, old, mb.advantages.to(dev), mb.mask.to(dev), self.s.loss, rollout_log_prob=behav, entropy=ent,
+            ref_log_prob=None if ref is None else ref.to(dev), global_tokens=tokens, global_seqs=seqs,
+            dp_size=self.ctx.world_size,
+        )
+        loss.backward()
+        w = float(mb.mask.sum().item())
+        for k, v in m.items():
+            if k in SHARE_METRICS:
+                sums[k] += v
+            else:
+                sums[k] += v * w
+                weights[k] += w
+
+    def _clip(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        norm = torch.nn.utils.clip_grad_norm_(params, self.s.grad_clip)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm.item())
+
+    def _reduce(self, sums: dict[str, float], weights: dict[str, float], n_updates: int) -> dict[str, float]:
+        """Loss shares: summed per update, averaged over ranks and updates; the rest: token-weighted
+        means over micro-batches and ranks (for ``*_max``/``*_min`` that is a mean of extremes)."""
+        keys = sorted(set(sums) | set(weights))  # identical on every rank: dummies report every key
+        vec = [sums.get(k, 0.0) for k in keys] + [weights.get(k, 0.0) for k in keys]
+        if self.ctx.world_size > 1 and vec:
+            t = torch.tensor(vec, dtype=torch.float64)
+            dist.all_reduce(t, group=self.ctx.cpu_group)
+            vec = t.tolist()
+        n = len(keys)
+        out = {}
+        for j, k in enumerate(keys):
+            if k in SHARE_METRICS:
+                out[k] = vec[j] / self.ctx.world_size / n_updates
+            else:
+                out[k] = vec[j] / vec[n + j] if vec[n + j] > 0 else 0.0
+        return out

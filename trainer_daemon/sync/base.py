@@ -1,0 +1,118 @@
+"""The weight-sync interface and the controller that runs syncs beside training.
+
+:class:`WeightPublisher` is what the daemon needs from a sync: "make the engines serve these
+weights as version ``v``". Two implementations, chosen by config in
+:func:`trainer_daemon.sync.build_publisher`:
+
+- :class:`~trainer_daemon.sync.direct.DirectEnginePublisher` (``sync.url`` unset): the trainer
+  drives the engines itself (pause → flush → buckets → continue).
+- :class:`~trainer_daemon.sync.agent.SyncAgentPublisher` (``sync.url`` set): the trainer asks
+  the sync agent (issue 6) and only broadcasts; the agent drives engines and rollout.
+
+Contract of ``publish(version, weights)``: ``weights`` maps Hugging Face names to rank 0's
+host tensors (a snapshot: training goes on meanwhile), ``version`` is the new weight version.
+It returns metrics on success, and raises :class:`~asyncrl.weight_sync.WeightSyncError` when
+the engines did not get the whole set (they keep serving the previous version, or the engine
+marks itself inconsistent). Every network call and collective inside it has a timeout. It runs
+on the trainer's I/O loop; one publish at a time.
+
+:class:`SyncController` (rank 0, main thread) starts a publish in the background and records
+the outcome: the trainer's weight version is the checkpoint's (0 fresh) plus one per publish
+that succeeded; a failed publish is logged and counted, training continues, and the next
+sync point tries again with the same version number.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
+import torch
+
+from trainer_daemon.io_loop import IoLoop
+
+log = logging.getLogger(__name__)
+
+
+class WeightPublisher(ABC):
+    """Makes the engines serve a full set of weights as one version (module docstring)."""
+
+    name = "publisher"
+
+    @abstractmethod
+    async def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Push ``weights`` as ``version``; metrics on success, WeightSyncError on failure."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release groups and connections (idempotent)."""
+
+
+def weights_nbytes(weights: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in weights.values())
+
+
+class SyncController:
+    """Runs publishes in the background on the I/O loop and tracks the trainer's weight version."""
+
+    def __init__(self, publisher: WeightPublisher, io: IoLoop, version: int) -> None:
+        self.publisher = publisher
+        self.io = io
+        self.version = version
+        self.failures = 0
+        self.successes = 0
+        self.last: dict[str, float] = {}
+        self._future: concurrent.futures.Future | None = None
+        self._target = version
+        self._started = 0.0
+
+    @property
+    def in_flight(self) -> bool:
+        return self._future is not None
+
+    def start(self, weights: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        """Start publishing ``weights`` as ``version`` (default: current + 1); returns that version.
+        Call :meth:`wait` first if one may be in flight."""
+        if self._future is not None:
+            raise RuntimeError("a weight sync is already in flight")
+        self._target = self.version + 1 if version is None else version
+        self._started = time.perf_counter()
+        self._future = self.io.submit(self.publisher.publish(self._target, weights))
+        return self._target
+
+    def poll(self) -> bool:
+        """Record the outcome if the publish finished; True when it did."""
+        fut = self._future
+        if fut is None or not fut.done():
+            return False
+        self._future = None
+        elapsed = time.perf_counter() - self._started
+        try:
+            metrics = fut.result()
+        except Exception as exc:  # noqa: BLE001 - any failure is a failed sync, never a crash
+            self.failures += 1
+            log.error("weight sync to version %d failed after %.1f s (%s); training continues, next sync retries",
+                      self._target, elapsed, exc)
+            self.last = {"trainer/sync_failures": float(self.failures)}
+            return True
+        self.successes += 1
+        self.version = self._target
+        self.last = dict(metrics) | {"timing_s/weight_sync": elapsed, "trainer/sync_failures": float(self.failures)}
+        log.info("weights version %d published in %.2f s", self.version, elapsed)
+        return True
+
+    def wait(self, timeout_s: float | None) -> None:
+        """Block until the in-flight publish (if any) finished, then record it."""
+        if self._future is None:
+            return
+        try:
+            self._future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            log.error("weight sync to version %d still running after %s s; abandoning it", self._target, timeout_s)
+            self._future.cancel()
+        except Exception:  # noqa: BLE001 - recorded by poll()
+            pass
+        self.poll()
+        self._future = None
