@@ -39,7 +39,7 @@ from trainer_daemon.step import StepSettings, TrainStep
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_S = 5.0  # longest rank 0 waits for data before telling the other ranks "idle"
+IDLE_POLL_S = 2.0  # longest rank 0 waits for data before telling the other ranks "idle" (and refreshing the idle gauge)
 PG_TIMEOUT_SLACK_S = 60.0  # a collective may wait for rank 0 to finish waiting for a sync
 
 

@@ -114,3 +114,57 @@ def metrics_lines(run_dir: Path) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def listening_sockets(pid: int) -> list[tuple[str, int, int]]:
+    """``(ip, port, pid)`` of every TCP socket in LISTEN state in ``pid``'s process tree."""
+    import psutil
+
+    root = psutil.Process(pid)
+    out = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            conns = p.net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out += [(c.laddr.ip, c.laddr.port, p.pid) for c in conns if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text → {name: value} (unlabelled samples only)."""
+    import urllib.request
+
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    out = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def wait_for(predicate, timeout_s: float, what: str, proc: ChildProcess | None = None, interval_s: float = 0.2):
+    """Poll ``predicate()`` until truthy (returns its value); fail with the trainer's log tail."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise proc.failure(f"exited while waiting for {what}")
+        try:
+            value = predicate()
+        except Exception:  # noqa: BLE001 - not there yet
+            value = None
+        if value:
+            return value
+        time.sleep(interval_s)
+    if proc is not None:
+        raise proc.failure(f"no {what} within {timeout_s:.0f} s")
+    raise AssertionError(f"no {what} within {timeout_s:.0f} s")
+
+
+def latest_export(run_dir: Path) -> Path:
+    from trainer_daemon.checkpoint import complete_checkpoints
+
+    found = complete_checkpoints(Path(run_dir) / "checkpoints")
+    assert found, f"no complete checkpoint in {run_dir}"
+    return found[-1][1] / "hf"

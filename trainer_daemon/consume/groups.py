@@ -6,13 +6,16 @@ trainer trains whole groups only, because GRPO's advantage is relative to the gr
 Rules (deterministic functions of the stream's content and order, so a restarted trainer
 that replays the same messages builds the same batches):
 
-- A group is *complete* when it holds ``group_size`` distinct trajectory ids.
-- A group still incomplete once the stream reached ``first_seq + patience + 1`` is *released*
-  incomplete: a member that never comes (lost upstream, or poison) must not pin the stream
-  cursor forever. Counted as ``incomplete_groups``; a member arriving later starts a new group.
-- ``ready_seq = min(completing member's seq, first_seq + patience + 1)``: the groups ready once
-  the stream was read up to ``D`` are exactly those with ``ready_seq <= D``, so taking them
-  in ``ready_seq`` order gives the same sequence of groups however the reads were chunked.
+- A group accepts members up to its release point ``first_seq + patience + 1``; it is
+  *complete* when it holds ``group_size`` distinct trajectory ids (``ready_seq`` = the
+  completing member's sequence). A member of the same ``group_id`` arriving after completion
+  or after the release point starts a new group.
+- A group still incomplete once the stream reached its release point is *released* incomplete
+  (``ready_seq`` = the release point): a member that never comes (lost upstream, or poison)
+  must not pin the stream cursor forever. Counted as ``incomplete_groups``.
+- Groups and their members are therefore functions of the stream alone, and the groups ready
+  once the stream was read up to ``D`` are exactly those with ``ready_seq <= D``: taking them
+  in ``ready_seq`` order gives the same sequence however the reads were chunked.
 - ``take(k, ...)`` returns the ``k`` ready groups with the smallest ``(ready_seq, first_seq)``.
   Staleness is judged there, against the trainer's version at that moment: a trajectory whose
   oldest model token is more than ``max_lag`` versions behind is dropped (``algo.version_info``);
@@ -43,6 +46,7 @@ class _Group:
     group_id: str
     size: int
     first_seq: int
+    release_seq: int
     members: dict[str, Held] = field(default_factory=dict)
     complete_seq: int | None = None
 
@@ -72,35 +76,42 @@ class GroupAssembler:
         if patience < 1:
             raise ValueError("patience must be >= 1")
         self.patience = patience
-        self._groups: dict[str, _Group] = {}
+        self._open: dict[str, _Group] = {}  # accepting members
+        self._sealed: list[_Group] = []  # complete or past their release point, not taken yet
 
     def __len__(self) -> int:
-        return sum(len(g.members) for g in self._groups.values())
+        return sum(len(g.members) for g in self._groups())
+
+    def _groups(self) -> list[_Group]:
+        return self._sealed + list(self._open.values())
 
     def add(self, item: Held) -> None:
         t = item.traj
-        g = self._groups.get(t.group_id)
+        g = self._open.get(t.group_id)
+        if g is not None and (g.complete_seq is not None or item.seq > g.release_seq):
+            self._sealed.append(self._open.pop(t.group_id))  # a late member starts a new group
+            g = None
         if g is None:
-            g = self._groups[t.group_id] = _Group(t.group_id, t.group_size, item.seq)
+            g = self._open[t.group_id] = _Group(t.group_id, t.group_size, item.seq, item.seq + self.patience + 1)
         g.size = max(g.size, t.group_size)
         g.members.setdefault(t.id, item)
         if g.complete_seq is None and len(g.members) >= g.size:
             g.complete_seq = item.seq
 
-    def _ready_seq(self, g: _Group, max_delivered: int) -> int | None:
+    @staticmethod
+    def _ready_seq(g: _Group, max_delivered: int) -> int | None:
         """The sequence at which ``g`` became ready (a function of the stream alone), or None."""
-        release = g.first_seq + self.patience + 1
         if g.complete_seq is not None:
-            return min(g.complete_seq, release)
-        return release if max_delivered >= release else None
+            return g.complete_seq
+        return g.release_seq if max_delivered >= g.release_seq else None
 
     def num_ready(self, max_delivered: int) -> int:
-        return sum(self._ready_seq(g, max_delivered) is not None for g in self._groups.values())
+        return sum(self._ready_seq(g, max_delivered) is not None for g in self._groups())
 
     def take(self, k: int, max_delivered: int, version: int, max_lag: int | None) -> Taken:
-        """Up to ``k`` non-empty ready groups (oldest first) and the trajectories dropped as stale."""
+        """Up to ``k`` non-empty ready groups (oldest first); groups whose members were all too stale come back in ``empty``."""
         ready = []
-        for g in self._groups.values():
+        for g in self._groups():
             rs = self._ready_seq(g, max_delivered)
             if rs is not None:
                 ready.append((rs, g.first_seq, g))
@@ -109,7 +120,10 @@ class GroupAssembler:
         for _, _, g in ready:
             if len(out.groups) >= k:
                 break
-            del self._groups[g.group_id]
+            if self._open.get(g.group_id) is g:
+                del self._open[g.group_id]
+            else:
+                self._sealed.remove(g)
             pg = PendingGroup(kept=[], incomplete=g.complete_seq is None)
             for h in sorted(g.members.values(), key=lambda h: (h.traj.group_index, h.seq)):
                 info = version_info(h.traj.weight_versions, h.traj.version_start, h.traj.version_end, version, max_lag)

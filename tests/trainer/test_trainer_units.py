@@ -1,0 +1,94 @@
+"""Trainer pieces without a cluster: batch layout, LR schedule, metric names, launcher argv,
+checkpoint discovery, the step function on a one-rank world."""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.request
+
+import pytest
+import torch
+
+from asyncrl.config import load_config
+from tests.trainer.helpers import GOOD, make_group
+from trainer_daemon.batch import collate, dummy_micro_batch
+from trainer_daemon.checkpoint import MARKER, complete_checkpoints
+from trainer_daemon.launch import torchrun_argv
+from trainer_daemon.metrics import MetricsHub, prometheus_name
+from trainer_daemon.model import engine_weights, lr_factor
+
+
+def test_collate_aligns_logits_with_response_tokens():
+    rng = random.Random(0)
+    a = make_group(rng, "a", 2)[0]
+    b = a.__class__(**{**{f: getattr(a, f) for f in a.__struct_fields__}, "id": "b", "token_ids": [5] + a.token_ids,
+                       "prompt_length": a.prompt_length + 1, "temperature": 0.5})
+    mb = collate([a, b], [0, 1], [1.5, -1.0], pad_id=0)
+    first = a.prompt_length - 1
+    assert mb.logits_to_keep == mb.input_ids.shape[1] - first
+    for row, t in enumerate((a, b)):
+        pos = mb.resp_index[row] + first  # absolute position of the logits scoring each response token
+        assert torch.equal(mb.input_ids[row, pos + 1], mb.labels[row]) and mb.labels[row].tolist() == GOOD
+    assert mb.advantages[0].tolist() == [1.5] * 4 and mb.temperature.tolist() == [1.0, 0.5]
+
+
+def test_dummy_micro_batch_has_no_loss_tokens():
+    mb = dummy_micro_batch(pad_id=3)
+    assert mb.dummy and mb.mask.sum() == 0 and mb.input_ids.tolist() == [[3, 3]]
+
+
+def test_lr_schedule_warmup_then_cosine_to_zero():
+    assert lr_factor(0, 2, "cosine", 10) == 0.5 and lr_factor(1, 2, "cosine", 10) == 1.0
+    assert lr_factor(2, 2, "cosine", 10) == pytest.approx(1.0) and lr_factor(10, 2, "cosine", 10) == pytest.approx(0.0)
+    assert lr_factor(7, 0, "constant", None) == 1.0
+    with pytest.raises(ValueError):
+        lr_factor(3, 0, "cosine", None)
+
+
+def test_prometheus_names_follow_verl_names():
+    assert prometheus_name("trainer/idle_ratio") == "asyncrl_trainer_idle_ratio"
+    assert prometheus_name("fully_async/partial/max_partial_span") == "asyncrl_fully_async_partial_max_partial_span"
+    assert prometheus_name("actor/pg_clipfrac-high") == "asyncrl_actor_pg_clipfrac_high"
+
+
+def test_metrics_hub_writes_jsonl_and_serves_loopback_prometheus(tmp_path):
+    sent = []
+    hub = MetricsHub(tmp_path, ["jsonl", "tensorboard"], "127.0.0.1", 0, send=sent.append)
+    try:
+        hub.emit(1, {"trainer/idle_ratio": 0.25, "actor/entropy": float("nan")})
+        line = json.loads((tmp_path / "metrics" / "trainer.jsonl").read_text())
+        assert line["step"] == 1 and line["trainer/idle_ratio"] == 0.25 and line["actor/entropy"] is None
+        assert json.loads(sent[0])["trainer/idle_ratio"] == 0.25
+        url = (tmp_path / "metrics" / "trainer_endpoint").read_text().strip()
+        assert url.startswith("http://127.0.0.1:")
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert "asyncrl_trainer_idle_ratio 0.25" in body
+        assert list((tmp_path / "tensorboard" / "trainer").glob("events.out.tfevents.*"))
+    finally:
+        hub.close()
+
+
+def test_engine_weights_drop_tied_head_and_cast():
+    full = {"model.embed_tokens.weight": torch.ones(2, 2), "lm_head.weight": torch.ones(2, 2), "n": torch.ones(2)}
+    out = engine_weights(full, tied=True, dtype=torch.bfloat16)
+    assert list(out) == ["model.embed_tokens.weight", "n"] and out["n"].dtype == torch.bfloat16
+    assert "lm_head.weight" in engine_weights(full, tied=False)
+
+
+def test_launcher_builds_torchrun_command_from_config():
+    cfg = load_config(overrides=["trainer.nproc_per_node=2", "trainer.master_port=29999"], environ={})
+    argv = torchrun_argv(cfg, ["cfg.yaml", "x=1"])
+    assert argv[1:3] == ["-m", "trainer_daemon.torchrun"] and argv[-4:] == ["-m", "trainer_daemon", "cfg.yaml", "x=1"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "2" and argv[argv.index("--master-port") + 1] == "29999"
+    multi = load_config(overrides=["trainer.nnodes=2"], environ={})
+    with pytest.raises(ValueError):
+        torchrun_argv(multi, [])
+
+
+def test_only_marked_checkpoints_count(tmp_path):
+    (tmp_path / "step-00000001").mkdir()
+    (tmp_path / "step-00000001" / MARKER).write_text("{}")
+    (tmp_path / "step-00000002").mkdir()  # no marker: a crash after the rename can't happen, but be strict
+    (tmp_path / "step-00000003.incomplete").mkdir()
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [1]
