@@ -67,6 +67,7 @@ class TrainerDaemon:
         self._window_start = time.perf_counter()
         self._wait_started: float | None = None
         self._pending: list | None = None
+        self._sync_metrics: dict[str, float] = {}
 
     # -- setup -----------------------------------------------------------------------------
     def _sync_wait_s(self) -> float:
@@ -156,7 +157,7 @@ class TrainerDaemon:
 
     def _background(self) -> None:
         """Rank 0 between steps: record a finished sync, finalise an async checkpoint, purge."""
-        self._sync_metrics = self.r0.poll_sync()
+        self._sync_metrics.update(self.r0.poll_sync())
         if self.ckpt.poll() is not None:
             self.r0.purge_through(self.ckpt.oldest_kept_cursor())
 
@@ -187,7 +188,11 @@ class TrainerDaemon:
     def _emit(self, metrics: dict[str, float], train_s: float) -> None:
         now = time.perf_counter()
         window = max(now - self._window_start, 1e-9)
-        metrics.update(getattr(self, "_sync_metrics", {}) or {})
+        metrics.update(self._sync_metrics)
+        self._sync_metrics = {}
+        if self.r0.sync is not None:
+            metrics["trainer/sync_failures"] = float(self.r0.sync.failures)
+            metrics["trainer/sync_successes"] = float(self.r0.sync.successes)
         metrics.update({
             "trainer/idle_ratio": min(1.0, self._idle_s / window),
             "trainer/idle_time_s": self._idle_s,
@@ -207,7 +212,7 @@ class TrainerDaemon:
         full = full_state_dict(self.model)
         if self.ctx.is_rank0 and self.r0.sync is not None:
             self.r0.sync.wait(self._sync_wait_s())
-            self._sync_metrics = self.r0.poll_sync()
+            self._sync_metrics.update(self.r0.poll_sync())
             dtype = getattr(torch, self.cfg.model.dtype)
             weights = engine_weights(full, bool(getattr(self.model.config, "tie_word_embeddings", False)), dtype)
             self.r0.sync.start(weights, version=self.r0.version if same_version else None)

@@ -127,10 +127,15 @@ class Rank0Services:
 
     # -- weights ---------------------------------------------------------------------------
     def poll_sync(self) -> dict[str, float]:
-        if self.sync is not None and self.sync.poll():
-            self.metrics.live("trainer/weight_version", self.version)
-            return dict(self.sync.last)
-        return {}
+        """Metrics of a sync that finished since the last call ({} if none)."""
+        if self.sync is None:
+            return {}
+        self.sync.poll()
+        if not self.sync.fresh:
+            return {}
+        self.sync.fresh = False
+        self.metrics.live("trainer/weight_version", self.version)
+        return dict(self.sync.last)
 
 
 def metrics_endpoint(run_dir: Path) -> str | None:

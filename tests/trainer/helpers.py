@@ -168,3 +168,14 @@ def latest_export(run_dir: Path) -> Path:
     found = complete_checkpoints(Path(run_dir) / "checkpoints")
     assert found, f"no complete checkpoint in {run_dir}"
     return found[-1][1] / "hf"
+
+
+def teacher_forced_logprobs(model, prompt: list[int], output: list[int]) -> list[float]:
+    """log_softmax of each output token given the prompt and the outputs before it (T = 1)."""
+    import torch
+
+    with torch.no_grad():
+        ids = torch.tensor([prompt + output])
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) + len(output) - 1].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        return lp.gather(1, torch.tensor(output).unsqueeze(1)).squeeze(1).tolist()

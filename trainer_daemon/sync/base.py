@@ -64,6 +64,7 @@ class SyncController:
         self.failures = 0
         self.successes = 0
         self.last: dict[str, float] = {}
+        self.fresh = False  # `last` holds an outcome nobody has reported yet
         self._future: concurrent.futures.Future | None = None
         self._target = version
         self._started = 0.0
@@ -96,10 +97,12 @@ class SyncController:
             log.error("weight sync to version %d failed after %.1f s (%s); training continues, next sync retries",
                       self._target, elapsed, exc)
             self.last = {"trainer/sync_failures": float(self.failures)}
+            self.fresh = True
             return True
         self.successes += 1
         self.version = self._target
         self.last = dict(metrics) | {"timing_s/weight_sync": elapsed, "trainer/sync_failures": float(self.failures)}
+        self.fresh = True
         log.info("weights version %d published in %.2f s", self.version, elapsed)
         return True
 

@@ -18,6 +18,7 @@ Not covered: the NCCL path was not run here (no GPU on the development machine).
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
@@ -34,12 +35,16 @@ from asyncrl.weight_sync import (
     reserve_listen_socket,
 )
 
+log = logging.getLogger(__name__)
+
 REPLY_SLACK_S = 10.0  # an engine answers its init call just after the rendezvous completes
 
 
 def init_group(master_address: str, master_port: int, world_size: int, *, backend: str, group_name: str,
                timeout_s: float, listen_socket: socket.socket | None) -> WeightGroup:
     """Host the group as rank 0 (blocking until every engine rank joined)."""
+    bound = listen_socket.getsockname() if listen_socket is not None else (master_address, master_port)
+    log.info("hosting weight group %r (%s, world size %d) on %s:%d", group_name, backend, world_size, bound[0] or "*", bound[1])
     if backend == "gloo":
         return init_weight_group(master_address, master_port, world_size, 0, group_name=group_name,
                                  timeout_s=timeout_s, listen_socket=listen_socket)

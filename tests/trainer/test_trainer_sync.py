@@ -1,0 +1,200 @@
+"""Weight sync from a torchrun trainer to a real local_engine, both publishers; plus what the
+same runs show about the consumer: stale trajectories dropped and counted, poison messages
+terminated, counted and dead-lettered while training goes on.
+
+Direct run (``DirectEnginePublisher``), one group per step, sync after every step,
+``staleness_threshold=0``: the stream starts with group A (version 0) and two poison messages;
+after the trainer reports weight version 1, group B (version 0: now too stale) and group C
+(version 1) follow. Expected: A and C trained, B dropped, two dead letters, engine at version 2
+serving exactly the trainer's final weights.
+
+Agent run (``SyncAgentPublisher`` + ``fake_sync_agent``): three syncs; the agent ignores the
+first (engines never join: the trainer's group formation times out — a failed sync, counted,
+training goes on), forms the group on the second, reuses it on the third.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from asyncrl.config import load_config
+from asyncrl.engine_client import EngineClient
+from asyncrl.models import load_model
+from asyncrl.wire import NatsNames, SCHEMA_TAG
+from tests.helpers.processes import start_engine
+from tests.trainer.fake_sync_agent import FakeSyncAgent
+from tests.trainer.helpers import (
+    latest_export,
+    listening_sockets,
+    make_group,
+    metrics_lines,
+    publish,
+    publish_raw,
+    read_subject,
+    scrape,
+    start_trainer,
+    teacher_forced_logprobs,
+    wait_exit,
+    wait_for,
+)
+from trainer_daemon.checkpoint import read_state
+from trainer_daemon.ledger import read_lineage
+from trainer_daemon.rank0 import metrics_endpoint
+
+N = 2
+READY_S = 180.0
+SYNC_S = 120.0
+TOKEN = "sync-token-for-tests-0123456789"
+POISON = [(b"\x00\xffnot msgpack at all", "poison-1"),
+          (b"\x81\xa6schema\xb4asyncrl.trajectory/9", "poison-2")]  # {"schema": "asyncrl.trajectory/9"}
+PROMPTS = [[400 + i, 500 + i, 600 + i, 700 + i] for i in range(3)]
+TOL = 1e-5
+
+
+def base_overrides(run_dir, nats_url, run_id):
+    return [f"run.dir={run_dir}", f"nats.url={nats_url}", f"run.id={run_id}", f"rollout.n={N}",
+            "actor.ppo_mini_batch_size=1", "actor.ppo_micro_batch_size_per_gpu=2", "trainer.metrics_port=0",
+            "actor.optim.lr=1e-3", "async_training.trigger_parameter_sync_step=1", "sync.group_init_timeout_s=60",
+            "sync.broadcast_timeout_s=60", "sync.pause_timeout_s=30", "sync.resume_timeout_s=30"]
+
+
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory):
+    proc, url = start_engine(tmp_path_factory.mktemp("engine-logs"))
+    try:
+        yield url
+    finally:
+        proc.stop()
+
+
+async def _engine_view(url: str) -> dict:
+    async with EngineClient(url, control_timeout_s=60, request_timeout_s=60) as c:
+        out = {"version": await c.weight_version(), "samples": []}
+        for prompt in PROMPTS:
+            res = await c.generate(prompt, {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True})
+            out["samples"].append((prompt, res.output_ids, res.logprobs))
+        return out
+
+
+def engine_view(url: str) -> dict:
+    return asyncio.run(_engine_view(url))
+
+
+def max_logprob_gap(model, samples) -> float:
+    return max(abs(a - b) for prompt, ids, lps in samples for a, b in zip(lps, teacher_forced_logprobs(model, prompt, ids), strict=True))
+
+
+@pytest.fixture(scope="module")
+def direct_run(module_nats, engine_url, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("direct") / "run"
+    overrides = [*base_overrides(run_dir, module_nats.url, "direct"), f"engines.urls=[\"{engine_url}\"]",
+                 "trainer.total_training_steps=2", "async_training.staleness_threshold=0"]
+    cfg = load_config(overrides=overrides, environ={})
+    rng = random.Random(1)
+    a, b, c = make_group(rng, "a", N, 0), make_group(rng, "b", N, 0), make_group(rng, "c", N, 1)
+    publish(cfg, a)
+    publish_raw(cfg, POISON)
+    proc = start_trainer(run_dir, overrides)
+    out = {"run_dir": run_dir, "ids": {"a": [t.id for t in a], "b": [t.id for t in b], "c": [t.id for t in c]}}
+    try:
+        url = wait_for(lambda: metrics_endpoint(run_dir), READY_S, "metrics endpoint", proc)
+        wait_for(lambda: scrape(url).get("asyncrl_trainer_weight_version") == 1, SYNC_S, "weight version 1", proc)
+        out["listeners"] = listening_sockets(proc.pid)
+        publish(cfg, b + c)
+        out["exit"] = wait_exit(proc)
+    finally:
+        proc.stop()
+    out["engine"] = engine_view(engine_url)
+    out["lines"] = metrics_lines(run_dir)
+    out["dlq"] = read_subject(cfg, NatsNames("direct").dead_letters)
+    out["log"] = (run_dir / "logs" / "trainer.log").read_text()
+    return out
+
+
+def test_direct_sync_engine_serves_the_trainers_weights(direct_run):
+    assert direct_run["exit"] == 0
+    view = direct_run["engine"]
+    assert view["version"] == "2"
+    trained = load_model(str(latest_export(direct_run["run_dir"])))
+    assert max_logprob_gap(trained, view["samples"]) < TOL
+    assert max_logprob_gap(load_model("builtin:tiny", seed=0), view["samples"]) > 1e-3  # the weights did change
+
+
+def test_stale_trajectories_are_dropped_and_counted(direct_run):
+    last = direct_run["lines"][-1]
+    assert last["trainer/dropped_stale_trajectories"] == N and last["trainer/trained_trajectories"] == 2 * N
+    entries = read_lineage(direct_run["run_dir"] / "checkpoints", 2)
+    ids = direct_run["ids"]
+    assert sorted(i for e in entries for i in e["trained"]) == sorted(ids["a"] + ids["c"])
+    assert sorted(i for e in entries for i in e.get("dropped", [])) == sorted(ids["b"])
+
+
+def test_poison_is_terminated_counted_and_dead_lettered(direct_run):
+    assert direct_run["lines"][0]["trainer/poison_messages"] == 2 and len(direct_run["lines"]) == 2
+    dlq = direct_run["dlq"]
+    assert sorted(m.data for m in dlq) == sorted(p for p, _ in POISON)
+    reasons = " ".join(m.headers["Asyncrl-Reason"] for m in dlq)
+    assert "not a trajectory message" in reasons and "asyncrl.trajectory/9" in reasons and SCHEMA_TAG in reasons
+    assert "poison message at stream sequence" in direct_run["log"]
+
+
+def test_weight_group_store_listens_on_loopback(direct_run):
+    line = next(x for x in direct_run["log"].splitlines() if "hosting weight group" in x)
+    port = int(line.rsplit(":", 1)[1])
+    listeners = direct_run["listeners"]
+    assert port in {p for _, p, _ in listeners}, (port, listeners)
+    assert all(ip == "127.0.0.1" for ip, _, _ in listeners), listeners
+
+
+@pytest.fixture(scope="module")
+def agent_run(module_nats, engine_url, tmp_path_factory, direct_run):
+    run_dir = tmp_path_factory.mktemp("agent") / "run"
+    with FakeSyncAgent([engine_url], TOKEN) as agent:
+        agent.ignore_next = 1
+        overrides = [*base_overrides(run_dir, module_nats.url, "agent"), f"engines.urls=[\"{engine_url}\"]",
+                     f"sync.url={agent.url}", f"security.sync_token={TOKEN}", "trainer.total_training_steps=3",
+                     "async_training.staleness_threshold=2", "sync.group_init_timeout_s=5", "sync.pause_timeout_s=1"]
+        cfg = load_config(overrides=overrides, environ={})
+        rng = random.Random(2)
+        publish(cfg, [t for g in range(3) for t in make_group(rng, f"s{g}", N, 0)])
+        proc = start_trainer(run_dir, overrides, name="trainer-agent")
+        try:
+            code = wait_exit(proc)
+        finally:
+            proc.stop()
+        wait_for(lambda: all(s["state"] != "running" for s in agent.syncs.values()), 30, "agent syncs settled")
+        return {"exit": code, "run_dir": run_dir, "bodies": list(agent.bodies), "syncs": dict(agent.syncs),
+                "engine": engine_view(engine_url), "lines": metrics_lines(run_dir)}
+
+
+def test_agent_sync_engine_serves_the_trainers_weights(agent_run):
+    assert agent_run["exit"] == 0
+    view = agent_run["engine"]
+    assert view["version"] == "2"  # one failed sync, then versions 1 and 2
+    trained = load_model(str(latest_export(agent_run["run_dir"])))
+    assert max_logprob_gap(trained, view["samples"]) < TOL
+
+
+def test_agent_protocol_bodies(agent_run):
+    bodies = agent_run["bodies"]
+    assert [b["version"] for b in bodies] == [1, 1, 2]
+    groups = [(b["group"]["master_address"], b["group"]["master_port"]) for b in bodies]
+    assert groups[0] != groups[1] == groups[2]  # re-formed after the failure, then reused
+    assert all(b["flattened"] is True and b["group"]["world_size"] == 2 and b["group"]["backend"] == "gloo" for b in bodies)
+    model = load_model("builtin:tiny", seed=0)
+    expected = [n for n in model.state_dict() if n != "lm_head.weight"]
+    for b in bodies:
+        assert [n for bucket in b["buckets"] for n in bucket["names"]] == expected
+        assert all(len(set(bucket["dtypes"])) == 1 for bucket in b["buckets"])
+
+
+def test_failed_sync_is_counted_and_training_continues(agent_run):
+    states = sorted(s["state"] for s in agent_run["syncs"].values())
+    assert states == ["failed", "succeeded", "succeeded"]
+    assert [line["step"] for line in agent_run["lines"]] == [1, 2, 3]
+    assert max(line.get("trainer/sync_failures", 0) for line in agent_run["lines"]) == 1
+    state = read_state(latest_export(agent_run["run_dir"]).parent)
+    assert state["weight_version"] == 2
