@@ -1,0 +1,59 @@
+"""One training step of ``TrainStep`` on a fixed batch, then the full weights to a file.
+
+    python tests/trainer/step_worker.py OUT.pt "k=v,k=v" "k=v" ...              (one rank)
+    torchrun --nproc-per-node 2 tests/trainer/step_worker.py OUT.pt ...          (two ranks)
+
+Optimiser: plain SGD (lr 1), so the weight change is exactly minus the gradient and runs of
+different world sizes are comparable to float rounding. The batch has 3 groups of 2 in one
+mini-batch with micro-batches of 1, so on 2 ranks one rank holds 4 trajectories and the other
+2 + 2 dummy micro-batches. Each argument after OUT is one variant: comma-separated config
+overrides (loss knobs, mixed precision...); each variant starts from the initial weights.
+OUT holds ``[{"weights", "metrics"}, ...]`` in variant order.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import torch
+
+from asyncrl.config import load_config
+from tests.trainer.helpers import make_group
+from trainer_daemon.distributed import init_distributed
+from trainer_daemon.model import build_policy, build_reference, build_scheduler, full_state_dict
+from trainer_daemon.step import StepSettings, TrainStep
+
+
+def run_variant(ctx, overrides: list[str]) -> dict:
+    cfg = load_config(overrides=["rollout.n=2", "actor.ppo_mini_batch_size=3", "actor.ppo_micro_batch_size_per_gpu=1",
+                                 "actor.optim.grad_clip=1000", *overrides], environ={})
+    t = cfg.trainer
+    model = build_policy("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision, cfg.actor.activation_checkpointing)
+    ref = build_reference("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision) if cfg.actor.use_kl_loss else None
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = build_scheduler(opt, cfg.actor.optim, None)
+    rng = random.Random(5)
+    groups = [make_group(rng, f"q{i}", 2, logprob=-6.5) for i in range(3)]
+    odd = groups[1][1]  # a longer trajectory with environment tokens (mask 0) and its own temperature
+    groups[1][1] = odd.__class__(**{**{f: getattr(odd, f) for f in odd.__struct_fields__},
+                                   "token_ids": odd.token_ids + [7, 8, 9], "loss_mask": [1, 1, 0, 0, 0, 1, 1],
+                                   "rollout_logprobs": [-6.5, -6.5, 0, 0, 0, -6.5, -6.5],
+                                   "weight_versions": [0, 0, -1, -1, -1, 0, 0], "temperature": 0.7})
+    trajs = [t for g in groups for t in g]
+    step = TrainStep(model, opt, sched, StepSettings.from_config(cfg, 0), ctx, ref)
+    metrics = step.run(trajs, [[0, 1], [2, 3], [4, 5]])
+    return {"weights": full_state_dict(model), "metrics": metrics}
+
+
+def main(out: str, variants: list[str]) -> None:
+    torch.set_num_threads(1)
+    ctx = init_distributed("cpu")
+    results = [run_variant(ctx, [o for o in v.split(",") if o]) for v in variants]
+    if ctx.is_rank0:
+        torch.save(results, out)
+    ctx.destroy()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
