@@ -6,6 +6,7 @@ Subcommands import their component lazily, so ``asyncrl config show`` never impo
     asyncrl nats [FILE] [k=v ...]                         run the embedded NATS JetStream server
     asyncrl engine --model M --port P                     run a local_engine (SGLang protocol, CPU)
     asyncrl rollout [FILE] [k=v ...] [--insecure-dev]     run the rollout service
+    asyncrl trainer [FILE] [k=v ...]                      run the trainer under torchrun (trainer.* sets the world)
     asyncrl demo-stack [FILE] [k=v ...]                   start NATS + an engine and show them working
 """
 
@@ -49,6 +50,12 @@ def _cmd_rollout(argv: Sequence[str]) -> int:
     return rollout_main(argv)
 
 
+def _cmd_trainer(argv: Sequence[str]) -> int:
+    from trainer_daemon.launch import main as trainer_main
+
+    return trainer_main(argv)
+
+
 def _cmd_demo_stack(argv: Sequence[str]) -> int:
     from asyncrl.demo_stack import main as demo_main
 
@@ -60,6 +67,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "nats": (_cmd_nats, "run the embedded NATS JetStream server for a run"),
     "engine": (_cmd_engine, "run a CPU inference engine that speaks SGLang's HTTP protocol"),
     "rollout": (_cmd_rollout, "run the rollout service (agents, publisher, admin API)"),
+    "trainer": (_cmd_trainer, "run the trainer daemon under torchrun (FSDP2, JetStream consumer, weight sync)"),
     "demo-stack": (_cmd_demo_stack, "start embedded NATS and a local engine, and show them working"),
 }
 

@@ -148,6 +148,9 @@ class TrainerConfig(Section):
     """Checkpointing."""
     metrics_port: int = Field(9400, ge=0, le=65535)
     """Prometheus port of trainer rank 0 (0: a free port)."""
+    metrics_host: str = "127.0.0.1"
+    """Address trainer rank 0 serves Prometheus metrics on (``0.0.0.0`` to let a scraper on
+    another host in)."""
     loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
     """Metric sinks besides Prometheus."""
     weight_sync_backend: Literal["gloo", "nccl"] | None = None
