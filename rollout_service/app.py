@@ -15,9 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from rollout_service.api.admin import build_admin_router
 from rollout_service.api.errors import BodySizeLimit, install_error_handlers
 from rollout_service.metrics import build_registry, render
-
-MAX_BODY_BYTES = 16 * 2**20  # admin and OpenAI bodies; a long chat history fits comfortably
-
+from rollout_service.openai.routes import build_openai_router
 
 def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
     """The app; with ``manage_lifecycle`` the service starts and closes with the app."""
@@ -34,7 +32,7 @@ def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
 
     app = FastAPI(title="asyncrl rollout service", lifespan=lifespan)
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(BodySizeLimit, max_bytes=svc.cfg.api.max_body_bytes)
     registry = build_registry(svc)
 
     @app.get("/health")
@@ -50,4 +48,5 @@ def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
         return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(build_admin_router(svc))
+    app.include_router(build_openai_router(svc))
     return app

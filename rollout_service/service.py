@@ -27,6 +27,9 @@ from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.loop import AgentDeps
 from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.engines import EnginePool
+from rollout_service.openai.external import ExternalBroker
+from rollout_service.openai.handlers import ChatCache
+from rollout_service.openai.sessions import SessionManager
 from rollout_service.prompts import build_prompt_stream, validation_records
 from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.rewards import MathReward, default_registry
@@ -107,7 +110,13 @@ class RolloutService:
             self.pool.add(url)
         tokenizer = await asyncio.to_thread(load_tokenizer, cfg.model.tokenizer_path or cfg.model.path)
         self.tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **cfg.rollout.tool_options))
-        self.chat = ChatTokenizer(tokenizer, self.tools.registry.schemas())
+        clash = {t.name for t in cfg.rollout.external_tools} & set(self.tools.registry.names)
+        if clash:
+            raise ValueError(f"external tools {sorted(clash)} have the names of builtin tools")
+        self.broker = ExternalBroker({t.name: t for t in cfg.rollout.external_tools}, self._announce)
+        self.chat = ChatTokenizer(tokenizer, self.tools.registry.schemas() + self.broker.schemas())
+        self.chats = ChatCache(tokenizer)
+        self.model_name = cfg.api.model_name or cfg.model.path
         self.math_reward = MathReward()
         self.math_reward.start()
         self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
@@ -119,6 +128,7 @@ class RolloutService:
         await ensure_stream(js, cfg)
         agents_kv = await ensure_kv(js, self.names.agents_bucket)
         state_kv = await ensure_kv(js, self.names.state_bucket)
+        self.sessions = SessionManager(await ensure_kv(js, self.names.sessions_bucket), cfg.api.session_ttl_s, cfg.api.max_sessions)
         outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items)
         publisher = TrajectoryPublisher(outbox, self.names.trajectories, lambda s, p, h: js.publish(s, p, headers=h))
 
@@ -164,8 +174,8 @@ class RolloutService:
         cfg = self.cfg
 
         class _Routed:
-            async def generate(_self, state, input_ids, sampling_params, rid):
-                return await runner.generate(state, input_ids, sampling_params, rid, self.pool)
+            async def generate(_self, state, input_ids, sampling_params, rid, extra=None):
+                return await runner.generate(state, input_ids, sampling_params, rid, self.pool, extra)
 
         async def reward(state) -> tuple[float, dict]:
             res = await self.rewards.score(state.data_source, model_text(state, self.chat), state.ground_truth, state.extra_info)
@@ -177,7 +187,22 @@ class RolloutService:
             version_of=version_of, multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
             response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,
             rid_prefix=self.rid_prefix, on_tokens=runner.tokens.add,
+            external=self.broker if self.broker.tools else None,
         )
+
+    async def _announce(self, environment: str, payload: bytes) -> None:
+        await self.nc.publish(self.names.environment(environment), payload)
+
+    async def _expiry_loop(self) -> None:
+        from rollout_service.openai.sessions import EXPIRY_SCAN_S
+
+        while not self._stop.is_set():
+            for rec in self.sessions.expire_idle():
+                await self.sessions.save(rec)
+            try:
+                await asyncio.wait_for(self._stop.wait(), EXPIRY_SCAN_S)
+            except TimeoutError:
+                pass
 
     async def _unconsumed_trajectories(self, js) -> int:
         """Trajectories in the stream the trainer has not acknowledged yet."""
@@ -191,7 +216,9 @@ class RolloutService:
     async def start(self) -> None:
         assert self.runner is not None
         await self.pool.check_once()
+        await self.sessions.restore()
         await self.runner.start()
+        self._loops.append(asyncio.create_task(self._expiry_loop(), name="session-expiry"))
         self._loops.append(asyncio.create_task(self.pool.health_loop(self._stop), name=HEALTH_LOOP_NAME))
         self._loops.append(asyncio.create_task(self._metrics_loop(), name="metrics"))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from asyncrl.config.sections_core import (
+    ApiConfig,
     AsyncTrainingConfig,
     DataConfig,
     ModelConfig,
@@ -60,6 +61,8 @@ class RunConfig(Section):
     """The sync agent."""
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     """Tokens."""
+    api: ApiConfig = Field(default_factory=ApiConfig)
+    """The OpenAI-compatible API and sessions of the rollout service."""
 
     @property
     def run_dir(self) -> Path:

@@ -79,6 +79,21 @@ class MultiTurnConfig(Section):
     used by Qwen2.5/Qwen3 and the builtin models)."""
 
 
+class ExternalToolConfig(Section):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    """Function name the model calls."""
+    description: str = Field("", max_length=2000)
+    """What the tool does (shown to the model)."""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    """JSON schema of the arguments (OpenAI function ``parameters``)."""
+    environment: str = Field("default", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    """Environment that answers it: calls are announced on ``asyncrl.<run>.env.<environment>``."""
+    deadline_s: float = Field(60.0, gt=0.0, le=86400.0)
+    """Time the environment has to post the result."""
+    on_timeout: Literal["error", "abort"] = "error"
+    """At the deadline: give the model an error result, or end the episode (finish_reason ``expired``)."""
+
+
 class RolloutConfig(Section):
     n: int = Field(4, ge=1, le=1024)
     """Trajectories per prompt (the GRPO group size)."""
@@ -108,6 +123,8 @@ class RolloutConfig(Section):
     """Finished trajectories held on disk while NATS is unreachable; past it admission stops."""
     tools: list[str] = Field(default_factory=lambda: ["calculator"])
     """Builtin tools the agents may call (``calculator``, ``python``); their schemas go into the prompt."""
+    external_tools: list[ExternalToolConfig] = Field(default_factory=list)
+    """Tools answered by external environments over HTTP (see docs/openai_api.md)."""
     tool_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-tool keyword options, e.g. ``{"python": {"memory_mb": 256}}``."""
     format_reward_weight: float = Field(0.0, ge=0.0, le=10.0)
@@ -133,3 +150,22 @@ class AsyncTrainingConfig(Section):
     compute_prox_log_prob: bool = False
     """verl: compute proximal logprobs with a trainer forward pass before the update
     (decoupled PPO); the rollout logprobs then only enter the importance-sampling correction."""
+
+
+class ApiConfig(Section):
+    max_body_bytes: int = Field(4 * 2**20, ge=1024, le=2**30)
+    """Largest request body (413 above it, before it is parsed)."""
+    max_messages: int = Field(256, ge=1, le=100_000)
+    """Most chat messages per request (400 above it, before tokenisation)."""
+    max_tokens: int = Field(8192, ge=1, le=1_048_576)
+    """Largest ``max_tokens`` / ``max_completion_tokens`` a request may ask for."""
+    max_sessions: int = Field(1024, ge=1, le=1_000_000)
+    """Open sessions at once (429 above it)."""
+    session_ttl_s: float = Field(1800.0, gt=0.0)
+    """A session without activity for this long expires (reported, not published)."""
+    public_url: str | None = None
+    """Base URL clients use to reach this service (for session ``base_url``). None: from the request."""
+    model_name: str | None = None
+    """Model id shown by ``/v1/models``. None: ``model.path``."""
+    poll_max_wait_s: float = Field(30.0, gt=0.0, le=600.0)
+    """Longest long-poll ``wait`` on tool-call routes."""

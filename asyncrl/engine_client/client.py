@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -178,6 +178,54 @@ class EngineClient:
         if not isinstance(out, dict):
             raise EngineError(f"/generate returned {type(out).__name__}, expected one object")
         return GenerateResult.parse(out)
+
+    async def generate_stream(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any] | None = None,
+        rid: str | None = None,
+        return_logprob: bool = True,
+        *,
+        timeout_s: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> AsyncIterator[GenerateResult]:
+        """``/generate`` with ``stream: true``: yields the cumulative result after each SSE
+        chunk (SGLang's default cumulative streaming); the last one carries the finish reason.
+        An error chunk raises :class:`EngineHTTPError`. Closing the iterator early closes the
+        connection, which aborts the request on the engine."""
+        body: dict[str, Any] = {
+            "input_ids": list(input_ids), "sampling_params": dict(sampling_params or {}),
+            "return_logprob": return_logprob, "rid": rid or uuid.uuid4().hex, "stream": True, **(extra or {}),
+        }
+        url = self.base_url + "/generate"
+        limit = self.request_timeout_s if timeout_s is None else timeout_s
+        session = self._ensure_session()
+        try:
+            async with session.post(url, data=orjson.dumps(body), headers={**self._headers(False), "Content-Type": "application/json"},
+                                    timeout=aiohttp.ClientTimeout(total=limit)) as resp:
+                if resp.status != 200:
+                    raw = await resp.read()
+                    try:
+                        parsed: Any = orjson.loads(raw)
+                    except orjson.JSONDecodeError:
+                        parsed = raw.decode("utf-8", errors="replace")
+                    raise EngineHTTPError(resp.status, error_message(parsed, fallback=f"HTTP {resp.status}"), url, parsed)
+                async for raw_line in resp.content:
+                    line = raw_line.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    chunk = orjson.loads(data)
+                    if "error" in chunk:
+                        err = chunk["error"]
+                        raise EngineHTTPError(int(err.get("code", 500)), error_message(chunk), url, chunk)
+                    yield GenerateResult.parse(chunk)
+        except TimeoutError:
+            raise EngineTimeout(f"POST {url} (stream) got no answer within {limit:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"POST {url} (stream): {type(exc).__name__}: {exc}") from exc
 
     async def abort(self, rid: str | None = None, abort_all: bool = False, *, timeout_s: float | None = None) -> None:
         """Abort requests whose rid starts with ``rid``, or all of them."""

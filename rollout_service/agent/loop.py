@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asyncrl.config.sections_core import MultiTurnConfig, SamplingConfig
@@ -45,7 +45,8 @@ ENGINE_RETRY_BACKOFF_S = 0.5
 
 
 class Generator(Protocol):
-    async def generate(self, state: AgentState, input_ids: list[int], sampling_params: dict, rid: str) -> GenerateResult: ...
+    async def generate(self, state: AgentState, input_ids: list[int], sampling_params: dict, rid: str,
+                       extra: dict | None = None) -> GenerateResult: ...
 
 
 class ToolExecutor(Protocol):
@@ -76,6 +77,10 @@ class AgentDeps:
     rid_prefix: str
     on_tokens: Callable[[int, int], None] = lambda decoded, kept: None
     """Called with (tokens the engine decoded, tokens kept) after every generate call."""
+    extra_sampling: dict = field(default_factory=dict)
+    """Extra sampling params (OpenAI requests: ``stop``, ``sampling_seed``...)."""
+    external: Any = None
+    """The :class:`ExternalBroker` for tools answered by outside environments (None: none)."""
 
 
 async def run_agent(state: AgentState, deps: AgentDeps) -> AgentState:
@@ -90,7 +95,7 @@ async def run_agent(state: AgentState, deps: AgentDeps) -> AgentState:
                 await _generate_turn(state, deps)
                 if state.phase == Phase.TOOLS:
                     await deps.checkpoint(state)
-            elif state.phase == Phase.TOOLS:
+            elif state.phase in (Phase.TOOLS, Phase.AWAITING_ENV):
                 await _run_tools(state, deps)
             else:
                 raise RuntimeError(f"agent {state.id}: phase {state.phase} cannot run here")
@@ -119,7 +124,7 @@ def _finish(state: AgentState, reason: str) -> None:
     state.pending_calls = []
 
 
-def _turn_budget(state: AgentState, deps: AgentDeps) -> int:
+def turn_budget(state: AgentState, deps: AgentDeps) -> int:
     used_in_turn = len(state.token_ids) - state.turn_start
     return min(
         deps.sampling.max_new_tokens - used_in_turn,
@@ -128,47 +133,62 @@ def _turn_budget(state: AgentState, deps: AgentDeps) -> int:
     )
 
 
-def _sampling_params(deps: AgentDeps, max_new: int) -> dict:
+def sampling_params(deps: AgentDeps, max_new: int) -> dict:
     s = deps.sampling
-    return {"max_new_tokens": max_new, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
-            "stop_token_ids": [deps.chat.eos_token_id], "skip_special_tokens": False, "no_stop_trim": True}
+    params = {"max_new_tokens": max_new, "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+              "stop_token_ids": [deps.chat.eos_token_id], "skip_special_tokens": False, "no_stop_trim": True}
+    return {**params, **deps.extra_sampling}
 
 
-async def _generate_turn(state: AgentState, deps: AgentDeps) -> None:
+async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict | None = None) -> tuple[bool | None, GenerateResult | None]:
+    """Generate one assistant turn onto ``state`` (abort → wait for the gate → continue, as
+    described in the module docstring). Returns (ended, last engine result): ended is True
+    when the turn ended with the end-of-turn token, False when it hit a token budget, None
+    when the engines kept failing (the state is then DONE with ``finish_reason="error"``).
+    ``extra`` goes into the /generate body."""
+    last: GenerateResult | None = None
     failures = 0
     while True:
         await deps.gate.wait_open()
-        max_new = _turn_budget(state, deps)
+        max_new = turn_budget(state, deps)
         if max_new <= 0:
-            return _after_turn(state, deps, ended_by_eos=False)
+            return False, last
         rid = f"{deps.rid_prefix}{state.id}.t{state.assistant_turns}.s{state.segment}"
         t0 = time.monotonic()
         try:
-            res = await deps.generator.generate(state, state.token_ids, _sampling_params(deps, max_new), rid)
+            res = await deps.generator.generate(state, state.token_ids, sampling_params(deps, max_new), rid, **({"extra": extra} if extra else {}))
         except EngineError as exc:
             failures += 1
             log.warning("agent %s: engine error %d/%d: %s", state.id, failures, ENGINE_RETRIES, exc)
             if failures >= ENGINE_RETRIES:
                 _finish(state, "error")
                 state.reward_details["error"] = f"engine: {exc}"
-                return
+                return None, last
             state.engine_id = None  # let the router pick another engine
             await asyncio.sleep(ENGINE_RETRY_BACKOFF_S * failures)
             continue
         finally:
             state.add_timing("generate", time.monotonic() - t0)
-        _append_model_tokens(state, res, deps)
+        append_model_tokens(state, res, deps)
+        last = res
         if res.aborted:
             state.segment += 1
             state.resumed_after_abort += 1
             if deps.gate.paused:
                 await deps.checkpoint(state)  # parked mid-turn; continues after resume
             continue
-        ended_by_eos = res.finish_reason.type == "stop" and bool(res.output_ids) and res.output_ids[-1] == deps.chat.eos_token_id
-        return _after_turn(state, deps, ended_by_eos)
+        ended = res.finish_reason.type == "stop" and bool(res.output_ids) and res.output_ids[-1] == deps.chat.eos_token_id
+        return ended, res
 
 
-def _append_model_tokens(state: AgentState, res: GenerateResult, deps: AgentDeps) -> None:
+async def _generate_turn(state: AgentState, deps: AgentDeps) -> None:
+    ended_by_eos, _ = await generate_turn_tokens(state, deps)
+    if ended_by_eos is None:
+        return
+    _after_turn(state, deps, ended_by_eos)
+
+
+def append_model_tokens(state: AgentState, res: GenerateResult, deps: AgentDeps) -> None:
     if res.logprobs is None or len(res.logprobs) != len(res.output_ids):
         raise EngineError(f"engine returned {len(res.output_ids)} tokens without matching logprobs (rid {res.rid})")
     versions = [deps.version_of(v) for v in res.token_versions()]
@@ -214,14 +234,33 @@ async def _run_tools(state: AgentState, deps: AgentDeps) -> None:
     t0 = time.monotonic()
     todo = [c for c in state.pending_calls if c.result is None]
 
+    external = deps.external
+    parked = [c for c in todo if c.error is None and external is not None and external.is_external(c.name)]
+    if parked:
+        for c in parked:
+            c.external = True
+            if c.deadline is None:
+                c.deadline = time.time() + external.tools[c.name].deadline_s
+        state.phase = Phase.AWAITING_ENV
+        await deps.checkpoint(state)  # parked calls survive pauses and restarts
+
     async def one(call: PendingCall) -> None:
         if call.error is not None:
             call.result, call.is_error = f"Error: {call.error}", True
-            return
-        res = await deps.tools.execute(call.name, call.arguments, timeout_s=deps.multi_turn.tool_timeout_s)
-        call.result, call.is_error = res.content, res.is_error
+        elif call.external and external is not None:
+            call.result, call.is_error = await external.call(state.id, call.id, call.name, call.arguments, call.deadline)
+        else:
+            res = await deps.tools.execute(call.name, call.arguments, timeout_s=deps.multi_turn.tool_timeout_s)
+            call.result, call.is_error = res.content, res.is_error
 
-    await asyncio.gather(*(one(c) for c in todo))
+    from rollout_service.openai.external import EpisodeExpired
+
+    try:
+        await asyncio.gather(*(one(c) for c in todo))
+    except EpisodeExpired as exc:
+        state.reward_details["expired"] = str(exc)
+        return _finish(state, "expired")
+
     state.add_timing("tools", time.monotonic() - t0)
     state.num_tool_calls += len(state.pending_calls)
     limit = deps.multi_turn.max_tool_response_length

@@ -52,7 +52,8 @@ def install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return error_response(400, f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}")
         where = ".".join(loc) or "body"
-        return error_response(422, f"{where}: {first.get('msg', 'invalid value')}", param=where or None)
+        status = 400 if request.url.path.startswith("/v1/") else 422  # OpenAI answers 400 to invalid parameters
+        return error_response(status, f"{where}: {first.get('msg', 'invalid value')}", param=where or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

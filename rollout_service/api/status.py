@@ -21,6 +21,9 @@ def service_status(svc) -> dict[str, Any]:
         "uptime_s": round(time.time() - svc.started_at, 3),
         "counts": {
             "active": r.active_trajectories,
+            "parked": r.parked_trajectories,
+            "sessions_open": svc.sessions.open_count,
+            "sessions_expired": svc.sessions.expired_total,
             "generating": r._generating,
             "partial": parked_partial,
             "in_flight_samples": r.in_flight_samples,

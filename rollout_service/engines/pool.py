@@ -142,13 +142,13 @@ class EnginePool:
                 except TimeoutError:
                     pass
 
-    async def generate(self, state, input_ids: list[int], sampling_params: dict, rid: str) -> GenerateResult:
+    async def generate(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None) -> GenerateResult:
         """Route one generate call (``state.engine_id`` is the affinity, updated here)."""
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
         handle.inflight += 1
         handle.routed += 1
         try:
-            res = await handle.client.generate(input_ids, sampling_params, rid=rid)
+            res = await handle.client.generate(input_ids, sampling_params, rid=rid, extra=extra)
         except EngineUnavailable:
             self._note_failure(handle, "connection failed")
             raise
@@ -166,6 +166,30 @@ class EnginePool:
         if state is not None:
             state.engine_id = handle.id
         return res
+
+    async def generate_stream(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None):
+        """Streaming variant of :meth:`generate`: yields cumulative results."""
+        handle = await self._pick_waiting(getattr(state, "engine_id", None))
+        handle.inflight += 1
+        handle.routed += 1
+        last = None
+        try:
+            async for res in handle.client.generate_stream(input_ids, sampling_params, rid=rid, extra=extra):
+                last = res
+                yield res
+        except EngineUnavailable:
+            self._note_failure(handle, "connection failed")
+            raise
+        finally:
+            handle.inflight -= 1
+        handle.consecutive_failures = 0
+        handle.served += 1
+        if last is not None:
+            handle.tokens_decoded += last.completion_tokens
+            if last.weight_version is not None:
+                handle.weight_version = last.weight_version
+        if state is not None:
+            state.engine_id = handle.id
 
     def _note_failure(self, handle: EngineHandle, why: str) -> None:
         handle.consecutive_failures += 1

@@ -25,6 +25,7 @@ Contract (pinned by tests/rollout):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -122,6 +123,11 @@ class Runner:
         return len(self.tasks)
 
     @property
+    def parked_trajectories(self) -> int:
+        """Agents waiting for an external environment (they hold no engine capacity)."""
+        return sum(1 for s in self.agents.values() if s.phase == Phase.AWAITING_ENV)
+
+    @property
     def in_flight_samples(self) -> int:
         return sum(1 for left in self.groups.values() if left > 0)
 
@@ -153,18 +159,24 @@ class Runner:
                  self.counters.dropped_already_finished, self.version)
 
     # -- admission ------------------------------------------------------------------------
-    def admission_blocker(self) -> str | None:
-        """Why no new sample starts now (None: one may)."""
+    def admission_blocker(self, external: bool = False) -> str | None:
+        """Why no new sample starts now (None: one may). ``external``: a session, which
+        does not need the prompt stream or a concurrency slot."""
         if self._stop.is_set():
             return "stopping"
         if self.paused:
             return f"paused ({self.pause_mode})"
+        if external:
+            if not self.outbox.has_room():
+                return f"outbox full ({len(self.outbox)} trajectories waiting for NATS)"
+            return self.quota.blocked_reason(self.queued_samples)
         if self.stream.exhausted:
             return "prompt stream exhausted"
         if not self.outbox.has_room():
             return f"outbox full ({len(self.outbox)} trajectories waiting for NATS)"
-        if self.active_trajectories and self.active_trajectories + self.n > self.max_concurrent:
-            return f"max_concurrent_samples reached ({self.active_trajectories} in flight)"
+        busy = self.active_trajectories - self.parked_trajectories
+        if busy and busy + self.n > self.max_concurrent:
+            return f"max_concurrent_samples reached ({busy} in flight, {self.parked_trajectories} parked on environments)"
         return self.quota.blocked_reason(self.queued_samples)
 
     async def _admission_loop(self) -> None:
@@ -222,21 +234,41 @@ class Runner:
             state.reward_details["error"] = f"{type(exc).__name__}: {exc}"[:300]
         await self._finish(state)
 
-    async def _finish(self, state: AgentState) -> None:
-        traj = to_trajectory(state, self.version)
+    def enqueue(self, traj) -> None:
+        """Durably hand a finished trajectory to the outbox (held until its group completes
+        when ``publish_unit`` is ``group``) and account for it in its group."""
         if self.cfg.rollout.publish_unit == "group":
             self.outbox.hold(traj)
-            left = self.groups.get(state.group_id, 1) - 1
-            self.groups[state.group_id] = left
+            left = self.groups.get(traj.group_id, 1) - 1
+            self.groups[traj.group_id] = left
             if left <= 0:
-                self.outbox.release_group(state.group_id)
+                self.outbox.release_group(traj.group_id)
         else:
             self.outbox.put_ready(traj)
-            self.groups[state.group_id] = self.groups.get(state.group_id, 1) - 1
-        if self.groups.get(state.group_id, 0) <= 0:
-            self.groups.pop(state.group_id, None)
-        await self.agent_store.delete(state.id)
+            self.groups[traj.group_id] = self.groups.get(traj.group_id, 1) - 1
+        if self.groups.get(traj.group_id, 0) <= 0:
+            self.groups.pop(traj.group_id, None)
         self.publisher.notify()
+
+    def admit_external(self, group_id: str, group_size: int) -> str | None:
+        """Admission of a session: a new group counts as one started sample (staleness quota);
+        a session joining a known group does not. Returns why it is refused, or None."""
+        if group_id in self.groups:
+            return None
+        blocker = self.admission_blocker(external=True)
+        if blocker is not None:
+            return blocker
+        self.quota.on_start()
+        self.counters.samples_started += 1
+        self.groups[group_id] = group_size
+        return None
+
+    async def _finish(self, state: AgentState) -> None:
+        traj = to_trajectory(state, self.version)
+        self.enqueue(traj)
+        if self.deps.external is not None:
+            self.deps.external.forget(state.id)
+        await self.agent_store.delete(state.id)
         self.tasks.pop(state.id, None)
         self.agents.pop(state.id, None)
         c = self.counters
@@ -247,11 +279,18 @@ class Runner:
         self._wake.set()
 
     # -- generate-call accounting (wrapped around the engine pool by the service) --------
-    async def generate(self, state: AgentState, input_ids: list[int], sampling_params: dict, rid: str, engines) -> Any:
+    async def generate(self, state: AgentState, input_ids: list[int], sampling_params: dict, rid: str, engines,
+                       extra: dict | None = None) -> Any:
+        with self.tracking_generation():
+            return await engines.generate(state, input_ids, sampling_params, rid, extra)
+
+    @contextlib.contextmanager
+    def tracking_generation(self):
+        """Count a generate call in flight (a partial pause waits until none is)."""
         self._generating += 1
         self.clock.set_idle(False)
         try:
-            return await engines.generate(state, input_ids, sampling_params, rid)
+            yield
         finally:
             self._generating -= 1
             if self._generating == 0:
@@ -270,12 +309,16 @@ class Runner:
                 if time.monotonic() > deadline:
                     raise PauseTimeout(f"{self._generating} generate calls still in flight after {timeout_s:.0f} s")
                 await asyncio.sleep(PAUSE_REABORT_S)
-        else:  # drain: in-flight agents keep generating; only admission stops
-            while self.tasks:
+        else:  # drain: in-flight agents keep generating; only admission stops (parked ones wait on their environment)
+            while len(self.tasks) > self.parked_trajectories:
                 if time.monotonic() > deadline:
                     raise PauseTimeout(f"{len(self.tasks)} trajectories still running after {timeout_s:.0f} s")
                 await asyncio.sleep(0.05)
             self.gate.close()
+            while self._generating > 0:  # session requests already at the engine finish too
+                if time.monotonic() > deadline:
+                    raise PauseTimeout(f"{self._generating} generate calls still in flight after {timeout_s:.0f} s")
+                await asyncio.sleep(0.05)
         self.clock.set_idle(True)
         await self.agent_store.flush_dirty()
         await self._save_state()

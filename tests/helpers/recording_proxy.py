@@ -1,9 +1,11 @@
 """A real HTTP proxy on loopback that forwards to an engine and records every /generate
-exchange, so a test can compare what the engine returned with what a service published."""
+exchange, so a test can compare what the engine returned with what a service published.
+Streaming answers are buffered whole (the client gets every chunk, at once)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 from aiohttp import web
@@ -30,9 +32,13 @@ class RecordingProxy:
                                          headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}) as resp:
             payload = await resp.read()
             if request.path == "/generate" and resp.status == 200:
-                import json
-
-                self.exchanges.append((json.loads(body), json.loads(payload)))
+                req = json.loads(body)
+                if req.get("stream"):  # SSE: record the last cumulative chunk (the whole answer)
+                    chunks = [line[5:].strip() for line in payload.split(b"\n") if line.startswith(b"data:")]
+                    final = json.loads(next(c for c in reversed(chunks) if c != b"[DONE]"))
+                else:
+                    final = json.loads(payload)
+                self.exchanges.append((req, final))
             return web.Response(body=payload, status=resp.status, content_type=resp.content_type)
 
     async def start(self) -> "RecordingProxy":

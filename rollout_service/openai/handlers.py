@@ -1,0 +1,115 @@
+"""Shared handling of chat and text completions for the stateless routes and sessions."""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from rollout_service.agent.chat import ChatTokenizer
+from rollout_service.agent.state import AgentState, Phase
+from rollout_service.api.errors import ApiError
+from rollout_service.openai.responses import chat_completion, text_completion
+from rollout_service.openai.schemas import ChatCompletionRequest, CompletionRequest
+from rollout_service.openai.streaming import stream_turn
+from rollout_service.openai.turns import TurnOutcome, TurnSpec, run_turn
+
+CHAT_CACHE = 64  # chat tokenizers kept per distinct tool list
+
+
+class ChatCache:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._cache: OrderedDict[str, ChatTokenizer] = OrderedDict()
+
+    def get(self, key: str, tools: list[dict] | None) -> ChatTokenizer:
+        chat = self._cache.get(key)
+        if chat is None:
+            chat = ChatTokenizer(self.tokenizer, tools)
+            self._cache[key] = chat
+            while len(self._cache) > CHAT_CACHE:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return chat
+
+
+def check_chat_limits(svc, req: ChatCompletionRequest) -> None:
+    """Bounds checked before any tokenisation."""
+    api = svc.cfg.api
+    if len(req.messages) > api.max_messages:
+        raise ApiError(400, f"{len(req.messages)} messages exceed the limit of {api.max_messages}", param="messages")
+    want = req.requested_max_tokens
+    if want is not None and want > api.max_tokens:
+        raise ApiError(400, f"max_tokens {want} exceeds the limit of {api.max_tokens}", param="max_tokens")
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError(400, "top_logprobs requires logprobs: true", param="top_logprobs")
+
+
+def chat_spec(svc, req: ChatCompletionRequest, prompt_len: int) -> TurnSpec:
+    room = svc.cfg.model.max_model_len - prompt_len - 8
+    if room <= 0:
+        raise ApiError(400, f"the prompt has {prompt_len} tokens; the context limit is {svc.cfg.model.max_model_len}", param="messages")
+    want = req.requested_max_tokens or min(svc.cfg.api.max_tokens, room)
+    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else (req.tool_choice or "auto")
+    if isinstance(choice, dict):
+        names = {t.function.name for t in req.tools or []}
+        if choice.get("function", {}).get("name") not in names:
+            raise ApiError(400, "tool_choice names a function that is not in tools", param="tool_choice")
+    if choice == "required" and not req.tools:
+        raise ApiError(400, "tool_choice 'required' needs tools", param="tool_choice")
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return TurnSpec(temperature=1.0 if req.temperature is None else req.temperature, top_p=req.top_p or 1.0,
+                    max_new_tokens=max(1, min(want, room)), stop=stops, seed=req.seed,
+                    top_logprobs=req.top_logprobs or 0 if req.logprobs else 0, tool_choice=choice,
+                    parallel_tool_calls=req.parallel_tool_calls is not False)
+
+
+def ephemeral_state(svc, messages: list[dict]) -> AgentState:
+    return AgentState(id=f"api-{uuid.uuid4().hex[:16]}", run_id=svc.cfg.run.id, group_id="api", group_size=1, group_index=0,
+                      prompt_id="api", data_source="api", messages=messages, phase=Phase.GENERATING)
+
+
+async def answer_chat(svc, state: AgentState, chat: ChatTokenizer, req: ChatCompletionRequest, spec: TurnSpec,
+                      on_done, extra_meta: dict[str, Any] | None = None):
+    """Run the turn (streaming or not) and answer; ``on_done(outcome)`` runs after the turn."""
+    runner = svc.runner
+    deps = runner.deps
+    model = svc.model_name
+    budget = svc.cfg.model.max_model_len
+    if req.stream:
+        include = bool(req.stream_options and req.stream_options.include_usage)
+        gen = stream_turn(state, deps, chat, spec, budget, pool=svc.pool, tracking=runner.tracking_generation, model=model,
+                          want_logprobs=bool(req.logprobs), include_usage=include, on_done=on_done)
+        return StreamingResponse(gen, media_type="text/event-stream")
+    out: TurnOutcome = await run_turn(state, deps, chat, spec, budget)
+    await on_done(out)
+    if out.finish_reason == "error":
+        raise ApiError(503, "the engines failed to generate; try again", headers={"Retry-After": "5"})
+    return JSONResponse(chat_completion(chat.tok, model, out, bool(req.logprobs), extra_meta))
+
+
+async def answer_completion(svc, state: AgentState, chat: ChatTokenizer, req: CompletionRequest, prompt_ids: list[int], on_done):
+    api = svc.cfg.api
+    if req.max_tokens and req.max_tokens > api.max_tokens:
+        raise ApiError(400, f"max_tokens {req.max_tokens} exceeds the limit of {api.max_tokens}", param="max_tokens")
+    vocab = len(chat.tok)
+    if any(t >= vocab for t in prompt_ids):
+        raise ApiError(400, f"prompt token ids must be < vocabulary size {vocab}", param="prompt")
+    room = svc.cfg.model.max_model_len - len(prompt_ids) - 1
+    if room <= 0:
+        raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; the context limit is {svc.cfg.model.max_model_len}", param="prompt")
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    spec = TurnSpec(temperature=1.0 if req.temperature is None else req.temperature, top_p=req.top_p or 1.0,
+                    max_new_tokens=min(req.max_tokens or 16, room), stop=stops, seed=req.seed,
+                    top_logprobs=req.logprobs or 0, tool_choice="none")
+    if req.stream:
+        include = bool(req.stream_options and req.stream_options.include_usage)
+        gen = stream_turn(state, svc.runner.deps, chat, spec, svc.cfg.model.max_model_len, pool=svc.pool,
+                          tracking=svc.runner.tracking_generation, model=svc.model_name, want_logprobs=False,
+                          include_usage=include, on_done=on_done, kind="text")
+        return StreamingResponse(gen, media_type="text/event-stream")
+    out = await run_turn(state, svc.runner.deps, chat, spec, svc.cfg.model.max_model_len)
+    await on_done(out)
+    return JSONResponse(text_completion(chat.tok, svc.model_name, out, req.logprobs))

@@ -1,0 +1,274 @@
+"""OpenAI-compatible routes and sessions (data plane).
+
+Stateless (bearer ``security.api_token`` when set): ``GET /v1/models``,
+``POST /v1/chat/completions``, ``POST /v1/completions`` — inference through the run's
+engines, not recorded.
+
+Sessions (episodes that become training data, see :mod:`.sessions`):
+``POST /v1/sessions`` (data-plane token) → ``{id, token, base_url}``; with the session token:
+``GET /v1/sessions/{id}``, ``POST /v1/sessions/{id}/v1/chat/completions`` (and
+``/v1/completions``, ``/v1/models``: ``base_url`` works with any OpenAI client),
+``POST /v1/sessions/{id}/reward``, ``POST /v1/sessions/{id}/finish``.
+
+External environments (see :mod:`.external`): ``GET /v1/sessions/{id}/tool_calls?wait=``
+and ``POST /v1/sessions/{id}/tool_results`` (the call's token), and
+``GET /v1/environments/{env}/tool_calls?wait=`` (data-plane token).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from rollout_service.agent.state import AgentState
+from rollout_service.api.auth import bearer, require_token
+from rollout_service.api.errors import ApiError
+from rollout_service.openai.handlers import answer_chat, answer_completion, chat_spec, check_chat_limits, ephemeral_state
+from rollout_service.openai.schemas import ChatCompletionRequest, CompletionRequest, RewardRequest, SessionCreate, ToolResultRequest
+from rollout_service.openai.sessions import (
+    SessionRecord,
+    check_token,
+    hash_token,
+    new_token,
+    normalize_message,
+    prepare_turn,
+    tools_key,
+)
+from rollout_service.runner.finish import to_trajectory
+
+
+async def _released_after(body, release):
+    """A streaming body that releases the session lock however the stream ends."""
+    try:
+        async for piece in body:
+            yield piece
+    finally:
+        release()
+
+
+def build_openai_router(svc) -> APIRouter:
+    api_token = svc.cfg.security.api_token.get_secret_value() if svc.cfg.security.api_token else None
+    router = APIRouter()
+
+    def data_plane(request: Request) -> None:
+        require_token(request, api_token, "API")
+
+    def models_body() -> dict:
+        return {"object": "list", "data": [{"id": svc.model_name, "object": "model", "created": int(svc.started_at),
+                                            "owned_by": "asyncrl", "root": svc.cfg.model.path,
+                                            "max_model_len": svc.cfg.model.max_model_len}]}
+
+    def chat_for(req: ChatCompletionRequest):
+        tools = [t.model_dump() for t in req.tools] if req.tools else None
+        key = tools_key(tools)
+        return svc.chats.get(key, tools), key
+
+    # -- stateless ------------------------------------------------------------------------
+    @router.get("/v1/models")
+    async def models(request: Request):
+        data_plane(request)
+        return models_body()
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request, req: ChatCompletionRequest):
+        data_plane(request)
+        check_chat_limits(svc, req)
+        messages = [m.to_template() for m in req.messages]
+        chat, _ = chat_for(req)
+        state = ephemeral_state(svc, messages)
+        state.token_ids = chat.prompt_ids(messages)
+        state.prompt_length = state.turn_start = len(state.token_ids)
+        spec = chat_spec(svc, req, state.prompt_length)
+
+        async def done(out) -> None:
+            return None
+
+        return await answer_chat(svc, state, chat, req, spec, done)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request, req: CompletionRequest):
+        data_plane(request)
+        chat = svc.chats.get("", None)
+        ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode_text(req.prompt)
+        if not ids:
+            raise ApiError(400, "prompt must not be empty", param="prompt")
+        state = ephemeral_state(svc, [])
+        state.token_ids, state.prompt_length, state.turn_start = list(ids), len(ids), len(ids)
+
+        async def done(out) -> None:
+            return None
+
+        return await answer_completion(svc, state, chat, req, ids, done)
+
+    # -- sessions -----------------------------------------------------------------------
+    sessions = svc.sessions
+
+    def session_for(request: Request, sid: str) -> SessionRecord:
+        rec = sessions.get(sid)
+        check_token(rec.token_hash, bearer(request))
+        return rec
+
+    def open_session(request: Request, sid: str) -> SessionRecord:
+        rec = session_for(request, sid)
+        if rec.status != "open":
+            raise ApiError(409, f"session {sid} is {rec.status}", param="session_id")
+        return rec
+
+    @router.post("/v1/sessions", status_code=201)
+    async def create_session(request: Request, body: SessionCreate | None = None):
+        data_plane(request)
+        body = body or SessionCreate()
+        if sessions.open_count >= svc.cfg.api.max_sessions:
+            raise ApiError(429, f"{sessions.open_count} sessions are open (limit {svc.cfg.api.max_sessions})", headers={"Retry-After": "10"})
+        sid = f"sess-{uuid.uuid4().hex[:20]}"
+        group_id = body.group_id or f"g-{sid}"
+        refused = svc.runner.admit_external(group_id, body.group_size)
+        if refused is not None:
+            raise ApiError(429, f"not admitting new episodes now: {refused}", headers={"Retry-After": "5"})
+        token = new_token()
+        now = time.time()
+        agent = AgentState(id=sid, run_id=svc.cfg.run.id, group_id=group_id, group_size=body.group_size, group_index=body.group_index,
+                           prompt_id=body.prompt_id or sid, data_source=body.data_source, ground_truth=body.ground_truth,
+                           created_at=now)
+        rec = SessionRecord(id=sid, token_hash=hash_token(token), agent=agent, created_at=now, last_activity=now, metadata=body.metadata)
+        sessions.add(rec)
+        await sessions.save(rec)
+        root = (svc.cfg.api.public_url or str(request.base_url)).rstrip("/")
+        return {"id": sid, "token": token, "base_url": f"{root}/v1/sessions/{sid}/v1", "group_id": group_id,
+                "expires_after_idle_s": svc.cfg.api.session_ttl_s}
+
+    @router.get("/v1/sessions/{sid}")
+    async def get_session(request: Request, sid: str):
+        return session_for(request, sid).public()
+
+    @router.get("/v1/sessions/{sid}/v1/models")
+    async def session_models(request: Request, sid: str):
+        session_for(request, sid)
+        return models_body()
+
+    @router.post("/v1/sessions/{sid}/v1/chat/completions")
+    async def session_chat(request: Request, sid: str, req: ChatCompletionRequest):
+        rec = open_session(request, sid)
+        check_chat_limits(svc, req)
+        messages = [m.to_template() for m in req.messages]
+        chat, key = chat_for(req)
+        lock = sessions.lock(sid)
+        await lock.acquire()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                lock.release()
+
+        async def done(out) -> None:
+            assistant = {"role": "assistant", "content": out.content or ""}
+            if out.tool_calls:
+                assistant["tool_calls"] = out.tool_calls
+            rec.known_messages.append(normalize_message(assistant))
+            rec.agent.messages = [*messages, assistant]
+            rec.last_turn_ended = out.ended_by_eos
+            rec.last_activity = time.time()
+            await sessions.save(rec)
+
+        streaming = False
+        try:
+            rec.last_activity = time.time()
+            prepare_turn(rec, messages, chat, key)
+            spec = chat_spec(svc, req, len(rec.agent.token_ids))
+            response = await answer_chat(svc, rec.agent, chat, req, spec, done, {"session_id": sid, "segments": rec.segments})
+            if isinstance(response, StreamingResponse):
+                response.body_iterator = _released_after(response.body_iterator, release)
+                streaming = True
+            return response
+        finally:
+            if not streaming:
+                release()
+
+    @router.post("/v1/sessions/{sid}/v1/completions")
+    async def session_completion(request: Request, sid: str, req: CompletionRequest):
+        rec = open_session(request, sid)
+        chat = svc.chats.get("", None)
+        ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode_text(req.prompt)
+        a = rec.agent
+        async with sessions.lock(sid):
+            if a.token_ids and ids[: len(a.token_ids)] == a.token_ids and len(ids) > len(a.token_ids):
+                extra = ids[len(a.token_ids):]
+                a.token_ids.extend(extra)
+                a.loss_mask.extend([0] * len(extra))
+                a.logprobs.extend([0.0] * len(extra))
+                a.versions.extend([-1] * len(extra))
+            else:
+                if a.token_ids:
+                    rec.segments += 1
+                    rec.divergences.append({"turn": a.assistant_turns, "reason": "prompt does not extend the recorded tokens", "at": time.time()})
+                a.token_ids, a.loss_mask, a.logprobs, a.versions = list(ids), [], [], []
+                a.prompt_length = len(ids)
+            a.turn_start = len(a.token_ids)
+            a.segment = 0
+            rec.last_activity = time.time()
+
+            async def done(out) -> None:
+                rec.last_activity = time.time()
+                await sessions.save(rec)
+
+            if req.stream:
+                raise ApiError(400, "stream is not supported on session text completions", param="stream")
+            return await answer_completion(svc, a, chat, req, ids, done)
+
+    @router.post("/v1/sessions/{sid}/reward")
+    async def set_reward(request: Request, sid: str, body: RewardRequest):
+        rec = open_session(request, sid)
+        rec.agent.reward = body.total
+        rec.agent.reward_details = dict(body.components or {})
+        rec.reward_set = True
+        rec.last_activity = time.time()
+        await sessions.save(rec)
+        return rec.public()
+
+    @router.post("/v1/sessions/{sid}/finish")
+    async def finish(request: Request, sid: str):
+        rec = session_for(request, sid)
+        if rec.status == "finished":
+            return rec.public()
+        if rec.status != "open":
+            raise ApiError(409, f"session {sid} is {rec.status}", param="session_id")
+        async with sessions.lock(sid):
+            a = rec.agent
+            if a.response_length <= 0 or not any(a.loss_mask):
+                raise ApiError(409, "the session has no completion to publish", param="session_id")
+            a.finish_reason = "stop"
+            traj = to_trajectory(a, svc.runner.version)
+            traj.metadata.update({"session": True, "segments": rec.segments, "divergences": rec.divergences,
+                                  "reward_set": rec.reward_set, **{f"user_{k}": v for k, v in rec.metadata.items()}})
+            svc.runner.enqueue(traj)
+            rec.status = "finished"
+            rec.finished_at = time.time()
+            await sessions.save(rec)
+        return rec.public()
+
+    # -- external environments ----------------------------------------------------------
+    broker = svc.broker
+
+    @router.get("/v1/sessions/{sid}/tool_calls")
+    async def session_tool_calls(request: Request, sid: str, wait: float = Query(0.0, ge=0.0)):
+        broker.authorize(sid, bearer(request))
+        calls = await broker.pending(session_id=sid, wait_s=min(wait, svc.cfg.api.poll_max_wait_s))
+        return {"session_id": sid, "tool_calls": [{k: v for k, v in c.items() if k != "token"} for c in calls]}
+
+    @router.post("/v1/sessions/{sid}/tool_results")
+    async def tool_result(request: Request, sid: str, body: ToolResultRequest):
+        broker.authorize(sid, bearer(request))
+        return broker.post_result(sid, body.tool_call_id, body.content, body.is_error)
+
+    @router.get("/v1/environments/{env}/tool_calls")
+    async def environment_tool_calls(request: Request, env: str, wait: float = Query(0.0, ge=0.0)):
+        data_plane(request)
+        calls = await broker.pending(environment=env, wait_s=min(wait, svc.cfg.api.poll_max_wait_s))
+        return {"environment": env, "tool_calls": calls}
+
+    return router

@@ -1,0 +1,210 @@
+"""Sessions: episodes driven by external agents through the OpenAI API.
+
+A session is an :class:`AgentState` that an outside client advances one chat completion at a
+time. Contract:
+
+- **Token identity.** The first request's messages are rendered by the chat template. Each
+  later request must repeat the recorded history (the previous messages plus the assistant
+  message this service returned) and may add messages; only the added messages are
+  rendered — as an environment segment after the recorded tokens, loss mask 0 — so the
+  tokens the engine produced are kept exactly. If the history differs (edited, shortened,
+  other tools), the session starts a new *segment* from a fresh rendering and records the
+  divergence in ``metadata.divergences``; the published trajectory is the last segment.
+- **Exactly once.** ``finish`` writes the trajectory (id = session id) to the service's
+  outbox (same path and guarantees as internal agents) and marks the session finished;
+  finishing again answers the same result. Sessions are persisted in the run's sessions KV
+  bucket and survive a restart of the service.
+- **Expiry.** A session idle for ``api.session_ttl_s`` expires: reported (status, metric,
+  log), never published.
+- **Auth.** Each session has its own bearer token (only its hash is stored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from typing import Any
+
+import msgspec
+
+from rollout_service.agent.chat import ChatTokenizer
+from rollout_service.agent.state import AgentState, Phase
+from rollout_service.api.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+EXPIRY_SCAN_S = 5.0  # how often idle sessions are looked for
+
+
+class SessionRecord(msgspec.Struct, kw_only=True):
+    id: str
+    token_hash: str
+    agent: AgentState
+    status: str = "open"
+    created_at: float = 0.0
+    last_activity: float = 0.0
+    known_messages: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    tools_key: str = ""
+    last_turn_ended: bool = True
+    segments: int = 1
+    divergences: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    reward_set: bool = False
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    finished_at: float | None = None
+
+    def public(self) -> dict[str, Any]:
+        a = self.agent
+        return {"id": self.id, "status": self.status, "created_at": self.created_at, "last_activity": self.last_activity,
+                "group_id": a.group_id, "group_size": a.group_size, "group_index": a.group_index, "data_source": a.data_source,
+                "turns": a.assistant_turns, "tokens": len(a.token_ids), "prompt_length": a.prompt_length,
+                "model_tokens": sum(a.loss_mask), "segments": self.segments, "divergences": self.divergences,
+                "reward": a.reward if self.reward_set else None, "reward_details": a.reward_details,
+                "version_start": a.version_start, "version_end": a.version_end, "metadata": self.metadata,
+                "finished_at": self.finished_at}
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return "sess-" + secrets.token_urlsafe(24)
+
+
+def check_token(expected_hash: str, given: str | None, what: str = "session") -> None:
+    if given is None:
+        raise ApiError(401, f"{what} routes require 'Authorization: Bearer <{what} token>'", headers={"WWW-Authenticate": "Bearer"})
+    if not hmac.compare_digest(hash_token(given), expected_hash):
+        raise ApiError(403, f"invalid {what} token")
+
+
+def normalize_message(m: dict[str, Any]) -> dict[str, Any]:
+    """Comparable form of a chat message (argument JSON canonicalised, None content = '')."""
+    out: dict[str, Any] = {"role": m.get("role"), "content": m.get("content") or ""}
+    calls = []
+    for c in m.get("tool_calls") or []:
+        fn = c.get("function", c)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                pass
+        calls.append({"name": fn.get("name"), "arguments": json.dumps(args, sort_keys=True) if not isinstance(args, str) else args})
+    if calls:
+        out["tool_calls"] = calls
+    if m.get("role") == "tool":
+        out["tool_call_id"] = m.get("tool_call_id")
+    return out
+
+
+def tools_key(tools: list[dict] | None) -> str:
+    return hashlib.sha256(json.dumps(tools or [], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def append_env_tokens(agent: AgentState, ids: list[int]) -> None:
+    agent.token_ids.extend(ids)
+    agent.loss_mask.extend([0] * len(ids))
+    agent.logprobs.extend([0.0] * len(ids))
+    agent.versions.extend([-1] * len(ids))
+
+
+def prepare_turn(rec: SessionRecord, messages: list[dict[str, Any]], chat: ChatTokenizer, key: str) -> None:
+    """Extend (or restart) the session's token sequence for a new request (module doc)."""
+    a = rec.agent
+    incoming = [normalize_message(m) for m in messages]
+    known = rec.known_messages
+    reason = None
+    if a.token_ids:
+        if key != rec.tools_key:
+            reason = "the tools changed"
+        elif len(incoming) <= len(known):
+            reason = f"the history has {len(incoming)} messages, {len(known)} were recorded"
+        else:
+            bad = next((i for i, (x, y) in enumerate(zip(incoming, known)) if x != y), None)
+            if bad is not None:
+                reason = f"message {bad} differs from what was recorded"
+    if a.token_ids and reason is None:
+        if not rec.last_turn_ended:
+            append_env_tokens(a, [chat.eos_token_id])  # the turn was cut (length/stop string): close it as the template does
+        append_env_tokens(a, chat.environment_segment(messages[len(known):]))
+        a.user_turns += 1
+    else:
+        if a.token_ids:
+            rec.segments += 1
+            rec.divergences.append({"turn": a.assistant_turns, "reason": reason, "at": time.time()})
+            a.loss_mask, a.logprobs, a.versions = [], [], []
+            a.version_start = a.version_end = None
+        a.token_ids = chat.prompt_ids(messages)
+        a.prompt_length = len(a.token_ids)
+        a.messages = [dict(m) for m in messages]
+    rec.tools_key = key
+    rec.known_messages = incoming
+    a.turn_start = len(a.token_ids)
+    a.segment = 0
+    a.phase = Phase.GENERATING
+
+
+class SessionManager:
+    """The service's sessions (see the module docstring)."""
+
+    def __init__(self, kv, ttl_s: float, max_open: int) -> None:
+        self.kv = kv
+        self.ttl_s = ttl_s
+        self.max_open = max_open
+        self.sessions: dict[str, SessionRecord] = {}
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.expired_total = 0
+
+    @property
+    def open_count(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.status == "open")
+
+    def lock(self, sid: str) -> asyncio.Lock:
+        return self.locks.setdefault(sid, asyncio.Lock())
+
+    def get(self, sid: str) -> SessionRecord:
+        rec = self.sessions.get(sid)
+        if rec is None:
+            raise ApiError(404, f"no session {sid!r}", param="session_id")
+        return rec
+
+    def add(self, rec: SessionRecord) -> None:
+        self.sessions[rec.id] = rec
+
+    async def save(self, rec: SessionRecord) -> None:
+        try:
+            await asyncio.wait_for(self.kv.put(rec.id.replace(".", "_"), msgspec.msgpack.encode(rec)), 2.0)
+        except Exception as exc:  # noqa: BLE001 - NATS down: the session lives on in memory
+            log.warning("session %s not persisted: %s", rec.id, exc)
+
+    async def restore(self) -> int:
+        try:
+            keys = await self.kv.keys()
+        except Exception as exc:  # noqa: BLE001 - NoKeysError on a fresh bucket
+            if type(exc).__name__ == "NoKeysError":
+                return 0
+            raise
+        dec = msgspec.msgpack.Decoder(SessionRecord)
+        for key in keys:
+            entry = await self.kv.get(key)
+            if entry.value:
+                rec = dec.decode(entry.value)
+                self.sessions[rec.id] = rec
+        return len(self.sessions)
+
+    def expire_idle(self, now: float | None = None) -> list[SessionRecord]:
+        now = time.time() if now is None else now
+        out = []
+        for rec in self.sessions.values():
+            if rec.status == "open" and now - rec.last_activity > self.ttl_s and not self.lock(rec.id).locked():
+                rec.status = "expired"
+                self.expired_total += 1
+                out.append(rec)
+                log.warning("session %s expired after %.0f s idle (not published)", rec.id, now - rec.last_activity)
+        return out

@@ -1,0 +1,132 @@
+"""One assistant turn for an OpenAI-API request, on an :class:`AgentState`.
+
+Both the stateless routes and sessions use it. The request's sampling overrides the
+service's; ``tool_choice="required"`` (or a named function) is implemented by appending the
+opening of a tool call (``<tool_call>\\n{"name": "``, plus the name when one is forced) as
+tokens with loss mask 0 — the model did not choose them, so they are never trained on — and
+letting the model continue. Pauses for weight syncs behave as for internal agents: an
+aborted generation keeps its tokens and continues after resume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.config.sections_core import SamplingConfig
+from asyncrl.engine_client.types import GenerateResult
+from rollout_service.agent.chat import ChatTokenizer
+from rollout_service.agent.loop import AgentDeps, generate_turn_tokens
+from rollout_service.agent.state import AgentState
+from rollout_service.agent.tool_parser import ParsedTurn, parse_hermes
+
+
+@dataclass
+class TurnSpec:
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    top_logprobs: int = 0
+    tool_choice: str | dict | None = "auto"
+    parallel_tool_calls: bool = True
+
+    def forced_prefix(self) -> str:
+        if isinstance(self.tool_choice, dict):
+            return '<tool_call>\n{"name": "' + self.tool_choice["function"]["name"] + '", "arguments": '
+        if self.tool_choice == "required":
+            return '<tool_call>\n{"name": "'
+        return ""
+
+
+@dataclass
+class TurnOutcome:
+    text: str
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    model_ids: list[int]
+    model_logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None
+    weight_version: str | None
+    ended_by_eos: bool
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class _Recording:
+    """Wraps the routed generator to keep every engine result of the turn."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.results: list[GenerateResult] = []
+
+    async def generate(self, state, input_ids, sampling_params, rid, extra=None):
+        res = await self.inner.generate(state, input_ids, sampling_params, rid, extra)
+        self.results.append(res)
+        return res
+
+
+def turn_deps(base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, response_budget: int) -> tuple[AgentDeps, _Recording]:
+    sampling = SamplingConfig(temperature=spec.temperature, top_p=spec.top_p, max_new_tokens=spec.max_new_tokens)
+    extra: dict[str, Any] = {}
+    if spec.stop:
+        extra["stop"] = spec.stop
+    if spec.seed is not None:
+        extra["sampling_seed"] = spec.seed
+    rec = _Recording(base.generator)
+    return dataclasses.replace(base, chat=chat, generator=rec, sampling=sampling, extra_sampling=extra,
+                               response_length=response_budget), rec
+
+
+async def run_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, response_budget: int) -> TurnOutcome:
+    """Generate one assistant turn onto ``state`` and describe it in OpenAI terms."""
+    prompt_tokens = len(state.token_ids)
+    forced = spec.forced_prefix()
+    if forced:
+        ids = chat.encode_text(forced)
+        state.token_ids.extend(ids)
+        state.loss_mask.extend([0] * len(ids))
+        state.logprobs.extend([0.0] * len(ids))
+        state.versions.extend([-1] * len(ids))
+    deps, rec = turn_deps(base, chat, spec, response_budget)
+    extra = {"top_logprobs_num": spec.top_logprobs} if spec.top_logprobs else None
+    ended, last = await generate_turn_tokens(state, deps, extra)
+    return describe_turn(state, chat, spec, ended, rec.results, prompt_tokens)
+
+
+def describe_turn(state: AgentState, chat: ChatTokenizer, spec: TurnSpec, ended: bool | None,
+                  results: list[GenerateResult], prompt_tokens: int) -> TurnOutcome:
+    """Close the turn on ``state`` (turn counter) and describe it in OpenAI terms."""
+    last = results[-1] if results else None
+    state.assistant_turns += 1
+    turn_ids = state.token_ids[state.turn_start:]
+    text = chat.decode_turn(turn_ids)
+    model_ids = [t for t, m in zip(state.token_ids[state.turn_start:], state.loss_mask[state.turn_start - state.prompt_length:]) if m]
+    model_lps = [lp for lp, m in zip(state.logprobs[state.turn_start - state.prompt_length:], state.loss_mask[state.turn_start - state.prompt_length:]) if m]
+    parsed = parse_hermes(text, state.assistant_turns - 1) if spec.tool_choice != "none" else ParsedTurn(text, [])
+    calls = [c for c in parsed.calls if c.error is None]
+    if not spec.parallel_tool_calls:
+        calls = calls[:1]
+    if ended is None:
+        finish = "error"
+    elif calls:
+        finish = "tool_calls"
+    elif last is not None and last.finish_reason.type == "stop":
+        finish = "stop"
+    else:
+        finish = "length"
+    tops = None
+    if spec.top_logprobs:
+        tops = []
+        for res in results:
+            for entry in (res.meta_info.get("output_top_logprobs") or [])[: len(res.output_ids)]:
+                tops.append([(int(t[1]), float(t[0])) for t in (entry or [])])
+    return TurnOutcome(
+        text=text, content=parsed.content if (parsed.content or not calls) else None,
+        tool_calls=[c.as_openai() for c in calls], finish_reason=finish, model_ids=model_ids, model_logprobs=model_lps,
+        top_logprobs=tops, weight_version=last.weight_version if last else None, ended_by_eos=bool(ended),
+        prompt_tokens=prompt_tokens, completion_tokens=len(turn_ids),
+    )

@@ -1,0 +1,98 @@
+"""Bad input on the OpenAI and session routes: 4xx with a JSON body, never a 500; limits are
+enforced before tokenisation; backpressure is 429 with Retry-After; idle sessions expire."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from tests.rollout.conftest import running_service, service_config, wait_for
+
+API = "data-plane-token-0123456789"
+
+
+def cfg(tmp_path, nats_url, engine, *extra):
+    return service_config(tmp_path, nats_url, [engine], "rollout.total_rollout_steps=1", "rollout.n=1",
+                          f"security.api_token={API}", "api.max_messages=4", "api.max_tokens=64", "api.max_body_bytes=20000",
+                          *extra)
+
+
+async def test_bad_requests_get_json_4xx_and_never_500(tmp_path, nats_server, warm_engine):
+    async with running_service(cfg(tmp_path, nats_server.url, warm_engine, "async_training.staleness_threshold=50")) as (svc, url):
+        api = {"Authorization": f"Bearer {API}"}
+        async with httpx.AsyncClient(timeout=60) as http:
+            sess = (await http.post(f"{url}/v1/sessions", json={}, headers=api)).json()
+            sauth = {"Authorization": f"Bearer {sess['token']}"}
+            chat = f"{sess['base_url']}/chat/completions"
+            msg = [{"role": "user", "content": "hi"}]
+            cases = [
+                ("POST", f"{url}/v1/chat/completions", {"content": b"{nope"}, {**api, "Content-Type": "application/json"}, 400, "malformed JSON"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": msg}}, {}, 401, "Bearer"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": msg}}, {"Authorization": "Bearer wrong"}, 403, "invalid"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": []}}, api, 400, "messages"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": [{"role": "wizard", "content": "x"}]}}, api, 400, "role"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": msg * 5}}, api, 400, "exceed the limit of 4"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": msg, "max_tokens": 65}}, api, 400, "limit of 64"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "x" * 30000}]}}, api, 413, "larger than"),
+                ("POST", f"{url}/v1/chat/completions", {"content": b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}'},
+                 {**api, "Content-Type": "application/json"}, 400, "surrogate"),
+                ("POST", f"{url}/v1/completions", {"json": {"prompt": [10**9, 3]}}, api, 400, "vocabulary"),
+                ("POST", f"{url}/v1/completions", {"json": {"prompt": [-1]}}, api, 400, "non-negative"),
+                ("POST", f"{url}/v1/completions", {"json": {"prompt": ["a", "b"]}}, api, 400, "batched"),
+                ("POST", f"{url}/v1/completions", {"json": {"prompt": "x", "echo": True}}, api, 400, "echo"),
+                ("POST", chat, {"json": {"messages": msg}}, {}, 401, "session token"),
+                ("POST", chat, {"json": {"messages": msg}}, api, 403, "invalid session"),
+                ("POST", f"{url}/v1/sessions/sess-unknown/v1/chat/completions", {"json": {"messages": msg}}, sauth, 404, "no session"),
+                ("GET", f"{url}/v1/sessions/sess-unknown", {}, sauth, 404, "no session"),
+                ("POST", f"{url}/v1/sessions/{sess['id']}/reward", {"json": {"reward": "high"}}, sauth, 400, "reward"),
+                ("POST", f"{url}/v1/sessions/{sess['id']}/reward", {"json": {}}, sauth, 400, "give reward"),
+                ("POST", f"{url}/v1/sessions/{sess['id']}/finish", {}, sauth, 409, "no completion"),
+                ("POST", f"{url}/v1/sessions", {"json": {"group_size": 2, "group_index": 5}}, api, 400, "group_index"),
+                ("POST", f"{url}/v1/sessions", {"json": {"group_id": "has space"}}, api, 400, "group_id"),
+                ("POST", f"{url}/v1/sessions/{sess['id']}/tool_results", {"json": {"tool_call_id": "c", "content": "x"}}, sauth, 404, "no session"),
+                ("GET", f"{url}/v1/environments/arith/tool_calls?wait=-1", {}, api, 400, "wait"),
+            ]
+            for method, target, kwargs, headers, expected, fragment in cases:
+                r = await http.request(method, target, headers=headers, **kwargs)
+                assert r.status_code == expected, (target, kwargs, r.status_code, r.text)
+                body = r.json()
+                assert body["error"]["code"] == expected and fragment in body["error"]["message"], (target, body)
+
+
+async def test_quota_backpressure_is_429_with_retry_after_and_open_sessions_keep_working(tmp_path, nats_server, warm_engine):
+    # max_required_samples = floor(2 * 1.0) = 2: the internal sample takes one, the first session the other
+    c = cfg(tmp_path, nats_server.url, warm_engine, "async_training.staleness_threshold=0", "actor.ppo_mini_batch_size=2")
+    async with running_service(c) as (svc, url):
+        api = {"Authorization": f"Bearer {API}"}
+        async with httpx.AsyncClient(timeout=120) as http:
+            first = await http.post(f"{url}/v1/sessions", json={}, headers=api)
+            assert first.status_code == 201
+            refused = await http.post(f"{url}/v1/sessions", json={}, headers=api)
+            assert refused.status_code == 429 and refused.headers["Retry-After"]
+            assert "staleness quota" in refused.json()["error"]["message"]
+            joined = await http.post(f"{url}/v1/sessions", json={"group_id": first.json()["group_id"], "group_size": 2, "group_index": 1}, headers=api)
+            assert joined.status_code == 201, "joining an admitted group is not a new sample"
+            s = first.json()
+            r = await http.post(f"{s['base_url']}/chat/completions", headers={"Authorization": f"Bearer {s['token']}"},
+                                json={"messages": [{"role": "user", "content": "What is 778 + 913 - 432?"}], "max_tokens": 8})
+            assert r.status_code == 200, "an established session keeps working"
+
+
+async def test_concurrent_session_limit_and_expiry(tmp_path, nats_server, warm_engine):
+    c = cfg(tmp_path, nats_server.url, warm_engine, "async_training.staleness_threshold=50", "api.max_sessions=2", "api.session_ttl_s=1")
+    async with running_service(c) as (svc, url):
+        api = {"Authorization": f"Bearer {API}"}
+        async with httpx.AsyncClient(timeout=60) as http:
+            a = (await http.post(f"{url}/v1/sessions", json={}, headers=api)).json()
+            assert (await http.post(f"{url}/v1/sessions", json={}, headers=api)).status_code == 201
+            full = await http.post(f"{url}/v1/sessions", json={}, headers=api)
+            assert full.status_code == 429 and "sessions are open" in full.json()["error"]["message"]
+            await wait_for(lambda: svc.sessions.expired_total >= 2, 30, "idle sessions to expire")
+            state = (await http.get(f"{url}/v1/sessions/{a['id']}", headers={"Authorization": f"Bearer {a['token']}"})).json()
+            assert state["status"] == "expired"
+            late = await http.post(f"{a['base_url']}/chat/completions", headers={"Authorization": f"Bearer {a['token']}"},
+                                   json={"messages": [{"role": "user", "content": "hi"}]})
+            assert late.status_code == 409 and "expired" in late.json()["error"]["message"]
+            assert (await http.post(f"{url}/v1/sessions", json={}, headers=api)).status_code == 201
+        await asyncio.sleep(0)
