@@ -92,7 +92,9 @@ class TrainStep:
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                        logits_to_keep=mb.logits_to_keep, use_cache=False).logits
         idx = mb.resp_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-        z = logits.gather(1, idx).float() / mb.temperature[:, None, None]
+        z = logits.gather(1, idx).float()
+        if bool((mb.temperature != 1.0).any()):  # skip a (B, R, V) pass in the common T = 1 case
+            z = z / mb.temperature[:, None, None]
         logp = log_probs_from_logits(z, mb.labels)
         if need_entropy_grad:
             ent = entropy_from_logits(z)
