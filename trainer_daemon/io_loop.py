@@ -48,6 +48,8 @@ class IoLoop:
         try:
             return fut.result(timeout_s)
         except concurrent.futures.TimeoutError:
+            if fut.done():  # the coroutine's own TimeoutError (the same class since Python 3.11)
+                raise
             fut.cancel()
             raise TimeoutError(f"I/O operation did not finish within {timeout_s} s") from None
 

@@ -40,7 +40,8 @@ def run_variant(ctx, overrides: list[str]) -> dict:
                                    "token_ids": odd.token_ids + [7, 8, 9], "loss_mask": [1, 1, 0, 0, 0, 1, 1],
                                    "rollout_logprobs": [-6.5, -6.5, 0, 0, 0, -6.5, -6.5],
                                    "weight_versions": [0, 0, -1, -1, -1, 0, 0], "temperature": 0.7})
-    trajs = [t for g in groups for t in g]
+    groups[2] = [t.__class__(**{**{f: getattr(t, f) for f in t.__struct_fields__}, "reward": 1.0}) for t in groups[2]]
+    trajs = [t for g in groups for t in g]  # group q2 has equal rewards: zero variance
     step = TrainStep(model, opt, sched, StepSettings.from_config(cfg, 0), ctx, ref)
     metrics = step.run(trajs, [[0, 1], [2, 3], [4, 5]])
     return {"weights": full_state_dict(model), "metrics": metrics}

@@ -198,3 +198,17 @@ def test_failed_sync_is_counted_and_training_continues(agent_run):
     assert max(line.get("trainer/sync_failures", 0) for line in agent_run["lines"]) == 1
     state = read_state(latest_export(agent_run["run_dir"]).parent)
     assert state["weight_version"] == 2
+
+
+def test_export_loads_into_an_engine_from_disk(direct_run, agent_run, engine_url):
+    """The HF export is what ``/update_weights_from_disk`` takes (runs last: it rewrites the engine)."""
+    export = latest_export(direct_run["run_dir"])
+
+    async def load() -> None:
+        async with EngineClient(engine_url, control_timeout_s=120) as c:
+            await c.update_weights_from_disk(str(export), weight_version="disk")
+
+    asyncio.run(load())
+    view = engine_view(engine_url)
+    assert view["version"] == "disk"
+    assert max_logprob_gap(load_model(str(export)), view["samples"]) < TOL

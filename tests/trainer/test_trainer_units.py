@@ -92,3 +92,24 @@ def test_only_marked_checkpoints_count(tmp_path):
     (tmp_path / "step-00000002").mkdir()  # no marker: a crash after the rename can't happen, but be strict
     (tmp_path / "step-00000003.incomplete").mkdir()
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [1]
+
+
+def test_io_loop_keeps_the_coroutines_own_timeout_message():
+    import asyncio
+
+    from trainer_daemon.io_loop import IoLoop
+
+    async def fails():
+        raise TimeoutError("NATS at nats://x did not accept connections")
+
+    async def slow():
+        await asyncio.sleep(30)
+
+    io = IoLoop()
+    try:
+        with pytest.raises(TimeoutError, match="did not accept"):
+            io.run(fails(), 5)
+        with pytest.raises(TimeoutError, match="did not finish within 0.1 s"):
+            io.run(slow(), 0.1)
+    finally:
+        io.close()
