@@ -15,7 +15,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

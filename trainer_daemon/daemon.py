@@ -34,7 +34,14 @@ from trainer_daemon.algo import max_version_lag
 from trainer_daemon.checkpoint import CheckpointManager
 from trainer_daemon.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
 from trainer_daemon.export import export_hf
-from trainer_daemon.model import build_optimizer, build_policy, build_reference, build_scheduler, engine_weights, full_state_dict
+from trainer_daemon.model import (
+    build_optimizer,
+    build_policy,
+    build_reference,
+    build_scheduler,
+    engine_weights,
+    full_state_dict,
+)
 from trainer_daemon.step import StepSettings, TrainStep
 
 log = logging.getLogger(__name__)

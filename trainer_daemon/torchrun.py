@@ -24,7 +24,11 @@ from collections.abc import Sequence
 def _install_loopback_static() -> None:
     from torch.distributed import PrefixStore, TCPStore
     from torch.distributed.elastic.rendezvous import static_tcp_rendezvous as st
-    from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo, rendezvous_handler_registry
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousInfo,
+        RendezvousStoreInfo,
+        rendezvous_handler_registry,
+    )
 
     from asyncrl.weight_sync import is_loopback, reserve_listen_socket
 

@@ -23,7 +23,7 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.engine_client import EngineClient
 from asyncrl.models import load_model
-from asyncrl.wire import NatsNames, SCHEMA_TAG
+from asyncrl.wire import SCHEMA_TAG, NatsNames
 from tests.helpers.processes import start_engine
 from tests.trainer.fake_sync_agent import FakeSyncAgent
 from tests.trainer.helpers import (

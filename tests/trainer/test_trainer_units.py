@@ -27,7 +27,7 @@ def test_collate_aligns_logits_with_response_tokens():
     mb = collate([a, b], [0, 1], [1.5, -1.0], pad_id=0)
     first = a.prompt_length - 1
     assert mb.logits_to_keep == mb.input_ids.shape[1] - first
-    for row, t in enumerate((a, b)):
+    for row in range(2):
         pos = mb.resp_index[row] + first  # absolute position of the logits scoring each response token
         assert torch.equal(mb.input_ids[row, pos + 1], mb.labels[row]) and mb.labels[row].tolist() == GOOD
     assert mb.advantages[0].tolist() == [1.5] * 4 and mb.temperature.tolist() == [1.0, 0.5]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy

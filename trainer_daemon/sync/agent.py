@@ -44,7 +44,14 @@ from collections.abc import Mapping
 import aiohttp
 import torch
 
-from asyncrl.weight_sync import DEFAULT_GROUP_NAME, WeightGroup, WeightSyncError, broadcast_bucket, plan_buckets, reserve_listen_socket
+from asyncrl.weight_sync import (
+    DEFAULT_GROUP_NAME,
+    WeightGroup,
+    WeightSyncError,
+    broadcast_bucket,
+    plan_buckets,
+    reserve_listen_socket,
+)
 from trainer_daemon.sync.base import WeightPublisher, weights_nbytes
 from trainer_daemon.sync.group import init_group
 
