@@ -7,6 +7,7 @@ Subcommands import their component lazily, so ``asyncrl config show`` never impo
     asyncrl engine --model M --port P                     run a local_engine (SGLang protocol, CPU)
     asyncrl rollout [FILE] [k=v ...] [--insecure-dev]     run the rollout service
     asyncrl trainer [FILE] [k=v ...]                      run the trainer under torchrun (trainer.* sets the world)
+    asyncrl sync-agent [FILE] [k=v ...] [--insecure-dev]  run the sync agent
     asyncrl demo-stack [FILE] [k=v ...]                   start NATS + an engine and show them working
 """
 
@@ -56,6 +57,12 @@ def _cmd_trainer(argv: Sequence[str]) -> int:
     return trainer_main(argv)
 
 
+def _cmd_sync_agent(argv: Sequence[str]) -> int:
+    from sync_agent.__main__ import main as sync_main
+
+    return sync_main(argv)
+
+
 def _cmd_demo_stack(argv: Sequence[str]) -> int:
     from asyncrl.demo_stack import main as demo_main
 
@@ -68,6 +75,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "engine": (_cmd_engine, "run a CPU inference engine that speaks SGLang's HTTP protocol"),
     "rollout": (_cmd_rollout, "run the rollout service (agents, publisher, admin API)"),
     "trainer": (_cmd_trainer, "run the trainer daemon under torchrun (FSDP2, JetStream consumer, weight sync)"),
+    "sync-agent": (_cmd_sync_agent, "run the sync agent (pause → broadcast → resume)"),
     "demo-stack": (_cmd_demo_stack, "start embedded NATS and a local engine, and show them working"),
 }
 

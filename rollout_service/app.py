@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from rollout_service.api.admin import build_admin_router
-from rollout_service.api.errors import BodySizeLimit, install_error_handlers
+from asyncrl.http.errors import BodySizeLimit, install_error_handlers
 from rollout_service.metrics import build_registry, render
 from rollout_service.openai.routes import build_openai_router
 

@@ -176,6 +176,15 @@ class SyncConfig(Section):
     """Limit of the resume phase."""
     group_init_timeout_s: float = Field(120.0, gt=0.0)
     """Limit of forming the weight-update group with the engines."""
+    rollout_url: str | None = None
+    """Admin URL of the rollout service the agent pauses and resumes. None: http://rollout.host:rollout.port."""
+    reload_path: str | None = None
+    """Hugging Face directory engines reload from after a failed update (None: the trainer's newest
+    export named in the sync request, if any; otherwise the engine waits for the next full push)."""
+    reconcile_interval_s: float = Field(2.0, gt=0.0, le=600.0)
+    """How often the agent checks engines' versions and health, reloads and releases them."""
+    engine_timeout_s: float = Field(30.0, gt=0.0)
+    """Limit of one control call to an engine (pause, flush, continue, model_info)."""
 
 
 class SecurityConfig(Section):

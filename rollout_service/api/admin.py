@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
 from rollout_service.api.auth import require_token
-from rollout_service.api.errors import ApiError
+from asyncrl.http.errors import ApiError
 from rollout_service.api.status import service_status
 from rollout_service.runner.runner import PauseTimeout
 

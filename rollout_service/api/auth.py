@@ -8,7 +8,7 @@ import hmac
 
 from fastapi import Request
 
-from rollout_service.api.errors import ApiError
+from asyncrl.http.errors import ApiError
 
 WEAK_TOKENS = {"", "changeme", "change-me", "admin", "token", "secret", "password", "default", "test"}
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_service.api.errors import ApiError
+from asyncrl.http.errors import ApiError
 from rollout_service.openai.sessions import check_token, hash_token, new_token
 
 log = logging.getLogger(__name__)

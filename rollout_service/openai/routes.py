@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 
 from rollout_service.agent.state import AgentState
 from rollout_service.api.auth import bearer, require_token
-from rollout_service.api.errors import ApiError
+from asyncrl.http.errors import ApiError
 from rollout_service.openai.handlers import answer_chat, answer_completion, chat_spec, check_chat_limits, ephemeral_state
 from rollout_service.openai.schemas import ChatCompletionRequest, CompletionRequest, RewardRequest, SessionCreate, ToolResultRequest
 from rollout_service.openai.sessions import (

@@ -34,7 +34,7 @@ import msgspec
 
 from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.state import AgentState, Phase
-from rollout_service.api.errors import ApiError
+from asyncrl.http.errors import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,52 @@
+"""``asyncrl sync-agent [CONFIG] [k=v ...] [--host H] [--port P] [--insecure-dev]``.
+
+Runs the sync agent under uvicorn (default 127.0.0.1:8100 from ``sync.host`` / ``sync.port``).
+Refuses to start without a sync token (``security.sync_token``) unless ``--insecure-dev``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from asyncrl.config import ConfigError, load_config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl sync-agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...]")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--insecure-dev", action="store_true", help="allow running without a sync token")
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from asyncrl.cli import _split_config_args
+
+    path, overrides = _split_config_args(ns.args)
+    if ns.insecure_dev:
+        overrides.append("security.insecure_dev=true")
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    token = cfg.security.sync_token.get_secret_value() if cfg.security.sync_token else ""
+    if not cfg.security.insecure_dev and len(token) < 12:
+        print("refusing to start: security.sync_token is empty or shorter than 12 characters "
+              "(set ASYNCRL_SECURITY__SYNC_TOKEN or pass --insecure-dev)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.run.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from sync_agent.agent import SyncAgent
+    from sync_agent.app import create_app
+
+    host = ns.host or cfg.sync.host
+    port = ns.port if ns.port is not None else cfg.sync.port
+    uvicorn.run(create_app(SyncAgent(cfg)), host=host, port=port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The sync agent process: wires the coordinator, the reconcile loop and recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from sync_agent.coordinator import SyncCoordinator
+from sync_agent.reconcile import reconcile_loop, recover
+from sync_agent.records import StateFile
+from sync_agent.rollout_admin import RolloutAdmin
+
+log = logging.getLogger(__name__)
+
+
+def rollout_url(cfg) -> str:
+    if cfg.sync.rollout_url:
+        return cfg.sync.rollout_url
+    host = "127.0.0.1" if cfg.rollout.host in ("0.0.0.0", "::") else cfg.rollout.host
+    return f"http://{host}:{cfg.rollout.port}"
+
+
+class SyncAgent:
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        token = cfg.security.admin_token.get_secret_value() if cfg.security.admin_token else None
+        self.rollout = RolloutAdmin(rollout_url(cfg), token, timeout_s=cfg.sync.engine_timeout_s)
+        self.coordinator = SyncCoordinator(cfg, StateFile(Path(cfg.run_dir) / "sync" / "state.json"), self.rollout)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        try:
+            state = await recover(self.coordinator)
+            if state:
+                log.warning("finished an interrupted sync at start: %s", state)
+        except Exception:  # noqa: BLE001 - recovery is retried by the reconcile loop's rules
+            log.exception("recovery at start failed")
+        self._tasks = [asyncio.create_task(self.coordinator.run(self._stop), name="syncs"),
+                       asyncio.create_task(reconcile_loop(self.coordinator, self._stop), name="reconcile")]
+
+    async def close(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for c in self.coordinator.clients.values():
+            await c.close()
+        await self.rollout.close()

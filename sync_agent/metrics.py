@@ -1,0 +1,45 @@
+"""Prometheus metrics of the sync agent, read from its records at scrape time.
+
+``asyncrl_sync_weight_version``, ``asyncrl_sync_syncs_total{state}``,
+``asyncrl_sync_phase_seconds{phase}`` (of the last finished sync),
+``asyncrl_sync_bytes_total``, ``asyncrl_sync_last_gb_per_s``, ``asyncrl_sync_failures_total``,
+``asyncrl_sync_engines_needing_reload``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+
+class SyncCollector:
+    def __init__(self, agent) -> None:
+        self.agent = agent
+
+    def collect(self):
+        co = self.agent.coordinator
+        recs = co.records
+        g = GaugeMetricFamily("asyncrl_sync_weight_version", "Weight version the engines were last synced to")
+        g.add_metric([], co.version)
+        yield g
+        states = CounterMetricFamily("asyncrl_sync_syncs", "Syncs by final state", labels=["state"])
+        for state in ("succeeded", "failed"):
+            states.add_metric([state], sum(1 for r in recs if r.state == state))
+        yield states
+        fails = CounterMetricFamily("asyncrl_sync_failures", "Failed syncs")
+        fails.add_metric([], sum(1 for r in recs if r.state == "failed"))
+        yield fails
+        total = CounterMetricFamily("asyncrl_sync_bytes", "Bytes of weights moved by finished syncs")
+        total.add_metric([], sum(r.bytes for r in recs if r.done))
+        yield total
+        last = next((r for r in reversed(recs) if r.done), None)
+        phases = GaugeMetricFamily("asyncrl_sync_phase_seconds", "Phase durations of the last finished sync", labels=["phase"])
+        speed = GaugeMetricFamily("asyncrl_sync_last_gb_per_s", "Achieved GB/s of the last finished sync's loading phase")
+        if last is not None:
+            for phase, secs in last.phase_seconds.items():
+                phases.add_metric([phase], secs)
+            speed.add_metric([], last.gb_per_s or 0.0)
+        yield phases
+        yield speed
+        reload = GaugeMetricFamily("asyncrl_sync_engines_needing_reload", "Engines waiting for a reload after a failed update")
+        reload.add_metric([], len(co.needs_reload))
+        yield reload

@@ -1,0 +1,132 @@
+"""Keeping engines honest between syncs, and finishing a sync the agent died in.
+
+``reconcile_once`` (every ``sync.reconcile_interval_s``):
+
+- an engine marked for reload (it failed an update) or reporting ``weights_consistent:
+  false`` is reloaded from disk (``/update_weights_from_disk``) when a source is known: the
+  trainer's newest export named in a sync request, or ``sync.reload_path``;
+- an engine the agent quarantined is released once its weights are consistent and at the
+  current version (so it rejoins at the right version — after a reload from an export at
+  that version, or after the next sync pushed it the weights);
+- a routable engine that serves another version than the current one (e.g. it restarted
+  with its initial weights) is quarantined until it catches up.
+
+``recover`` runs once at start when the state file shows a sync that never finished: if
+every live member reports the target version with consistent weights the sync is finished
+(continue, resume at the new version), otherwise it is rolled back (mixed engines
+quarantined, resume at the old version). Either way the group is dropped: engines' group
+state after a crash is unknown, and the trainer is told to form a new one (409 regroup).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from asyncrl.engine_client.errors import EngineError
+from sync_agent.coordinator import SyncCoordinator, version_of
+from sync_agent.rollout_admin import RolloutAdminError
+
+log = logging.getLogger(__name__)
+
+AGENT_REASON = "sync-agent:"  # prefix of quarantine reasons set by the agent (only those are released by it)
+
+
+def reload_source(co: SyncCoordinator) -> tuple[str, int] | None:
+    if co.reload_hint and co.reload_hint.get("path"):
+        return str(co.reload_hint["path"]), int(co.reload_hint.get("version", 0))
+    if co.cfg.sync.reload_path:
+        return co.cfg.sync.reload_path, 0
+    return None
+
+
+async def reconcile_once(co: SyncCoordinator) -> None:
+    if co.running is not None:
+        return  # a sync owns the engines right now
+    try:
+        views = await co.engine_views()
+    except RolloutAdminError as exc:
+        log.debug("reconcile: rollout service unreachable: %s", exc)
+        return
+    source = reload_source(co)
+    for v in views:
+        if not v["alive"]:
+            continue
+        eid = v["id"]
+        client = co.client(eid, v["url"])
+        if (eid in co.needs_reload or v["consistent"] is False) and source is not None:
+            path, version = source
+            try:
+                await client.update_weights_from_disk(path, weight_version=str(version), timeout_s=co.cfg.sync.engine_timeout_s * 4)
+                co.needs_reload.discard(eid)
+                v.update(consistent=True, version=version)
+                log.info("engine %s reloaded from %s (version %d)", eid, path, version)
+            except EngineError as exc:
+                log.warning("reloading engine %s from %s failed: %s", eid, path, exc)
+                continue
+        healthy_here = v["consistent"] is not False and eid not in co.needs_reload and v["version"] == co.version
+        ours = (v.get("reason") or "").startswith(AGENT_REASON)
+        try:
+            if v["rollout_state"] == "quarantined" and ours and healthy_here:
+                await co.rollout.release(eid)
+                log.info("engine %s released at version %d", eid, co.version)
+            elif v["rollout_state"] != "quarantined" and not healthy_here:
+                why = "inconsistent weights" if v["consistent"] is False else f"serves version {v['version']}, current is {co.version}"
+                await co.rollout.quarantine(eid, f"{AGENT_REASON} {why}")
+                log.warning("engine %s quarantined: %s", eid, why)
+        except RolloutAdminError as exc:
+            log.warning("reconcile of %s: %s", eid, exc)
+
+
+async def reconcile_loop(co: SyncCoordinator, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await reconcile_once(co)
+        except Exception:  # noqa: BLE001 - the loop must outlive any one bad round
+            log.exception("reconcile round failed")
+        try:
+            await asyncio.wait_for(stop.wait(), co.cfg.sync.reconcile_interval_s)
+        except TimeoutError:
+            pass
+
+
+async def recover(co: SyncCoordinator) -> str | None:
+    """Finish or roll back a sync the previous agent process did not complete."""
+    rec = next((r for r in reversed(co.records) if not r.done), None)
+    if rec is None:
+        return None
+    try:
+        views = {v["id"]: v for v in await co.engine_views()}
+    except RolloutAdminError as exc:
+        log.error("cannot recover sync %s yet: %s", rec.id, exc)
+        return None
+    members = [views[eid] for eid in rec.group.get("members", {}) if eid in views and views[eid]["alive"]]
+    complete = bool(members) and all(m["version"] == rec.version and m["consistent"] is not False for m in members)
+    for m in members:
+        client = co.client(m["id"], m["url"])
+        if m["consistent"] is False or (m["version"] not in (rec.version, rec.previous_version)):
+            co.needs_reload.add(m["id"])
+            try:
+                await co.rollout.quarantine(m["id"], f"{AGENT_REASON} agent restarted during the update to version {rec.version}")
+            except RolloutAdminError as exc:
+                log.error("could not quarantine %s: %s", m["id"], exc)
+        try:
+            await client.destroy_weights_update_group(co.group.group_name if co.group else "weight_update_group")
+        except EngineError:
+            pass
+        try:
+            await client.resume()
+        except EngineError:
+            pass
+    co.group = None
+    if complete:
+        co.version = rec.version
+        rec.engines = {m["id"]: "loaded" for m in members}
+    else:
+        rec.error = f"the agent restarted during {rec.state}; rolled back to version {co.version}"
+        rec.engines = {m["id"]: ("loaded" if m["version"] == rec.version else "unchanged") for m in members}
+    await co._resume_rollout(rec)
+    rec.enter("succeeded" if complete else "failed")
+    co.persist()
+    log.warning("recovered sync %s after a restart: %s", rec.id, rec.state)
+    return rec.state

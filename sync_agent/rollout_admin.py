@@ -1,0 +1,56 @@
+"""The sync agent's client for the rollout service's admin API (bearer admin token)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+
+class RolloutAdminError(RuntimeError):
+    """The rollout service refused or did not answer an admin call."""
+
+
+class RolloutAdmin:
+    def __init__(self, url: str, token: str | None, timeout_s: float) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            async with self._http().request(method, self.url + path, json=body, headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)) as resp:
+                payload = await resp.json(content_type=None)
+                if resp.status != 200:
+                    message = (payload or {}).get("error", {}).get("message", str(payload)) if isinstance(payload, dict) else str(payload)
+                    raise RolloutAdminError(f"{method} {path}: HTTP {resp.status}: {message}")
+                return payload
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise RolloutAdminError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+
+    async def status(self) -> dict[str, Any]:
+        return await self._call("GET", "/admin/status")
+
+    async def pause(self, mode: str, timeout_s: float) -> dict[str, Any]:
+        return await self._call("POST", "/admin/pause", {"mode": mode, "timeout_s": timeout_s}, timeout_s=timeout_s + 10)
+
+    async def resume(self, version: int) -> dict[str, Any]:
+        return await self._call("POST", "/admin/resume", {"version": version})
+
+    async def quarantine(self, engine_id: str, reason: str) -> dict[str, Any]:
+        return await self._call("POST", f"/admin/engines/{engine_id}/quarantine", {"reason": reason[:500]})
+
+    async def release(self, engine_id: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/admin/engines/{engine_id}/quarantine")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

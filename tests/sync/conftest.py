@@ -1,0 +1,84 @@
+"""Fixtures for sync-agent tests: two real engines, the rollout service, the sync agent (all
+on loopback), and the trainer's real side of the protocol (``SyncAgentPublisher``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import torch
+import uvicorn
+
+from asyncrl.launch import free_port
+from asyncrl.models import load_model
+from tests.helpers.processes import start_engine
+from tests.rollout.conftest import running_service, service_config
+
+SYNC_TOKEN = "sync-token-0123456789"
+
+
+@pytest.fixture
+def engines(tmp_path):
+    procs = [start_engine(tmp_path, "builtin:tiny") for _ in range(2)]
+    try:
+        yield procs
+    finally:
+        for proc, _ in procs:
+            proc.stop()
+
+
+def config(tmp_path, nats_url, engine_urls, *extra):
+    return service_config(tmp_path, nats_url, engine_urls, f"security.sync_token={SYNC_TOKEN}", "rollout.n=2",
+                          "async_training.staleness_threshold=100", "sync.reconcile_interval_s=0.5",
+                          "sync.broadcast_timeout_s=30", "sync.group_init_timeout_s=30", "sync.pause_timeout_s=30", *extra)
+
+
+@contextlib.asynccontextmanager
+async def running_agent(cfg):
+    from sync_agent.agent import SyncAgent
+    from sync_agent.app import create_app
+
+    agent = SyncAgent(cfg)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(agent), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    task = asyncio.create_task(server.serve())
+    for _ in range(400):
+        if server.started:
+            break
+        await asyncio.sleep(0.05)
+    assert server.started
+    try:
+        yield agent, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 60)
+
+
+@contextlib.asynccontextmanager
+async def stack(tmp_path, nats_url, engine_urls, *extra):
+    """Rollout service + sync agent wired together (the agent pauses/resumes the service)."""
+    cfg0 = config(tmp_path, nats_url, engine_urls, *extra)
+    async with running_service(cfg0) as (svc, rollout_url):
+        cfg = config(tmp_path, nats_url, engine_urls, f"sync.rollout_url={rollout_url}", *extra)
+        async with running_agent(cfg) as (agent, agent_url):
+            yield svc, rollout_url, agent, agent_url, cfg
+
+
+def publisher(agent_url: str, cfg, bucket_bytes: int = 1 << 20):
+    from trainer_daemon.sync.agent import SyncAgentPublisher
+
+    s = cfg.sync
+    return SyncAgentPublisher(agent_url, SYNC_TOKEN, master_address="127.0.0.1", world_size=None, bucket_bytes=bucket_bytes,
+                              group_timeout_s=s.group_init_timeout_s, pause_timeout_s=s.pause_timeout_s,
+                              broadcast_timeout_s=s.broadcast_timeout_s)
+
+
+def perturbed_weights(seed: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """builtin:tiny with every parameter nudged (a stand-in for a trained policy)."""
+    model = load_model("builtin:tiny")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    return model, {k: v.detach().clone() for k, v in model.state_dict().items()}

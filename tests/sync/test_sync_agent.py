@@ -1,0 +1,150 @@
+"""The sync agent end to end: real engines, the rollout service, NATS, and the trainer's side
+of the protocol; logits compared against the trainer's model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import torch
+
+from asyncrl.engine_client import EngineClient
+from tests.rollout.conftest import wait_for
+from tests.sync.conftest import SYNC_TOKEN, perturbed_weights, publisher, stack
+
+PROMPT = [5, 17, 42, 99, 7, 300, 12]
+
+
+async def engine_logprobs(url: str, n: int = 8) -> tuple[list[int], list[float], str]:
+    async with EngineClient(url) as c:
+        res = await c.generate(PROMPT, {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True})
+        return res.output_ids, res.logprobs, res.weight_version
+
+
+def model_logprobs(model, ids: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + ids])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    return [float(lp[len(PROMPT) - 1 + i, t]) for i, t in enumerate(ids)]
+
+
+async def sync_state(agent_url: str, sync_id: str) -> dict:
+    async with httpx.AsyncClient() as http:
+        r = await http.get(f"{agent_url}/v1/syncs/{sync_id}", headers={"Authorization": f"Bearer {SYNC_TOKEN}"})
+        return r.json()
+
+
+async def test_full_sync_puts_every_engine_on_the_trainers_weights(tmp_path, nats_server, engines):
+    urls = [u for _, u in engines]
+    async with stack(tmp_path, nats_server.url, urls) as (svc, rollout_url, agent, agent_url, cfg):
+        pub = publisher(agent_url, cfg, bucket_bytes=512 * 1024)
+        try:
+            for version, seed in ((1, 1), (2, 2)):
+                model, weights = perturbed_weights(seed)
+                stats = await pub.publish(version, weights)
+                assert stats["trainer/sync_buckets"] > 1
+                rec = agent.coordinator.records[-1]
+                await wait_for(lambda: rec.done, 60, "the sync to finish")
+                assert rec.state == "succeeded", rec.error
+                assert rec.join_group is (version == 1), "the group is formed once and reused"
+                assert set(rec.phase_seconds) >= {"pausing", "awaiting_broadcast", "loading", "resuming"} and rec.bytes > 0
+                for url in urls:
+                    ids, lps, wv = await engine_logprobs(url)
+                    assert wv == str(version)
+                    assert max(abs(a - b) for a, b in zip(lps, model_logprobs(model, ids))) < 1e-4
+                assert svc.runner.version == version and not svc.runner.paused
+                state = await sync_state(agent_url, rec.id)
+                assert state["state"] == "succeeded" and state["gb_per_s"] > 0
+        finally:
+            await pub.close()
+
+
+async def test_stale_and_unauthenticated_requests_are_refused(tmp_path, nats_server, engines):
+    urls = [u for _, u in engines]
+    async with stack(tmp_path, nats_server.url, urls) as (svc, rollout_url, agent, agent_url, cfg):
+        body = {"version": 1, "group": {"master_address": "127.0.0.1", "master_port": 45555}, "buckets": [
+            {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]}]}
+        async with httpx.AsyncClient(timeout=30) as http:
+            assert (await http.post(f"{agent_url}/v1/syncs", json=body)).status_code == 401
+            assert (await http.post(f"{agent_url}/v1/syncs", json=body, headers={"Authorization": "Bearer nope"})).status_code == 403
+            auth = {"Authorization": f"Bearer {SYNC_TOKEN}"}
+            bad = await http.post(f"{agent_url}/v1/syncs", json={**body, "buckets": [{"names": ["x"], "dtypes": ["float99"], "shapes": [[1]]}]}, headers=auth)
+            assert bad.status_code == 400 and "dtype" in bad.json()["error"]["message"]
+            agent.coordinator.accepted_version = 5
+            stale = await http.post(f"{agent_url}/v1/syncs", json=body, headers=auth)
+            assert stale.status_code == 409 and stale.json()["error"]["reason"] == "stale"
+            assert (await http.get(f"{agent_url}/health")).status_code == 200
+            assert "asyncrl_sync_weight_version" in (await http.get(f"{agent_url}/metrics")).text
+
+
+async def test_trainer_that_never_broadcasts_leaves_nothing_paused(tmp_path, nats_server, engines):
+    urls = [u for _, u in engines]
+    async with stack(tmp_path, nats_server.url, urls, "sync.group_init_timeout_s=3") as (svc, rollout_url, agent, agent_url, cfg):
+        body = {"version": 1, "group": {"master_address": "127.0.0.1", "master_port": 45556, "new": True},
+                "buckets": [{"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[128]]}]}
+        async with httpx.AsyncClient(timeout=30) as http:
+            r = await http.post(f"{agent_url}/v1/syncs", json=body, headers={"Authorization": f"Bearer {SYNC_TOKEN}"})
+            assert r.status_code == 202 and r.json()["join_group"]
+        rec = agent.coordinator.find(r.json()["id"])
+        await wait_for(lambda: rec.done, 60, "the sync to fail")
+        assert rec.state == "failed" and "group join" in rec.error
+        assert not svc.runner.paused and svc.runner.version == 0, "resumed at the old version"
+        for url in urls:
+            _, _, wv = await engine_logprobs(url, 2)  # engines answer: not left paused
+            assert wv in ("default", "0")
+        assert agent.coordinator.group is None
+
+
+async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_version(tmp_path, nats_server, engines):
+    from tests.helpers.processes import start_engine
+
+    (proc_a, url_a), (proc_b, url_b) = engines
+    async with stack(tmp_path, nats_server.url, [url_a, url_b], "sync.broadcast_timeout_s=10") as (svc, rollout_url, agent, agent_url, cfg):
+        pub = publisher(agent_url, cfg, bucket_bytes=64 * 1024)
+        try:
+            _, weights1 = perturbed_weights(1)
+            publish = asyncio.create_task(pub.publish(1, weights1))
+            await wait_for(lambda: agent.coordinator.running is not None and agent.coordinator.running.state == "loading", 60, "loading")
+            proc_b.kill()
+            try:
+                await publish
+            except Exception:  # noqa: BLE001 - the trainer's side of a broken broadcast fails
+                pass
+            rec = agent.coordinator.records[-1]
+            await wait_for(lambda: rec.done, 60, "the failed sync to finish")
+            assert rec.state == "failed"
+            states = {e["id"]: e["state"] for e in svc.pool.snapshot()}
+            b_id = next(e["id"] for e in svc.pool.snapshot() if e["url"] == url_b)
+            assert states[b_id] == "quarantined"
+            assert not svc.runner.paused
+            # the others carry on: the next sync forms a new group with the live engine
+            model2, weights2 = perturbed_weights(2)
+            await pub.publish(2, weights2)
+            await wait_for(lambda: agent.coordinator.records[-1].done, 60, "sync 2")
+            assert agent.coordinator.records[-1].state == "succeeded", agent.coordinator.records[-1].error
+            a_id = next(e["id"] for e in svc.pool.snapshot() if e["url"] == url_a)
+            await wait_for(lambda: svc.pool.engines[a_id].state == "healthy", 30, "engine A back in rotation")
+            ids, lps, wv = await engine_logprobs(url_a)
+            assert wv == "2" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
+            # B restarts with its initial weights: it stays out until a sync brings it to the current version
+            port_b = int(url_b.rsplit(":", 1)[1])
+            proc_b2, _ = start_engine(tmp_path, "builtin:tiny", port=port_b)
+            try:
+                await asyncio.sleep(2 * cfg.sync.reconcile_interval_s + 1)
+                assert svc.pool.engines[b_id].state == "quarantined"
+                model3, weights3 = perturbed_weights(3)
+                try:
+                    await pub.publish(3, weights3)  # the agent asks for a new group: membership changed
+                except Exception:  # noqa: BLE001
+                    pass
+                model4, weights4 = perturbed_weights(4)
+                await pub.publish(4, weights4)
+                await wait_for(lambda: agent.coordinator.records[-1].done, 60, "sync 4")
+                assert agent.coordinator.records[-1].state == "succeeded", agent.coordinator.records[-1].error
+                await wait_for(lambda: svc.pool.engines[b_id].state == "healthy", 30, "engine B released")
+                ids, lps, wv = await engine_logprobs(url_b)
+                assert wv == "4" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model4, ids))) < 1e-4
+            finally:
+                proc_b2.stop()
+        finally:
+            await pub.close()
