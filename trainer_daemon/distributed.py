@@ -115,9 +115,9 @@ def init_distributed(device: str = "cpu", timeout_s: float = PROCESS_GROUP_TIMEO
     else:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         sock = reserve_listen_socket("127.0.0.1", 0)
-        keep.append(sock)
         store = dist.TCPStore("127.0.0.1", sock.getsockname()[1], 1, True, timeout,
                               wait_for_workers=False, master_listen_fd=sock.fileno())
+        sock.detach()  # the store owns the fd now (and closes it)
         keep.append(store)
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
     cpu_group = None if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)

@@ -39,9 +39,10 @@ def _install_loopback_static() -> None:
             if self.rank != 0 or not is_loopback(self.master_addr):
                 return super().next_rendezvous()
             if not self._store:
-                self._sock = reserve_listen_socket("127.0.0.1", self.master_port)
+                sock = reserve_listen_socket("127.0.0.1", self.master_port)
                 self._store = TCPStore("127.0.0.1", self.master_port, self.world_size, True, self.timeout,
-                                       multi_tenant=True, master_listen_fd=self._sock.fileno())
+                                       multi_tenant=True, master_listen_fd=sock.fileno())
+                sock.detach()  # the store owns the fd now
             return RendezvousInfo(PrefixStore(self.run_id, self._store), self.rank, self.world_size,
                                   RendezvousStoreInfo(self.master_addr, self.master_port))
 

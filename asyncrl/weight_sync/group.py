@@ -146,6 +146,11 @@ def init_weight_group(
                 master_address, master_port, world_size, True, limit,
                 wait_for_workers=False, multi_tenant=False, master_listen_fd=fd,
             )
+            if listen_socket is not None:
+                # The store now owns the fd and closes it when it goes; closing the Python socket
+                # too would be a double close that can hit an fd number reused meanwhile.
+                keep.remove(listen_socket)
+                listen_socket.detach()
         else:
             store = dist.TCPStore(master_address, master_port, world_size, False, limit)
         keep.append(store)

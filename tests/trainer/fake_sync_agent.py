@@ -4,8 +4,9 @@ side of the sync protocol (``trainer_daemon/sync/agent.py``) against real engine
 
 Routes (bearer token required):
 
-- ``POST /v1/syncs`` → ``202 {"id"}`` (400 on a malformed body, 401 without the token, 409 while
-  a sync runs). In the background: pause engines (abort) → flush → if the body's group is new,
+- ``POST /v1/syncs`` → ``202 {"id", "join_group"}`` (400 on a malformed body, 401 without the
+  token). Syncs run one after another in arrival order (a sync posted while the previous one
+  still resumes the engines waits). In the background: pause engines (abort) → flush → if the body's group is new,
   destroy the old one and have every engine join it (rank ``1 + i``) → one
   ``/update_weights_from_distributed`` per bucket (``flattened_bucket``, ``weight_version`` on
   the last) → continue. ``ignore_next`` makes it accept a sync and do nothing (engines never
@@ -39,7 +40,6 @@ class FakeSyncAgent:
         self.syncs: dict[str, dict] = {}
         self.ignore_next = 0
         self._group: tuple | None = None
-        self._running = False
         self._started = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
@@ -55,6 +55,7 @@ class FakeSyncAgent:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self._lock = asyncio.Lock()
         self._engines = [EngineClient(u, control_timeout_s=ENGINE_CALL_TIMEOUT_S) for u in self.engine_urls]
         app = web.Application()
         app.router.add_post("/v1/syncs", self._post)
@@ -83,8 +84,6 @@ class FakeSyncAgent:
             assert body.get("flattened") is True and buckets
         except Exception as exc:  # noqa: BLE001 - any malformed body is a 400
             return web.json_response({"error": f"bad body: {exc}"}, status=400)
-        if self._running:
-            return web.json_response({"error": "a sync is running"}, status=409)
         self.bodies.append(body)
         sync_id = uuid.uuid4().hex
         self.syncs[sync_id] = {"id": sync_id, "state": "running", "version": version, "error": None}
@@ -92,9 +91,9 @@ class FakeSyncAgent:
             self.ignore_next -= 1
             self.syncs[sync_id].update(state="failed", error="ignored by the test")
         else:
-            self._running = True
             asyncio.get_running_loop().create_task(self._run(sync_id, version, key, group.get("world_size"), buckets))
-        return web.json_response({"id": sync_id}, status=202)
+        join = bool(group.get("new")) or key != self._group
+        return web.json_response({"id": sync_id, "join_group": join}, status=202)
 
     async def _get(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -103,11 +102,15 @@ class FakeSyncAgent:
         return web.json_response(sync) if sync else web.json_response({"error": "unknown sync"}, status=404)
 
     async def _run(self, sync_id: str, version: int, key: tuple, world_size: int | None, buckets) -> None:
+        async with self._lock:
+            await self._run_one(sync_id, version, key, world_size, buckets)
+
+    async def _run_one(self, sync_id: str, version: int, key: tuple, world_size: int | None, buckets) -> None:
         engines = self._engines
         try:
             await asyncio.gather(*(e.pause("abort") for e in engines))
             await asyncio.gather(*(e.flush_cache(retries=30, interval_s=0.2) for e in engines))
-            if key != self._group:
+            if key != self._group:  # a new group (the trainer also says so with "new": true)
                 if self._group is not None:
                     await asyncio.gather(*(e.destroy_weights_update_group() for e in engines), return_exceptions=True)
                 world = world_size or 1 + len(engines)
@@ -125,4 +128,3 @@ class FakeSyncAgent:
             self.syncs[sync_id].update(state="failed", error=f"{type(exc).__name__}: {exc}")
         finally:
             await asyncio.gather(*(e.resume() for e in engines), return_exceptions=True)
-            self._running = False

@@ -7,14 +7,17 @@ Per publish, on the trainer's I/O loop:
 
        {"version": 3,
         "group": {"master_address": "127.0.0.1", "master_port": 41234, "backend": "gloo",
-                  "world_size": 2, "group_name": "weight_update_group"},
+                  "world_size": 2, "group_name": "weight_update_group", "new": false},
         "buckets": [{"names": [...], "dtypes": ["float32", ...], "shapes": [[...], ...]}, ...],
         "flattened": true}
 
    ``world_size`` is sent when the trainer knows it (``1 + engines × engines.gpus_per_engine``
    from the config) and omitted otherwise; the agent may then put ``"world_size"`` in its
-   answer. Expected answer: ``202 {"id": "<sync id>"}`` within ``SYNC_REQUEST_TIMEOUT_S``;
-   anything else fails the sync.
+   answer. ``new`` is true when the trainer hosts a fresh group for this sync. Expected answer:
+   ``202 {"id": "<sync id>", "world_size"?: int, "join_group"?: bool}`` within
+   ``SYNC_REQUEST_TIMEOUT_S``; anything else fails the sync. ``join_group`` (optional) must equal
+   ``new``; if not, or on ``409 {"error": {"code": "regroup"}}``, the trainer drops its group and
+   the next sync forms a new one on a new port.
 2. The first time (and after a failure broke the group) the trainer hosts the group's store
    on ``master_port`` (reserved and listening *before* the POST) and joins as rank 0; the agent
    has the engines join (``/init_weights_update_group`` with ``rank_offset`` ≥ 1). Later bodies
@@ -100,20 +103,26 @@ class SyncAgentPublisher(WeightPublisher):
             self._sock.close()
         self._sock, self._group_info = None, None
 
-    async def _request(self, version: int, buckets) -> tuple[str, int | None]:
-        body = {"version": version, "group": self._group_info, "flattened": True,
+    async def _request(self, version: int, buckets, forming: bool) -> tuple[str, int | None]:
+        body = {"version": version, "group": {**self._group_info, "new": forming}, "flattened": True,
                 "buckets": [b.http_fields() for b in buckets]}
         try:
             async with self._http().post(f"{self.url}/v1/syncs", json=body, headers=self._headers(),
                                          timeout=aiohttp.ClientTimeout(total=SYNC_REQUEST_TIMEOUT_S)) as resp:
                 text = await resp.text()
                 if resp.status != 202:
+                    if resp.status == 409 and '"regroup"' in text:  # the agent's engines changed: new group, new port
+                        self._reset_group()
                     raise WeightSyncError(f"sync agent answered {resp.status}: {text[:500]}")
                 reply = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise WeightSyncError(f"POST {self.url}/v1/syncs failed: {type(exc).__name__}: {exc}") from exc
         if not isinstance(reply, dict) or not reply.get("id"):
             raise WeightSyncError(f"sync agent's 202 carries no id: {reply!r}")
+        join = reply.get("join_group")
+        if join is not None and bool(join) != forming:
+            self._reset_group()  # the agent lost (or refused) our group: the next sync forms a new one
+            raise WeightSyncError(f"sync agent answered join_group={join} for a group the trainer {'forms' if forming else 'already formed'}")
         ws = reply.get("world_size")
         return str(reply["id"]), (int(ws) if ws is not None else None)
 
@@ -128,7 +137,7 @@ class SyncAgentPublisher(WeightPublisher):
             if self.world_size:
                 self._group_info["world_size"] = self.world_size
         try:
-            sync_id, agent_ws = await self._request(version, buckets)
+            sync_id, agent_ws = await self._request(version, buckets, forming)
             t1 = time.perf_counter()
             if forming:
                 world = agent_ws or self.world_size

@@ -61,6 +61,9 @@ def init_group(master_address: str, master_port: int, world_size: int, *, backen
             fd = listen_socket.fileno()
         store = dist.TCPStore(master_address, master_port, world_size, True, limit,
                               wait_for_workers=False, multi_tenant=False, master_listen_fd=fd)
+        if listen_socket is not None:  # the store owns the fd now (and closes it)
+            keep.remove(listen_socket)
+            listen_socket.detach()
         keep.append(store)
         prefixed = dist.PrefixStore("cuda/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
         opts = dist.ProcessGroupNCCL.Options()
