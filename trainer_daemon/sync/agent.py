@@ -51,11 +51,11 @@ from asyncrl.weight_sync import (
     DEFAULT_GROUP_NAME,
     WeightGroup,
     WeightSyncError,
-    broadcast_bucket,
     plan_buckets,
     reserve_listen_socket,
 )
 from trainer_daemon.sync.base import WeightPublisher, weights_nbytes
+from trainer_daemon.sync.flat import FlatBuffers, send_buckets
 from trainer_daemon.sync.group import init_group
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class SyncAgentPublisher(WeightPublisher):
         self.world_size, self.bucket_bytes, self.group_name = world_size, bucket_bytes, group_name
         self.group_timeout_s, self.pause_timeout_s, self.broadcast_timeout_s = group_timeout_s, pause_timeout_s, broadcast_timeout_s
         self.group: WeightGroup | None = None
+        self.buffers = FlatBuffers()
         self._sock = None
         self._group_info: dict | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -147,12 +148,13 @@ class SyncAgentPublisher(WeightPublisher):
                     init_group, self.master_address, self._group_info["master_port"], world, backend=self.backend,
                     group_name=self.group_name, timeout_s=self.pause_timeout_s + self.group_timeout_s, listen_socket=self._sock)
             t2 = time.perf_counter()
-            for i, bucket in enumerate(buckets):
-                tensors = [weights[n] for n in bucket.names]
+            async def send(i: int, bucket, flat: torch.Tensor) -> None:
                 if self.backend == "nccl":
-                    tensors = [t.cuda(non_blocking=True) for t in tensors]
+                    flat = flat.cuda(non_blocking=True)
                 limit = self.broadcast_timeout_s + (self.pause_timeout_s if i == 0 and not forming else 0.0)
-                await asyncio.to_thread(broadcast_bucket, self.group, tensors, True, limit)
+                await asyncio.to_thread(self.group.broadcast, flat, 0, limit)
+
+            await send_buckets(buckets, weights, self.buffers, send)
             t3 = time.perf_counter()
         except BaseException:
             if self.group is None or self.group.broken:

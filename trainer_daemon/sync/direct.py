@@ -7,8 +7,8 @@ Per publish (contract §5.3, slime's order), on the trainer's I/O loop:
 2. ``pause_generation`` on every engine (``abort`` mode: in-flight requests come back as
    aborted and the rollout service resumes them as partial rollouts), then ``flush_cache``;
 3. every bucket (``plan_buckets`` of ``sync.bucket_bytes``, one dtype each, sent as one
-   ``flattened_bucket`` broadcast): the HTTP call is fired first, then the broadcast, then the
-   replies are collected (``asyncrl.weight_sync.engines.push_bucket``); ``weight_version`` goes
+   ``flattened_bucket`` broadcast from a reused buffer, ``sync/flat.py``): the HTTP call is
+   fired first, then the broadcast, then the replies are collected; ``weight_version`` goes
    with the last bucket only, so an engine whose update failed half-way still reports the old
    version (and local_engine/SGLang-side checks mark its weights inconsistent);
 4. ``continue_generation`` on every engine — in a ``finally``, so an engine is never left paused.
@@ -32,8 +32,8 @@ import torch
 
 from asyncrl.engine_client import EngineClient
 from asyncrl.weight_sync import DEFAULT_GROUP_NAME, WeightGroup, WeightSyncError, plan_buckets
-from asyncrl.weight_sync.engines import push_bucket
 from trainer_daemon.sync.base import WeightPublisher, weights_nbytes
+from trainer_daemon.sync.flat import FlatBuffers, push_flat_bucket, send_buckets
 from trainer_daemon.sync.group import form_group
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class DirectEnginePublisher(WeightPublisher):
         self.group_timeout_s, self.broadcast_timeout_s = group_timeout_s, broadcast_timeout_s
         self.control_timeout_s, self.pause_mode = control_timeout_s, pause_mode
         self.group: WeightGroup | None = None
+        self.buffers = FlatBuffers()
 
     async def _all(self, what: str, calls) -> None:
         results = await asyncio.gather(*calls, return_exceptions=True)
@@ -94,13 +95,16 @@ class DirectEnginePublisher(WeightPublisher):
             await self._all("flush_cache", [e.flush_cache(retries=FLUSH_RETRIES, interval_s=FLUSH_INTERVAL_S,
                                                           timeout_s=self.control_timeout_s) for e in self.engines])
             t2 = time.perf_counter()
-            for i, bucket in enumerate(buckets):
-                tensors = [weights[n] for n in bucket.names]
+            collective = [0.0]
+
+            async def send(i: int, bucket, flat: torch.Tensor) -> None:
                 if self.backend == "nccl":
-                    tensors = [t.cuda(non_blocking=True) for t in tensors]
-                last = i == len(buckets) - 1
-                await push_bucket(group, self.engines, bucket, tensors, weight_version=str(version) if last else None,
-                                  flattened=True, timeout_s=self.broadcast_timeout_s)
+                    flat = flat.cuda(non_blocking=True)
+                collective[0] += await push_flat_bucket(
+                    group, self.engines, bucket, flat, timeout_s=self.broadcast_timeout_s,
+                    weight_version=str(version) if i == len(buckets) - 1 else None)
+
+            await send_buckets(buckets, weights, self.buffers, send)
             t3 = time.perf_counter()
         except WeightSyncError:
             if group.broken:
@@ -119,7 +123,9 @@ class DirectEnginePublisher(WeightPublisher):
             "timing_s/sync_group": t1 - t0,
             "timing_s/sync_pause": t2 - t1,
             "timing_s/sync_broadcast": t3 - t2,
+            "timing_s/sync_collective": collective[0],
             "trainer/sync_gb_per_s": nbytes / 1e9 / max(t3 - t2, 1e-9),
+            "trainer/sync_collective_gb_per_s": nbytes / 1e9 / max(collective[0], 1e-9),
         }
 
     async def close(self) -> None:
