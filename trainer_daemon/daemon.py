@@ -9,7 +9,8 @@ or ``stop`` (``trainer.total_training_steps`` reached, or SIGTERM/SIGINT). Then,
 2. rank 0 commits it: messages resolved and acked, ledger entry, verl's ``fully_async/*``;
 3. every ``async_training.trigger_parameter_sync_step`` steps, if a publisher is configured:
    the full state dict is gathered to rank 0 (collective) and published in the background —
-   training continues at once; a sync still in flight at the next sync point is waited for;
+   training continues at once; a sync still in flight at the next sync point is waited for
+   (bounded by the sync timeouts; if it still runs, that sync point is skipped and counted);
 4. every ``trainer.checkpoint.save_freq`` steps, and at the end: a checkpoint (collective);
 5. rank 0 emits the step's metrics.
 
@@ -75,6 +76,7 @@ class TrainerDaemon:
         self._wait_started: float | None = None
         self._pending: list | None = None
         self._sync_metrics: dict[str, float] = {}
+        self.sync_skipped = 0
 
     # -- setup -----------------------------------------------------------------------------
     def _sync_wait_s(self) -> float:
@@ -218,8 +220,13 @@ class TrainerDaemon:
         """*Collective.* Gather the full weights; rank 0 starts publishing them."""
         full = full_state_dict(self.model)
         if self.ctx.is_rank0 and self.r0.sync is not None:
-            self.r0.sync.wait(self._sync_wait_s())
+            finished = self.r0.sync.wait(self._sync_wait_s())
             self._sync_metrics.update(self.r0.poll_sync())
+            if not finished:
+                self.sync_skipped += 1
+                self._sync_metrics["trainer/sync_skipped"] = float(self.sync_skipped)
+                log.error("skipping the weight sync at step %d: the previous one is still running", self.step)
+                return full
             dtype = getattr(torch, self.cfg.model.dtype)
             weights = engine_weights(full, bool(getattr(self.model.config, "tie_word_embeddings", False)), dtype)
             self.r0.sync.start(weights, version=self.r0.version if same_version else None)
@@ -246,9 +253,8 @@ class TrainerDaemon:
 
     def _finish(self) -> None:
         """*Collective.* Wait for the last sync (so the final checkpoint records its version), save, settle."""
-        if self.ctx.is_rank0 and self.r0.sync is not None:
-            self.r0.sync.wait(self._sync_wait_s())
-            self.r0.poll_sync()
+        if self.ctx.is_rank0 and self.r0.sync is not None and not self.r0.sync.wait(self._sync_wait_s()):
+            log.error("exiting with a weight sync still running; the engines may be left paused or half-updated")
         if self.step != self._last_saved:
             self._save()
         if self.ckpt.wait() is not None and self.ctx.is_rank0:

@@ -3,7 +3,8 @@
 Sinks (each failure is logged once and never stops training):
 
 - Prometheus: its own ``CollectorRegistry`` served on ``trainer.metrics_host:trainer.metrics_port``
-  (127.0.0.1 by default; port 0 = a free one, written to ``<run dir>/metrics/trainer_endpoint``).
+  (127.0.0.1 by default; port 0 = a free one; the URL is in ``<run dir>/metrics/trainer_endpoint``
+  while the trainer runs).
   A metric ``a/b-c`` becomes the gauge ``asyncrl_a_b_c`` (``/`` and every other character
   Prometheus refuses → ``_``). Gauges also carry live values set between steps
   (``trainer/weight_version``, ``trainer/waiting_for_data_s``).
@@ -117,7 +118,7 @@ class MetricsHub:
         self._broken: set[int] = set()
         self.prometheus = PrometheusSink(host, port)
         self.sinks.append(self.prometheus)
-        endpoint = Path(run_dir) / "metrics" / "trainer_endpoint"
+        self._endpoint = endpoint = Path(run_dir) / "metrics" / "trainer_endpoint"
         endpoint.parent.mkdir(parents=True, exist_ok=True)
         endpoint.write_text(self.prometheus.url + "\n")
         log.info("trainer metrics at %s", self.prometheus.url)
@@ -147,6 +148,7 @@ class MetricsHub:
                     self._broken.add(i)
 
     def close(self) -> None:
+        self._endpoint.unlink(missing_ok=True)  # no stale URL for the next reader
         for sink in self.sinks:
             try:
                 sink.close()

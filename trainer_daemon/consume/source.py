@@ -61,8 +61,10 @@ def consumer_limits(required_trajectories: int) -> tuple[int, int]:
 class TrajectorySource:
     """See the module docstring."""
 
-    def __init__(self, names: NatsNames, state: ConsumptionState, ledger: Ledger, required_trajectories: int) -> None:
+    def __init__(self, names: NatsNames, state: ConsumptionState, ledger: Ledger, required_trajectories: int,
+                 ack_wait_s: float = ACK_WAIT_S) -> None:
         self.names = names
+        self.ack_wait_s = ack_wait_s
         self.state = state
         self.ledger = ledger
         patience, self.max_ack_pending = consumer_limits(required_trajectories)
@@ -85,7 +87,7 @@ class TrajectorySource:
         config = ConsumerConfig(
             durable_name=durable, filter_subject=self.names.trajectories,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.state.cursor + 1,
-            ack_policy=AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1,
+            ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s, max_deliver=-1,
             max_ack_pending=self.max_ack_pending,
         )
         await js.add_consumer(stream, config, timeout=NATS_OP_TIMEOUT_S)

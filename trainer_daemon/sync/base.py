@@ -19,7 +19,8 @@ on the trainer's I/O loop; one publish at a time.
 :class:`SyncController` (rank 0, main thread) starts a publish in the background and records
 the outcome: the trainer's weight version is the checkpoint's (0 fresh) plus one per publish
 that succeeded; a failed publish is logged and counted, training continues, and the next
-sync point tries again with the same version number.
+sync point tries again with the same version number. A publish still running at the next
+sync point is waited for (bounded); if it is still running then, that sync point is skipped.
 """
 
 from __future__ import annotations
@@ -106,16 +107,19 @@ class SyncController:
         log.info("weights version %d published in %.2f s", self.version, elapsed)
         return True
 
-    def wait(self, timeout_s: float | None) -> None:
-        """Block until the in-flight publish (if any) finished, then record it."""
+    def wait(self, timeout_s: float | None) -> bool:
+        """Block until the in-flight publish (if any) finished and record it; False if it is
+        still running after ``timeout_s`` (it is left running: cancelling a broadcast half-way
+        would only break the group — the caller skips its sync point instead)."""
         if self._future is None:
-            return
+            return True
         try:
             self._future.result(timeout_s)
         except concurrent.futures.TimeoutError:
-            log.error("weight sync to version %d still running after %s s; abandoning it", self._target, timeout_s)
-            self._future.cancel()
+            if not self._future.done():
+                log.error("weight sync to version %d still running after %s s", self._target, timeout_s)
+                return False
         except Exception:  # noqa: BLE001 - recorded by poll()
             pass
         self.poll()
-        self._future = None
+        return True
