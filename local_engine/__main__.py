@@ -41,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch-threads", type=int, default=TORCH_THREADS,
                    help="torch intra-op threads (default 1: on a shared 2-core box 2 threads ran 10x slower)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    t = p.add_argument_group("timing mode (no model compute; for system benchmarks)")
+    t.add_argument("--timing-mode", action="store_true", help="simulate decoding: sleep per step, long-tailed lengths")
+    t.add_argument("--timing-decode-ms", type=float, default=20.0, help="latency of one batched decode step")
+    t.add_argument("--timing-prefill-ms-per-token", type=float, default=0.05)
+    t.add_argument("--timing-length-median", type=float, default=200.0, help="median response length (tokens)")
+    t.add_argument("--timing-length-sigma", type=float, default=1.0, help="log-normal sigma: the tail's weight")
+    t.add_argument("--timing-length-max", type=int, default=4096)
     return p
 
 
@@ -57,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             admin_api_key=args.admin_api_key or None, weight_version=args.weight_version,
             served_model_name=args.served_model_name, weight_sync_timeout_s=args.weight_sync_timeout_s,
             log_level=args.log_level,
+            timing=None if not args.timing_mode else {
+                "decode_ms": args.timing_decode_ms, "prefill_ms_per_token": args.timing_prefill_ms_per_token,
+                "length_median": args.timing_length_median, "length_sigma": args.timing_length_sigma,
+                "length_max": args.timing_length_max, "seed": args.seed},
         )
     except ValidationError as exc:
         print(f"asyncrl engine: invalid settings:\n{exc}", file=sys.stderr)

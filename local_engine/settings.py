@@ -43,3 +43,6 @@ class EngineSettings(BaseModel):
     """pause(mode=abort): how long to keep aborting until no /generate is in flight."""
     log_level: str = "info"
     """uvicorn / engine log level."""
+    timing: dict | None = None
+    """Timing mode (no model compute; see :mod:`local_engine.simulated`): the fields of
+    ``TimingSpec``. None: the real model."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig
 from rollout_service.agent.chat import ChatTokenizer
-from rollout_service.data import PromptStream, logging_reporter, read_validation_set, write_demo_dataset
+from rollout_service.data import ArithSpec, PromptStream, logging_reporter, read_validation_set, write_demo_dataset
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,8 @@ def demo_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
     data_dir = Path(cfg.run_dir) / "data"
     train, val = data_dir / "train.jsonl", data_dir / "val.jsonl"
     if not (train.is_file() and val.is_file()):
-        written = write_demo_dataset(data_dir, n_train=DEMO_TRAIN_ROWS, n_val=DEMO_VAL_ROWS, seed=cfg.data.seed)
+        written = write_demo_dataset(data_dir, n_train=DEMO_TRAIN_ROWS, n_val=DEMO_VAL_ROWS, seed=cfg.data.seed,
+                                     spec=ArithSpec.level(cfg.data.demo_level))
         log.info("wrote the demo task to %s", written)
     return [str(train)], [str(val)]
 

@@ -53,9 +53,10 @@ MAX_EXCEPTION_MESSAGE_CHARS = 500
 def _builtin_factories() -> dict[str, Callable[..., Tool]]:
     """Constructors of the tools shipped in this package, by tool name (imported lazily)."""
     from tools.calculator import Calculator
+    from tools.estimate import Estimate
     from tools.python_sandbox import PythonSandbox
 
-    return {Calculator.name: Calculator, PythonSandbox.name: PythonSandbox}
+    return {Calculator.name: Calculator, Estimate.name: Estimate, PythonSandbox.name: PythonSandbox}
 
 
 def _parse_arguments(arguments: Any) -> dict[str, Any] | str:

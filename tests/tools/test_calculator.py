@@ -188,3 +188,15 @@ def test_no_eval_or_exec_anywhere_in_tools() -> None:
                 func = node.func
                 name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
                 assert name not in forbidden, f"{source.name}:{node.lineno} calls {name}()"
+
+
+def test_estimate_rounds_to_the_nearest_ten():
+    import asyncio
+
+    from tools.estimate import Estimate, estimate_value
+
+    cases = {"37 + 45": 80, "37 * 45": 1670, "5 - 17": -10, "20 + 30": 50, "4 + 0": 0, "-14 - 1": -20}
+    for expr, expected in cases.items():
+        assert estimate_value(expr) == expected, expr
+    res = asyncio.run(Estimate().call({"expression": "__import__('os')"}, timeout_s=1))
+    assert res.is_error

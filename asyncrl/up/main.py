@@ -1,0 +1,141 @@
+"""``asyncrl up [CONFIG] [section.key=value ...] [--max-minutes M] [--no-live] [--resume]``.
+
+Runs fully asynchronous RL end to end on this machine: embedded NATS, local engines (or the
+configured SGLang URLs), the rollout service, the sync agent and the trainer, as child
+processes (:mod:`.stack`); a live terminal view (:mod:`.live`); and at the end a summary
+and a PNG plot in the run directory (:mod:`.report`). With no config it runs the built-in
+demo (``asyncrl/up/demo.toml``): ``builtin:tiny-arith`` (:mod:`.warmup`) learning to pick
+the exact tool on an arithmetic task.
+
+It stops cleanly on Ctrl-C, when the trainer finishes (``total_rollout_steps`` reached), or
+after ``--max-minutes``; a child that dies stops the run with its log tail. Exit status: 0
+unless a child failed. A previous run in the same directory is moved aside
+(``<dir>.prev``) unless ``--resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from asyncrl.config import ConfigError, load_config
+from asyncrl.launch import log_tail
+
+SYNC_POLL_S = 3.0
+TICK_S = 0.5
+
+
+def demo_config_path() -> str:
+    return str(resources.files("asyncrl.up") / "demo.toml")
+
+
+async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyncio.Event) -> tuple[str, bool]:
+    """Run until something ends the run; returns (reason, failed)."""
+    import aiohttp
+    from rich.console import Console
+    from rich.live import Live
+
+    from asyncrl.jetstream import connect
+    from asyncrl.up.live import MetricsTap, render
+
+    tap = MetricsTap(cfg.run.id, stack.run_dir)
+    nc = await connect(stack.urls["nats"], "asyncrl-up")
+    await tap.start(nc)
+    headers = {"Authorization": f"Bearer {cfg.security.sync_token.get_secret_value()}"} if cfg.security.sync_token else {}
+    console = Console()
+    last_poll = 0.0
+    reason, failed = "interrupted", False
+    live = Live(render(tap, cfg.run.id, "running"), console=console, refresh_per_second=2, transient=False) if live_view else None
+    try:
+        if live:
+            live.start()
+        async with aiohttp.ClientSession() as http:
+            while not stop.is_set():
+                if time.monotonic() - last_poll > SYNC_POLL_S:
+                    last_poll = time.monotonic()
+                    try:
+                        async with http.get(f"{stack.urls['sync']}/v1/syncs", headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                            syncs = (await r.json()).get("syncs", [])
+                            tap.sync = {"all": syncs, "last": next((s for s in reversed(syncs) if s["state"] in ("succeeded", "failed")), None)}
+                    except (aiohttp.ClientError, TimeoutError, ValueError):
+                        pass
+                for name, code in stack.exited():
+                    if name == "trainer" and code == 0:
+                        return "the trainer finished its steps (total_rollout_steps reached)", False
+                    tail = log_tail(stack.children[name].log_path, 3000)
+                    return f"{name} exited with code {code}; last log lines:\n{tail}", True
+                if deadline is not None and time.monotonic() > deadline:
+                    return "time limit reached", False
+                if live:
+                    live.update(render(tap, cfg.run.id, "running"))
+                await asyncio.sleep(TICK_S)
+    finally:
+        if live:
+            live.update(render(tap, cfg.run.id, "stopping"))
+            live.stop()
+        await tap.close()
+        await nc.close()
+        stack.sync_records = (tap.sync or {}).get("all", [])
+    return reason, failed
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl up", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...] (no file: the built-in demo)")
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop after this long")
+    parser.add_argument("--no-live", action="store_true", help="no live view (logs only)")
+    parser.add_argument("--resume", action="store_true", help="keep the run directory (checkpoints, NATS store) and resume")
+    ns = parser.parse_args(argv)
+    from asyncrl.cli import _split_config_args
+    from asyncrl.up.report import summarize
+    from asyncrl.up.stack import Stack
+
+    path, overrides = _split_config_args(ns.args)
+    path = path or demo_config_path()
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if cfg.model.path == "builtin:tiny-arith":
+        from asyncrl.up.warmup import ensure_warm_model
+
+        warm = ensure_warm_model()
+        cfg = load_config(path, [*overrides, f"model.path={warm}"])
+    run_dir = Path(cfg.run_dir).resolve()
+    if run_dir.exists() and not ns.resume:
+        prev = run_dir.with_name(run_dir.name + ".prev")
+        shutil.rmtree(prev, ignore_errors=True)
+        run_dir.rename(prev)
+        print(f"moved the previous run to {prev}")
+    stack = Stack(cfg, run_dir)
+    stop = asyncio.Event()
+    started = time.monotonic()
+    reason, failed = "interrupted", False
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        cfg = stack.start(progress=lambda m: print(f"[asyncrl up] {m}", flush=True))
+        deadline = started + ns.max_minutes * 60 if ns.max_minutes else None
+        reason, failed = asyncio.run(_watch(stack, cfg, not ns.no_live, deadline, stop))
+    except Exception as exc:  # noqa: BLE001 - report any start-up failure clearly, then clean up
+        reason, failed = f"{type(exc).__name__}: {exc}", True
+    finally:
+        print(f"[asyncrl up] stopping: {reason.splitlines()[0] if reason else ''}", flush=True)
+        stack.stop()
+    if failed:
+        print(f"[asyncrl up] run failed: {reason}", file=sys.stderr)
+    summary = summarize(run_dir, cfg.run.id, reason.splitlines()[0], time.monotonic() - started, getattr(stack, "sync_records", []))
+    print(f"[asyncrl up] summary: {summary}")
+    return 1 if failed else 0

@@ -1,0 +1,127 @@
+"""Starting the whole run as child processes, and watching them.
+
+``Stack.start`` brings up, in order, each one ready before the next: the embedded NATS
+(unless ``nats.url``), the local engines (unless ``engines.urls``), the rollout service, the
+sync agent and the trainer (torchrun). Ports are free loopback ports; tokens are generated
+when the config has none. The resolved config (ports, URLs, tokens) is written to
+``<run dir>/config.yaml`` (mode 600: it holds the tokens) and every child reads it, so
+every process agrees on one document. Logs go to ``<run dir>/logs/<child>.log``.
+
+``Stack.poll`` reports a child that exited; ``Stack.stop`` stops everything in reverse order
+(SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from asyncrl.config import RunConfig, load_config
+from asyncrl.config_cli import resolved_document
+from asyncrl.jetstream import EmbeddedNats, write_endpoint
+from asyncrl.launch import ChildProcess, free_port, http_ok
+
+ENGINE_READY_S = 240.0  # model load; builtin:smollm2-135m converts a GGUF on first use
+SERVICE_READY_S = 120.0  # rollout service: tokenizer, dataset, NATS stream; sync agent: instant
+
+
+def _secret(cfg_value) -> str:
+    return cfg_value.get_secret_value() if cfg_value is not None else "asyncrl-" + secrets.token_urlsafe(18)
+
+
+@dataclass
+class Stack:
+    cfg: RunConfig
+    run_dir: Path
+    children: dict[str, ChildProcess] = field(default_factory=dict)
+    nats: EmbeddedNats | None = None
+    resolved_path: Path | None = None
+    urls: dict[str, str] = field(default_factory=dict)
+
+    def _child(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ChildProcess:
+        proc = ChildProcess(name, argv, self.run_dir / "logs" / f"{name}.log", env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.children[name] = proc
+        return proc.start()
+
+    def resolve(self) -> RunConfig:
+        """Fill in what the processes need to find each other (ports, URLs, tokens)."""
+        cfg = self.cfg
+        doc = cfg.model_dump(mode="json")
+        sec = cfg.security
+        doc["security"].update(admin_token=_secret(sec.admin_token), sync_token=_secret(sec.sync_token),
+                               api_token=_secret(sec.api_token))
+        if cfg.engines.api_key is not None:
+            doc["engines"]["api_key"] = cfg.engines.api_key.get_secret_value()
+        if sec.nats_password is not None:
+            doc["security"]["nats_password"] = sec.nats_password.get_secret_value()
+        doc["rollout"]["port"] = cfg.rollout.port or free_port()
+        doc["sync"]["port"] = cfg.sync.port or free_port()
+        doc["sync"]["url"] = f"http://127.0.0.1:{doc['sync']['port']}"
+        doc["sync"]["rollout_url"] = f"http://127.0.0.1:{doc['rollout']['port']}"
+        doc["trainer"]["metrics_port"] = cfg.trainer.metrics_port or free_port()
+        doc["run"]["dir"] = str(self.run_dir)
+        self.doc = doc
+        return RunConfig.model_validate(doc)
+
+    def write_config(self, cfg: RunConfig) -> Path:
+        path = self.run_dir / "config.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(self.doc, f, sort_keys=False)
+        (self.run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(resolved_document(cfg), sort_keys=False))
+        self.resolved_path = path
+        return path
+
+    def start(self, progress=print) -> RunConfig:
+        cfg = self.resolve()
+        if not cfg.nats.url:
+            self.nats = EmbeddedNats(self.run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes,
+                                     sync_always=cfg.nats.sync_always)
+            self.doc["nats"]["url"] = self.nats.start()
+            write_endpoint(self.nats)
+            progress(f"NATS JetStream at {self.doc['nats']['url']}")
+        if cfg.engines.backend == "local" and not cfg.engines.urls:
+            urls = []
+            for i in range(cfg.engines.num_local):
+                port = free_port()
+                self._child(f"engine-{i}", [sys.executable, "-m", "asyncrl", "engine", "--model", cfg.model.path, "--port", str(port),
+                                            "--seed", str(cfg.model.seed), "--dtype", cfg.model.dtype,
+                                            "--max-batch-size", str(cfg.engines.max_batch_size), "--max-model-len", str(cfg.model.max_model_len)])
+                urls.append(f"http://127.0.0.1:{port}")
+            for i, url in enumerate(urls):
+                self.children[f"engine-{i}"].wait_ready(lambda u=url: http_ok(f"{u}/health"), ENGINE_READY_S)
+            self.doc["engines"]["urls"] = urls
+            progress(f"{len(urls)} local engine(s) at {', '.join(urls)}")
+        cfg = RunConfig.model_validate(self.doc)
+        path = self.write_config(cfg)
+        rollout_url = self.doc["sync"]["rollout_url"]
+        self._child("rollout", [sys.executable, "-m", "asyncrl", "rollout", str(path)])
+        self.children["rollout"].wait_ready(lambda: http_ok(f"{rollout_url}/health"), SERVICE_READY_S)
+        progress(f"rollout service at {rollout_url}")
+        self._child("sync-agent", [sys.executable, "-m", "asyncrl", "sync-agent", str(path)])
+        self.children["sync-agent"].wait_ready(lambda: http_ok(f"{self.doc['sync']['url']}/health"), SERVICE_READY_S)
+        progress(f"sync agent at {self.doc['sync']['url']}")
+        self._child("trainer", [sys.executable, "-m", "asyncrl", "trainer", str(path)])
+        progress(f"trainer started (torchrun, {cfg.trainer.nproc_per_node} rank(s)); logs in {self.run_dir / 'logs'}")
+        self.urls = {"rollout": rollout_url, "sync": self.doc["sync"]["url"], "nats": self.doc["nats"]["url"]}
+        return cfg
+
+    def exited(self) -> list[tuple[str, int]]:
+        """Children that are no longer running, with their exit codes."""
+        return [(name, code) for name, child in self.children.items() if (code := child.poll()) is not None]
+
+    def stop(self) -> None:
+        for name in reversed(list(self.children)):
+            self.children[name].stop()
+        if self.nats is not None:
+            self.nats.stop()
+
+
+def load_for_up(path: str | None, overrides: list[str]) -> RunConfig:
+    return load_config(path, overrides)
