@@ -44,7 +44,7 @@ class Rank0Services:
             state.load_state_dict(trainer_state["consumption"])
         ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None)
         required = cfg.derived.required_samples * cfg.rollout.n
-        self.source = TrajectorySource(self.names, state, ledger, required)
+        self.source = TrajectorySource(self.names, state, ledger, required, in_flight=cfg.derived.max_concurrent_samples)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:

@@ -48,13 +48,18 @@ FETCH_WAIT_S = 1.0  # one pull request's expiry; next_batch loops until its own 
 FETCH_BATCH_MAX = 256  # messages per pull request
 ACK_PENDING_MIN = 1024  # the server stops delivering silently at max_ack_pending (RELIABILITY §1)
 GROUP_PATIENCE_MIN = 256  # messages after a group's first member before it is released incomplete
+# A group's members finish at different times; meanwhile every other trajectory in flight may
+# finish too. Patience is this many times the trajectories the rollout keeps in flight, so only
+# a member that is really lost (or poison) releases a group early.
+GROUP_PATIENCE_PER_IN_FLIGHT = 4
 DLQ_REASON_MAX = 512  # characters of the decode error copied into the dead letter's header
 NATS_OP_TIMEOUT_S = 10.0  # one JetStream API request (consumer create, purge, info)
 
 
-def consumer_limits(required_trajectories: int) -> tuple[int, int]:
-    """``(group_patience, max_ack_pending)`` for a step of ``required_trajectories``."""
-    patience = max(GROUP_PATIENCE_MIN, 4 * required_trajectories)
+def consumer_limits(required_trajectories: int, in_flight: int = 0) -> tuple[int, int]:
+    """``(group_patience, max_ack_pending)`` for a step of ``required_trajectories`` while the
+    rollout keeps ``in_flight`` trajectories generating (``DerivedNumbers.max_concurrent_samples``)."""
+    patience = max(GROUP_PATIENCE_MIN, 4 * required_trajectories, GROUP_PATIENCE_PER_IN_FLIGHT * in_flight)
     return patience, max(ACK_PENDING_MIN, 2 * patience + 2 * required_trajectories)
 
 
@@ -62,12 +67,12 @@ class TrajectorySource:
     """See the module docstring."""
 
     def __init__(self, names: NatsNames, state: ConsumptionState, ledger: Ledger, required_trajectories: int,
-                 ack_wait_s: float = ACK_WAIT_S) -> None:
+                 ack_wait_s: float = ACK_WAIT_S, in_flight: int = 0) -> None:
         self.names = names
         self.ack_wait_s = ack_wait_s
         self.state = state
         self.ledger = ledger
-        patience, self.max_ack_pending = consumer_limits(required_trajectories)
+        patience, self.max_ack_pending = consumer_limits(required_trajectories, in_flight)
         self.assembler = GroupAssembler(patience)
         self._js: JetStreamContext | None = None
         self._sub = None
