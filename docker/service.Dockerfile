@@ -1,0 +1,48 @@
+# syntax=docker/dockerfile:1
+# asyncrl rollout service and sync agent (and `asyncrl nats`, `asyncrl config`): the project
+# installed from its own pyproject on a slim Python, with the CPU build of torch (the rollout
+# service tokenises and the sync agent coordinates; neither runs a model). Build from the
+# repository root:  docker build -f docker/service.Dockerfile -t asyncrl/service:0.1.0 .
+# compose.yaml builds it (`docker compose build`).
+
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+# The torch version of constraints/cpu.txt, from PyTorch's CPU wheel index: pip never
+# pulls a multi-GB CUDA wheel into this image.
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/asyncrl \
+    && /opt/asyncrl/bin/pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY constraints ./constraints
+COPY asyncrl ./asyncrl
+COPY rollout_service ./rollout_service
+COPY sync_agent ./sync_agent
+COPY trainer_daemon ./trainer_daemon
+COPY tools ./tools
+COPY local_engine ./local_engine
+RUN /opt/asyncrl/bin/pip install -c constraints/cpu.txt .
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="asyncrl service" \
+      org.opencontainers.image.description="asyncrl rollout service and sync agent" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 asyncrl \
+    && useradd --system --uid 10001 --gid asyncrl --home-dir /var/lib/asyncrl --create-home asyncrl
+COPY --from=build /opt/asyncrl /opt/asyncrl
+ENV PATH=/opt/asyncrl/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    ASYNCRL_CACHE_DIR=/var/lib/asyncrl/cache \
+    ASYNCRL_HEALTH_URL=http://127.0.0.1:8000/health
+WORKDIR /var/lib/asyncrl
+USER 10001:10001
+EXPOSE 8000 8100
+# ASYNCRL_HEALTH_URL: 8000 for the rollout service, 8100 for the sync agent (compose sets it).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['ASYNCRL_HEALTH_URL'], timeout=4)"]
+ENTRYPOINT ["asyncrl"]
+CMD ["--help"]

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Entry point of an SGLang engine container (compose service `sglang`, official SGLang image).
+#
+# Every replica of the service sees all of the node's GPUs. It claims one free *slot* — a
+# group of ENGINE_TP consecutive GPUs from ENGINE_GPUS — by taking an exclusive flock on
+# $ENGINE_SLOT_DIR/slot-<k> (a volume shared by the replicas of one node), and keeps the lock
+# for its lifetime (the lock dies with the process, so a restarted replica can claim again).
+# So `docker compose up --scale sglang=N` gives N engines on N distinct GPU groups; a replica
+# that finds no free slot exits with an error instead of sharing a GPU.
+#
+#   ENGINE_GPUS=0,1,2,3 ENGINE_TP=2  → slot 0 = GPUs 0,1; slot 1 = GPUs 2,3
+#
+# Port: ENGINE_PORT, plus the slot number when ENGINE_PORT_PER_SLOT=1 (host networking,
+# where replicas share the node's ports: slot k listens on ENGINE_PORT + k). The chosen
+# address goes to /tmp/asyncrl-engine-addr for the healthcheck.
+#
+# The server: python3 -m sglang.launch_server with the flags asyncrl needs —
+#   --enable-metrics (Prometheus sglang:*), --tool-call-parser (OpenAI tool calls),
+#   --api-key (every route but /health and /metrics; asyncrl's engine client sends it on
+#   data and control routes alike, see docs/deployment.md), --tp, --host/--port —
+# then ENGINE_EXTRA_ARGS (word-split), then any arguments given to this script.
+# ENGINE_DRY_RUN=1 prints the command instead of running it (tests/deploy).
+set -euo pipefail
+
+: "${ENGINE_MODEL_PATH:?ENGINE_MODEL_PATH is required (a model directory under /models)}"
+: "${ENGINE_API_KEY:?ENGINE_API_KEY is required}"
+ENGINE_GPUS="${ENGINE_GPUS:-0}"
+ENGINE_TP="${ENGINE_TP:-1}"
+ENGINE_HOST="${ENGINE_HOST:-0.0.0.0}"
+ENGINE_PORT="${ENGINE_PORT:-30000}"
+ENGINE_PORT_PER_SLOT="${ENGINE_PORT_PER_SLOT:-0}"
+ENGINE_TOOL_CALL_PARSER="${ENGINE_TOOL_CALL_PARSER:-qwen25}"
+ENGINE_MEM_FRACTION="${ENGINE_MEM_FRACTION:-0.85}"
+ENGINE_SLOT_DIR="${ENGINE_SLOT_DIR:-/var/lock/asyncrl-engines}"
+ENGINE_ADDR_FILE="${ENGINE_ADDR_FILE:-/tmp/asyncrl-engine-addr}"
+
+IFS=',' read -r -a gpus <<< "${ENGINE_GPUS// /}"
+if ! [[ "$ENGINE_TP" =~ ^[1-9][0-9]*$ ]]; then
+    echo "engine.sh: ENGINE_TP must be a positive integer, got '$ENGINE_TP'" >&2
+    exit 2
+fi
+slots=$(( ${#gpus[@]} / ENGINE_TP ))
+if (( slots == 0 )); then
+    echo "engine.sh: ENGINE_GPUS=$ENGINE_GPUS has fewer than ENGINE_TP=$ENGINE_TP GPUs" >&2
+    exit 2
+fi
+
+mkdir -p "$ENGINE_SLOT_DIR"
+slot=-1
+for (( k = 0; k < slots; k++ )); do
+    exec {lock_fd}>"$ENGINE_SLOT_DIR/slot-$k"
+    if flock -n "$lock_fd"; then
+        slot=$k
+        break  # keep lock_fd open: it is inherited by the server through exec
+    fi
+    exec {lock_fd}>&-
+done
+if (( slot < 0 )); then
+    echo "engine.sh: all $slots engine slots of ENGINE_GPUS=$ENGINE_GPUS (ENGINE_TP=$ENGINE_TP) are taken;" \
+         "scale the sglang service to at most $slots replicas on this node" >&2
+    exit 3
+fi
+
+visible=$(IFS=','; echo "${gpus[*]:$(( slot * ENGINE_TP )):$ENGINE_TP}")
+port=$ENGINE_PORT
+if [[ "$ENGINE_PORT_PER_SLOT" == "1" ]]; then
+    port=$(( ENGINE_PORT + slot ))
+fi
+probe_host=$ENGINE_HOST
+[[ "$probe_host" == "0.0.0.0" ]] && probe_host=127.0.0.1
+echo "$probe_host:$port" > "$ENGINE_ADDR_FILE"
+export CUDA_VISIBLE_DEVICES="$visible"
+
+read -r -a extra <<< "${ENGINE_EXTRA_ARGS:-}"
+cmd=(python3 -m sglang.launch_server
+     --model-path "$ENGINE_MODEL_PATH"
+     --host "$ENGINE_HOST" --port "$port"
+     --tp "$ENGINE_TP"
+     --mem-fraction-static "$ENGINE_MEM_FRACTION"
+     --enable-metrics
+     --tool-call-parser "$ENGINE_TOOL_CALL_PARSER"
+     --api-key "$ENGINE_API_KEY"
+     "${extra[@]}" "$@")
+
+echo "engine.sh: slot $slot of $slots, CUDA_VISIBLE_DEVICES=$visible, listening on $ENGINE_HOST:$port" >&2
+if [[ "${ENGINE_DRY_RUN:-0}" == "1" ]]; then
+    for arg in "${cmd[@]}"; do
+        [[ "$arg" == "$ENGINE_API_KEY" ]] && arg="<api-key>"
+        printf '%s\n' "$arg"
+    done
+    exec sleep "${ENGINE_DRY_RUN_HOLD_S:-0}"
+fi
+exec "${cmd[@]}"

