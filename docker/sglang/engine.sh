@@ -82,7 +82,7 @@ cmd=(python3 -m sglang.launch_server
      --api-key "$ENGINE_API_KEY"
      "${extra[@]}" "$@")
 
-echo "engine.sh: slot $slot of $slots, CUDA_VISIBLE_DEVICES=$visible, listening on $ENGINE_HOST:$port" >&2
+echo "engine.sh: slot $slot of $slots (CUDA_VISIBLE_DEVICES=$visible), listening on $ENGINE_HOST:$port" >&2
 if [[ "${ENGINE_DRY_RUN:-0}" == "1" ]]; then
     for arg in "${cmd[@]}"; do
         [[ "$arg" == "$ENGINE_API_KEY" ]] && arg="<api-key>"

@@ -26,7 +26,6 @@ import sys
 import time
 import tomllib
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
@@ -37,6 +36,7 @@ from asyncrl.launch import ChildProcess, free_port, http_ok, port_open
 from asyncrl.wire import NatsNames
 from tests.deploy.conftest import REPO
 from tests.deploy.external_metrics import NATS_JSZ, sglang_series, varz_series
+from tests.deploy.names import exported_series, json_exporter_series, metric_names
 from tests.helpers.processes import start_engine
 
 READY_S = 180.0  # torch + transformers imports of four processes on two busy cores
@@ -67,20 +67,6 @@ def _process_env(compose_env: dict[str, str]) -> dict[str, str]:
 
 def _scrape(url: str) -> str:
     return urllib.request.urlopen(url, timeout=10).read().decode()
-
-
-def exported_series(text: str) -> set[str]:
-    """Every series name a /metrics page can be queried by, also for families with no sample yet."""
-    out: set[str] = set()
-    for fam in text_string_to_metric_families(text):
-        out |= {s.name for s in fam.samples}
-        if fam.type == "counter":
-            out |= {fam.name + "_total"}
-        elif fam.type in ("gauge", "untyped", "unknown"):
-            out.add(fam.name)
-        elif fam.type == "histogram":
-            out |= {fam.name + sfx for sfx in ("_bucket", "_sum", "_count")}
-    return out
 
 
 def _value(text: str, name: str, **labels) -> float | None:
@@ -253,29 +239,6 @@ def test_nats_refuses_anonymous_clients_and_foreign_subjects(stack):
 def _dashboard_queries() -> list[str]:
     dash = json.loads((REPO / "docker" / "grafana" / "dashboards" / "asyncrl.json").read_text())
     return [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
-
-
-def metric_names(expr: str) -> set[str]:
-    import promql_parser
-
-    names: set[str] = set()
-
-    def visit(node):
-        if isinstance(node, promql_parser.VectorSelector):
-            name = node.name or next((m.value for m in node.matchers.matchers if m.name == "__name__"), None)
-            names.add(name)
-
-    promql_parser.walk(promql_parser.parse(expr.replace("$__rate_interval", "1m")), visit)
-    return names
-
-
-def json_exporter_series() -> set[str]:
-    cfg = yaml.safe_load((REPO / "docker" / "json-exporter" / "config.yml").read_text())
-    out = set()
-    for module in cfg["modules"].values():
-        for m in module["metrics"]:
-            out |= {f"{m['name']}_{k}" for k in m.get("values", {})} if m.get("type") == "object" else {m["name"]}
-    return out
 
 
 def test_dashboard_queries_only_exported_metrics(stack, deploy_tools):

@@ -1,0 +1,267 @@
+"""compose.yaml and compose.cluster.yaml as Docker Compose v2 resolves them (``config``): valid,
+secrets required, roles per node, ports, healthchecks, commands that exist in the CLI, and
+``ASYNCRL_*`` variables that are real config fields accepted by the config loader."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from asyncrl.cli import COMMANDS
+from asyncrl.config import ConfigError, load_config
+from asyncrl.config.run_config import RunConfig
+from tests.deploy.conftest import ALL_PROFILES, CLUSTER_ADDRS, REPO, SECRET_VARS, parse_env_text
+
+RUN_TOML = REPO / "docker" / "config" / "run.toml"
+ROLES = {
+    "control": {"nats", "rollout", "sync-agent", "gateway"},
+    "engine": {"sglang"},
+    "trainer": {"trainer"},
+    "monitoring": {"prometheus", "grafana", "nats-exporter", "json-exporter"},
+}
+ASYNCRL_SERVICES = {"rollout": "rollout", "sync-agent": "sync-agent", "trainer": "trainer"}
+
+
+def test_one_box_project_is_valid_and_runs_every_role(one_box):
+    assert one_box["name"] == "asyncrl"
+    assert set(one_box["services"]) == set().union(*ROLES.values())
+
+
+def test_example_env_refuses_to_start_without_secrets(compose, tmp_path):
+    from tests.deploy.conftest import Compose
+
+    raw = Compose(compose.binary, REPO / ".env.example")
+    proc = raw.run("config", "--quiet")
+    assert proc.returncode != 0
+    assert re.search(r"required variable (\w+) is missing a value", proc.stderr), proc.stderr
+    missing = re.search(r"required variable (\w+) is missing", proc.stderr).group(1)
+    assert missing in SECRET_VARS
+    example = parse_env_text((REPO / ".env.example").read_text())
+    assert all(example[name] == "" for name in SECRET_VARS), "secrets in .env.example must be empty placeholders"
+
+
+@pytest.mark.parametrize("secret", SECRET_VARS)
+def test_each_secret_is_required(compose, env_file, tmp_path, secret):
+    from tests.deploy.conftest import Compose
+
+    text = "\n".join(f"{secret}=" if line.startswith(f"{secret}=") else line for line in env_file.read_text().splitlines())
+    path = tmp_path / ".env"
+    path.write_text(text + "\n")
+    proc = Compose(compose.binary, path).run("config", "--quiet")
+    assert proc.returncode != 0 and secret in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_cluster_node_roles(compose, role):
+    project = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles=role, env=CLUSTER_ADDRS)
+    assert set(project["services"]) == ROLES[role]
+    svc = project["services"]
+    if role == "engine":
+        assert svc["sglang"]["network_mode"] == "host"
+        assert svc["sglang"]["environment"]["ENGINE_HOST"] == CLUSTER_ADDRS["NODE_ADDR"]
+        assert svc["sglang"]["environment"]["ENGINE_PORT_PER_SLOT"] == "1"
+    if role == "trainer":
+        env = svc["trainer"]["environment"]
+        assert svc["trainer"]["network_mode"] == "host" and not svc["trainer"].get("depends_on")
+        assert env["ASYNCRL_TRAINER__MASTER_ADDR"] == CLUSTER_ADDRS["MASTER_ADDR"]
+        assert env["ASYNCRL_NATS__URL"] == f"nats://{CLUSTER_ADDRS['CONTROL_ADDR']}:4222"
+        assert env["ASYNCRL_SYNC__URL"] == f"http://{CLUSTER_ADDRS['CONTROL_ADDR']}:8100"
+    if role == "control":
+        for name, port in (("nats", 4222), ("sync-agent", 8100)):
+            (p,) = svc[name]["ports"]
+            assert (p["host_ip"], int(p["published"]), p["target"]) == (CLUSTER_ADDRS["CONTROL_ADDR"], port, port)
+    if role == "monitoring":
+        assert svc["prometheus"]["extra_hosts"] == [f"trainer={CLUSTER_ADDRS['MASTER_ADDR']}"]
+
+
+def test_multi_node_trainer_world_from_env(compose):
+    env = {**CLUSTER_ADDRS, "NNODES": "3", "NODE_RANK": "2", "MASTER_PORT": "29511", "TRAINER_NPROC": "8"}
+    trainer = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles="trainer", env=env)["services"]["trainer"]
+    cfg = load_config(RUN_TOML, environ={k: str(v) for k, v in trainer["environment"].items()})
+    t = cfg.trainer
+    assert (t.nnodes, t.node_rank, t.nproc_per_node, t.master_addr, t.master_port) == (3, 2, 8, CLUSTER_ADDRS["MASTER_ADDR"], 29511)
+    from trainer_daemon.launch import torchrun_argv
+
+    argv = torchrun_argv(cfg, [str(RUN_TOML)])
+    joined = " ".join(argv)
+    assert "--nnodes 3 --nproc-per-node 8 --node-rank 2" in joined and f"--master-addr {CLUSTER_ADDRS['MASTER_ADDR']} --master-port 29511" in joined
+
+
+def test_only_the_openai_port_is_published(one_box):
+    published = {name: s.get("ports", []) for name, s in one_box["services"].items() if s.get("ports")}
+    assert set(published) == {"gateway", "grafana"}, published
+    (gw,) = published["gateway"]
+    assert (int(gw["published"]), gw["target"]) == (8000, 8080)
+    (gf,) = published["grafana"]
+    assert gf["host_ip"] == "127.0.0.1", "Grafana is published on loopback only"
+    for name, s in one_box["services"].items():
+        assert s.get("network_mode") in (None, "bridge"), f"{name} uses {s.get('network_mode')} on one box"
+
+
+def test_every_service_has_a_healthcheck_restart_policy_and_pinned_image(one_box):
+    for name, s in one_box["services"].items():
+        hc = s.get("healthcheck") or {}
+        assert hc.get("test") and not hc.get("disable"), f"{name} has no healthcheck"
+        assert s.get("restart") in ("unless-stopped", "on-failure", "always"), f"{name}: restart {s.get('restart')}"
+        image = s["image"]
+        repo, _, tag = image.rpartition(":")
+        assert repo and tag and "/" not in tag and tag != "latest", f"{name}: image {image!r} is not pinned to a tag"
+
+
+def test_volumes_keep_state(one_box):
+    s = one_box["services"]
+    mounts = {name: {v["target"]: v for v in svc.get("volumes", [])} for name, svc in s.items()}
+    assert mounts["nats"]["/data"]["type"] == "volume"
+    assert mounts["rollout"]["/var/lib/asyncrl"]["type"] == "volume"  # the run dir with the outbox
+    assert mounts["sync-agent"]["/var/lib/asyncrl"]["type"] == "volume"
+    assert mounts["trainer"]["/var/lib/asyncrl"]["type"] == "volume"
+    for name in ASYNCRL_SERVICES:
+        run_cfg = mounts[name]["/etc/asyncrl/run.toml"]
+        assert run_cfg["read_only"] and run_cfg["source"] == str(RUN_TOML)
+        assert s[name]["environment"]["ASYNCRL_RUN__DIR"].startswith("/var/lib/asyncrl/")
+
+
+def _entrypoint(dockerfile: str) -> list[str]:
+    text = (REPO / "docker" / dockerfile).read_text()
+    return yaml.safe_load(re.findall(r"^ENTRYPOINT (.+)$", text, re.M)[-1])
+
+
+def test_commands_exist_in_the_cli(one_box, capsys):
+    from asyncrl.cli import main
+
+    s = one_box["services"]
+    assert _entrypoint("service.Dockerfile") == ["asyncrl"]
+    assert _entrypoint("trainer.Dockerfile") == ["asyncrl", "trainer"]
+    for name in ("rollout", "sync-agent"):
+        cmd = s[name]["command"]
+        assert cmd[0] in COMMANDS, f"{name}: asyncrl {cmd[0]} is not a command"
+        assert cmd[1] == "/etc/asyncrl/run.toml"
+        with pytest.raises(SystemExit) as exc:
+            main([cmd[0], "--help"])
+        assert exc.value.code == 0
+    assert "trainer" in COMMANDS and s["trainer"]["command"] == ["/etc/asyncrl/run.toml"]
+    assert main(["trainer", "--help"]) == 0
+    capsys.readouterr()
+
+
+def _field_exists(dotted: str) -> bool:
+    model = RunConfig
+    for part in dotted.split("."):
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return False
+        ann = fields[part].annotation
+        model = ann if isinstance(ann, type) else None
+    return True
+
+
+def test_every_asyncrl_variable_is_a_config_field(one_box, compose):
+    cluster = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles=ALL_PROFILES, env=CLUSTER_ADDRS)
+    example = parse_env_text((REPO / ".env.example").read_text())
+    sources = {f"{kind}:{name}": s.get("environment", {}) for kind, project in (("one-box", one_box), ("cluster", cluster))
+               for name, s in project["services"].items()}
+    sources[".env.example"] = example
+    checked = 0
+    for where, env in sources.items():
+        for key in env:
+            if not key.startswith("ASYNCRL_"):
+                continue
+            assert "__" in key, f"{where}: {key} is not a config override (ASYNCRL_SECTION__KEY)"
+            dotted = ".".join(p.lower() for p in key[len("ASYNCRL_"):].split("__"))
+            assert _field_exists(dotted), f"{where}: {key} → {dotted} is not a RunConfig field"
+            checked += 1
+    assert checked > 40
+
+
+@pytest.mark.parametrize("service", sorted(ASYNCRL_SERVICES))
+def test_service_environment_loads_with_the_example_run_config(one_box, service):
+    env = {k: str(v) for k, v in one_box["services"][service]["environment"].items()}
+    try:
+        cfg = load_config(RUN_TOML, environ=env)
+    except ConfigError as exc:
+        pytest.fail(f"{service}: the container's config is invalid:\n{exc}")
+    assert cfg.engines.backend == "sglang" and cfg.engines.urls == ["http://asyncrl-sglang-1:30000"]
+    if service == "rollout":
+        assert (cfg.rollout.host, cfg.rollout.port, cfg.nats.user) == ("0.0.0.0", 8000, "rollout")
+        assert cfg.security.admin_token and cfg.security.api_token and cfg.security.nats_password
+        assert cfg.security.admin_token.get_secret_value() != cfg.security.api_token.get_secret_value()
+    if service == "sync-agent":
+        assert (cfg.sync.host, cfg.sync.port, cfg.sync.rollout_url) == ("0.0.0.0", 8100, "http://rollout:8000")
+        assert cfg.security.sync_token and cfg.security.admin_token
+    if service == "trainer":
+        t = cfg.trainer
+        assert (t.device, t.mixed_precision, t.metrics_host, t.metrics_port) == ("cuda", "bf16", "0.0.0.0", 9400)
+        assert (cfg.nats.user, cfg.sync.url, t.master_addr) == ("trainer", "http://sync-agent:8100", "trainer")
+        assert t.weight_sync_port == 29600 and t.master_port == 29500
+
+
+def _scrape_targets() -> dict[str, list[str]]:
+    prom = yaml.safe_load((REPO / "docker" / "prometheus" / "prometheus.yml").read_text())
+    out = {}
+    for job in prom["scrape_configs"]:
+        targets = [t for sc in job.get("static_configs", []) for t in sc["targets"]]
+        targets += [f"{n}:{d['port']}" for d in job.get("dns_sd_configs", []) for n in d["names"]]
+        out[job["job_name"]] = targets
+    return out
+
+
+def test_prometheus_scrapes_every_service_on_its_metrics_port(one_box):
+    s = one_box["services"]
+    targets = _scrape_targets()
+    cfg = {name: load_config(RUN_TOML, environ={k: str(v) for k, v in s[name]["environment"].items()}) for name in ASYNCRL_SERVICES}
+    exporter_port = re.search(r"-port=(\d+)", " ".join(s["nats-exporter"]["command"])).group(1)
+    expected = {
+        "rollout": f"rollout:{cfg['rollout'].rollout.port}",
+        "sync-agent": f"sync-agent:{cfg['sync-agent'].sync.port}",
+        "trainer": f"trainer:{cfg['trainer'].trainer.metrics_port}",
+        "engines": f"sglang:{s['sglang']['environment']['ENGINE_PORT']}",
+        "nats": f"nats-exporter:{exporter_port}",
+    }
+    for job, target in expected.items():
+        assert target in targets[job], f"job {job} scrapes {targets[job]}, the service serves {target}"
+        host, port = target.split(":")
+        assert port in [str(p) for p in s[host]["expose"]], f"{host} does not expose {port}"
+    probe = next(j for j in yaml.safe_load((REPO / "docker" / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+                 if j["job_name"] == "engine-versions")
+    assert targets["engine-versions"] == [f"http://sync-agent:{cfg['sync-agent'].sync.port}/status"]
+    assert probe["relabel_configs"][-1]["replacement"] == "json-exporter:7979" and "7979" in s["json-exporter"]["expose"]
+    assert probe["params"]["module"] == list(yaml.safe_load((REPO / "docker" / "json-exporter" / "config.yml").read_text())["modules"])
+    assert s["json-exporter"]["secrets"][0]["source"] == "sync_token"
+    # every service that serves metrics is scraped
+    scraped_hosts = {t.split(":")[0] for ts in targets.values() for t in ts}
+    assert {"rollout", "sync-agent", "trainer", "sglang", "nats-exporter"} <= scraped_hosts
+
+
+def test_grafana_datasource_points_at_prometheus(one_box):
+    ds = yaml.safe_load((REPO / "docker" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    (source,) = ds["datasources"]
+    assert source["url"] == "http://prometheus:9090" and "9090" in one_box["services"]["prometheus"]["expose"]
+    provider = yaml.safe_load((REPO / "docker" / "grafana" / "provisioning" / "dashboards" / "asyncrl.yml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    mounts = {v["target"]: v["source"] for v in one_box["services"]["grafana"]["volumes"]}
+    assert mounts[path] == str(REPO / "docker" / "grafana" / "dashboards")
+
+
+def test_engines_get_the_flags_the_system_needs(one_box, tmp_path):
+    """engine.sh (the sglang entry point) with the service's environment, in dry-run mode."""
+    import subprocess
+
+    s = one_box["services"]["sglang"]
+    assert s["entrypoint"] == ["/bin/bash", "/opt/asyncrl/engine.sh"]
+    env = {k: str(v) for k, v in s["environment"].items()}
+    env.update(PATH="/usr/bin:/bin", ENGINE_DRY_RUN="1", ENGINE_SLOT_DIR=str(tmp_path / "slots"),
+               ENGINE_ADDR_FILE=str(tmp_path / "addr"))
+    out = subprocess.run(["bash", str(REPO / "docker" / "sglang" / "engine.sh")], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    argv = out.stdout.split("\n")
+    flags = dict(zip(argv, argv[1:], strict=False))
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert "--enable-metrics" in argv
+    assert flags["--tool-call-parser"] == "qwen25" and flags["--api-key"] == "<api-key>"
+    assert (flags["--host"], flags["--port"]) == ("0.0.0.0", "30000")
+    assert flags["--model-path"] == one_box["services"]["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]
+    rollout_key = one_box["services"]["rollout"]["environment"]["ASYNCRL_ENGINES__API_KEY"]
+    assert rollout_key == env["ENGINE_API_KEY"] and rollout_key not in out.stdout + out.stderr

@@ -1,0 +1,80 @@
+"""The Grafana dashboard: valid JSON, generated from docker/grafana/dashboard.py, queries that
+Prometheus' grammar accepts, and every topic the deployment promises. (That each queried
+metric is really exported is checked against live services in test_stack.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.deploy.conftest import REPO
+from tests.deploy.names import metric_names
+
+DASHBOARD = REPO / "docker" / "grafana" / "dashboards" / "asyncrl.json"
+TOPICS = {  # what the issue asks the dashboard to show → a metric that shows it
+    "reward": "asyncrl_critic_rewards_mean",
+    "response length": "asyncrl_response_length_mean",
+    "weight versions per engine": "asyncrl_engine_weight_version",
+    "staleness": "asyncrl_rollouter_staleness_samples",
+    "trainer idle ratio": "asyncrl_trainer_idle_ratio",
+    "rollouter idle ratio": "asyncrl_rollouter_idle_ratio",
+    "sync phases": "asyncrl_sync_phase_seconds",
+    "sync GB/s": "asyncrl_sync_last_gb_per_s",
+    "samples/s": "asyncrl_rollout_samples_started_total",
+    "queue depth": "asyncrl_rollout_queued_samples",
+    "consumer lag": "jetstream_consumer_num_pending",
+    "engine load": "sglang:num_running_reqs",
+    "tool-call latency": "asyncrl_rollout_tool_seconds_total",
+    "tool errors": "asyncrl_rollout_tool_errors_total",
+}
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def test_dashboard_is_generated_from_its_source():
+    proc = subprocess.run([sys.executable, str(REPO / "docker" / "grafana" / "dashboard.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_dashboard_structure(dashboard):
+    ds = yaml.safe_load((REPO / "docker" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    uid = ds["datasources"][0]["uid"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+    cells = set()
+    for p in dashboard["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps another panel"
+                cells.add((x, y))
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == uid and p["targets"], p["title"]
+            assert all(t["datasource"]["uid"] == uid for t in p["targets"])
+
+
+def test_every_query_parses(deploy_tools, dashboard):
+    for p in dashboard["panels"]:
+        for t in p.get("targets", []):
+            assert metric_names(t["expr"]), f"{p['title']}: {t['expr']} selects no metric"
+
+
+def test_promql_check_is_live(deploy_tools):
+    with pytest.raises(ValueError):
+        metric_names("rate(asyncrl_rollout_published_total[5m]")
+
+
+def test_dashboard_shows_every_topic(deploy_tools, dashboard):
+    queried = {n for p in dashboard["panels"] for t in p.get("targets", []) for n in metric_names(t["expr"])}
+    missing = {topic: name for topic, name in TOPICS.items() if name not in queried}
+    assert not missing, missing
