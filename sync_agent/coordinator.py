@@ -107,8 +107,10 @@ class SyncCoordinator:
     # -- accepting ------------------------------------------------------------------------
     async def submit(self, body: dict[str, Any]) -> tuple[SyncRecord, int]:
         version = int(body["version"])
-        if version <= self.accepted_version:
-            raise SyncConflict(409, "stale", f"version {version} is not newer than {self.accepted_version}")
+        if version < self.version:
+            raise SyncConflict(409, "stale", f"version {version} is older than the engines' version {self.version}")
+        if version < self.accepted_version and self.running is not None:
+            raise SyncConflict(409, "stale", f"a sync to version {self.accepted_version} is already under way")
         views = [v for v in await self.engine_views() if v["alive"]]
         if not views:
             raise SyncConflict(503, "no_engines", "no live engine to update")
@@ -129,7 +131,7 @@ class SyncCoordinator:
         rec = SyncRecord(version=version, group={**g, "world_size": world, "members": members, "urls": live},
                          buckets=body["buckets"], flattened=bool(body.get("flattened", True)), reload=body.get("reload"),
                          join_group=join)
-        self.accepted_version = version
+        self.accepted_version = max(self.accepted_version, version)
         self.records.append(rec)
         self.persist()
         await self.queue.put(rec)
@@ -205,10 +207,11 @@ class SyncCoordinator:
         s = self.cfg.sync
         g = rec.group
         name = g.get("group_name", "weight_update_group")
-        if self.group is not None:  # leave the old group first (best effort: its members may be gone)
-            await asyncio.gather(*(c.destroy_weights_update_group(name, timeout_s=s.engine_timeout_s) for c in clients.values()),
-                                 return_exceptions=True)
-            self.group = None
+        # leave any old group of that name first (best effort: after a failure or a restart the
+        # engines may still hold one the agent no longer tracks)
+        await asyncio.gather(*(c.destroy_weights_update_group(name, timeout_s=s.engine_timeout_s) for c in clients.values()),
+                             return_exceptions=True)
+        self.group = None
         calls = {eid: c.init_weights_update_group(g["master_address"], g["master_port"], members[eid], g["world_size"], name,
                                                   g.get("backend", "gloo"), timeout_s=s.group_init_timeout_s)
                  for eid, c in clients.items()}

@@ -189,12 +189,13 @@ async def _generate_turn(state: AgentState, deps: AgentDeps) -> None:
 
 
 def append_model_tokens(state: AgentState, res: GenerateResult, deps: AgentDeps) -> None:
-    if res.logprobs is None or len(res.logprobs) != len(res.output_ids):
+    logprobs = res.logprobs if res.logprobs is not None or res.output_ids else []  # aborted while queued: no tokens
+    if logprobs is None or len(logprobs) != len(res.output_ids):
         raise EngineError(f"engine returned {len(res.output_ids)} tokens without matching logprobs (rid {res.rid})")
     versions = [deps.version_of(v) for v in res.token_versions()]
     state.token_ids.extend(res.output_ids)
     state.loss_mask.extend([1] * len(res.output_ids))
-    state.logprobs.extend(res.logprobs)
+    state.logprobs.extend(logprobs)
     state.versions.extend(versions)
     state.decoded_tokens += res.completion_tokens
     if versions:

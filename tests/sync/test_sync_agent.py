@@ -70,7 +70,7 @@ async def test_stale_and_unauthenticated_requests_are_refused(tmp_path, nats_ser
             auth = {"Authorization": f"Bearer {SYNC_TOKEN}"}
             bad = await http.post(f"{agent_url}/v1/syncs", json={**body, "buckets": [{"names": ["x"], "dtypes": ["float99"], "shapes": [[1]]}]}, headers=auth)
             assert bad.status_code == 400 and "dtype" in bad.json()["error"]["message"]
-            agent.coordinator.accepted_version = 5
+            agent.coordinator.version = 5
             stale = await http.post(f"{agent_url}/v1/syncs", json=body, headers=auth)
             assert stale.status_code == 409 and stale.json()["error"]["reason"] == "stale"
             assert (await http.get(f"{agent_url}/health")).status_code == 200
