@@ -91,6 +91,7 @@ class RolloutService:
         self.nc = None
         self.runner: Runner | None = None
         self.pool = EnginePool(api_key=cfg.engines.api_key.get_secret_value() if cfg.engines.api_key else None,
+                               admin_api_key=cfg.engines.admin_api_key.get_secret_value() if cfg.engines.admin_api_key else None,
                                request_timeout_s=cfg.engines.request_timeout_s, control_timeout_s=cfg.engines.control_timeout_s)
         self._stop = asyncio.Event()
         self._loops: list[asyncio.Task] = []

@@ -76,6 +76,7 @@ class SyncCoordinator:
         self.needs_reload: set[str] = set()
         self.running: SyncRecord | None = None
         self.reload_hint: dict[str, Any] | None = None
+        self.last_views: list[dict[str, Any]] = []
         at = cfg.async_training
         self.pause_mode = "partial" if at.partial_rollout and at.staleness_threshold > 0 else "drain"
         self.gpus = cfg.engines.gpus_per_engine
@@ -84,8 +85,10 @@ class SyncCoordinator:
     def client(self, engine_id: str, url: str) -> EngineClient:
         c = self.clients.get(engine_id)
         if c is None or c.base_url != url.rstrip("/"):
-            key = self.cfg.engines.api_key.get_secret_value() if self.cfg.engines.api_key else None
-            c = self.clients[engine_id] = EngineClient(url, api_key=key, control_timeout_s=self.cfg.sync.engine_timeout_s)
+            e = self.cfg.engines
+            key = e.api_key.get_secret_value() if e.api_key else None
+            admin = e.admin_api_key.get_secret_value() if e.admin_api_key else None
+            c = self.clients[engine_id] = EngineClient(url, api_key=key, admin_api_key=admin, control_timeout_s=self.cfg.sync.engine_timeout_s)
         return c
 
     async def engine_views(self) -> list[dict[str, Any]]:
@@ -102,7 +105,9 @@ class SyncCoordinator:
                 pass
             return out
 
-        return list(await asyncio.gather(*(view(e) for e in engines)))
+        views = list(await asyncio.gather(*(view(e) for e in engines)))
+        self.last_views = views
+        return views
 
     # -- accepting ------------------------------------------------------------------------
     async def submit(self, body: dict[str, Any]) -> tuple[SyncRecord, int]:

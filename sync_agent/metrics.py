@@ -3,7 +3,8 @@
 ``asyncrl_sync_weight_version``, ``asyncrl_sync_syncs_total{state}``,
 ``asyncrl_sync_phase_seconds{phase}`` (of the last finished sync),
 ``asyncrl_sync_bytes_total``, ``asyncrl_sync_last_gb_per_s``, ``asyncrl_sync_failures_total``,
-``asyncrl_sync_engines_needing_reload``.
+``asyncrl_sync_engines_needing_reload``, ``asyncrl_sync_engine_weight_version{engine,url,state}``
+(from the agent's last look at the engines, every ``sync.reconcile_interval_s``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class SyncCollector:
             speed.add_metric([], last.gb_per_s or 0.0)
         yield phases
         yield speed
+        engines = GaugeMetricFamily("asyncrl_sync_engine_weight_version", "Weight version each engine reports (last check)",
+                                    labels=["engine", "url", "state"])
+        for v in co.last_views:
+            if v.get("version") is not None:
+                engines.add_metric([v["id"], v["url"], v["rollout_state"]], v["version"])
+        yield engines
         reload = GaugeMetricFamily("asyncrl_sync_engines_needing_reload", "Engines waiting for a reload after a failed update")
         reload.add_metric([], len(co.needs_reload))
         yield reload

@@ -85,6 +85,8 @@ class EnginesConfig(Section):
     """Local engine: most requests decoded together in one step."""
     api_key: SecretStr | None = None
     """Bearer token the engines require (SGLang ``--api-key``)."""
+    admin_api_key: SecretStr | None = None
+    """Bearer token of the engines' admin routes (SGLang ``--admin-api-key``: pause, abort, weights)."""
     request_timeout_s: float = Field(600.0, gt=0.0)
     """Upper bound of one /generate call."""
     control_timeout_s: float = Field(60.0, gt=0.0)

@@ -7,7 +7,7 @@ SIGKILL). The port is fixed at the first start, so ``restart()`` brings the same
 which is what clients reconnecting after an outage expect.
 
 Not covered: clustering, TLS, accounts. For those run a real NATS deployment and set
-``nats.url`` (docker/compose.yaml does).
+``nats.url`` (compose.yaml does).
 """
 
 from __future__ import annotations

@@ -68,6 +68,7 @@ def engine_id_for(url: str) -> str:
 @dataclass
 class EnginePool:
     api_key: str | None = None
+    admin_api_key: str | None = None
     request_timeout_s: float = 600.0
     control_timeout_s: float = 60.0
     engines: dict[str, EngineHandle] = field(default_factory=dict)
@@ -85,7 +86,7 @@ class EnginePool:
         eid = engine_id or engine_id_for(url)
         if eid in self.engines:
             raise ValueError(f"engine id {eid!r} is already used by {self.engines[eid].url}")
-        client = EngineClient(url, api_key=self.api_key, request_timeout_s=self.request_timeout_s,
+        client = EngineClient(url, api_key=self.api_key, admin_api_key=self.admin_api_key, request_timeout_s=self.request_timeout_s,
                               control_timeout_s=self.control_timeout_s)
         handle = EngineHandle(id=eid, url=url, client=client)
         self.engines[eid] = handle
