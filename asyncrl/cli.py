@@ -19,15 +19,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 
-def _split_config_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """``[FILE] [k=v ...]`` → (file or None, overrides)."""
-    items = list(args)
-    path = None
-    if items and "=" not in items[0]:
-        path = items.pop(0)
-    return path, items
-
-
 def _cmd_config(argv: Sequence[str]) -> int:
     from asyncrl.config_cli import main as config_main
 

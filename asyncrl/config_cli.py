@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 
 import yaml
 
-from asyncrl.config import ConfigError, RunConfig, load_config
+from asyncrl.cli_args import resolve_config
+from asyncrl.config import RunConfig
 
 SECRET_MASK = "**********"
 
@@ -38,13 +38,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...]")
     parser.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     ns = parser.parse_args(argv)
-    from asyncrl.cli import _split_config_args
-
-    path, overrides = _split_config_args(ns.args)
-    try:
-        cfg = load_config(path, overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
+    cfg = resolve_config(ns.args)
+    if cfg is None:
         return 2
     doc = resolved_document(cfg)
     if ns.json:

@@ -13,7 +13,6 @@ the stack up until Ctrl-C so you can curl the engine (URL printed).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -22,7 +21,8 @@ import urllib.request
 import uuid
 from collections.abc import Sequence
 
-from asyncrl.config import ConfigError, RunConfig, load_config
+from asyncrl.cli_args import config_parser, resolve_config
+from asyncrl.config import RunConfig
 from asyncrl.jetstream import EmbeddedNats, connect, ensure_stream, write_endpoint
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from asyncrl.wire import NatsNames, Trajectory, decode_trajectory, encode_trajectory
@@ -82,17 +82,11 @@ async def publish_and_read_back(cfg: RunConfig, url: str, traj: Trajectory) -> t
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="asyncrl demo-stack", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...]")
+    parser = config_parser("asyncrl demo-stack", __doc__)
     parser.add_argument("--once", action="store_true", help="exit after the demonstration instead of serving until Ctrl-C")
     ns = parser.parse_args(argv)
-    from asyncrl.cli import _split_config_args
-
-    path, overrides = _split_config_args(ns.args)
-    try:
-        cfg = load_config(path, overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
+    cfg = resolve_config(ns.args)
+    if cfg is None:
         return 2
     run_dir = cfg.run_dir
     nats_server = EmbeddedNats(run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes)

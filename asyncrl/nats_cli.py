@@ -8,7 +8,6 @@ unset), prints it, and runs until Ctrl-C / SIGTERM, then stops the server cleanl
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import signal
@@ -16,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from asyncrl.config import ConfigError, load_config
+from asyncrl.cli_args import config_parser, resolve_config
 from asyncrl.jetstream import EmbeddedNats, connect, ensure_stream, write_endpoint
 from asyncrl.wire import NatsNames
 
@@ -31,16 +30,10 @@ async def _create_stream(url: str, cfg) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="asyncrl nats", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...]")
+    parser = config_parser("asyncrl nats", __doc__)
     ns = parser.parse_args(argv)
-    from asyncrl.cli import _split_config_args
-
-    path, overrides = _split_config_args(ns.args)
-    try:
-        cfg = load_config(path, overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
+    cfg = resolve_config(ns.args)
+    if cfg is None:
         return 2
     if cfg.nats.url:
         print(f"nats.url is set ({cfg.nats.url}); the embedded server is only used when it is not.", file=sys.stderr)

@@ -7,31 +7,22 @@ Runs the rollout service under uvicorn (default 127.0.0.1:8000 from ``rollout.ho
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import sys
 from collections.abc import Sequence
 
-from asyncrl.config import ConfigError, load_config
+from asyncrl.cli_args import config_parser, resolve_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asyncrl rollout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...]")
+    parser = config_parser("asyncrl rollout", __doc__)
     parser.add_argument("--host", help="bind address (default rollout.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default rollout.port)")
     parser.add_argument("--insecure-dev", action="store_true", help="allow an empty admin token (local development only)")
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from asyncrl.cli import _split_config_args
-
-    path, overrides = _split_config_args(ns.args)
-    if ns.insecure_dev:
-        overrides.append("security.insecure_dev=true")
-    try:
-        cfg = load_config(path, overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
+    cfg = resolve_config(ns.args, ["security.insecure_dev=true"] if ns.insecure_dev else [])
+    if cfg is None:
         return 2
     from rollout_service.api.auth import InsecureConfig, check_tokens
 

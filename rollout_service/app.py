@@ -12,10 +12,11 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from rollout_service.api.admin import build_admin_router
 from asyncrl.http.errors import BodySizeLimit, install_error_handlers
+from rollout_service.api.admin import build_admin_router
 from rollout_service.metrics import build_registry, render
 from rollout_service.openai.routes import build_openai_router
+
 
 def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
     """The app; with ``manage_lifecycle`` the service starts and closes with the app."""

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig
 from rollout_service.agent.chat import ChatTokenizer
-from rollout_service.data import ArithSpec, PromptStream, logging_reporter, read_validation_set, write_demo_dataset
+from rollout_service.data import (
+    ArithSpec,
+    PromptStream,
+    logging_reporter,
+    read_validation_set,
+    write_demo_dataset,
+)
 
 log = logging.getLogger(__name__)
 

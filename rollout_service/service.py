@@ -35,8 +35,8 @@ from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.rewards import MathReward, default_registry
 from rollout_service.runner.finish import model_text
 from rollout_service.runner.runner import Runner
-from rollout_service.runner.validation import run_validation
 from rollout_service.runner.store import AgentStore, RunnerStateStore
+from rollout_service.runner.validation import run_validation
 from tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)

@@ -6,30 +6,21 @@ Refuses to start without a sync token (``security.sync_token``) unless ``--insec
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
 
-from asyncrl.config import ConfigError, load_config
+from asyncrl.cli_args import config_parser, resolve_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asyncrl sync-agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...]")
+    parser = config_parser("asyncrl sync-agent", __doc__)
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--insecure-dev", action="store_true", help="allow running without a sync token")
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from asyncrl.cli import _split_config_args
-
-    path, overrides = _split_config_args(ns.args)
-    if ns.insecure_dev:
-        overrides.append("security.insecure_dev=true")
-    try:
-        cfg = load_config(path, overrides)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
+    cfg = resolve_config(ns.args, ["security.insecure_dev=true"] if ns.insecure_dev else [])
+    if cfg is None:
         return 2
     token = cfg.security.sync_token.get_secret_value() if cfg.security.sync_token else ""
     if not cfg.security.insecure_dev and len(token) < 12:

@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from asyncrl.weight_sync.buckets import parse_dtype
 from asyncrl.http.errors import ApiError, BodySizeLimit, install_error_handlers
+from asyncrl.weight_sync.buckets import parse_dtype
 from sync_agent.coordinator import SyncConflict
 from sync_agent.metrics import SyncCollector
 from sync_agent.rollout_admin import RolloutAdminError

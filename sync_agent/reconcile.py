@@ -24,7 +24,7 @@ import asyncio
 import logging
 
 from asyncrl.engine_client.errors import EngineError
-from sync_agent.coordinator import SyncCoordinator, version_of
+from sync_agent.coordinator import SyncCoordinator
 from sync_agent.rollout_admin import RolloutAdminError
 
 log = logging.getLogger(__name__)

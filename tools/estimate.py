@@ -11,7 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from tools.base import Tool, ToolResult
-from tools.calculator import MAX_EXPRESSION_CHARS, CalculatorError, evaluate_expression, format_number
+from tools.calculator import (
+    MAX_EXPRESSION_CHARS,
+    CalculatorError,
+    evaluate_expression,
+    format_number,
+)
 
 ROUND_TO = 10
 

@@ -36,7 +36,7 @@ def _die_with_parent() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from asyncrl.cli import _split_config_args
+    from asyncrl.cli_args import split_config_args as _split_config_args
     from asyncrl.config import load_config
 
     _die_with_parent()

@@ -41,7 +41,7 @@ def torchrun_argv(cfg, args: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> int:
-    from asyncrl.cli import _split_config_args
+    from asyncrl.cli_args import split_config_args as _split_config_args
     from asyncrl.config import load_config
 
     args = list(argv)

@@ -179,7 +179,7 @@ def load_config(
     data: dict[str, Any] = {}
     if path is not None:
         data = read_config_file(path)
-        for section, values in data.items():
+        for section in data:
             sources[section] = f"file {path}"
     env = os.environ if environ is None else environ
     data = _deep_merge(data, overrides_from_env(env, sources))

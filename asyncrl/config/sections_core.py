@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Section(BaseModel):
@@ -47,9 +47,10 @@ class DataConfig(Section):
     """Shuffle prompts each epoch (deterministically from ``seed``)."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Seed of the prompt order."""
-    demo_level: int = Field(3, ge=1, le=3)
-    """Difficulty of the built-in demo task (used when ``train_files`` is empty): 1 = two
-    operands up to 20 with + and -; 2 = two operands up to 99 with + - *; 3 = 2–3 operands up to 999."""
+    demo_level: int = Field(3, ge=0, le=3)
+    """Difficulty of the built-in demo task (used when ``train_files`` is empty): 0 = two
+    operands 50–99 with + (fixed token lengths; the `asyncrl up` demo); 1 = two operands up
+    to 20 with + and -; 2 = two operands up to 99 with + - *; 3 = 2–3 operands up to 999."""
     max_prompt_length: int = Field(1024, ge=1, le=1_048_576)
     """Prompts longer than this many tokens (after the chat template) are skipped and reported."""
 

@@ -1,6 +1,11 @@
 """NATS JetStream: the embedded server and the run's stream and KV buckets."""
 
-from asyncrl.jetstream.embedded import EmbeddedNats, find_nats_server, resolve_nats_url, write_endpoint
+from asyncrl.jetstream.embedded import (
+    EmbeddedNats,
+    find_nats_server,
+    resolve_nats_url,
+    write_endpoint,
+)
 from asyncrl.jetstream.setup import StreamMismatch, connect, ensure_kv, ensure_stream, stream_config
 
 __all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "connect", "ensure_kv", "ensure_stream", "find_nats_server", "stream_config"]

@@ -93,7 +93,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--no-live", action="store_true", help="no live view (logs only)")
     parser.add_argument("--resume", action="store_true", help="keep the run directory (checkpoints, NATS store) and resume")
     ns = parser.parse_args(argv)
-    from asyncrl.cli import _split_config_args
+    from asyncrl.cli_args import split_config_args as _split_config_args
     from asyncrl.up.report import summarize
     from asyncrl.up.stack import Stack
 

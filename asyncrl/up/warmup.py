@@ -21,12 +21,16 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SPEC = "builtin:tiny-arith"
-DEMO_LEVEL = 2  # two operands up to 99 with + - *: short to copy, rarely a multiple of ten
-EXACT_FRACTION = 0.2  # share of warm-up examples that call the exact calculator
-STEPS = 400
-BATCH = 16
-LR = 3e-3
-EXAMPLES = 3000
+# Measured on 2 CPU cores (builtin:tiny, batch 32, lr 1e-3): copying the question's operands
+# into the call is learnt by ~400 steps (100 % exact), copying the tool's result into the box
+# by ~600 (97 %); lr 3e-3 learnt neither in 1,200 steps, and operands of varying width much
+# more slowly — hence level 0 (fixed width). About 5 minutes, once.
+DEMO_LEVEL = 0
+EXACT_FRACTION = 0.2  # share of warm-up examples that call the exact calculator: the start reward
+STEPS = 550
+BATCH = 32
+LR = 1e-3
+EXAMPLES = 4000
 TOOLS = ("calculator", "estimate")
 
 

@@ -19,8 +19,8 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
-from rollout_service.api.auth import require_token
 from asyncrl.http.errors import ApiError
+from rollout_service.api.auth import require_token
 from rollout_service.api.status import service_status
 from rollout_service.runner.runner import PauseTimeout
 

@@ -52,15 +52,19 @@ class ArithSpec:
 
     @classmethod
     def level(cls, difficulty: int) -> ArithSpec:
-        """Presets: 1 = two 1-2 digit operands with + and -; 2 = two operands up to 99
-        with +, -, *; 3 = 2-3 operands up to 999 (the default spec)."""
+        """Presets: 0 = two operands 50-99 with + (every question, call and answer has the
+        same token length: the built-in demo, learnable by a ~1M-parameter model); 1 = two
+        1-2 digit operands with + and -; 2 = two operands up to 99 with +, -, *; 3 = 2-3
+        operands up to 999 (the default spec)."""
+        if difficulty == 0:
+            return cls(min_operand=50, max_operand=99, min_terms=2, max_terms=2, ops=("+",))
         if difficulty == 1:
             return cls(min_operand=1, max_operand=20, min_terms=2, max_terms=2, ops=("+", "-"))
         if difficulty == 2:
             return cls(min_operand=2, max_operand=99, min_terms=2, max_terms=2)
         if difficulty == 3:
             return cls()
-        raise ValueError(f"difficulty must be 1, 2 or 3, got {difficulty}")
+        raise ValueError(f"difficulty must be 0, 1, 2 or 3, got {difficulty}")
 
 
 def evaluate(operands: list[int], ops: list[str]) -> int:

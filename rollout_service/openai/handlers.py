@@ -8,9 +8,9 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from asyncrl.http.errors import ApiError
 from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.state import AgentState, Phase
-from asyncrl.http.errors import ApiError
 from rollout_service.openai.responses import chat_completion, text_completion
 from rollout_service.openai.schemas import ChatCompletionRequest, CompletionRequest
 from rollout_service.openai.streaming import stream_turn

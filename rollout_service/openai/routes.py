@@ -23,11 +23,23 @@ import uuid
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from asyncrl.http.errors import ApiError
 from rollout_service.agent.state import AgentState
 from rollout_service.api.auth import bearer, require_token
-from asyncrl.http.errors import ApiError
-from rollout_service.openai.handlers import answer_chat, answer_completion, chat_spec, check_chat_limits, ephemeral_state
-from rollout_service.openai.schemas import ChatCompletionRequest, CompletionRequest, RewardRequest, SessionCreate, ToolResultRequest
+from rollout_service.openai.handlers import (
+    answer_chat,
+    answer_completion,
+    chat_spec,
+    check_chat_limits,
+    ephemeral_state,
+)
+from rollout_service.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RewardRequest,
+    SessionCreate,
+    ToolResultRequest,
+)
 from rollout_service.openai.sessions import (
     SessionRecord,
     check_token,

@@ -32,9 +32,9 @@ from typing import Any
 
 import msgspec
 
+from asyncrl.http.errors import ApiError
 from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.state import AgentState, Phase
-from asyncrl.http.errors import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,15 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError
 
 from asyncrl.config import load_config
-from asyncrl.jetstream import EmbeddedNats, StreamMismatch, connect, ensure_kv, ensure_stream, resolve_nats_url, write_endpoint
+from asyncrl.jetstream import (
+    EmbeddedNats,
+    StreamMismatch,
+    connect,
+    ensure_kv,
+    ensure_stream,
+    resolve_nats_url,
+    write_endpoint,
+)
 from asyncrl.launch import port_open
 from asyncrl.wire import NatsNames
 

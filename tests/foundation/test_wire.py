@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asyncrl.wire import NatsNames, Trajectory, WireDecodeError, decode_trajectory, encode_trajectory
+from asyncrl.wire import (
+    NatsNames,
+    Trajectory,
+    WireDecodeError,
+    decode_trajectory,
+    encode_trajectory,
+)
 
 
 def make(**over) -> Trajectory:

@@ -36,7 +36,7 @@ def independent_value(expression: str) -> int:
     return walk(ast.parse(expression, mode="eval").body)
 
 
-@pytest.mark.parametrize("spec", [ArithSpec(), ArithSpec.level(1), ArithSpec.level(2), ArithSpec.level(3),
+@pytest.mark.parametrize("spec", [ArithSpec(), ArithSpec.level(0), ArithSpec.level(1), ArithSpec.level(2), ArithSpec.level(3),
                                   ArithSpec(min_operand=0, max_operand=5, min_terms=4, max_terms=6)])
 def test_answers_are_correct(spec: ArithSpec) -> None:
     rows = generate_rows(300, seed=11, spec=spec)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
-
 from asyncrl.jetstream import connect, ensure_stream
 from asyncrl.wire import NatsNames, Trajectory, decode_trajectory
 from rollout_service.publish import Outbox, TrajectoryPublisher

@@ -44,7 +44,7 @@ async def test_full_sync_puts_every_engine_on_the_trainers_weights(tmp_path, nat
                 stats = await pub.publish(version, weights)
                 assert stats["trainer/sync_buckets"] > 1
                 rec = agent.coordinator.records[-1]
-                await wait_for(lambda: rec.done, 60, "the sync to finish")
+                await wait_for(lambda r=rec: r.done, 60, "the sync to finish")
                 assert rec.state == "succeeded", rec.error
                 assert rec.join_group is (version == 1), "the group is formed once and reused"
                 assert set(rec.phase_seconds) >= {"pausing", "awaiting_broadcast", "loading", "resuming"} and rec.bytes > 0
