@@ -83,6 +83,9 @@ class EnginesConfig(Section):
     """Ranks each engine contributes to the weight-update group (SGLang: its TP size)."""
     max_batch_size: int = Field(32, ge=1, le=4096)
     """Local engine: most requests decoded together in one step."""
+    local_args: list[str] = Field(default_factory=list, max_length=64)
+    """Extra command-line arguments for each local engine ``asyncrl up`` starts (see
+    ``asyncrl engine --help``), e.g. ``["--timing-mode", "--timing-decode-ms", "20"]``."""
     api_key: SecretStr | None = None
     """Bearer token the engines require (SGLang ``--api-key``)."""
     admin_api_key: SecretStr | None = None
@@ -157,6 +160,8 @@ class TrainerConfig(Section):
     """Metric sinks besides Prometheus."""
     weight_sync_backend: Literal["gloo", "nccl"] | None = None
     """Backend of the trainer↔engines weight group. None: gloo on cpu, nccl on cuda."""
+    step_time_floor_s: float = Field(0.0, ge=0.0, le=3600.0)
+    """Benchmarks only: pad every training step to at least this long (emulates a bigger model)."""
     weight_sync_port: int = Field(0, ge=0, le=65535)
     """Port of the weight-group rendezvous on trainer rank 0 (0: a free port)."""
 

@@ -59,20 +59,30 @@ def plot(rows: list[dict], out: Path, title: str) -> Path | None:
     return out
 
 
+def merge_rollout(rows: list[dict], rollout_rows: list[dict]) -> None:
+    """Put the rollouter's idle ratio on the trainer step that was current when it was reported."""
+    i = 0
+    for r in rollout_rows:
+        m, t = r.get("metrics", {}), r.get("time")
+        if t is None or m.get("rollouter/idle_ratio") is None or m["rollouter/idle_ratio"] != m["rollouter/idle_ratio"]:
+            continue
+        while i + 1 < len(rows) and rows[i + 1].get("time", float("inf")) <= t:
+            i += 1
+        if rows and rows[i].get("time", float("inf")) <= t:
+            rows[i]["rollouter/idle_ratio"] = m["rollouter/idle_ratio"]
+
+
 def summarize(run_dir: Path, run_id: str, reason: str, elapsed_s: float, syncs: list[dict] | None = None) -> dict[str, Any]:
     rows = read_jsonl(run_dir / "metrics" / "trainer.jsonl")
-    rollout_rows = read_jsonl(run_dir / "metrics" / "rollout.jsonl")
-    for r in rollout_rows:  # merge the rollouter's idle ratio onto the step it was reported at
-        m = r.get("metrics", {})
-        if "rollouter/idle_ratio" in m and rows:
-            rows[-1].setdefault("rollouter/idle_ratio", m["rollouter/idle_ratio"])
+    merge_rollout(rows, read_jsonl(run_dir / "metrics" / "rollout.jsonl"))
     _, rewards = _series(rows, "critic/rewards/mean")
     k = max(1, len(rewards) // 10)
     summary = {
         "run_id": run_id, "stopped_because": reason, "elapsed_s": round(elapsed_s, 1), "trainer_steps": len(rows),
         "reward_first": round(sum(rewards[:k]) / k, 4) if rewards else None,
         "reward_last": round(sum(rewards[-k:]) / k, 4) if rewards else None,
-        "syncs": len(syncs or []), "syncs_failed": sum(1 for s in syncs or [] if s.get("state") == "failed"),
+        "syncs": int(rows[-1].get("trainer/sync_successes", 0)) if rows else 0,
+        "syncs_failed": int(rows[-1].get("trainer/sync_failures", 0)) if rows else 0,
     }
     png = plot(rows, run_dir / "summary.png", f"asyncrl run {run_id}")
     summary["plot"] = str(png) if png else None

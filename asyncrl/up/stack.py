@@ -92,7 +92,8 @@ class Stack:
                 port = free_port()
                 self._child(f"engine-{i}", [sys.executable, "-m", "asyncrl", "engine", "--model", cfg.model.path, "--port", str(port),
                                             "--seed", str(cfg.model.seed), "--dtype", cfg.model.dtype,
-                                            "--max-batch-size", str(cfg.engines.max_batch_size), "--max-model-len", str(cfg.model.max_model_len)])
+                                            "--max-batch-size", str(cfg.engines.max_batch_size), "--max-model-len", str(cfg.model.max_model_len),
+                                            *cfg.engines.local_args])
                 urls.append(f"http://127.0.0.1:{port}")
             for i, url in enumerate(urls):
                 self.children[f"engine-{i}"].wait_ready(lambda u=url: http_ok(f"{u}/health"), ENGINE_READY_S)

@@ -326,6 +326,10 @@ class Runner:
     async def resume(self, version: int) -> None:
         if version != self.version:
             self.clock.new_version(version)
+            try:  # the reset must count what is queued *now*: a stale reading can block admission until the next version
+                self.queued_trajectories = await self.queue_probe()
+            except Exception as exc:  # noqa: BLE001 - NATS down: the last reading is the best we have
+                log.warning("queue depth unknown at resume (%s); using the last reading", exc)
         self.quota.on_version(version, self.in_flight_samples, self.queued_samples)
         self.paused = False
         self.pause_mode = None

@@ -79,3 +79,38 @@ async def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         await asyncio.sleep(interval_s)
+
+
+async def consume_as_trainer(nats_url: str, run_id: str, timeout_s: float = 30.0) -> int:
+    """Ack every trajectory in the run's stream on the trainer's durable consumer, as the
+    trainer would after a step; returns how many it acked. After this the service's queue
+    probe reads zero unconsumed trajectories."""
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    from asyncrl.jetstream import connect
+    from asyncrl.wire import NatsNames
+
+    names = NatsNames(run_id)
+    nc = await connect(nats_url, "test-trainer", persistent=False)
+    acked = 0
+    try:
+        js = nc.jetstream()
+        await js.add_consumer(names.stream, ConsumerConfig(durable_name=names.trainer_consumer,
+                                                           filter_subject=names.trajectories, ack_policy=AckPolicy.EXPLICIT))
+        sub = await js.pull_subscribe_bind(durable=names.trainer_consumer, stream=names.stream)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            info = await js.consumer_info(names.stream, names.trainer_consumer)
+            if info.num_pending + info.num_ack_pending == 0:
+                return acked
+            try:
+                msgs = await sub.fetch(50, timeout=1)
+            except TimeoutError:
+                continue
+            for m in msgs:
+                await m.ack_sync()
+                acked += 1
+        raise AssertionError(f"could not consume the stream within {timeout_s:.0f} s (acked {acked})")
+    finally:
+        await nc.close()

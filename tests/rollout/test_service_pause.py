@@ -9,7 +9,7 @@ import pytest
 
 from asyncrl.engine_client import EngineClient
 from tests.helpers.processes import start_engine
-from tests.rollout.conftest import admin, running_service, service_config, wait_for
+from tests.rollout.conftest import admin, consume_as_trainer, running_service, service_config, wait_for
 from tests.rollout.test_service_episodes import fetch_all
 
 
@@ -69,6 +69,9 @@ async def test_drain_pause_finishes_in_flight_work_and_admits_nothing(tmp_path, 
         await wait_for(lambda: svc.runner.publisher.pending == 0, 30, "outbox drained")
         status, body = await admin(http, "GET", f"{url}/admin/status")
         assert body["counters"]["samples_started"] == started and body["admission_blocked"].startswith("paused")
+        # the trainer consumes what was queued; the quota at the next version counts only what is left
+        assert await consume_as_trainer(nats_server.url, cfg.run.id) >= 1
         status, body = await admin(http, "POST", f"{url}/admin/resume", {"version": 1})
         assert status == 200 and body["quota"]["version"] == 1
+        assert body["quota"]["carried_over_at_reset"] == 0, "drained and consumed: nothing is stale at the new version"
         await wait_for(lambda: svc.runner.counters.samples_started > started, 60, "admission after resume")

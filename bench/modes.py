@@ -1,0 +1,179 @@
+"""verl's four modes on the real services, timed: samples/s, idle ratios, pause window, and
+the speed-up of (b), (c), (d) over (a) next to the ideal speed-up for the workload.
+
+    python bench/modes.py [--decode-ms 10] [--length-median 60] [--length-sigma 1.0] \
+        [--length-max 400] [--train-step-s 2.0] [--samples 24] [--n 4] [--mini 4] [--modes a,b,c,d]
+
+Engines run in local_engine's timing mode (a decode step sleeps ``--decode-ms``; response
+lengths are log-normal: a long tail), the trainer's steps are padded to ``--train-step-s``
+(``trainer.step_time_floor_s``), everything else is the real system: NATS, the rollout
+service, the sync agent, torchrun. Per mode it runs ``--samples`` prompts and reports
+samples/s over the training window (first to last step), the mean ``trainer/idle_ratio`` and
+``rollouter/idle_ratio``, and the mean sync window (pause to resume, from the sync agent).
+
+Ideal speed-ups (ignoring sync cost; B = n × mini trajectories per step, C = trajectories
+decoded at once, E[max_m] = expected longest of m draws, E[len] = mean length, d = decode
+step, T = train step):
+  (a) step = E[max_B]·d + T  (rollout then train, every step)
+  (b) with k = trigger steps: per step = (max(E[max_kB]·d, E[max_B]·d + (k−1)T) + T) / k
+  (c), (d) throughput bound: per step = max(T, B·E[len]·d / C)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from asyncrl.config import load_config  # noqa: E402
+from asyncrl.launch import ChildProcess, free_port, http_ok  # noqa: E402
+from asyncrl.up.report import read_jsonl  # noqa: E402
+from asyncrl.up.stack import Stack  # noqa: E402
+
+MODES = {
+    "a": ("on-policy pipeline", ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0"]),
+    "b": ("stream off-policy pipeline", ["async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0"]),
+    "c": ("async stream, stale samples", ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
+                                         "async_training.partial_rollout=false"]),
+    "d": ("async stream, partial rollout", ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
+                                           "async_training.partial_rollout=true"]),
+}
+
+
+def expected_max(m: int, median: float, sigma: float, cap: int, draws: int = 4000) -> float:
+    rng = random.Random(1)
+    total = 0.0
+    for _ in range(draws // max(1, m) + 50):
+        total += max(min(cap, math.exp(math.log(median) + sigma * rng.gauss(0, 1))) for _ in range(m))
+    return total / (draws // max(1, m) + 50)
+
+
+def ideal_speedups(a) -> dict[str, float]:
+    d, t = a.decode_ms / 1000, a.train_step_s
+    b = a.n * a.mini
+    mean_len = statistics.fmean(min(a.length_max, math.exp(math.log(a.length_median) + a.length_sigma * random.Random(i).gauss(0, 1)))
+                                for i in range(20000))
+    step_a = expected_max(b, a.length_median, a.length_sigma, a.length_max) * d + t
+    k = 2
+    step_b = (max(expected_max(k * b, a.length_median, a.length_sigma, a.length_max) * d,
+                  expected_max(b, a.length_median, a.length_sigma, a.length_max) * d + (k - 1) * t) + t) / k
+    step_async = max(t, b * mean_len * d / a.concurrency)
+    return {"a": 1.0, "b": step_a / step_b, "c": step_a / step_async, "d": step_a / step_async}
+
+
+async def run_mode(mode: str, a, engine_urls: list[str], root: Path) -> dict:
+    run_dir = root / f"mode-{mode}"
+    cfg = load_config(overrides=[
+        f"run.dir={run_dir}", f"run.id=bench-{mode}", "model.path=builtin:tiny", "model.max_model_len=4096",
+        f"engines.urls={engine_urls!r}".replace("'", '"'), f"rollout.n={a.n}", f"actor.ppo_mini_batch_size={a.mini}",
+        f"rollout.total_rollout_steps={a.samples}", "rollout.tools=[]", f"rollout.sampling.max_new_tokens={a.length_max}",
+        f"rollout.response_length={a.length_max}", f"rollout.max_concurrent={a.concurrency}", "trainer.nproc_per_node=1",
+        f"trainer.step_time_floor_s={a.train_step_s}", "trainer.checkpoint.save_freq=0", "trainer.checkpoint.export_hf=false",
+        "actor.ppo_micro_batch_size_per_gpu=8", "sync.pause_timeout_s=300", *MODES[mode][1],
+    ], environ={})
+    stack = Stack(cfg, run_dir)
+    t0 = time.monotonic()
+    syncs: list[dict] = []
+    try:
+        cfg = await asyncio.to_thread(stack.start, lambda m: None)
+        import aiohttp
+
+        from asyncrl.jetstream import connect
+        from asyncrl.up.live import MetricsTap
+
+        tap = MetricsTap(cfg.run.id, run_dir)
+        nc = await connect(stack.urls["nats"], "bench-modes", persistent=False)
+        await tap.start(nc)
+        while stack.children["trainer"].poll() is None:
+            if any(code not in (None, 0) for _, code in stack.exited()):
+                raise RuntimeError(f"a child failed in mode {mode}: {stack.exited()}")
+            if time.monotonic() - t0 > a.limit_s:
+                raise RuntimeError(f"mode {mode} did not finish within {a.limit_s:.0f} s")
+            await asyncio.sleep(0.5)
+        headers = {"Authorization": f"Bearer {cfg.security.sync_token.get_secret_value()}"}
+        async with aiohttp.ClientSession() as http, http.get(f"{stack.urls['sync']}/v1/syncs", headers=headers) as r:
+            syncs = (await r.json())["syncs"]
+        await tap.close()
+        await nc.close()
+    finally:
+        await asyncio.to_thread(stack.stop)
+    rows = read_jsonl(run_dir / "metrics" / "trainer.jsonl")
+    rollout = [r["metrics"] for r in read_jsonl(run_dir / "metrics" / "rollout.jsonl") if r.get("kind") == "rollout"]
+    times = [r["time"] for r in rows if "time" in r]
+    steps = len(rows)
+    window = (times[-1] - times[0]) if len(times) > 1 else float("nan")
+    samples_per_step = a.mini
+    idle_r = [m["rollouter/idle_ratio"] for m in rollout if m.get("rollouter/idle_ratio") == m.get("rollouter/idle_ratio")]
+    done = [s for s in syncs if s["state"] == "succeeded"]
+    return {
+        "mode": mode, "steps": steps,
+        "samples_per_s": (steps - 1) * samples_per_step / window if window == window and window > 0 else float("nan"),
+        "trainer_idle": statistics.fmean(r.get("trainer/idle_ratio", 0.0) for r in rows[1:]) if len(rows) > 1 else float("nan"),
+        "rollouter_idle": statistics.fmean(idle_r) if idle_r else float("nan"),
+        "sync_window_s": statistics.fmean(sum(s["phase_seconds"].get(p, 0.0) for p in ("pausing", "awaiting_broadcast", "loading", "resuming"))
+                                          for s in done) if done else float("nan"),
+        "syncs": len(done),
+    }
+
+
+async def main_async(a) -> None:
+    root = Path(a.out).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    engines = []
+    urls = []
+    try:
+        for i in range(a.engines):
+            port = free_port()
+            proc = ChildProcess(f"engine-{i}", [sys.executable, "-m", "asyncrl", "engine", "--model", "builtin:tiny", "--port", str(port),
+                                                "--max-batch-size", str(a.concurrency), "--seed", str(i), "--timing-mode",
+                                                "--timing-decode-ms", str(a.decode_ms), "--timing-length-median", str(a.length_median),
+                                                "--timing-length-sigma", str(a.length_sigma), "--timing-length-max", str(a.length_max)],
+                                root / f"engine-{i}.log").start()
+            engines.append(proc)
+            urls.append(f"http://127.0.0.1:{port}")
+        for proc, url in zip(engines, urls):
+            proc.wait_ready(lambda u=url: http_ok(f"{u}/health"), 120)
+        results = [await run_mode(m, a, urls, root) for m in a.modes.split(",")]
+    finally:
+        for proc in engines:
+            proc.stop()
+    ideal = ideal_speedups(a)
+    base = next((r["samples_per_s"] for r in results if r["mode"] == "a"), None)
+    print(f"command: python bench/modes.py {' '.join(sys.argv[1:])}")
+    print(f"workload: decode {a.decode_ms} ms/step, lengths log-normal(median {a.length_median}, sigma {a.length_sigma}, max {a.length_max}), "
+          f"train step {a.train_step_s} s, B = {a.n}x{a.mini} trajectories/step, concurrency {a.concurrency}")
+    print(f"{'mode':<34} {'samples/s':>10} {'trainer idle':>13} {'rollouter idle':>15} {'sync window s':>14} {'speed-up':>9} {'ideal':>7}")
+    for r in results:
+        speed = r["samples_per_s"] / base if base else float("nan")
+        label = f"({r['mode']}) {MODES[r['mode']][0]}"
+        print(f"{label:<34} {r['samples_per_s']:>10.3f} {r['trainer_idle']:>13.2f} {r['rollouter_idle']:>15.2f} "
+              f"{r['sync_window_s']:>14.2f} {speed:>9.2f} {ideal[r['mode']]:>7.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--decode-ms", type=float, default=10.0)
+    ap.add_argument("--length-median", type=float, default=60.0)
+    ap.add_argument("--length-sigma", type=float, default=1.0)
+    ap.add_argument("--length-max", type=int, default=400)
+    ap.add_argument("--train-step-s", type=float, default=2.0)
+    ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--mini", type=int, default=4)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--engines", type=int, default=1)
+    ap.add_argument("--modes", default="a,b,c,d")
+    ap.add_argument("--limit-s", type=float, default=600.0)
+    ap.add_argument("--out", default="runs/bench-modes")
+    asyncio.run(main_async(ap.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
