@@ -9,7 +9,13 @@ import pytest
 
 from asyncrl.engine_client import EngineClient
 from tests.helpers.processes import start_engine
-from tests.rollout.conftest import admin, consume_as_trainer, running_service, service_config, wait_for
+from tests.rollout.conftest import (
+    admin,
+    consume_as_trainer,
+    running_service,
+    service_config,
+    wait_for,
+)
 from tests.rollout.test_service_episodes import fetch_all
 
 
