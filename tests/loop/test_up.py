@@ -1,0 +1,130 @@
+"""``asyncrl up`` as a user runs it: a subprocess, a small config, real children.
+
+It must run to ``total_rollout_steps`` and stop by itself with a summary and a plot; stop
+cleanly on Ctrl-C; and when a child dies, stop with exit status 1 and the tail of that
+child's log, instead of hanging. In every case no child process may outlive it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+UP_LIMIT_S = 240.0
+
+
+def up_args(run_dir: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "asyncrl", "up", "--no-live",
+        f"run.dir={run_dir}", "run.id=up-test", "model.path=builtin:tiny", "model.max_model_len=512",
+        "rollout.n=2", "actor.ppo_mini_batch_size=2", "rollout.tools=[]", "rollout.sampling.max_new_tokens=32",
+        "rollout.response_length=32", "engines.num_local=1", "trainer.nproc_per_node=1", "actor.ppo_micro_batch_size_per_gpu=4",
+        "trainer.checkpoint.save_freq=0", "rollout.port=0", "sync.port=0", "trainer.metrics_port=0", *extra,
+    ]
+
+
+def start_up(run_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(up_args(run_dir, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout_s: float = UP_LIMIT_S) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"asyncrl up did not stop within {timeout_s:.0f} s\n{out[-3000:]}\n{err[-3000:]}") from None
+    return proc.returncode, out, err
+
+
+def wait_for_file_text(path: Path, needle: str, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and needle in path.read_text(errors="replace"):
+            return
+        assert proc.poll() is None, f"asyncrl up exited early: {proc.communicate()}"
+        time.sleep(0.5)
+    raise AssertionError(f"{needle!r} did not appear in {path} within {timeout_s:.0f} s")
+
+
+def processes_mentioning(*needles: str) -> list[str]:
+    """Command lines of live processes that contain any of ``needles``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(n in cmd for n in needles):
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def children_left(run_dir: Path) -> list[str]:
+    """Every child of a run is started with the run's config file, except engines (by port)."""
+    doc = yaml.safe_load((run_dir / "config.yaml").read_text())
+    engine_ports = [f"--port {u.rsplit(':', 1)[1]}" for u in doc["engines"]["urls"]]
+    deadline = time.monotonic() + 10
+    while (left := processes_mentioning(str(run_dir), *engine_ports)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_up_runs_to_total_rollout_steps_and_writes_the_summary(tmp_path):
+    run_dir = tmp_path / "run"
+    rc, out, err = finish(start_up(run_dir, "rollout.total_rollout_steps=4"))
+    assert rc == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    assert "the trainer finished its steps" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["trainer_steps"] == 2 and summary["syncs"] >= 1 and summary["syncs_failed"] == 0, summary
+    assert summary["reward_first"] is not None
+    png = run_dir / "summary.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for child in ("nats", "engine-0", "rollout", "sync-agent", "trainer"):
+        assert (run_dir / "logs" / f"{child}.log").stat().st_size > 0, child
+    assert (run_dir / "config.yaml").stat().st_mode & 0o077 == 0, "the config with tokens is private"
+    resolved = (run_dir / "config.resolved.yaml").read_text()
+    token = yaml.safe_load((run_dir / "config.yaml").read_text())["security"]["admin_token"]
+    assert token and token not in resolved, "config.resolved.yaml masks secrets"
+    rows = [json.loads(line) for line in (run_dir / "metrics" / "trainer.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert children_left(run_dir) == []
+
+
+def test_up_stops_cleanly_on_ctrl_c(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_up(run_dir, "rollout.total_rollout_steps=100000")
+    wait_for_file_text(run_dir / "metrics" / "trainer.jsonl", '"step": 1', UP_LIMIT_S, proc)
+    proc.send_signal(signal.SIGINT)
+    rc, out, err = finish(proc, 120)
+    assert rc == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    assert "stopping: interrupted" in out
+    assert json.loads((run_dir / "summary.json").read_text())["stopped_because"] == "interrupted"
+    assert children_left(run_dir) == []
+
+
+def test_up_stops_with_the_log_tail_when_a_child_dies(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_up(run_dir, "rollout.total_rollout_steps=100000")
+    wait_for_file_text(run_dir / "metrics" / "trainer.jsonl", '"step": 1', UP_LIMIT_S, proc)
+    doc = yaml.safe_load((run_dir / "config.yaml").read_text())
+    port = doc["engines"]["urls"][0].rsplit(":", 1)[1]
+    engines = processes_mentioning(f"--port {port}")
+    assert len(engines) == 1, engines
+    os.kill(int(engines[0].split(":")[0]), signal.SIGKILL)
+    rc, out, err = finish(proc, 120)
+    assert rc == 1, f"{out[-3000:]}\n{err[-3000:]}"
+    assert "engine-0 exited with code -9" in err and "last log lines" in err
+    last_line = (run_dir / "logs" / "engine-0.log").read_text().strip().splitlines()[-1]
+    assert last_line in err, "the tail of the dead child's log is shown"
+    assert children_left(run_dir) == []
