@@ -33,7 +33,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncrl.config import load_config  # noqa: E402
-from asyncrl.launch import ChildProcess, free_port, http_ok  # noqa: E402
 from asyncrl.up.report import read_jsonl  # noqa: E402
 from asyncrl.up.stack import Stack  # noqa: E402
 
@@ -68,11 +67,18 @@ def ideal_speedups(a) -> dict[str, float]:
     return {"a": 1.0, "b": step_a / step_b, "c": step_a / step_async, "d": step_a / step_async}
 
 
-async def run_mode(mode: str, a, engine_urls: list[str], root: Path) -> dict:
+def timing_args(a) -> list[str]:
+    """Each mode starts its own engines (fresh weight versions) in timing mode."""
+    return ["--timing-mode", "--timing-decode-ms", str(a.decode_ms), "--timing-length-median", str(a.length_median),
+            "--timing-length-sigma", str(a.length_sigma), "--timing-length-max", str(a.length_max)]
+
+
+async def run_mode(mode: str, a, root: Path) -> dict:
     run_dir = root / f"mode-{mode}"
     cfg = load_config(overrides=[
         f"run.dir={run_dir}", f"run.id=bench-{mode}", "model.path=builtin:tiny", "model.max_model_len=4096",
-        f"engines.urls={engine_urls!r}".replace("'", '"'), f"rollout.n={a.n}", f"actor.ppo_mini_batch_size={a.mini}",
+        f"engines.num_local={a.engines}", f"engines.max_batch_size={a.concurrency}", f"engines.local_args={timing_args(a)!r}".replace("'", '"'),
+        "rollout.port=0", "sync.port=0", "trainer.metrics_port=0", f"rollout.n={a.n}", f"actor.ppo_mini_batch_size={a.mini}",
         f"rollout.total_rollout_steps={a.samples}", "rollout.tools=[]", f"rollout.sampling.max_new_tokens={a.length_max}",
         f"rollout.response_length={a.length_max}", f"rollout.max_concurrent={a.concurrency}", "trainer.nproc_per_node=1",
         f"trainer.step_time_floor_s={a.train_step_s}", "trainer.checkpoint.save_freq=0", "trainer.checkpoint.export_hf=false",
@@ -126,24 +132,7 @@ async def run_mode(mode: str, a, engine_urls: list[str], root: Path) -> dict:
 async def main_async(a) -> None:
     root = Path(a.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    engines = []
-    urls = []
-    try:
-        for i in range(a.engines):
-            port = free_port()
-            proc = ChildProcess(f"engine-{i}", [sys.executable, "-m", "asyncrl", "engine", "--model", "builtin:tiny", "--port", str(port),
-                                                "--max-batch-size", str(a.concurrency), "--seed", str(i), "--timing-mode",
-                                                "--timing-decode-ms", str(a.decode_ms), "--timing-length-median", str(a.length_median),
-                                                "--timing-length-sigma", str(a.length_sigma), "--timing-length-max", str(a.length_max)],
-                                root / f"engine-{i}.log").start()
-            engines.append(proc)
-            urls.append(f"http://127.0.0.1:{port}")
-        for proc, url in zip(engines, urls):
-            proc.wait_ready(lambda u=url: http_ok(f"{u}/health"), 120)
-        results = [await run_mode(m, a, urls, root) for m in a.modes.split(",")]
-    finally:
-        for proc in engines:
-            proc.stop()
+    results = [await run_mode(m, a, root) for m in a.modes.split(",")]
     ideal = ideal_speedups(a)
     base = next((r["samples_per_s"] for r in results if r["mode"] == "a"), None)
     print(f"command: python bench/modes.py {' '.join(sys.argv[1:])}")

@@ -5,7 +5,7 @@ and ``/metrics``).
                            group_name?, new?}, buckets: [{names, dtypes, shapes}], flattened?,
                            reload?: {path, version}}
                           → 202 {id, state, world_size, join_group}
-                          409 {"error": {"code": "stale" | "regroup", ...}}; 503 without engines
+                          409 {"error": {"code": "stale" | "regroup", ...}}; 503 without engines or while recovering an unfinished sync
     GET  /v1/syncs/{id}   → the sync: state (queued, pausing, awaiting_broadcast, loading,
                             resuming, succeeded, failed), phase_seconds, bytes, gb_per_s, engines, error
     GET  /v1/syncs        → the last syncs

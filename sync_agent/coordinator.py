@@ -77,6 +77,8 @@ class SyncCoordinator:
         self.running: SyncRecord | None = None
         self.reload_hint: dict[str, Any] | None = None
         self.last_views: list[dict[str, Any]] = []
+        self.unfinished: SyncRecord | None = next((r for r in reversed(self.records) if not r.done), None)
+        """A sync the previous agent process left unfinished; new syncs wait until it is recovered."""
         at = cfg.async_training
         self.pause_mode = "partial" if at.partial_rollout and at.staleness_threshold > 0 else "drain"
         self.gpus = cfg.engines.gpus_per_engine
@@ -112,6 +114,9 @@ class SyncCoordinator:
     # -- accepting ------------------------------------------------------------------------
     async def submit(self, body: dict[str, Any]) -> tuple[SyncRecord, int]:
         version = int(body["version"])
+        if self.unfinished is not None:
+            raise SyncConflict(503, "recovering", f"still recovering sync {self.unfinished.id}, which the previous agent left "
+                                                  "unfinished (waiting for the rollout service and the engines)")
         if version < self.version:
             raise SyncConflict(409, "stale", f"version {version} is older than the engines' version {self.version}")
         if version < self.accepted_version and self.running is not None:

@@ -11,10 +11,12 @@
 - a routable engine that serves another version than the current one (e.g. it restarted
   with its initial weights) is quarantined until it catches up.
 
-``recover`` runs once at start when the state file shows a sync that never finished: if
+``recover`` runs at start (and every round until it succeeds) when the state file shows a
+sync that never finished; until then new syncs get 503 ``recovering``. If
 every live member reports the target version with consistent weights the sync is finished
 (continue, resume at the new version), otherwise it is rolled back (mixed engines
-quarantined, resume at the old version). Either way the group is dropped: engines' group
+quarantined, resume at the old version). An agent that died while loading leaves engines
+that may be mixed without knowing it: every member not at the new version counts as mixed. Either way the group is dropped: engines' group
 state after a crash is unknown, and the trainer is told to form a new one (409 regroup).
 """
 
@@ -43,6 +45,9 @@ def reload_source(co: SyncCoordinator) -> tuple[str, int] | None:
 async def reconcile_once(co: SyncCoordinator) -> None:
     if co.running is not None:
         return  # a sync owns the engines right now
+    if co.unfinished is not None:  # recovery at start could not finish (e.g. the rollout service was unreachable)
+        await recover(co)
+        return
     try:
         views = await co.engine_views()
     except RolloutAdminError as exc:
@@ -92,7 +97,7 @@ async def reconcile_loop(co: SyncCoordinator, stop: asyncio.Event) -> None:
 
 async def recover(co: SyncCoordinator) -> str | None:
     """Finish or roll back a sync the previous agent process did not complete."""
-    rec = next((r for r in reversed(co.records) if not r.done), None)
+    rec = co.unfinished
     if rec is None:
         return None
     try:
@@ -102,9 +107,14 @@ async def recover(co: SyncCoordinator) -> str | None:
         return None
     members = [views[eid] for eid in rec.group.get("members", {}) if eid in views and views[eid]["alive"]]
     complete = bool(members) and all(m["version"] == rec.version and m["consistent"] is not False for m in members)
+    # Died while loading: an engine that did not get the last bucket (which carries the new
+    # version) may hold some new parameters and some old ones, and no failed call told it so
+    # (SGLang cannot say either). Treat it as mixed: quarantine and reload.
+    maybe_mixed = rec.state == "loading"
     for m in members:
         client = co.client(m["id"], m["url"])
-        if m["consistent"] is False or (m["version"] not in (rec.version, rec.previous_version)):
+        if (m["consistent"] is False or m["version"] not in (rec.version, rec.previous_version)
+                or (maybe_mixed and not complete and m["version"] != rec.version)):
             co.needs_reload.add(m["id"])
             try:
                 await co.rollout.quarantine(m["id"], f"{AGENT_REASON} agent restarted during the update to version {rec.version}")
@@ -127,6 +137,7 @@ async def recover(co: SyncCoordinator) -> str | None:
         rec.engines = {m["id"]: ("loaded" if m["version"] == rec.version else "unchanged") for m in members}
     await co._resume_rollout(rec)
     rec.enter("succeeded" if complete else "failed")
+    co.unfinished = None
     co.persist()
     log.warning("recovered sync %s after a restart: %s", rec.id, rec.state)
     return rec.state

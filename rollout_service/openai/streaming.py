@@ -20,7 +20,13 @@ from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.loop import AgentDeps, append_model_tokens, sampling_params, turn_budget
 from rollout_service.agent.state import AgentState
 from rollout_service.openai.responses import chat_logprobs, chunk, new_id, sse, usage
-from rollout_service.openai.turns import TurnOutcome, TurnSpec, describe_turn, turn_deps
+from rollout_service.openai.turns import (
+    TurnOutcome,
+    TurnSpec,
+    append_forced_prefix,
+    describe_turn,
+    turn_deps,
+)
 
 TOOL_MARK = "<tool_call>"
 
@@ -54,13 +60,7 @@ async def stream_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, s
     if not text_mode:
         yield sse(chunk(cid, model, {"role": "assistant", "content": ""}))
     prompt_tokens = len(state.token_ids)
-    forced = spec.forced_prefix()
-    if forced:
-        ids = chat.encode_text(forced)
-        state.token_ids.extend(ids)
-        state.loss_mask.extend([0] * len(ids))
-        state.logprobs.extend([0.0] * len(ids))
-        state.versions.extend([-1] * len(ids))
+    append_forced_prefix(state, chat, spec)
     deps, _rec = turn_deps(base, chat, spec, budget)
     tools_enabled = spec.tool_choice != "none"
     sent = 0

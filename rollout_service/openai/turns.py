@@ -81,9 +81,9 @@ def turn_deps(base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, response_bud
                                response_length=response_budget), rec
 
 
-async def run_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, response_budget: int) -> TurnOutcome:
-    """Generate one assistant turn onto ``state`` and describe it in OpenAI terms."""
-    prompt_tokens = len(state.token_ids)
+def append_forced_prefix(state: AgentState, chat: ChatTokenizer, spec: TurnSpec) -> None:
+    """Append the text ``tool_choice`` forces (e.g. ``<tool_call>``) as prompt-side tokens:
+    loss mask 0, logprob 0, version -1 (the engine did not choose them)."""
     forced = spec.forced_prefix()
     if forced:
         ids = chat.encode_text(forced)
@@ -91,6 +91,12 @@ async def run_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, spec
         state.loss_mask.extend([0] * len(ids))
         state.logprobs.extend([0.0] * len(ids))
         state.versions.extend([-1] * len(ids))
+
+
+async def run_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, response_budget: int) -> TurnOutcome:
+    """Generate one assistant turn onto ``state`` and describe it in OpenAI terms."""
+    prompt_tokens = len(state.token_ids)
+    append_forced_prefix(state, chat, spec)
     deps, rec = turn_deps(base, chat, spec, response_budget)
     extra = {"top_logprobs_num": spec.top_logprobs} if spec.top_logprobs else None
     ended, last = await generate_turn_tokens(state, deps, extra)
