@@ -1,8 +1,11 @@
 """verl's four modes on the real services, timed: samples/s, idle ratios, pause window, and
 the speed-up of (b), (c), (d) over (a) next to the ideal speed-up for the workload.
 
-    python bench/modes.py [--decode-ms 10] [--length-median 60] [--length-sigma 1.0] \
-        [--length-max 400] [--train-step-s 2.0] [--samples 24] [--n 4] [--mini 4] [--modes a,b,c,d]
+    python bench/modes.py [--decode-ms 10] [--length-median 60] [--length-sigma 1.0] [--length-max 400] \
+        [--train-step-s 2.0] [--samples 64] [--n 4] [--mini 4] [--trigger 4] [--concurrency 64] [--modes a,b,c,d]
+
+The modes are configured as in the seeds' 128-GPU table, cumulatively: (a) trigger 1,
+staleness 0; (b) trigger ``--trigger``; (c) (b) + staleness 0.5; (d) (c) + partial rollout.
 
 Engines run in local_engine's timing mode (a decode step sleeps ``--decode-ms``; response
 lengths are log-normal: a long tail), the trainer's steps are padded to ``--train-step-s``
@@ -17,6 +20,8 @@ step, T = train step):
   (a) step = E[max_B]·d + T  (rollout then train, every step)
   (b) with k = trigger steps: per step = (max(E[max_kB]·d, E[max_B]·d + (k−1)T) + T) / k
   (c), (d) throughput bound: per step = max(T, B·E[len]·d / C)
+These ignore that a step needs whole groups (a group ends with its slowest of n) and that
+the staleness quota caps what is in flight, so (c) and (d) are upper bounds.
 """
 
 from __future__ import annotations
@@ -36,14 +41,17 @@ from asyncrl.config import load_config  # noqa: E402
 from asyncrl.up.report import read_jsonl  # noqa: E402
 from asyncrl.up.stack import Stack  # noqa: E402
 
-MODES = {
-    "a": ("on-policy pipeline", ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0"]),
-    "b": ("stream off-policy pipeline", ["async_training.trigger_parameter_sync_step=2", "async_training.staleness_threshold=0"]),
-    "c": ("async stream, stale samples", ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
-                                         "async_training.partial_rollout=false"]),
-    "d": ("async stream, partial rollout", ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0.5",
-                                           "async_training.partial_rollout=true"]),
-}
+
+def modes(trigger: int) -> dict[str, tuple[str, list[str]]]:
+    """verl's modes as the seeds' 128-GPU table runs them: each adds to the previous one
+    ((b) = trigger > 1; (c) = (b) + staleness 0.5; (d) = (c) + partial rollout)."""
+    t = f"async_training.trigger_parameter_sync_step={trigger}"
+    return {
+        "a": ("on-policy pipeline", ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0"]),
+        "b": ("stream off-policy pipeline", [t, "async_training.staleness_threshold=0"]),
+        "c": ("async stream, stale samples", [t, "async_training.staleness_threshold=0.5", "async_training.partial_rollout=false"]),
+        "d": ("async stream, partial rollout", [t, "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true"]),
+    }
 
 
 def expected_max(m: int, median: float, sigma: float, cap: int, draws: int = 4000) -> float:
@@ -60,7 +68,7 @@ def ideal_speedups(a) -> dict[str, float]:
     mean_len = statistics.fmean(min(a.length_max, math.exp(math.log(a.length_median) + a.length_sigma * random.Random(i).gauss(0, 1)))
                                 for i in range(20000))
     step_a = expected_max(b, a.length_median, a.length_sigma, a.length_max) * d + t
-    k = 2
+    k = a.trigger
     step_b = (max(expected_max(k * b, a.length_median, a.length_sigma, a.length_max) * d,
                   expected_max(b, a.length_median, a.length_sigma, a.length_max) * d + (k - 1) * t) + t) / k
     step_async = max(t, b * mean_len * d / a.concurrency)
@@ -82,7 +90,7 @@ async def run_mode(mode: str, a, root: Path) -> dict:
         f"rollout.total_rollout_steps={a.samples}", "rollout.tools=[]", f"rollout.sampling.max_new_tokens={a.length_max}",
         f"rollout.response_length={a.length_max}", f"rollout.max_concurrent={a.concurrency}", "trainer.nproc_per_node=1",
         f"trainer.step_time_floor_s={a.train_step_s}", "trainer.checkpoint.save_freq=0", "trainer.checkpoint.export_hf=false",
-        "actor.ppo_micro_batch_size_per_gpu=8", "sync.pause_timeout_s=300", *MODES[mode][1],
+        "actor.ppo_micro_batch_size_per_gpu=8", "sync.pause_timeout_s=300", *modes(a.trigger)[mode][1],
     ], environ={})
     stack = Stack(cfg, run_dir)
     t0 = time.monotonic()
@@ -116,7 +124,7 @@ async def run_mode(mode: str, a, root: Path) -> dict:
     steps = len(rows)
     window = (times[-1] - times[0]) if len(times) > 1 else float("nan")
     samples_per_step = a.mini
-    idle_r = [m["rollouter/idle_ratio"] for m in rollout if m.get("rollouter/idle_ratio") == m.get("rollouter/idle_ratio")]
+    idle_r = [v for m in rollout if isinstance(v := m.get("rollouter/idle_ratio"), (int, float)) and v == v]
     done = [s for s in syncs if s["state"] == "succeeded"]
     return {
         "mode": mode, "steps": steps,
@@ -132,16 +140,20 @@ async def run_mode(mode: str, a, root: Path) -> dict:
 async def main_async(a) -> None:
     root = Path(a.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    results = [await run_mode(m, a, root) for m in a.modes.split(",")]
+    results = []
+    for m in a.modes.split(","):
+        results.append(await run_mode(m, a, root))
+        print(f"mode {m} done: {results[-1]}", flush=True)
     ideal = ideal_speedups(a)
     base = next((r["samples_per_s"] for r in results if r["mode"] == "a"), None)
     print(f"command: python bench/modes.py {' '.join(sys.argv[1:])}")
     print(f"workload: decode {a.decode_ms} ms/step, lengths log-normal(median {a.length_median}, sigma {a.length_sigma}, max {a.length_max}), "
-          f"train step {a.train_step_s} s, B = {a.n}x{a.mini} trajectories/step, concurrency {a.concurrency}")
+          f"train step {a.train_step_s} s, B = {a.n}x{a.mini} trajectories/step, concurrency {a.concurrency}, "
+          f"modes b-d: trigger_parameter_sync_step {a.trigger}")
     print(f"{'mode':<34} {'samples/s':>10} {'trainer idle':>13} {'rollouter idle':>15} {'sync window s':>14} {'speed-up':>9} {'ideal':>7}")
     for r in results:
         speed = r["samples_per_s"] / base if base else float("nan")
-        label = f"({r['mode']}) {MODES[r['mode']][0]}"
+        label = f"({r['mode']}) {modes(a.trigger)[r['mode']][0]}"
         print(f"{label:<34} {r['samples_per_s']:>10.3f} {r['trainer_idle']:>13.2f} {r['rollouter_idle']:>15.2f} "
               f"{r['sync_window_s']:>14.2f} {speed:>9.2f} {ideal[r['mode']]:>7.2f}")
 
@@ -153,10 +165,11 @@ def main() -> None:
     ap.add_argument("--length-sigma", type=float, default=1.0)
     ap.add_argument("--length-max", type=int, default=400)
     ap.add_argument("--train-step-s", type=float, default=2.0)
-    ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--trigger", type=int, default=4, help="trigger_parameter_sync_step of modes b, c, d")
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--mini", type=int, default=4)
-    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--engines", type=int, default=1)
     ap.add_argument("--modes", default="a,b,c,d")
     ap.add_argument("--limit-s", type=float, default=600.0)

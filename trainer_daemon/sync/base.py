@@ -69,6 +69,7 @@ class SyncController:
         self._future: concurrent.futures.Future | None = None
         self._target = version
         self._started = 0.0
+        self._finished: float | None = None
 
     @property
     def in_flight(self) -> bool:
@@ -81,7 +82,9 @@ class SyncController:
             raise RuntimeError("a weight sync is already in flight")
         self._target = self.version + 1 if version is None else version
         self._started = time.perf_counter()
+        self._finished = None
         self._future = self.io.submit(self.publisher.publish(self._target, weights))
+        self._future.add_done_callback(lambda _f: setattr(self, "_finished", time.perf_counter()))
         return self._target
 
     def poll(self) -> bool:
@@ -90,7 +93,7 @@ class SyncController:
         if fut is None or not fut.done():
             return False
         self._future = None
-        elapsed = time.perf_counter() - self._started
+        elapsed = (self._finished or time.perf_counter()) - self._started  # when it finished, not when we looked
         try:
             metrics = fut.result()
         except Exception as exc:  # noqa: BLE001 - any failure is a failed sync, never a crash
