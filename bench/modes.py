@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import math
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -83,6 +84,7 @@ def timing_args(a) -> list[str]:
 
 async def run_mode(mode: str, a, root: Path) -> dict:
     run_dir = root / f"mode-{mode}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would be resumed (checkpoints, stream)
     cfg = load_config(overrides=[
         f"run.dir={run_dir}", f"run.id=bench-{mode}", "model.path=builtin:tiny", "model.max_model_len=4096",
         f"engines.num_local={a.engines}", f"engines.max_batch_size={a.concurrency}", f"engines.local_args={timing_args(a)!r}".replace("'", '"'),
