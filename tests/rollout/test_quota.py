@@ -21,6 +21,7 @@ def test_samples_started_per_version_never_exceed_the_bound(ops, max_required, m
     version = 0
     for op in ops:
         if op == "start" and q.can_start(queued):
+            assert queued < max_queue, "admitted a sample with the queue full"
             q.on_start()
             in_flight += 1
         elif op == "finish" and in_flight:
@@ -35,8 +36,9 @@ def test_samples_started_per_version_never_exceed_the_bound(ops, max_required, m
         # verl's rollout_num: new samples this version <= max_required - stale carried over
         assert q.started_this_version <= max(0, max_required - q.carried_over_at_reset)
         assert q.staleness_samples == q.carried_over_at_reset + q.started_this_version
-        # the queue bound holds whenever a start was admitted
-        assert queued <= max_queue + in_flight
+        # a full queue blocks admission (samples already in flight may still finish into it)
+        if queued >= max_queue:
+            assert not q.can_start(queued)
 
 
 def test_verl_example_numbers():
