@@ -8,15 +8,7 @@ agent must learn to choose the exact tool over the approximate one: an answer co
 
 from __future__ import annotations
 
-from typing import Any
-
-from tools.base import Tool, ToolResult
-from tools.calculator import (
-    MAX_EXPRESSION_CHARS,
-    CalculatorError,
-    evaluate_expression,
-    format_number,
-)
+from tools.calculator import MAX_EXPRESSION_CHARS, Calculator, evaluate_expression
 
 ROUND_TO = 10
 
@@ -28,7 +20,9 @@ def estimate_value(expression: str) -> int:
     return sign * int((abs(value) + ROUND_TO / 2) // ROUND_TO) * ROUND_TO
 
 
-class Estimate(Tool):
+class Estimate(Calculator):
+    """Same parsing, limits and error messages as the calculator; only the value differs."""
+
     name = "estimate"
     description = "Quickly estimate an arithmetic expression, rounded to the nearest ten. Cheap but not exact."
     parameters = {
@@ -38,11 +32,4 @@ class Estimate(Tool):
         "required": ["expression"],
         "additionalProperties": False,
     }
-
-    async def call(self, arguments: dict[str, Any], *, timeout_s: float) -> ToolResult:
-        expression = arguments.get("expression")
-        try:
-            value = estimate_value(expression)  # type: ignore[arg-type]
-        except CalculatorError as exc:
-            return ToolResult.error(f"Error: {exc}", expression=str(expression)[:200])
-        return ToolResult.ok(format_number(value), expression=expression)
+    evaluate = staticmethod(estimate_value)

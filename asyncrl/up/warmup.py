@@ -11,7 +11,6 @@ recipe; imported lazily by ``asyncrl up`` / ``asyncrl warmup`` only.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -69,16 +68,10 @@ def examples(chat, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
 
 def ensure_warm_model(progress=print) -> Path:
     """The warmed-up model directory (built and cached on first use)."""
+    from asyncrl.models.cache import build_once
     from asyncrl.models.smollm2 import cache_dir
 
-    out = cache_dir() / "models" / f"tiny-arith-{_recipe_key()}"
-    if (out / "COMPLETE").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / ".tiny-arith.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / "COMPLETE").is_file():
-            return out
+    def build(out: Path) -> None:
         import torch
 
         from asyncrl.models import load_model, load_tokenizer
@@ -94,4 +87,5 @@ def ensure_warm_model(progress=print) -> Path:
         losses = sft(model, examples(chat, EXAMPLES, seed=1), SftConfig(steps=STEPS, batch_size=BATCH, lr=LR, log_every=100), tok.pad_token_id)
         save_hf(model, tok, out)
         progress(f"warm-up done (final loss {sum(losses[-20:]) / 20:.3f}): {out}")
-    return out
+
+    return build_once(cache_dir() / "models" / f"tiny-arith-{_recipe_key()}", build)

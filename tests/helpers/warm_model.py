@@ -8,7 +8,6 @@ twice.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import asyncrl.models.builtin as builtin
 import rollout_service.agent.chat as chat_mod
 import rollout_service.data.demo_sft as demo_sft
 import trainer_daemon.sft as sft_mod
+from asyncrl.models.cache import build_once
 from asyncrl.models.smollm2 import cache_dir
 
 SFT_STEPS = 120  # enough for the format (tool call, boxed answer); copying digits needs far more
@@ -32,14 +32,7 @@ def _key() -> str:
 
 
 def warm_tiny_model() -> Path:
-    out = cache_dir() / "test-models" / f"tiny-arith-{_key()}"
-    if (out / "COMPLETE").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / "COMPLETE").is_file():
-            return out
+    def build(out: Path) -> None:
         import torch
 
         from asyncrl.models import load_model, load_tokenizer
@@ -53,4 +46,5 @@ def warm_tiny_model() -> Path:
         examples = demo_sft.demo_sft_examples(chat, 1000, seed=1)
         sft_mod.sft(model, examples, sft_mod.SftConfig(steps=SFT_STEPS, batch_size=16, lr=3e-3, log_every=0), tok.pad_token_id)
         sft_mod.save_hf(model, tok, out)
-    return out
+
+    return build_once(cache_dir() / "test-models" / f"tiny-arith-{_key()}", build)
