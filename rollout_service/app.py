@@ -38,7 +38,7 @@ def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        runner = svc.runner
+        runner = svc.runner.snapshot()
         routable = len(svc.pool.routable())
         body = {"status": "ok" if routable else "degraded", "version": runner.version, "paused": runner.paused,
                 "routable_engines": routable}

@@ -11,7 +11,8 @@ Names follow verl where verl has one, with ``/`` → ``_`` and an ``asyncrl_`` p
 | ``asyncrl_rollouter_partial_trajectories_total`` | trajectories whose tokens span > 1 version |
 
 plus throughput, tokens, tool calls, turns, queue and outbox gauges. Each app has its own
-``CollectorRegistry`` (no global state).
+``CollectorRegistry`` (no global state). The runner's numbers come from one
+:meth:`Runner.snapshot` per scrape.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class RolloutCollector:
         self.svc = svc
 
     def collect(self):
-        r = self.svc.runner
+        r = self.svc.runner.snapshot()
         c = r.counters
 
         def gauge(name, doc, value, labels=None):
@@ -41,19 +42,19 @@ class RolloutCollector:
         yield gauge("asyncrl_rollout_weight_version", "Current weight version of the rollout service", r.version)
         yield gauge("asyncrl_rollout_paused", "1 while paused for a weight sync", int(r.paused))
         yield gauge("asyncrl_rollouter_idle_ratio", "verl rollouter/idle_ratio of the last completed version",
-                    r.clock.last_idle_ratio if r.clock.last_idle_ratio is not None else 0.0)
+                    r.idle_ratio if r.idle_ratio is not None else 0.0)
         yield gauge("asyncrl_rollouter_staleness_samples", "verl count/staleness_samples", r.quota.staleness_samples)
         yield gauge("asyncrl_rollouter_max_required_samples", "verl static/max_required_samples", r.quota.max_required_samples)
-        yield gauge("asyncrl_rollout_active_trajectories", "Trajectories in flight", r.active_trajectories)
-        yield gauge("asyncrl_rollout_generating", "Generate calls in flight", r._generating)
+        yield gauge("asyncrl_rollout_active_trajectories", "Trajectories in flight", r.active)
+        yield gauge("asyncrl_rollout_generating", "Generate calls in flight", r.generating)
         yield gauge("asyncrl_rollout_queued_samples", "Finished samples not yet consumed by the trainer", r.queued_samples)
-        yield gauge("asyncrl_rollout_outbox_trajectories", "Trajectories waiting in the outbox", len(r.outbox))
+        yield gauge("asyncrl_rollout_outbox_trajectories", "Trajectories waiting in the outbox", r.outbox)
         yield counter("asyncrl_rollout_samples_started", "Samples (prompts) admitted", c.samples_started)
         yield counter("asyncrl_rollout_trajectories_finished", "Trajectories finished", c.trajectories_finished)
         yield counter("asyncrl_rollouter_partial_trajectories", "Finished trajectories spanning >1 weight version", c.partial_trajectories)
         yield counter("asyncrl_rollout_tokens_decoded", "Tokens the engines decoded for this service", r.tokens.decoded)
         yield counter("asyncrl_rollout_tokens_kept", "Decoded tokens kept in trajectories", r.tokens.kept)
-        pub = r.publisher.stats
+        pub = r.publisher
         yield counter("asyncrl_rollout_published", "Trajectories stored by JetStream", pub.published)
         yield counter("asyncrl_rollout_publish_duplicates", "Republishes JetStream deduplicated", pub.duplicates)
         yield counter("asyncrl_rollout_publish_retries", "Failed publish attempts (retried)", pub.retries)

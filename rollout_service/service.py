@@ -24,10 +24,10 @@ from asyncrl.jetstream import connect, ensure_kv, ensure_stream, resolve_nats_ur
 from asyncrl.models import load_tokenizer
 from asyncrl.wire import NatsNames
 from rollout_service.agent.chat import ChatTokenizer
-from rollout_service.agent.loop import AgentDeps
+from rollout_service.agent.deps import AgentDeps
+from rollout_service.agent.external_tools import ExternalBroker
 from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.engines import EnginePool
-from rollout_service.openai.external import ExternalBroker
 from rollout_service.openai.handlers import ChatCache
 from rollout_service.openai.sessions import SessionManager
 from rollout_service.prompts import build_prompt_stream, validation_records
@@ -92,7 +92,8 @@ class RolloutService:
         self.runner: Runner | None = None
         self.pool = EnginePool(api_key=cfg.engines.api_key.get_secret_value() if cfg.engines.api_key else None,
                                admin_api_key=cfg.engines.admin_api_key.get_secret_value() if cfg.engines.admin_api_key else None,
-                               request_timeout_s=cfg.engines.request_timeout_s, control_timeout_s=cfg.engines.control_timeout_s)
+                               request_timeout_s=cfg.engines.request_timeout_s, control_timeout_s=cfg.engines.control_timeout_s,
+                               paused=lambda: self.runner is not None and self.runner.paused)
         self._stop = asyncio.Event()
         self._loops: list[asyncio.Task] = []
         self.math_reward: MathReward | None = None
@@ -143,15 +144,18 @@ class RolloutService:
         )
         self.val_records = await asyncio.to_thread(validation_records, cfg)
         if self.val_records:
-            self.runner.validator = self.validate
+            self.runner.validation.validator = self._validation_rollouts
 
     async def validate(self, version: int | None = None) -> dict:
-        """Greedy rollouts over the validation set; the result is also published as metrics."""
+        """Validate now (at the current version unless given); the result is kept for
+        ``/admin/status`` and published as metrics."""
+        return await self.runner.validation.run(self.runner.version if version is None else version)
+
+    async def _validation_rollouts(self, version: int) -> dict:
+        """Greedy rollouts over the validation set, published as metrics."""
         runner = self.runner
-        v = runner.version if version is None else version
         val_deps = dataclasses.replace(runner.deps, sampling=self.cfg.rollout.val_sampling)
-        result = await run_validation(self.val_records, val_deps, self.cfg.run.id, v, runner.max_concurrent)
-        runner.last_validation = result
+        result = await run_validation(self.val_records, val_deps, self.cfg.run.id, version, runner.max_concurrent)
         await self._publish_metrics(result)
         return result
 
@@ -165,7 +169,8 @@ class RolloutService:
         from rollout_service.api.status import verl_metrics
 
         while not self._stop.is_set():
-            await self._publish_metrics({"kind": "rollout", "version": self.runner.version, "metrics": verl_metrics(self)})
+            snap = self.runner.snapshot()
+            await self._publish_metrics({"kind": "rollout", "version": snap.version, "metrics": verl_metrics(snap)})
             try:
                 await asyncio.wait_for(self._stop.wait(), METRICS_INTERVAL_S)
             except TimeoutError:
@@ -174,16 +179,12 @@ class RolloutService:
     def _deps(self, runner: Runner) -> AgentDeps:
         cfg = self.cfg
 
-        class _Routed:
-            async def generate(_self, state, input_ids, sampling_params, rid, extra=None):
-                return await runner.generate(state, input_ids, sampling_params, rid, self.pool, extra)
-
         async def reward(state) -> tuple[float, dict]:
             res = await self.rewards.score(state.data_source, model_text(state, self.chat), state.ground_truth, state.extra_info)
             return res.score, dict(res.details)
 
         return AgentDeps(
-            chat=self.chat, generator=_Routed(), tools=self.tools, gate=runner.gate,
+            chat=self.chat, generator=runner.calls.routed(self.pool), tools=self.tools, gate=runner.gate,
             parse=PARSERS[cfg.rollout.multi_turn.tool_parser], checkpoint=runner.agent_store.put, reward=reward,
             version_of=version_of, multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
             response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,

@@ -1,6 +1,7 @@
 """Admin routes (bearer ``security.admin_token``): pause, resume, status, engines.
 
-Every action is idempotent and answers with the service's new status as JSON.
+Every action is idempotent and answers with the service's new status as JSON. The runner
+is read through its snapshot and driven through its methods (``pause``, ``resume``).
 
     POST   /admin/pause        {"mode": "partial" | "drain" | null, "timeout_s": float | null}
     POST   /admin/resume       {"version": int}
@@ -64,25 +65,26 @@ def build_admin_router(svc) -> APIRouter:
     async def pause(body: PauseRequest | None = None):
         body = body or PauseRequest()
         mode = body.mode or default_mode()
-        runner = svc.runner
-        if runner.paused and runner.pause_mode == mode and not runner._generating and (mode == "partial" or not runner.tasks):
-            return service_status(svc)
+        now = svc.runner.snapshot()
+        if now.paused and now.pause_mode == mode and not now.generating and (mode == "partial" or not now.active):
+            return service_status(svc)  # already paused this way: nothing to wait for
         try:
-            await runner.pause(mode, body.timeout_s or svc.cfg.rollout.pause_timeout_s)
+            await svc.runner.pause(mode, body.timeout_s or svc.cfg.rollout.pause_timeout_s)
         except PauseTimeout as exc:
             raise ApiError(504, f"pause did not complete: {exc}; the service stays paused", status=service_status(svc)) from None
         return service_status(svc)
 
     @router.post("/resume")
     async def resume(body: ResumeRequest):
-        if body.version < svc.runner.version:
-            raise ApiError(409, f"version {body.version} is older than the current version {svc.runner.version}", param="version")
+        current = svc.runner.snapshot().version
+        if body.version < current:
+            raise ApiError(409, f"version {body.version} is older than the current version {current}", param="version")
         await svc.runner.resume(body.version)
         return service_status(svc)
 
     @router.post("/validate")
     async def validate():
-        if svc.runner.validator is None:
+        if not svc.runner.snapshot().validation_configured:
             raise ApiError(409, "no validation set: set data.val_files")
         return await svc.validate()
 

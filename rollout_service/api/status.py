@@ -1,5 +1,5 @@
 """The JSON status of the rollout service (``GET /admin/status``, and the answer of every
-admin action)."""
+admin action), and verl's metrics document — both read from one :class:`RunnerSnapshot`."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import dataclasses
 import time
 from typing import Any
 
-from rollout_service.agent.state import Phase
+from rollout_service.runner.snapshot import RunnerSnapshot
 
 
 def service_status(svc) -> dict[str, Any]:
-    r = svc.runner
-    parked_partial = sum(1 for s in r.agents.values() if s.phase == Phase.GENERATING and s.segment > 0)
+    r = svc.runner.snapshot()
     return {
         "run_id": svc.cfg.run.id,
         "version": r.version,
@@ -20,25 +19,25 @@ def service_status(svc) -> dict[str, Any]:
         "pause_mode": r.pause_mode,
         "uptime_s": round(time.time() - svc.started_at, 3),
         "counts": {
-            "active": r.active_trajectories,
-            "parked": r.parked_trajectories,
+            "active": r.active,
+            "parked": r.parked,
             "sessions_open": svc.sessions.open_count,
             "sessions_expired": svc.sessions.expired_total,
-            "generating": r._generating,
-            "partial": parked_partial,
+            "generating": r.generating,
+            "partial": r.partial,
             "in_flight_samples": r.in_flight_samples,
             "queued_samples": r.queued_samples,
             "queued_trajectories": r.queued_trajectories,
             "stale": r.quota.staleness_samples,
-            "outbox": len(r.outbox),
-            "outbox_rejected": r.outbox.rejected_count(),
+            "outbox": r.outbox,
+            "outbox_rejected": r.outbox_rejected,
         },
-        "quota": dataclasses.asdict(r.quota.snapshot(r.queued_samples)),
-        "admission_blocked": r.admission_blocker(),
-        "prompts": {"produced": r.stream.produced, "total": r.stream.total, "epoch": r.stream.epoch},
-        "tokens": {"decoded": r.tokens.decoded, "kept": r.tokens.kept, "wasted": r.tokens.wasted},
-        "rollouter": {"idle_ratio": r.clock.last_idle_ratio, "idle_ratio_current": round(r.clock.current_idle_ratio(), 4)},
-        "publisher": dataclasses.asdict(r.publisher.stats),
+        "quota": dataclasses.asdict(r.quota),
+        "admission_blocked": r.admission_blocked,
+        "prompts": dataclasses.asdict(r.prompts),
+        "tokens": dataclasses.asdict(r.tokens),
+        "rollouter": {"idle_ratio": r.idle_ratio, "idle_ratio_current": round(r.idle_ratio_current, 4)},
+        "publisher": dataclasses.asdict(r.publisher),
         "counters": dataclasses.asdict(r.counters),
         "tools": dataclasses.asdict(svc.tools.stats),
         "engines": svc.pool.snapshot(),
@@ -47,23 +46,22 @@ def service_status(svc) -> dict[str, Any]:
     }
 
 
-def verl_metrics(svc) -> dict[str, float]:
+def verl_metrics(r: RunnerSnapshot) -> dict[str, float]:
     """The rollout's numbers under verl's metric names (published on the metrics subject)."""
-    r = svc.runner
     return {
-        "rollouter/idle_ratio": r.clock.last_idle_ratio if r.clock.last_idle_ratio is not None else float("nan"),
-        "rollouter/idle_ratio_current": r.clock.current_idle_ratio(),
+        "rollouter/idle_ratio": r.idle_ratio if r.idle_ratio is not None else float("nan"),
+        "rollouter/idle_ratio_current": r.idle_ratio_current,
         "count/current_param_version": r.version,
         "count/total_generated_samples": r.counters.samples_started,
         "count/staleness_samples": r.quota.staleness_samples,
         "static/max_required_samples": r.quota.max_required_samples,
         "static/max_queue_size": r.quota.max_queue_size,
-        "static/max_concurrent_samples": r.max_concurrent,
-        "monitor/active_tasks_size": r.active_trajectories,
+        "static/max_concurrent_samples": r.max_concurrent_samples,
+        "monitor/active_tasks_size": r.active,
         "monitor/queue/mq_queue_size": r.queued_samples,
         "rollout/trajectories_finished": r.counters.trajectories_finished,
         "rollout/partial_trajectories": r.counters.partial_trajectories,
         "rollout/tokens_decoded": r.tokens.decoded,
         "rollout/tokens_wasted": r.tokens.wasted,
-        "rollout/outbox": len(r.outbox),
+        "rollout/outbox": r.outbox,
     }

@@ -74,14 +74,13 @@ def ephemeral_state(svc, messages: list[dict]) -> AgentState:
 async def answer_chat(svc, state: AgentState, chat: ChatTokenizer, req: ChatCompletionRequest, spec: TurnSpec,
                       on_done, extra_meta: dict[str, Any] | None = None):
     """Run the turn (streaming or not) and answer; ``on_done(outcome)`` runs after the turn."""
-    runner = svc.runner
-    deps = runner.deps
+    deps = svc.runner.deps
     model = svc.model_name
     budget = svc.cfg.model.max_model_len
     if req.stream:
         include = bool(req.stream_options and req.stream_options.include_usage)
-        gen = stream_turn(state, deps, chat, spec, budget, pool=svc.pool, tracking=runner.tracking_generation, model=model,
-                          want_logprobs=bool(req.logprobs), include_usage=include, on_done=on_done)
+        gen = stream_turn(state, deps, chat, spec, budget, model=model, want_logprobs=bool(req.logprobs),
+                          include_usage=include, on_done=on_done)
         return StreamingResponse(gen, media_type="text/event-stream")
     out: TurnOutcome = await run_turn(state, deps, chat, spec, budget)
     await on_done(out)
@@ -106,9 +105,8 @@ async def answer_completion(svc, state: AgentState, chat: ChatTokenizer, req: Co
                     top_logprobs=req.logprobs or 0, tool_choice="none")
     if req.stream:
         include = bool(req.stream_options and req.stream_options.include_usage)
-        gen = stream_turn(state, svc.runner.deps, chat, spec, svc.cfg.model.max_model_len, pool=svc.pool,
-                          tracking=svc.runner.tracking_generation, model=svc.model_name, want_logprobs=False,
-                          include_usage=include, on_done=on_done, kind="text")
+        gen = stream_turn(state, svc.runner.deps, chat, spec, svc.cfg.model.max_model_len, model=svc.model_name,
+                          want_logprobs=False, include_usage=include, on_done=on_done, kind="text")
         return StreamingResponse(gen, media_type="text/event-stream")
     out = await run_turn(state, svc.runner.deps, chat, spec, svc.cfg.model.max_model_len)
     await on_done(out)

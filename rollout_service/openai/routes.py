@@ -10,13 +10,15 @@ Sessions (episodes that become training data, see :mod:`.sessions`):
 ``/v1/completions``, ``/v1/models``: ``base_url`` works with any OpenAI client),
 ``POST /v1/sessions/{id}/reward``, ``POST /v1/sessions/{id}/finish``.
 
-External environments (see :mod:`.external`): ``GET /v1/sessions/{id}/tool_calls?wait=``
+External environments (they answer the calls parked on the broker,
+:mod:`rollout_service.agent.external_tools`): ``GET /v1/sessions/{id}/tool_calls?wait=``
 and ``POST /v1/sessions/{id}/tool_results`` (the call's token), and
 ``GET /v1/environments/{env}/tool_calls?wait=`` (data-plane token).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 
@@ -25,7 +27,7 @@ from fastapi.responses import StreamingResponse
 
 from asyncrl.http.errors import ApiError
 from rollout_service.agent.state import AgentState
-from rollout_service.api.auth import bearer, require_token
+from rollout_service.api.auth import bearer, check_token, hash_token, new_token, require_token
 from rollout_service.openai.handlers import (
     answer_chat,
     answer_completion,
@@ -42,9 +44,6 @@ from rollout_service.openai.schemas import (
 )
 from rollout_service.openai.sessions import (
     SessionRecord,
-    check_token,
-    hash_token,
-    new_token,
     normalize_message,
     prepare_turn,
     tools_key,
@@ -53,10 +52,12 @@ from rollout_service.runner.finish import to_trajectory
 
 
 async def _released_after(body, release):
-    """A streaming body that releases the session lock however the stream ends."""
+    """A streaming body that releases the session lock however the stream ends (after the
+    turn under way has been closed: the body is closed first)."""
     try:
-        async for piece in body:
-            yield piece
+        async with contextlib.aclosing(body) as pieces:
+            async for piece in pieces:
+                yield piece
     finally:
         release()
 

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
-import secrets
 import time
 from typing import Any
 
@@ -66,21 +64,6 @@ class SessionRecord(msgspec.Struct, kw_only=True):
                 "reward": a.reward if self.reward_set else None, "reward_details": a.reward_details,
                 "version_start": a.version_start, "version_end": a.version_end, "metadata": self.metadata,
                 "finished_at": self.finished_at}
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def new_token() -> str:
-    return "sess-" + secrets.token_urlsafe(24)
-
-
-def check_token(expected_hash: str, given: str | None, what: str = "session") -> None:
-    if given is None:
-        raise ApiError(401, f"{what} routes require 'Authorization: Bearer <{what} token>'", headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(hash_token(given), expected_hash):
-        raise ApiError(403, f"invalid {what} token")
 
 
 def normalize_message(m: dict[str, Any]) -> dict[str, Any]:

@@ -1,32 +1,38 @@
-"""Streaming one assistant turn as OpenAI ``chat.completion.chunk`` server-sent events.
+"""Streaming one assistant turn as OpenAI ``chat.completion.chunk`` (or ``text_completion``)
+server-sent events.
 
-Tokens are streamed from the engine (SGLang's cumulative SSE) and turned into text deltas:
-text is decoded up to the newest token and only the new suffix is sent, holding back an
-incomplete UTF-8 character or a possible start of ``<tool_call>``. Once a tool call begins,
-content deltas stop; the parsed calls are sent in one ``tool_calls`` delta at the end, then
-the finish reason, then (``stream_options.include_usage``) a usage chunk, then ``[DONE]``.
-A pause for a weight sync aborts the engine request; the stream waits for the resume and
-continues from the tokens already produced (the client just sees a gap).
+The turn is the agents' one turn loop (:func:`~rollout_service.openai.turns.run_turn` with
+an ``on_chunk`` hook), run as a task; this module only turns the engine's cumulative results
+into SSE deltas: text is decoded up to the newest token and only the new suffix is sent,
+holding back an incomplete UTF-8 character or a possible start of ``<tool_call>``. Once a
+tool call begins, content deltas stop; the parsed calls are sent in one ``tool_calls`` delta
+at the end, then the finish reason, then (``stream_options.include_usage``) a usage chunk,
+then ``[DONE]``.
+
+Because the loop is shared, a streamed turn behaves like a non-streamed one: a pause for a
+weight sync aborts the engine request and the stream continues from the tokens already
+produced after the resume (the client just sees a gap); an engine failure is retried on
+another engine, continuing after the tokens already sent. Only when the retries run out
+does the stream carry an ``error`` event (then ``finish_reason: "error"``).
+
+Limits: deltas wait in an in-memory queue while the client reads slowly; there is at most
+one per engine chunk, so at most ``max_tokens`` of them. Closing the stream (client gone)
+cancels the turn, which closes the engine request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from asyncrl.engine_client.errors import EngineError
 from asyncrl.engine_client.types import GenerateResult
 from rollout_service.agent.chat import ChatTokenizer
-from rollout_service.agent.loop import AgentDeps, append_model_tokens, sampling_params, turn_budget
+from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.state import AgentState
 from rollout_service.openai.responses import chat_logprobs, chunk, new_id, sse, usage
-from rollout_service.openai.turns import (
-    TurnOutcome,
-    TurnSpec,
-    append_forced_prefix,
-    describe_turn,
-    turn_deps,
-)
+from rollout_service.openai.turns import TurnOutcome, TurnSpec, run_turn
 
 TOOL_MARK = "<tool_call>"
 
@@ -51,67 +57,75 @@ def _text_chunk(cid: str, model: str, text: str, finish_reason: str | None = Non
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
 
 
+class _Deltas:
+    """What the client has been sent of the turn so far, and the next delta to send."""
+
+    def __init__(self, state: AgentState, chat: ChatTokenizer, cid: str, model: str, *, text_mode: bool,
+                 tools_enabled: bool, want_logprobs: bool) -> None:
+        self.state, self.chat, self.cid, self.model = state, chat, cid, model
+        self.text_mode, self.tools_enabled, self.want_logprobs = text_mode, tools_enabled, want_logprobs
+        self.sent = 0
+        """Characters of the turn's text sent."""
+        self.tokens_seen: int | None = None
+        """Length of the sequence (kept tokens + the current result) whose logprobs were sent."""
+
+    def feed(self, res: GenerateResult) -> bytes | None:
+        """The SSE event for a cumulative result (not yet appended to the state), or None."""
+        state, chat = self.state, self.chat
+        base = len(state.token_ids)
+        if self.tokens_seen is None:
+            self.tokens_seen = base
+        text = chat.decode_turn(state.token_ids[state.turn_start:] + res.output_ids)
+        visible = _safe_cut(text, self.tools_enabled)
+        seen = max(0, self.tokens_seen - base)
+        new_ids = res.output_ids[seen:]
+        lp = None
+        if self.want_logprobs and new_ids:
+            part = TurnOutcome("", None, [], "", new_ids, (res.logprobs or [])[seen:], None, None, False, 0, 0)
+            lp = chat_logprobs(chat.tok, part)
+        self.tokens_seen = base + len(res.output_ids)
+        if not (len(visible) > self.sent or (lp and not self.text_mode)):
+            return None
+        if self.text_mode:
+            event = sse(_text_chunk(self.cid, self.model, visible[self.sent:]))
+        else:
+            event = sse(chunk(self.cid, self.model, {"content": visible[self.sent:]}, logprobs=lp))
+        self.sent = max(self.sent, len(visible))
+        return event
+
+
 async def stream_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, budget: int, *,
-                      pool, tracking, model: str, want_logprobs: bool, include_usage: bool,
+                      model: str, want_logprobs: bool, include_usage: bool,
                       on_done: Callable[[TurnOutcome], Awaitable[None]], kind: str = "chat") -> AsyncIterator[bytes]:
     """SSE bytes of one turn; ``kind`` is ``chat`` (chat.completion.chunk) or ``text`` (text_completion)."""
     text_mode = kind == "text"
     cid = new_id("cmpl" if text_mode else "chatcmpl")
     if not text_mode:
         yield sse(chunk(cid, model, {"role": "assistant", "content": ""}))
-    prompt_tokens = len(state.token_ids)
-    append_forced_prefix(state, chat, spec)
-    deps, _rec = turn_deps(base, chat, spec, budget)
     tools_enabled = spec.tool_choice != "none"
-    sent = 0
-    results: list[GenerateResult] = []
-    extra = {"top_logprobs_num": spec.top_logprobs} if spec.top_logprobs else None
-    ended: bool | None = False
-    while True:
-        await deps.gate.wait_open()
-        max_new = turn_budget(state, deps)
-        if max_new <= 0:
-            break
-        rid = f"{deps.rid_prefix}{state.id}.t{state.assistant_turns}.s{state.segment}"
-        final: GenerateResult | None = None
-        seen_ids = 0
-        t0 = time.monotonic()
-        try:
-            with tracking():
-                async for res in pool.generate_stream(state, state.token_ids, sampling_params(deps, max_new), rid, extra):
-                    final = res
-                    text = chat.decode_turn(state.token_ids[state.turn_start:] + res.output_ids)
-                    visible = _safe_cut(text, tools_enabled)
-                    new_ids = res.output_ids[seen_ids:]
-                    lp = None
-                    if want_logprobs and new_ids:
-                        part = TurnOutcome("", None, [], "", new_ids, (res.logprobs or [])[seen_ids:], None, None, False, 0, 0)
-                        lp = chat_logprobs(chat.tok, part)
-                    seen_ids = len(res.output_ids)
-                    if len(visible) > sent or (lp and not text_mode):
-                        if text_mode:
-                            yield sse(_text_chunk(cid, model, visible[sent:]))
-                        else:
-                            yield sse(chunk(cid, model, {"content": visible[sent:]}, logprobs=lp))
-                        sent = max(sent, len(visible))
-        except EngineError as exc:
-            yield sse({"error": {"message": f"engine error: {exc}", "type": "server_error", "code": 502}})
-            ended = None
-            break
-        finally:
-            state.add_timing("generate", time.monotonic() - t0)
-        if final is None:
-            ended = None
-            break
-        append_model_tokens(state, final, deps)
-        results.append(final)
-        if final.aborted:
-            state.segment += 1
-            state.resumed_after_abort += 1
-            continue
-        ended = final.finish_reason.type == "stop" and bool(final.output_ids) and final.output_ids[-1] == chat.eos_token_id
-        break
-    out = describe_turn(state, chat, spec, ended, results, prompt_tokens)
+    deltas = _Deltas(state, chat, cid, model, text_mode=text_mode, tools_enabled=tools_enabled, want_logprobs=want_logprobs)
+    events: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def on_chunk(res: GenerateResult) -> None:
+        event = deltas.feed(res)
+        if event is not None:
+            events.put_nowait(event)
+
+    turn = asyncio.create_task(run_turn(state, base, chat, spec, budget, on_chunk=on_chunk), name=f"stream-{state.id}")
+    turn.add_done_callback(lambda _: events.put_nowait(None))
+    try:
+        while (event := await events.get()) is not None:
+            yield event
+        out = turn.result()
+    finally:
+        if not turn.done():
+            turn.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await turn
+    sent = deltas.sent
+    if out.finish_reason == "error":
+        detail = str(state.reward_details.get("error", "the engines failed")).removeprefix("engine: ")
+        yield sse({"error": {"message": f"engine error: {detail}", "type": "server_error", "code": 502}})
     if text_mode:
         if len(out.text) > sent:
             yield sse(_text_chunk(cid, model, out.text[sent:]))

@@ -1,11 +1,18 @@
 """One assistant turn for an OpenAI-API request, on an :class:`AgentState`.
 
-Both the stateless routes and sessions use it. The request's sampling overrides the
-service's; ``tool_choice="required"`` (or a named function) is implemented by appending the
-opening of a tool call (``<tool_call>\\n{"name": "``, plus the name when one is forced) as
-tokens with loss mask 0 — the model did not choose them, so they are never trained on — and
-letting the model continue. Pauses for weight syncs behave as for internal agents: an
-aborted generation keeps its tokens and continues after resume.
+Both the stateless routes and sessions use it, streamed or not: :func:`run_turn` runs the
+agents' one turn loop (:func:`rollout_service.agent.turn.generate_turn_tokens`), so pauses
+for weight syncs and engine failures behave as for internal agents — an aborted generation
+keeps its tokens and continues after resume, a failed one is retried on another engine up
+to ``ENGINE_RETRIES`` times. The request's sampling overrides the service's;
+``tool_choice="required"`` (or a named function) is implemented by appending the opening of
+a tool call (``<tool_call>\\n{"name": "``, plus the name when one is forced) as tokens with
+loss mask 0 — the model did not choose them, so they are never trained on — and letting the
+model continue.
+
+A turn never checkpoints into the agents bucket: its state is not an internal agent (a
+restart would run it as one). Sessions persist their state after each turn themselves
+(``SessionManager.save``); a turn cut by a restart is lost and the client asks again.
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ from typing import Any
 from asyncrl.config.sections_core import SamplingConfig
 from asyncrl.engine_client.types import GenerateResult
 from rollout_service.agent.chat import ChatTokenizer
-from rollout_service.agent.loop import AgentDeps, generate_turn_tokens
+from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.state import AgentState
 from rollout_service.agent.tool_parser import ParsedTurn, parse_hermes
+from rollout_service.agent.turn import ChunkHook, generate_turn_tokens
 
 
 @dataclass
@@ -56,29 +64,20 @@ class TurnOutcome:
     completion_tokens: int
 
 
-class _Recording:
-    """Wraps the routed generator to keep every engine result of the turn."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.results: list[GenerateResult] = []
-
-    async def generate(self, state, input_ids, sampling_params, rid, extra=None):
-        res = await self.inner.generate(state, input_ids, sampling_params, rid, extra)
-        self.results.append(res)
-        return res
+async def _no_checkpoint(state: AgentState) -> None:
+    return None
 
 
-def turn_deps(base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, response_budget: int) -> tuple[AgentDeps, _Recording]:
+def turn_deps(base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, response_budget: int) -> AgentDeps:
+    """The service's agent deps with the request's sampling, and no checkpointing."""
     sampling = SamplingConfig(temperature=spec.temperature, top_p=spec.top_p, max_new_tokens=spec.max_new_tokens)
     extra: dict[str, Any] = {}
     if spec.stop:
         extra["stop"] = spec.stop
     if spec.seed is not None:
         extra["sampling_seed"] = spec.seed
-    rec = _Recording(base.generator)
-    return dataclasses.replace(base, chat=chat, generator=rec, sampling=sampling, extra_sampling=extra,
-                               response_length=response_budget), rec
+    return dataclasses.replace(base, chat=chat, sampling=sampling, extra_sampling=extra, response_length=response_budget,
+                               checkpoint=_no_checkpoint)
 
 
 def append_forced_prefix(state: AgentState, chat: ChatTokenizer, spec: TurnSpec) -> None:
@@ -93,14 +92,17 @@ def append_forced_prefix(state: AgentState, chat: ChatTokenizer, spec: TurnSpec)
         state.versions.extend([-1] * len(ids))
 
 
-async def run_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, response_budget: int) -> TurnOutcome:
-    """Generate one assistant turn onto ``state`` and describe it in OpenAI terms."""
+async def run_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, spec: TurnSpec, response_budget: int, *,
+                   on_chunk: ChunkHook | None = None) -> TurnOutcome:
+    """Generate one assistant turn onto ``state`` and describe it in OpenAI terms.
+    ``on_chunk``: stream from the engine and see every cumulative result (see
+    :func:`~rollout_service.agent.turn.generate_turn_tokens`)."""
     prompt_tokens = len(state.token_ids)
     append_forced_prefix(state, chat, spec)
-    deps, rec = turn_deps(base, chat, spec, response_budget)
+    deps = turn_deps(base, chat, spec, response_budget)
     extra = {"top_logprobs_num": spec.top_logprobs} if spec.top_logprobs else None
-    ended, last = await generate_turn_tokens(state, deps, extra)
-    return describe_turn(state, chat, spec, ended, rec.results, prompt_tokens)
+    ended, kept = await generate_turn_tokens(state, deps, extra, on_chunk=on_chunk)
+    return describe_turn(state, chat, spec, ended, kept, prompt_tokens)
 
 
 def describe_turn(state: AgentState, chat: ChatTokenizer, spec: TurnSpec, ended: bool | None,

@@ -1,5 +1,8 @@
-"""Counters of the runner that verl reports: decoded vs kept tokens, and the rollouter's
-idle ratio per weight version.
+"""Counters of the runner: what it started and finished, decoded vs kept tokens, and the
+rollouter's idle ratio per weight version (verl's names where verl has them).
+
+``RunnerCounters``: samples started, trajectories finished (failed, partial, by finish
+reason), agents restored or dropped at start. Only grow.
 
 ``TokenAccounting``: every generate call reports how many tokens the engine decoded and how
 many the agent kept; a pause with partial rollout must waste none (``wasted == 0``).
@@ -12,7 +15,21 @@ used up, or no prompts). It is closed and reported at each version change.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+
+@dataclass
+class RunnerCounters:
+    samples_started: int = 0
+    trajectories_finished: int = 0
+    trajectories_failed: int = 0
+    partial_trajectories: int = 0
+    restored_agents: int = 0
+    dropped_already_finished: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+    def copy(self) -> RunnerCounters:
+        return replace(self, finish_reasons=dict(self.finish_reasons))
 
 
 @dataclass

@@ -17,29 +17,36 @@ Contract (pinned by tests/rollout):
   a no-op apart from reopening.
 - **Exactly once.** A finished trajectory is written to the outbox (fsynced) before its
   agent checkpoint is deleted; on restart, checkpointed agents whose trajectory is already
-  in the outbox are dropped, the others resume from their last checkpoint; trajectory ids
-  are deterministic (``<run>-s<sample index>-<i>``) so re-running a sample is deduplicated
-  by ``Nats-Msg-Id``.
+  in the outbox are dropped, the others resume from their last checkpoint (:mod:`.restore`);
+  trajectory ids are deterministic (``<run>-s<sample index>-<i>``) so re-running a sample is
+  deduplicated by ``Nats-Msg-Id``.
+- **Read model.** Outside this package the runner's state is read through
+  :meth:`Runner.snapshot` (:mod:`.snapshot`), never through its fields.
+
+Validation runs beside training, scheduled by :class:`~.validation.ValidationSchedule`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from asyncrl.config import RunConfig
-from rollout_service.agent.loop import AgentDeps, run_agent
+from rollout_service.agent.deps import AgentDeps
+from rollout_service.agent.loop import run_agent
 from rollout_service.agent.state import AgentState, Phase
-from rollout_service.runner.accounting import TokenAccounting, VersionClock
+from rollout_service.runner.accounting import RunnerCounters, TokenAccounting, VersionClock
 from rollout_service.runner.finish import to_trajectory
 from rollout_service.runner.gate import Gate
+from rollout_service.runner.inflight import InFlightCalls
 from rollout_service.runner.quota import StalenessQuota
+from rollout_service.runner.restore import restore, runner_document
+from rollout_service.runner.snapshot import PromptProgress, RunnerSnapshot, TokenCounts
+from rollout_service.runner.validation import ValidationSchedule
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +57,6 @@ PAUSE_REABORT_S = 0.25  # re-send aborts while a pause waits: catches calls that
 
 class PauseTimeout(RuntimeError):
     """The pause did not complete in time (the runner stays paused)."""
-
-
-@dataclass
-class RunnerCounters:
-    samples_started: int = 0
-    trajectories_finished: int = 0
-    trajectories_failed: int = 0
-    partial_trajectories: int = 0
-    restored_agents: int = 0
-    dropped_already_finished: int = 0
-    finish_reasons: dict[str, int] = field(default_factory=dict)
 
 
 class Runner:
@@ -87,19 +83,25 @@ class Runner:
         self.tasks: dict[str, asyncio.Task] = {}
         self.groups: dict[str, int] = {}  # group id -> members not finished yet
         self.queued_trajectories = 0
-        self._generating = 0
         self._wake = asyncio.Event()
+        self.calls = InFlightCalls(on_busy=lambda: self.clock.set_idle(False), on_idle=self._wake.set)
+        """Generate calls in flight; the service routes every call through ``calls.routed(pool)``."""
         self._stop = asyncio.Event()
         self._loops: list[asyncio.Task] = []
         self.deps = deps_factory(self)
-        self.validator: Callable[[int], Awaitable[dict]] | None = None
-        """Set by the service when a validation set exists; run every ``rollout.test_freq`` versions."""
-        self.last_validation: dict | None = None
-        self._validation_task: asyncio.Task | None = None
+        self.validation = ValidationSchedule(cfg.rollout.test_freq)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        await self._restore()
+        """Resume from the checkpoints (:mod:`.restore`), then start admitting and publishing."""
+        restored = await restore(state_store=self.state_store, agent_store=self.agent_store, outbox=self.outbox,
+                                 stream=self.stream, quota=self.quota)
+        self.groups.update(restored.groups)
+        self.counters.dropped_already_finished += restored.dropped
+        for state in restored.agents:
+            self.counters.restored_agents += 1
+            self._launch(state)
+        log.info("restored %d agents (%d already finished), version %d", len(restored.agents), restored.dropped, self.version)
         self._loops = [asyncio.create_task(self._admission_loop(), name="admission"),
                        asyncio.create_task(self.publisher.run(self._stop), name="publisher")]
 
@@ -107,10 +109,9 @@ class Runner:
         """Stop admitting and driving agents; their last checkpoints stay in the KV bucket."""
         self._stop.set()
         self._wake.set()
-        extra = [self._validation_task] if self._validation_task is not None else []
-        for task in [*self.tasks.values(), *extra]:
+        for task in self.tasks.values():
             task.cancel()
-        await asyncio.gather(*self.tasks.values(), *self._loops, *extra, return_exceptions=True)
+        await asyncio.gather(*self.tasks.values(), *self._loops, self.validation.stop(), return_exceptions=True)
         await self.agent_store.flush_dirty()
         await self._save_state()
 
@@ -134,29 +135,6 @@ class Runner:
     @property
     def queued_samples(self) -> int:
         return math.ceil((self.queued_trajectories + len(self.outbox)) / self.n)
-
-    # -- restore --------------------------------------------------------------------------
-    async def _restore(self) -> None:
-        doc = await self.state_store.load()
-        if doc:
-            self.stream.load_state_dict(doc["stream"])
-            self.quota.load_state_dict(doc["quota"])
-        restored = []
-        for state in await self.agent_store.load_all():
-            if self.outbox.contains(state.id):
-                await self.agent_store.delete(state.id)
-                self.counters.dropped_already_finished += 1
-                continue
-            restored.append(state)
-            self.groups[state.group_id] = self.groups.get(state.group_id, 0) + 1
-        for group_id in self.outbox.held_ids():
-            if group_id not in self.groups:  # every member finished before the crash
-                self.outbox.release_group(group_id)
-        for state in restored:
-            self.counters.restored_agents += 1
-            self._launch(state)
-        log.info("restored %d agents (%d already finished), version %d", self.counters.restored_agents,
-                 self.counters.dropped_already_finished, self.version)
 
     # -- admission ------------------------------------------------------------------------
     def admission_blocker(self, external: bool = False) -> str | None:
@@ -191,7 +169,7 @@ class Runner:
                 log.debug("queue probe failed: %s", exc)
             while self.admission_blocker() is None:
                 await self._admit_sample()
-            self.clock.set_idle(self._generating == 0 and not self.tasks)
+            self.clock.set_idle(self.calls.count == 0 and not self.tasks)
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), ADMISSION_POLL_S)
@@ -278,24 +256,6 @@ class Runner:
         c.finish_reasons[traj.finish_reason] = c.finish_reasons.get(traj.finish_reason, 0) + 1
         self._wake.set()
 
-    # -- generate-call accounting (wrapped around the engine pool by the service) --------
-    async def generate(self, state: AgentState, input_ids: list[int], sampling_params: dict, rid: str, engines,
-                       extra: dict | None = None) -> Any:
-        with self.tracking_generation():
-            return await engines.generate(state, input_ids, sampling_params, rid, extra)
-
-    @contextlib.contextmanager
-    def tracking_generation(self):
-        """Count a generate call in flight (a partial pause waits until none is)."""
-        self._generating += 1
-        self.clock.set_idle(False)
-        try:
-            yield
-        finally:
-            self._generating -= 1
-            if self._generating == 0:
-                self._wake.set()
-
     # -- pause / resume -------------------------------------------------------------------
     async def pause(self, mode: str, timeout_s: float) -> None:
         """See the module docstring. ``mode`` is ``partial`` or ``drain``."""
@@ -304,10 +264,10 @@ class Runner:
         deadline = time.monotonic() + timeout_s
         if mode == "partial":
             self.gate.close()
-            while self._generating > 0:
+            while self.calls.count > 0:
                 await self.abort_engines(self.rid_prefix)
                 if time.monotonic() > deadline:
-                    raise PauseTimeout(f"{self._generating} generate calls still in flight after {timeout_s:.0f} s")
+                    raise PauseTimeout(f"{self.calls.count} generate calls still in flight after {timeout_s:.0f} s")
                 await asyncio.sleep(PAUSE_REABORT_S)
         else:  # drain: in-flight agents keep generating; only admission stops (parked ones wait on their environment)
             while len(self.tasks) > self.parked_trajectories:
@@ -315,9 +275,9 @@ class Runner:
                     raise PauseTimeout(f"{len(self.tasks)} trajectories still running after {timeout_s:.0f} s")
                 await asyncio.sleep(0.05)
             self.gate.close()
-            while self._generating > 0:  # session requests already at the engine finish too
+            while self.calls.count > 0:  # session requests already at the engine finish too
                 if time.monotonic() > deadline:
-                    raise PauseTimeout(f"{self._generating} generate calls still in flight after {timeout_s:.0f} s")
+                    raise PauseTimeout(f"{self.calls.count} generate calls still in flight after {timeout_s:.0f} s")
                 await asyncio.sleep(0.05)
         self.clock.set_idle(True)
         await self.agent_store.flush_dirty()
@@ -336,24 +296,25 @@ class Runner:
         self.gate.open()
         await self._save_state()
         self._wake.set()
-        freq = self.cfg.rollout.test_freq
-        if freq > 0 and version > 0 and version % freq == 0:
-            self.start_validation(version)
-
-    def start_validation(self, version: int) -> asyncio.Task | None:
-        """Run validation in the background (one at a time); None when none is configured."""
-        if self.validator is None:
-            return None
-        if self._validation_task is not None and not self._validation_task.done():
-            return self._validation_task
-
-        async def _run() -> dict:
-            result = await self.validator(version)
-            self.last_validation = result
-            return result
-
-        self._validation_task = asyncio.create_task(_run(), name=f"validation-v{version}")
-        return self._validation_task
+        self.validation.on_version(version)
 
     async def _save_state(self) -> None:
-        await self.state_store.save({"stream": self.stream.state_dict(), "quota": self.quota.state_dict()})
+        await self.state_store.save(runner_document(self.stream, self.quota))
+
+    # -- read model -----------------------------------------------------------------------
+    def snapshot(self) -> RunnerSnapshot:
+        """The runner's state now, as a value (see :mod:`.snapshot`)."""
+        queued = self.queued_samples
+        partial = sum(1 for s in self.agents.values() if s.phase == Phase.GENERATING and s.segment > 0)
+        return RunnerSnapshot(
+            version=self.version, paused=self.paused, pause_mode=self.pause_mode,
+            admission_blocked=self.admission_blocker(), active=self.active_trajectories, parked=self.parked_trajectories,
+            generating=self.calls.count, partial=partial, in_flight_samples=self.in_flight_samples, queued_samples=queued,
+            queued_trajectories=self.queued_trajectories, max_concurrent_samples=self.max_concurrent,
+            quota=self.quota.snapshot(queued), outbox=len(self.outbox), outbox_rejected=self.outbox.rejected_count(),
+            prompts=PromptProgress(self.stream.produced, self.stream.total, self.stream.epoch),
+            tokens=TokenCounts(self.tokens.decoded, self.tokens.kept, self.tokens.wasted),
+            idle_ratio=self.clock.last_idle_ratio, idle_ratio_current=self.clock.current_idle_ratio(),
+            publisher=dataclasses.replace(self.publisher.stats), counters=self.counters.copy(),
+            validation_configured=self.validation.configured, last_validation=self.validation.last_result,
+        )

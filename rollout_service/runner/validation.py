@@ -1,4 +1,10 @@
-"""Validation rollouts: the validation set, greedy (``rollout.val_sampling``), scored.
+"""Validation rollouts: the validation set, greedy (``rollout.val_sampling``), scored — and
+when they run.
+
+:func:`run_validation` rolls the set out once. :class:`ValidationSchedule` decides when: after
+a resume at every ``rollout.test_freq``-th version (in the background, one run at a time; a
+version reached while one runs is skipped) and on demand (``POST /admin/validate``, awaited,
+may overlap a background run). It keeps the newest result for ``/admin/status``.
 
 Validation agents run beside training rollouts on the same engines (training is never
 stopped for validation); they are not published to the trajectory stream and do not count
@@ -16,10 +22,55 @@ import asyncio
 import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from rollout_service.agent.loop import AgentDeps, run_agent
+from rollout_service.agent.deps import AgentDeps
+from rollout_service.agent.loop import run_agent
 from rollout_service.agent.state import AgentState
+
+Validator = Callable[[int], Awaitable[dict]]
+
+
+class ValidationSchedule:
+    """When validation runs (see the module docstring); no validator: never."""
+
+    def __init__(self, test_freq: int) -> None:
+        self.test_freq = test_freq
+        self.validator: Validator | None = None
+        """Set by the service when a validation set exists (rollouts + publishing the metrics)."""
+        self.last_result: dict | None = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def configured(self) -> bool:
+        return self.validator is not None
+
+    def on_version(self, version: int) -> asyncio.Task | None:
+        """The runner resumed at ``version``: start a background run when it is due."""
+        if self.test_freq > 0 and version > 0 and version % self.test_freq == 0:
+            return self.start(version)
+        return None
+
+    def start(self, version: int) -> asyncio.Task | None:
+        """Run in the background (the running task if one is under way; None when not configured)."""
+        if self.validator is None:
+            return None
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(version), name=f"validation-v{version}")
+        return self._task
+
+    async def run(self, version: int) -> dict:
+        """Run now and keep the result."""
+        if self.validator is None:
+            raise RuntimeError("no validation set")
+        result = await self.validator(version)
+        self.last_result = result
+        return result
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
 
 async def _noop_checkpoint(state: AgentState) -> None:

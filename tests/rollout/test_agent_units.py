@@ -8,9 +8,9 @@ import pytest
 
 from asyncrl.engine_client.errors import EngineError
 from asyncrl.engine_client.types import GenerateResult
-from rollout_service.agent.loop import append_model_tokens
 from rollout_service.agent.state import AgentState
 from rollout_service.agent.tool_parser import parse_hermes
+from rollout_service.agent.turn import append_model_tokens
 
 
 def _deps():

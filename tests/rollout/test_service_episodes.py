@@ -132,7 +132,7 @@ async def test_validation_runs_greedy_on_the_val_set_and_publishes_metrics(tmp_p
             assert 0.0 <= body["metrics"][key] <= 1.0 and body["metrics"]["val-aux/num_tool_calls/mean"] > 0
             # every test_freq versions it runs by itself after a resume
             await admin(http, "POST", f"{url}/admin/resume", {"version": 2})
-            await wait_for(lambda: (svc.runner.last_validation or {}).get("version") == 2, 180, "validation at version 2")
+            await wait_for(lambda: (svc.runner.snapshot().last_validation or {}).get("version") == 2, 180, "validation at version 2")
             await wait_for(lambda: any(d.get("kind") == "validation" and d["version"] == 2 for d in seen), 30, "published")
             await wait_for(lambda: any(d.get("kind") == "rollout" and "rollouter/idle_ratio" in d["metrics"] for d in seen), 30,
                            "periodic rollout metrics")

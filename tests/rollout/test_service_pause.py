@@ -34,7 +34,7 @@ async def test_partial_pause_mid_generation_wastes_nothing_and_resumes_at_the_ne
                          "rollout.sampling.max_new_tokens=3000", "rollout.response_length=3000",
                          "async_training.partial_rollout=true", "async_training.staleness_threshold=1")
     async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
-        await wait_for(lambda: svc.runner._generating >= 2, 120, "generation under way")
+        await wait_for(lambda: svc.runner.snapshot().generating >= 2, 120, "generation under way")
         await asyncio.sleep(1.0)  # let the engine decode a few hundred tokens
         status, body = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})
         assert status == 200 and body["paused"] and body["pause_mode"] == "partial"

@@ -1,5 +1,9 @@
 """External tools: calls that internal agents park until an outside environment answers.
 
+The broker sits beside the agent loop (which parks calls on it) and below the HTTP routes
+that serve it (``rollout_service.openai.routes``: long-poll and results); it imports
+neither.
+
 When an agent calls a tool declared in ``rollout.external_tools``, the call is *parked*:
 the agent holds no engine capacity (it is not counted against ``max_concurrent_samples``)
 and waits for a result until the call's deadline. The call is announced
@@ -31,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.http.errors import ApiError
-from rollout_service.openai.sessions import check_token, hash_token, new_token
+from rollout_service.api.auth import check_token, hash_token, new_token
 
 log = logging.getLogger(__name__)
 

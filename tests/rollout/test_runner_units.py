@@ -1,0 +1,135 @@
+"""Units of the runner with in-memory collaborators (no NATS, no engines): its read model
+(``Runner.snapshot``) follows its state through a partial pause and a resume while staying a
+value, and ``restore`` sorts checkpoints into resumed and already-finished agents."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from asyncrl.config import load_config
+from rollout_service.agent.state import AgentState, Phase
+from rollout_service.publish import Outbox, TrajectoryPublisher
+from rollout_service.runner.finish import to_trajectory
+from rollout_service.runner.quota import StalenessQuota
+from rollout_service.runner.restore import restore
+from rollout_service.runner.runner import Runner
+from rollout_service.runner.snapshot import RunnerSnapshot
+
+WAIT_S = 10.0  # bound on every wait in this file
+
+
+class Stream:
+    produced, total, epoch, exhausted = 0, 8, 0, False
+
+    def state_dict(self) -> dict:
+        return {"produced": self.produced}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.produced = state["produced"]
+
+
+class AgentStore:
+    def __init__(self, states=()) -> None:
+        self.states, self.deleted, self.pending = list(states), [], 0
+
+    async def load_all(self):
+        return list(self.states)
+
+    async def delete(self, trajectory_id: str) -> bool:
+        self.deleted.append(trajectory_id)
+        return True
+
+    async def flush_dirty(self) -> int:
+        return 0
+
+
+class StateStore:
+    def __init__(self, doc=None) -> None:
+        self.doc = doc
+
+    async def save(self, doc: dict) -> bool:
+        self.doc = doc
+        return True
+
+    async def load(self):
+        return self.doc
+
+
+def _runner(tmp_path, aborts: list[str], on_abort) -> Runner:
+    cfg = load_config(overrides=[f"run.dir={tmp_path}", "rollout.n=2", "actor.ppo_mini_batch_size=2"], environ={})
+    outbox = Outbox(tmp_path / "outbox", 16)
+
+    async def publish(subject, payload, headers):
+        return None
+
+    async def queue_probe() -> int:
+        return 0
+
+    async def abort_engines(prefix: str) -> None:
+        aborts.append(prefix)
+        on_abort()
+
+    return Runner(cfg, deps_factory=lambda runner: None, stream=Stream(), outbox=outbox,
+                  publisher=TrajectoryPublisher(outbox, "subject", publish), agent_store=AgentStore(), state_store=StateStore(),
+                  queue_probe=queue_probe, abort_engines=abort_engines, rid_prefix="rl-test.")
+
+
+async def test_the_snapshot_follows_a_partial_pause_and_a_resume_and_stays_a_value(tmp_path):
+    aborted = asyncio.Event()
+    aborts: list[str] = []
+    runner = _runner(tmp_path, aborts, aborted.set)
+    before = runner.snapshot()
+    assert isinstance(before, RunnerSnapshot)
+    assert (before.version, before.paused, before.pause_mode, before.generating, before.admission_blocked) == (0, False, None, 0, None)
+
+    async def generate_call() -> None:  # an engine request that ends when the pause aborts it
+        with runner.calls.tracking():
+            await aborted.wait()
+
+    call = asyncio.create_task(generate_call())
+    await asyncio.sleep(0)
+    assert runner.snapshot().generating == 1
+    await asyncio.wait_for(runner.pause("partial", timeout_s=WAIT_S), WAIT_S)
+    await asyncio.wait_for(call, WAIT_S)
+    paused = runner.snapshot()
+    assert aborts == ["rl-test."]
+    assert (paused.paused, paused.pause_mode, paused.generating, paused.admission_blocked) == (True, "partial", 0, "paused (partial)")
+    assert (before.paused, before.generating) == (False, 0), "a snapshot taken earlier does not change"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        paused.paused = False  # type: ignore[misc]
+
+    runner.counters.samples_started += 1
+    runner.tokens.add(5, 5)
+    await runner.resume(1)
+    resumed = runner.snapshot()
+    assert (resumed.version, resumed.quota.version, resumed.paused, resumed.pause_mode) == (1, 1, False, None)
+    assert (resumed.counters.samples_started, resumed.tokens.decoded) == (1, 5)
+    runner.counters.samples_started += 1
+    runner.counters.finish_reasons["stop"] = 1
+    assert resumed.counters.samples_started == 1 and resumed.counters.finish_reasons == {}, "nested parts are copies"
+
+
+def _agent(group: str, i: int, phase: Phase = Phase.GENERATING) -> AgentState:
+    return AgentState(id=f"run-{group}-{i}", run_id="run", group_id=group, group_size=2, group_index=i, prompt_id="p",
+                      data_source="d", phase=phase, token_ids=[1, 2, 3], prompt_length=2, loss_mask=[1], logprobs=[-0.1],
+                      versions=[0], finish_reason="stop" if phase == Phase.DONE else None)
+
+
+async def test_restore_resumes_unfinished_agents_and_drops_those_already_in_the_outbox(tmp_path):
+    outbox = Outbox(tmp_path / "outbox", 16)
+    outbox.put_ready(to_trajectory(_agent("s1", 0, Phase.DONE), 0))  # finished just before the crash
+    outbox.hold(to_trajectory(_agent("s2", 1, Phase.DONE), 0))  # its group mate s2-0 is still running
+    outbox.hold(to_trajectory(_agent("s3", 0, Phase.DONE), 0))  # s3 had finished completely
+    store = AgentStore([_agent("s1", 0), _agent("s1", 1), _agent("s2", 0)])
+    stream, quota = Stream(), StalenessQuota(4, 4)
+    doc = {"stream": {"produced": 3}, "quota": {"version": 2, "staleness_samples": 1, "started_this_version": 1,
+                                                "carried_over_at_reset": 0}}
+    got = await restore(state_store=StateStore(doc), agent_store=store, outbox=outbox, stream=stream, quota=quota)
+    assert [s.id for s in got.agents] == ["run-s1-1", "run-s2-0"] and got.dropped == 1
+    assert store.deleted == ["run-s1-0"] and got.groups == {"s1": 1, "s2": 1}
+    assert (stream.produced, quota.version, quota.staleness_samples) == (3, 2, 1)
+    assert set(outbox.held_ids()) == {"s2"}, "a group none of whose members still runs is released"
+    assert [e.trajectory_id for e in outbox.ready_entries()] == ["run-s1-0", "run-s3-0"]
