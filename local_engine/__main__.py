@@ -2,11 +2,13 @@
 
     asyncrl engine --model builtin:tiny --host 127.0.0.1 --port 30000 \\
         [--dtype float32|bfloat16] [--seed 0] [--max-batch-size 32] [--max-model-len N] \\
-        [--api-key K] [--admin-api-key K] [--weight-version default]
+        [--api-key K] [--admin-api-key K] [--weight-version default] \\
+        [--sglang-compat 0.5.23] [--tp-size N] [--dp-size N] [--pp-size N] [--device cpu|cuda]
 
 torch and transformers are imported only after the flags parsed (``--help`` is instant).
 Keys can also come from ``$LOCAL_ENGINE_API_KEY`` / ``$LOCAL_ENGINE_ADMIN_API_KEY`` so they
-stay out of ``ps`` output.
+stay out of ``ps`` output. SGLang's environment variables ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``
+and ``SGLANG_HEALTH_CHECK_TIMEOUT`` are honoured as SGLang honours them.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch-threads", type=int, default=TORCH_THREADS,
                    help="torch intra-op threads (default 1: on a shared 2-core box 2 threads ran 10x slower)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s = p.add_argument_group("SGLang fidelity (docs/local_engine.md)")
+    s.add_argument("--sglang-compat", default=None, help="SGLang release to behave like (0.5.15-0.5.23, default 0.5.23)")
+    s.add_argument("--tp-size", type=int, default=1, help="join weight-update groups as this many ranks (SGLang's TP workers)")
+    s.add_argument("--dp-size", type=int, default=1, help="reported; weight updates refuse it like SGLang")
+    s.add_argument("--pp-size", type=int, default=1, help="reported; weight-update groups refuse pp > 1")
+    s.add_argument("--enable-dp-attention", action="store_true", help="reported (older SGLang allows dp > 1 with it)")
+    s.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs")
     t = p.add_argument_group("timing mode (no model compute; for system benchmarks)")
     t.add_argument("--timing-mode", action="store_true", help="simulate decoding: sleep per step, long-tailed lengths")
     t.add_argument("--timing-decode-ms", type=float, default=20.0, help="latency of one batched decode step")
@@ -63,7 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_batch_size=args.max_batch_size, max_model_len=args.max_model_len, api_key=args.api_key or None,
             admin_api_key=args.admin_api_key or None, weight_version=args.weight_version,
             served_model_name=args.served_model_name, weight_sync_timeout_s=args.weight_sync_timeout_s,
-            log_level=args.log_level,
+            log_level=args.log_level, tp_size=args.tp_size, dp_size=args.dp_size, pp_size=args.pp_size,
+            enable_dp_attention=args.enable_dp_attention, device=args.device,
+            health_generation=os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1").lower() not in ("0", "false", "no"),
+            health_check_timeout_s=os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"),
+            **({"sglang_compat": args.sglang_compat} if args.sglang_compat else {}),
             timing=None if not args.timing_mode else {
                 "decode_ms": args.timing_decode_ms, "prefill_ms_per_token": args.timing_prefill_ms_per_token,
                 "length_median": args.timing_length_median, "length_sigma": args.timing_length_sigma,

@@ -30,8 +30,8 @@ def create_app(settings: EngineSettings, engine: Engine | None = None) -> FastAP
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
-        log.info("local_engine serving %s (vocab %d, max_model_len %d, max_batch_size %d)",
-                 settings.model, engine.vocab_size, engine.max_model_len, settings.max_batch_size)
+        log.info("local_engine serving %s (vocab %d, max_model_len %d, max_batch_size %d) as sglang %s",
+                 settings.model, engine.vocab_size, engine.max_model_len, settings.max_batch_size, settings.compat.version)
         try:
             yield
         finally:
@@ -43,6 +43,8 @@ def create_app(settings: EngineSettings, engine: Engine | None = None) -> FastAP
     install_error_handlers(app)
     app.include_router(routes_generate.router)
     app.include_router(routes_admin.router)
+    if settings.compat.sessions:
+        app.include_router(routes_admin.session_router)
     app.include_router(routes_info.router)
     if settings.api_key or settings.admin_api_key:
         app.add_middleware(BearerAuth, api_key=settings.api_key, admin_api_key=settings.admin_api_key)

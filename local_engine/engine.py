@@ -1,18 +1,25 @@
 """The engine core, free of HTTP: validation, the lock discipline, pause, weight updates.
 
-Lock discipline (copied from SGLang, contract §1):
+Lock discipline (copied from SGLang's tokenizer manager, contract §1):
 
-- ``/generate`` waits at the pause gate, then holds the reader lock until it answers;
-- weight updates take the writer lock — they wait for in-flight generations — unless the
-  engine is paused, in which case they go straight ahead (paused requests stay in flight
-  and must not block the update); the copy into the parameters additionally holds the
-  scheduler, so it never overlaps a model step;
+- ``/generate`` waits at the pause gate, then holds the reader lock until it answers; a
+  request waiting at the gate is not yet known to the engine (an exact-rid abort misses it);
+- weight updates (and opening/closing a weight-update session) take the writer lock — they
+  wait for in-flight generations — unless the engine is paused, in which case they hold the
+  *pause condition* instead for their whole duration: ``/pause_generation`` and
+  ``/continue_generation`` wait for them (SGLang: ``is_pause_cond``). The copy into the
+  parameters additionally holds the scheduler, so it never overlaps a model step;
 - ``pause(abort)``: close the gate, then abort everything running or queued until no
   ``/generate`` is in flight (bounded by ``pause_drain_timeout_s``); their callers get
   partial results with finish_reason abort;
 - ``pause(in_place)`` (and ``retract``): close the gate and stop stepping after the
   current step; requests keep their rows and KV and go on after ``resume()``, with the
   new weights if an update happened meanwhile (recorded in ``weight_versions`` spans).
+
+Weight-update sessions (SGLang 0.5.21+, :mod:`local_engine.compat`): distributed updates are
+refused outside ``begin_weight_update`` … ``end_weight_update``. Aborts: a rid is honoured only
+when it matches a request the engine tracks exactly (then, like SGLang's scheduler, every
+request whose rid starts with it ends); ``abort_all`` ends everything.
 """
 
 from __future__ import annotations
@@ -66,10 +73,14 @@ class Engine:
         self.max_model_len = settings.max_model_len or int(getattr(model_config, "max_position_embeddings", 4096))
         self.eos_ids = _eos_ids(model_config, tokenizer)
         self.metrics = EngineMetrics()
-        self.weights = WeightManager(runner.named_weights(), settings.weight_version, settings.weight_sync_timeout_s)
+        self.weights = WeightManager(runner.named_weights(), settings.weight_version, settings.weight_sync_timeout_s,
+                                     tp_size=settings.tp_size)
         self.metrics.set_version(self.weights.version)
+        self.compat = settings.compat
         self.gate = PauseGate()
         self.rwlock = RWLock()
+        self.pause_cond = asyncio.Lock()  # SGLang's is_pause_cond (module docstring)
+        self.session_open = False
         self.renderer = Renderer(tokenizer)
         self.scheduler = Scheduler(
             runner, StopChecker(tokenizer, self.eos_ids), lambda: self.weights.version,
@@ -127,10 +138,6 @@ class Engine:
             return_text_in_logprobs=body.return_text_in_logprobs, stream=body.stream,
         )
 
-    def check_serving(self) -> None:
-        if not self.weights.consistent:
-            raise Refused(f"weights are inconsistent: {self.weights.inconsistent_reason}", status=503)
-
     @asynccontextmanager
     async def generation_slot(self) -> AsyncIterator[None]:
         """Gate (waits while paused), then the reader lock. The gate is checked again once
@@ -138,7 +145,6 @@ class Engine:
         paused goes back to waiting instead of slipping past ``pause(abort)``."""
         while True:
             await self.gate.wait()
-            self.check_serving()
             lock = self.rwlock.read()
             await lock.__aenter__()
             if not self.gate.paused:
@@ -169,64 +175,133 @@ class Engine:
         """End one request (its client went away); no-op once finished."""
         self.scheduler.abort_one(req, message)
 
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        """``/abort_request``: exact known rid (then prefix match), or everything (docstring)."""
+        if abort_all:
+            self.scheduler.abort(abort_all=True)
+        elif rid and self.scheduler.find(rid) is not None:
+            self.scheduler.abort(rid=rid)
+
     # -- pause ---------------------------------------------------------------------------
     async def pause(self, mode: str) -> None:
-        self.gate.close(mode)
-        self.metrics.paused.set(1)
-        if mode != "abort":
-            await self.scheduler.stop_stepping()
-            return
-        deadline = time.monotonic() + self.settings.pause_drain_timeout_s
-        while True:
-            self.scheduler.abort(abort_all=True)
-            if self.rwlock.readers == 0:
+        async with self.pause_cond:
+            self.gate.close(mode)
+            self.metrics.paused.set(1)
+            if mode != "abort":
+                await self.scheduler.stop_stepping()
                 return
-            if time.monotonic() > deadline:
-                log.warning("pause: %d /generate calls still in flight after %.0f s", self.rwlock.readers, self.settings.pause_drain_timeout_s)
-                return
-            await asyncio.sleep(PAUSE_DRAIN_POLL_S)
+            deadline = time.monotonic() + self.settings.pause_drain_timeout_s
+            while True:
+                self.scheduler.abort(abort_all=True)
+                if self.rwlock.readers == 0:
+                    return
+                if time.monotonic() > deadline:
+                    log.warning("pause: %d /generate calls still in flight after %.0f s", self.rwlock.readers,
+                                self.settings.pause_drain_timeout_s)
+                    return
+                await asyncio.sleep(PAUSE_DRAIN_POLL_S)
 
-    def resume(self) -> None:
-        self.gate.open()
-        self.metrics.paused.set(0)
-        self.scheduler.start_stepping()
+    async def resume(self) -> None:
+        async with self.pause_cond:
+            self.gate.open()
+            self.metrics.paused.set(0)
+            self.scheduler.start_stepping()
+
+    async def health_generate(self) -> bool:
+        """SGLang's ``/health_generate``: True once the engine shows progress (requests running)
+        or generates one token; waits behind a pause; False after ``health_check_timeout_s``."""
+        if not self.scheduler.alive:
+            return False
+        limit = self.settings.health_check_timeout_s
+        deadline = time.monotonic() + limit
+        try:
+            await asyncio.wait_for(self.gate.wait(), limit)
+        except TimeoutError:
+            return False
+        if self.scheduler.running:
+            return True
+        req = Req(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", prompt_ids=[0], params=SamplingParams(max_new_tokens=1, temperature=0.0))
+        try:
+            await asyncio.wait_for(self.generate(req), max(0.0, deadline - time.monotonic()))
+        except (TimeoutError, Refused):
+            self.cancel(req, "health check timed out")
+            return False
+        return True
 
     # -- weights -------------------------------------------------------------------------
     @asynccontextmanager
     async def weight_write(self) -> AsyncIterator[None]:
-        """Writer lock unless paused (SGLang: a paused engine's requests must not block)."""
+        """Paused: hold the pause condition for the whole update (a continue waits for it).
+        Running: the writer lock (waits for in-flight generations)."""
+        await self.pause_cond.acquire()
         if self.gate.paused:
-            yield
-        else:
-            async with self.rwlock.write():
+            try:
                 yield
+            finally:
+                self.pause_cond.release()
+            return
+        self.pause_cond.release()
+        async with self.rwlock.write():
+            yield
+
+    def check_dp(self, route: str) -> None:
+        """SGLang asserts on its weight-update routes; a failed assert is an HTTP 500."""
+        s = self.settings
+        if s.dp_size > 1 and (self.compat.dp_strict or not s.enable_dp_attention):
+            raise Refused(f"AssertionError: data-parallel replicas are not supported for {route} (dp_size={s.dp_size})", status=500)
 
     def set_version(self, version: str) -> None:
         self.weights.version = version
         self.metrics.set_version(version)
 
+    async def begin_session(self) -> None:
+        async with self.weight_write():
+            if self.session_open:
+                raise WeightUpdateError("a weight-update session is already open; call end_weight_update() first")
+            self.session_open = True
+
+    async def end_session(self) -> None:
+        async with self.weight_write():
+            if not self.session_open:
+                raise WeightUpdateError("no weight-update session is open; call begin_weight_update() first")
+            self.session_open = False
+
+    def _flush_after_update(self, flush: bool) -> None:
+        """SGLang flushes the cache after an update with ``flush_cache``; with requests still
+        running or queued that fails the call (0.5.22+) or kills the engine (older)."""
+        if not flush or self.scheduler.num_pending == 0:
+            return
+        if self.compat.soft_flush_failure:
+            raise WeightUpdateError("Weights were updated, but the cache was not flushed because requests are still "
+                                    "running or queued. Retract or finish them, then call /flush_cache.")
+        log.critical("sglang %s asserts here (Cache flush failed after updating weights): the engine stops", self.compat.version)
+        self.scheduler.abort(abort_all=True, message="engine crashed: Cache flush failed after updating weights", status=500)
+        asyncio.get_running_loop().create_task(self.scheduler.close("engine crashed"))
+        raise Refused("AssertionError: Cache flush failed after updating weights", status=500)
+
     async def update_from_distributed(self, body: UpdateDistributedBody) -> str:
-        """Receive one bucket and apply it; raises WeightUpdateError (weights unchanged by it)."""
+        """Receive one bucket and apply it; raises WeightUpdateError (the model unchanged by it)."""
+        self.check_dp("update weights from distributed")
         try:
-            group, dtypes = self.weights.plan_receive(body)
             if body.abort_all_requests:
                 self.scheduler.abort(abort_all=True)
             async with self.weight_write():
-                tensors = await self.weights.receive(group, body, dtypes)
+                if self.compat.sessions and not self.session_open:
+                    raise WeightUpdateError("update_weights_from_distributed must run between begin_weight_update() "
+                                            "and end_weight_update()")
+                ranks = self.weights.plan_receive(body, check_alignment=self.compat.align_before_broadcast)
+                tensors = await self.weights.receive(ranks, body)
                 self.weights.validate(body.names, tensors)
                 async with self.scheduler.hold():
                     self.weights.apply(body.names, tensors)
-        except WeightUpdateError as exc:
-            self.weights.record_failure(exc.message)
+                self._flush_after_update(body.flush_cache)
+        except WeightUpdateError:
             self.metrics.weight_updates.labels(kind="distributed", result="failed").inc()
-            self.metrics.weights_consistent.set(int(self.weights.consistent))
             raise
         self.metrics.weight_updates.labels(kind="distributed", result="ok").inc()
-        self.metrics.weights_consistent.set(int(self.weights.consistent))
         message = "Succeeded to update parameter online."
         if body.weight_version is not None:
             self.set_version(body.weight_version)
-            message += f" Weight version updated to {body.weight_version}."
         return message
 
     async def update_from_disk(self, body: UpdateDiskBody) -> str:
@@ -240,13 +315,12 @@ class Engine:
                 self.weights.validate(names, staged, full=True)
                 async with self.scheduler.hold():
                     self.weights.apply(names, staged)
-                    self.weights.mark_whole()
+                self._flush_after_update(body.flush_cache)
         except WeightUpdateError:
             self.metrics.weight_updates.labels(kind="disk", result="failed").inc()
             raise
         self.metrics.weight_updates.labels(kind="disk", result="ok").inc()
-        self.metrics.weights_consistent.set(1)
-        message = f"Succeeded to update model weights from {body.model_path}."
+        message = "Succeeded to update model weights."
         if body.weight_version is not None:
             self.set_version(body.weight_version)
             message += f" Weight version updated to {body.weight_version}."

@@ -51,7 +51,7 @@ class BadRequest(Exception):
 
 class Refused(Exception):
     """A well-formed request the engine refuses: 400 ``{"error":{"message":..}}`` by
-    default, or another status (e.g. 503 while weights are inconsistent)."""
+    default, or another status (e.g. 500 for what SGLang answers with a failed assert)."""
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)

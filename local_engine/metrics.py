@@ -30,9 +30,7 @@ class EngineMetrics:
         self.weight_version = Gauge("local_engine_weight_version", "Weight version (NaN if not numeric)", registry=r)
         self.weight_version_info = Gauge("local_engine_weight_version_info", "Weight version as a label", ["version"], registry=r)
         self.weight_updates = Counter("local_engine_weight_updates", "Weight update calls by result", ["kind", "result"], registry=r)
-        self.weights_consistent = Gauge("local_engine_weights_consistent", "1 unless a failed update left weights mixed", registry=r)
         self.paused = Gauge("local_engine_paused", "1 while generation is paused", registry=r)
-        self.weights_consistent.set(1)
 
     def set_version(self, version: str) -> None:
         try:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME
+
 _STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap; each one costs a triple per generated token in the answer
 
@@ -163,10 +165,17 @@ class GenerateBody(_Body):
 
 
 class AbortBody(_Body):
-    """/abort_request: ``rid`` is matched as a prefix of running rids; or ``abort_all``."""
+    """/abort_request: ``rid`` must be a request the engine tracks exactly (else nothing
+    happens, as on SGLang); or ``abort_all``."""
 
     rid: str = ""
     abort_all: bool = False
+
+
+class SessionBody(_Body):
+    """/begin_weight_update and /end_weight_update (SGLang 0.5.21+)."""
+
+    selector: Literal["target", "draft", "all"] = "all"
 
 
 class PauseBody(_Body):
@@ -178,32 +187,30 @@ class PauseBody(_Body):
 class ContinueBody(_Body):
     """/continue_generation. ``torch_empty_cache`` is accepted and has no effect on CPU."""
 
-    torch_empty_cache: bool = False
+    torch_empty_cache: bool = True
 
 
 class InitGroupBody(_Body):
-    """/init_weights_update_group. Only ``gloo`` exists on CPU (default here, not nccl)."""
+    """/init_weights_update_group. Only ``gloo`` exists on CPU; like SGLang, the default is nccl."""
 
     master_address: str = Field(min_length=1)
     master_port: int = Field(ge=1, le=65535)
     rank_offset: int = Field(ge=1)
     world_size: int = Field(ge=2)
-    group_name: str = Field("weight_update_group", min_length=1)
-    backend: str = "gloo"
+    group_name: str = Field(DEFAULT_GROUP_NAME, min_length=1)
+    backend: str = "nccl"
 
     @model_validator(mode="after")
     def _ranks(self) -> InitGroupBody:
         if self.rank_offset >= self.world_size:
             raise ValueError(f"rank_offset {self.rank_offset} must be below world_size {self.world_size}")
-        if self.backend != "gloo":
-            raise ValueError(f"backend {self.backend!r} is not available on a CPU engine; use gloo")
         return self
 
 
 class DestroyGroupBody(_Body):
     """/destroy_weights_update_group."""
 
-    group_name: str = "weight_update_group"
+    group_name: str = DEFAULT_GROUP_NAME
 
 
 class UpdateDistributedBody(_Body):
@@ -212,11 +219,12 @@ class UpdateDistributedBody(_Body):
     names: list[str] = Field(min_length=1)
     dtypes: list[str]
     shapes: list[list[int]]
-    group_name: str = "weight_update_group"
+    group_name: str = DEFAULT_GROUP_NAME
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
     load_format: Literal["flattened_bucket"] | None = None
+    selector: Literal["target", "draft", "all"] = "all"
     torch_empty_cache: bool = False
 
     _v = field_validator("weight_version", mode="before")(_version)

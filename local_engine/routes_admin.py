@@ -1,8 +1,10 @@
-"""Admin routes: abort, pause/continue, flush, and the weight updates (own router, own key).
+"""Admin routes: abort, pause/continue, flush, weight-update sessions and the weight updates
+(own router, own key).
 
 Weight routes answer ``{"success": bool, "message": str}`` — 200 on success, 400 on any
-failure, never a 200 that hides one. See :mod:`local_engine.weights` for what a failure
-leaves behind.
+failure, never a 200 that hides one; a failed SGLang ``assert`` (dp_size on weight routes) is
+a 500. ``/begin_weight_update`` and ``/end_weight_update`` exist only when the emulated
+release has them (:mod:`local_engine.compat`): :data:`session_router`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from local_engine.protocol import (
     DestroyGroupBody,
     InitGroupBody,
     PauseBody,
+    SessionBody,
     UpdateDiskBody,
     UpdateDistributedBody,
     UpdateVersionBody,
@@ -25,6 +28,7 @@ from local_engine.routes_generate import EngineDep
 from local_engine.weights import WeightUpdateError
 
 router = APIRouter()
+session_router = APIRouter()
 
 FLUSH_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. "
@@ -39,21 +43,21 @@ def _result(ok: bool, message: str, **extra) -> JSONResp:
 @router.post("/abort_request")
 async def abort_request(request: Request, engine: EngineDep) -> Response:
     body = await parse_body(request, AbortBody)
-    engine.scheduler.abort(rid=body.rid, abort_all=body.abort_all)
+    engine.abort(rid=body.rid, abort_all=body.abort_all)
     return Response(status_code=200)
 
 
 @router.post("/pause_generation")
 async def pause_generation(request: Request, engine: EngineDep) -> Response:
-    body = await parse_body(request, PauseBody, optional=True)
+    body = await parse_body(request, PauseBody)
     await engine.pause(body.mode)
     return JSONResp({"message": "Generation paused successfully.", "status": "ok"})
 
 
 @router.post("/continue_generation")
 async def continue_generation(request: Request, engine: EngineDep) -> Response:
-    await parse_body(request, ContinueBody, optional=True)
-    engine.resume()
+    await parse_body(request, ContinueBody)
+    await engine.resume()
     return JSONResp({"message": "Generation continued successfully.", "status": "ok"})
 
 
@@ -63,18 +67,40 @@ async def flush_cache(engine: EngineDep) -> Response:
     return Response(FLUSH_TEXT, status_code=200 if ok else 400, media_type="text/plain")
 
 
+@session_router.post("/begin_weight_update")
+async def begin_weight_update(request: Request, engine: EngineDep) -> Response:
+    await parse_body(request, SessionBody)
+    try:
+        await engine.begin_session()
+        return _result(True, "Success")
+    except WeightUpdateError as exc:
+        return _result(False, exc.message)
+
+
+@session_router.post("/end_weight_update")
+async def end_weight_update(request: Request, engine: EngineDep) -> Response:
+    await parse_body(request, SessionBody)
+    try:
+        await engine.end_session()
+        return _result(True, "Success")
+    except WeightUpdateError as exc:
+        return _result(False, exc.message)
+
+
 @router.post("/init_weights_update_group")
 async def init_weights_update_group(request: Request, engine: EngineDep) -> Response:
     body = await parse_body(request, InitGroupBody)
+    engine.check_dp("update weights from distributed")
     try:
-        return _result(True, await engine.weights.init_group(body))
+        return _result(True, await engine.weights.init_group(body, pp_size=engine.settings.pp_size))
     except WeightUpdateError as exc:
         return _result(False, exc.message)
 
 
 @router.post("/destroy_weights_update_group")
 async def destroy_weights_update_group(request: Request, engine: EngineDep) -> Response:
-    body = await parse_body(request, DestroyGroupBody, optional=True)
+    body = await parse_body(request, DestroyGroupBody)
+    engine.check_dp("destroy parameter update group")
     try:
         return _result(True, await engine.weights.destroy_group(body.group_name))
     except WeightUpdateError as exc:
@@ -109,6 +135,6 @@ async def update_weights_from_tensor(request: Request) -> Response:
 async def update_weight_version(request: Request, engine: EngineDep) -> Response:
     body = await parse_body(request, UpdateVersionBody)
     if body.abort_all_requests:
-        engine.scheduler.abort(abort_all=True)
+        engine.abort(abort_all=True)
     engine.set_version(body.new_version)
     return JSONResp({"success": True, "message": f"Weight version updated to {body.new_version}", "new_version": body.new_version})

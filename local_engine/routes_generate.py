@@ -6,15 +6,15 @@ refused with 400. Non-streaming calls are watched for client disconnects (polled
 cumulative SSE chunks ending with ``data: [DONE]``; an error after the stream started is
 sent as ``data: {"error": {...}}``.
 
-``/health``: 200 while the scheduler runs and the weights are consistent, else 503 (cheap;
-for load balancers). ``/health_generate``: additionally generates one token when the
-engine is idle and not paused (bounded by ``HEALTH_GENERATE_TIMEOUT_S``).
+``/health_generate`` (SGLang's semantics): 200 once the engine shows progress — requests
+running, or one generated token when idle — else 503 after ``SGLANG_HEALTH_CHECK_TIMEOUT``
+(20 s); it waits behind a pause, so a paused engine answers 503 after 20 s. ``/health`` is the
+same unless ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0``, then 200 while the scheduler runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -24,11 +24,10 @@ from starlette.responses import Response, StreamingResponse
 
 from local_engine.engine import Engine
 from local_engine.errors import JSONResp, Refused, parse_body
-from local_engine.protocol import GenerateBody, SamplingParams
+from local_engine.protocol import GenerateBody
 from local_engine.request import Req
 
 DISCONNECT_POLL_S = 1.0  # how often a waiting /generate checks that its client is still there
-HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's HEALTH_CHECK_TIMEOUT
 
 router = APIRouter()
 
@@ -84,7 +83,6 @@ async def generate(request: Request, engine: EngineDep) -> Response:
     body = await parse_body(request, GenerateBody)
     req = engine.build_request(body)
     if req.stream:
-        engine.check_serving()
         return StreamingResponse(_stream(engine, req), media_type="text/event-stream")
     out = await _until_done_or_disconnect(request, engine, req)
     if out is None:
@@ -94,23 +92,11 @@ async def generate(request: Request, engine: EngineDep) -> Response:
 
 @router.get("/health")
 async def health(engine: EngineDep) -> Response:
-    if not engine.scheduler.alive:
-        return JSONResp({"error": {"message": "scheduler is not running"}}, status_code=503)
-    if not engine.weights.consistent:
-        return JSONResp({"error": {"message": f"weights are inconsistent: {engine.weights.inconsistent_reason}"}}, status_code=503)
-    return Response(status_code=200)
+    if engine.settings.health_generation:
+        return await health_generate(engine)
+    return Response(status_code=200 if engine.scheduler.alive else 503)
 
 
 @router.get("/health_generate")
 async def health_generate(engine: EngineDep) -> Response:
-    basic = await health(engine)
-    if basic.status_code != 200 or engine.gate.paused or engine.scheduler.running:
-        return basic  # paused on purpose, or already making progress
-    req = Req(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", prompt_ids=[0],
-              params=SamplingParams(max_new_tokens=1, temperature=0.0))
-    try:
-        await asyncio.wait_for(engine.generate(req), HEALTH_GENERATE_TIMEOUT_S)
-    except (TimeoutError, Refused):
-        engine.cancel(req, "health check timed out")
-        return JSONResp({"error": {"message": "health generation did not finish"}}, status_code=503)
-    return Response(status_code=200)
+    return Response(status_code=200 if await engine.health_generate() else 503)

@@ -33,9 +33,6 @@ def model_info(engine: Engine) -> dict:
         "has_audio_understanding": False,
         "model_type": getattr(cfg, "model_type", None),
         "architectures": getattr(cfg, "architectures", None),
-        "weights_consistent": engine.weights.consistent,
-        "weights_inconsistent_reason": engine.weights.inconsistent_reason,
-        "engine": "local_engine",
     }
 
 
@@ -49,8 +46,8 @@ def internal_state(engine: Engine) -> dict:
         "steps": s.steps,
         "paused": engine.gate.paused,
         "pause_mode": engine.gate.mode,
-        "weights_consistent": engine.weights.consistent,
         "weight_update_groups": sorted(engine.weights.groups),
+        "weight_update_session": engine.session_open,
         "generations_in_flight": engine.rwlock.readers,
         "weight_writers_waiting": engine.rwlock.writers_waiting,
     }
@@ -82,8 +79,10 @@ async def get_server_info(engine: EngineDep) -> Response:
         **settings,
         "model_path": engine.settings.model,
         "served_model_name": engine.settings.served_model_name or engine.settings.model,
-        "tp_size": 1,
-        "dp_size": 1,
+        "tp_size": engine.settings.tp_size,
+        "dp_size": engine.settings.dp_size,
+        "pp_size": engine.settings.pp_size,
+        "enable_dp_attention": engine.settings.enable_dp_attention,
         "weight_version": engine.weights.version,
         "max_total_num_tokens": engine.settings.max_batch_size * engine.max_model_len,
         "max_req_input_len": engine.max_model_len - 1,
@@ -91,8 +90,22 @@ async def get_server_info(engine: EngineDep) -> Response:
         "vocab_size": engine.vocab_size,
         "uptime_s": time.time() - engine.started_at,
         "internal_states": [internal_state(engine)],
-        "version": local_engine.__version__,
+        "version": engine.compat.version,
+        "engine": "local_engine",
+        "engine_version": local_engine.__version__,
+        **({"nccl_version": _nccl_version()} if engine.settings.device == "cuda" else {}),
     })
+
+
+def _nccl_version() -> str | None:
+    """This process's NCCL as ``"2.27.5"`` (SGLang reports none; see asyncrl.weight_sync.layout)."""
+    import torch
+
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a CUDA build without NCCL
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 @router.get("/v1/loads")

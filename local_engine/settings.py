@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from local_engine.compat import DEFAULT as DEFAULT_COMPAT
+from local_engine.compat import SglangCompat
 
 
 class EngineSettings(BaseModel):
@@ -43,6 +46,34 @@ class EngineSettings(BaseModel):
     """pause(mode=abort): how long to keep aborting until no /generate is in flight."""
     log_level: str = "info"
     """uvicorn / engine log level."""
+    sglang_compat: str = DEFAULT_COMPAT
+    """The SGLang release whose protocol behaviour to copy (see :mod:`local_engine.compat`)."""
+    tp_size: int = Field(1, ge=1, le=64)
+    """Tensor-parallel workers to act as: the engine joins a weight-update group as ranks
+    ``rank_offset .. rank_offset + tp_size - 1`` (one gloo member each), as SGLang does. The
+    model itself runs once; only the group membership is multiplied."""
+    dp_size: int = Field(1, ge=1, le=64)
+    """Reported in /server_info; weight-update routes refuse it the way SGLang does."""
+    pp_size: int = Field(1, ge=1, le=64)
+    """Reported in /server_info; weight-update groups refuse pp_size > 1."""
+    enable_dp_attention: bool = False
+    """Reported in /server_info (older SGLang accepts dp_size > 1 with it)."""
+    health_generation: bool = True
+    """SGLang's ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``: ``/health`` behaves like
+    ``/health_generate`` (waits behind a pause) unless false."""
+    health_check_timeout_s: float = Field(20.0, gt=0)
+    """SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT``: ``/health_generate`` answers 503 after this."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the model runs. Weight-update groups are gloo (CPU) either way."""
     timing: dict | None = None
     """Timing mode (no model compute; see :mod:`local_engine.simulated`): the fields of
     ``TimingSpec``. None: the real model."""
+
+    @field_validator("sglang_compat")
+    @classmethod
+    def _known_release(cls, v: str) -> str:
+        return SglangCompat.of(v).version
+
+    @property
+    def compat(self) -> SglangCompat:
+        return SglangCompat.of(self.sglang_compat)

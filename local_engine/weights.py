@@ -1,21 +1,22 @@
-"""Receiving weights (gloo broadcast or safetensors on disk) and applying them safely.
+"""Receiving weights (a gloo broadcast, or safetensors on disk) the way SGLang receives them.
 
-Contract:
+Contract (each point checked against SGLang's weight updater, 0.5.18-0.5.23):
 
-- An update is *staged*: tensors are received (or read) into fresh buffers, every name,
-  shape and value (finite) is checked against the model, and only then copied into the parameters (with
-  a dtype cast, e.g. a float32 trainer into a bfloat16 engine). A rejected call leaves
-  the model as it was and answers ``success: false``.
-- Distributed calls whose body is inconsistent (lengths, dtypes, flattened with mixed
-  dtypes, unknown group) are refused *before* the broadcast. Calls with unknown names or
-  wrong shapes still receive the broadcast (the sender would otherwise hang until its
-  timeout, and the group would fall out of step) and are refused afterwards.
-- Consistency: a full update arrives as many bucket calls. The manager remembers which
-  parameters changed since the model was last "whole" (every parameter written since the
-  previous whole point, or a full disk load). If a call fails while that set is not
-  empty, some parameters are new and some old: ``consistent`` turns false with a reason
-  (``/model_info`` ``weights_consistent``, ``/health`` 503, ``/generate`` 503) until a
-  disk load or distributed writes covering every parameter make it whole again.
+- ``/init_weights_update_group`` joins the group as ranks ``rank_offset + tp_rank`` for every
+  ``tp_rank < tp_size`` (one gloo member per simulated TP worker, each in its own thread) and
+  answers once all of them joined. pp > 1 is refused (SGLang would join every stage as the same
+  ranks); dp is checked by the engine (see :mod:`local_engine.compat`).
+- ``load_format: "flattened_bucket"``: ONE ``uint8`` buffer of the bucket's byte size per rank
+  receives one broadcast; dtypes may mix; unaligned tensors are refused (before the broadcast
+  from 0.5.23 on, after it before). Otherwise one broadcast per tensor, in ``names`` order.
+- A call that cannot start (unknown group, unknown dtype, a refused layout) fails before the
+  broadcast: the sender is left alone in the collective, as with SGLang.
+- After the broadcast, names and shapes are checked against the model and only then copied in
+  (with a dtype cast); a failure answers "Failed to update parameter online: ... partially
+  updated. Please discard the whole weights." like SGLang. local_engine leaves the parameters
+  of a refused call unchanged (SGLang may have applied part of the bucket); either way the
+  engine keeps serving whatever it holds — it never reports or refuses "inconsistent" weights:
+  knowing that an engine may be mixed is the caller's job.
 - A broadcast that fails or times out marks its group broken: destroy and re-form it.
 
 Not covered: ``update_weights_from_tensor`` (CUDA IPC handles have no CPU meaning),
@@ -25,7 +26,7 @@ non-safetensors checkpoints, parameters whose names differ from the Hugging Face
 from __future__ import annotations
 
 import asyncio
-import logging
+import math
 from pathlib import Path
 
 import torch
@@ -33,13 +34,12 @@ import torch
 from asyncrl.weight_sync import (
     WeightGroup,
     WeightSyncError,
-    init_weight_group,
+    byte_layout,
+    join_group,
     parse_dtype,
-    receive_bucket,
+    unpack_bucket,
 )
 from local_engine.protocol import InitGroupBody, UpdateDistributedBody
-
-log = logging.getLogger(__name__)
 
 
 class WeightUpdateError(Exception):
@@ -50,72 +50,111 @@ class WeightUpdateError(Exception):
         self.message = message
 
 
-class WeightManager:
-    """Model weights as the engine's routes see them: names, version, groups, consistency."""
+def partially_updated(reason: str) -> WeightUpdateError:
+    return WeightUpdateError(f"Failed to update parameter online: {reason}. The full weights of the ModelRunner are "
+                             "partially updated. Please discard the whole weights.")
 
-    def __init__(self, weights: dict[str, torch.Tensor], version: str, timeout_s: float):
+
+class WeightManager:
+    """Model weights as the engine's routes see them: names, version, groups."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], version: str, timeout_s: float, tp_size: int = 1):
         self.params = weights
         self.version = version
         self.timeout_s = timeout_s
-        self.groups: dict[str, WeightGroup] = {}
-        self.consistent = True
-        self.inconsistent_reason: str | None = None
+        self.tp_size = tp_size
+        self.groups: dict[str, list[WeightGroup]] = {}
         self._canonical: dict[str, str] = {}
         first_by_ptr: dict[tuple, str] = {}
         for name, t in weights.items():  # tied weights share storage: one canonical name
             key = (t.data_ptr(), tuple(t.shape)) if t.numel() else (name,)
             self._canonical[name] = first_by_ptr.setdefault(key, name)
         self._all = set(first_by_ptr.values())
-        self._touched: set[str] = set()
 
     # -- groups --------------------------------------------------------------------------
-    async def init_group(self, body: InitGroupBody) -> str:
+    async def init_group(self, body: InitGroupBody, pp_size: int = 1) -> str:
+        if body.backend != "gloo":
+            raise WeightUpdateError(f"Failed to initialize custom process group: backend {body.backend!r}: local_engine "
+                                    "joins weight-update groups with gloo only.")
         if body.group_name in self.groups:
             raise WeightUpdateError(f"group {body.group_name!r} already exists; destroy it first")
-        try:
-            group = await asyncio.to_thread(
-                init_weight_group, body.master_address, body.master_port, body.world_size, body.rank_offset,
-                group_name=body.group_name, backend=body.backend, timeout_s=self.timeout_s,
-            )
-        except WeightSyncError as exc:
-            raise WeightUpdateError(str(exc)) from None
-        self.groups[body.group_name] = group
-        return f"Succeeded to initialize group {body.group_name!r} as rank {body.rank_offset} of {body.world_size}."
+        if pp_size > 1:
+            raise WeightUpdateError(f"Failed to initialize custom process group: pp_size={pp_size}: every pipeline stage "
+                                    "would join as the same ranks (SGLang's updater ignores pp)")
+        last = body.rank_offset + self.tp_size - 1
+        if last >= body.world_size:
+            raise WeightUpdateError(f"Failed to initialize custom process group: ranks {body.rank_offset}..{last} "
+                                    f"(tp_size {self.tp_size}) do not fit world_size {body.world_size}.")
+
+        def join(rank: int) -> WeightGroup:
+            return join_group(body.master_address, body.master_port, body.world_size, rank, group_name=body.group_name,
+                              timeout_s=self.timeout_s)
+
+        results = await asyncio.gather(*(asyncio.to_thread(join, body.rank_offset + r) for r in range(self.tp_size)),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for g in results:
+                if isinstance(g, WeightGroup):
+                    await asyncio.to_thread(g.destroy)
+            raise WeightUpdateError(f"Failed to initialize custom process group: {errors[0]}.")
+        self.groups[body.group_name] = list(results)
+        return "Succeeded to initialize custom process group."
 
     async def destroy_group(self, name: str) -> str:
-        group = self.groups.pop(name, None)
-        if group is None:
-            raise WeightUpdateError(f"no weight update group named {name!r}")
-        await asyncio.to_thread(group.destroy)
-        return f"Succeeded to destroy group {name!r}."
+        ranks = self.groups.pop(name, None)
+        if ranks is None:
+            raise WeightUpdateError("The group to be destroyed does not exist.")
+        for g in ranks:
+            await asyncio.to_thread(g.destroy)
+        return "Succeeded to destroy custom process group."
 
     async def close(self) -> None:
         for name in list(self.groups):
             await self.destroy_group(name)
 
     # -- distributed ---------------------------------------------------------------------
-    def plan_receive(self, body: UpdateDistributedBody) -> tuple[WeightGroup, list[torch.dtype]]:
-        """Checks that can run before the broadcast; raises WeightUpdateError."""
-        group = self.groups.get(body.group_name)
-        if group is None:
-            raise WeightUpdateError(f"no weight update group named {body.group_name!r}; call /init_weights_update_group first")
-        if group.broken:
-            raise WeightUpdateError(f"group {body.group_name!r} is broken ({group.broken}); destroy and re-form it")
+    def plan_receive(self, body: UpdateDistributedBody, check_alignment: bool) -> list[WeightGroup]:
+        """Checks SGLang makes before the broadcast; raises WeightUpdateError."""
+        ranks = self.groups.get(body.group_name)
+        if ranks is None:
+            raise WeightUpdateError(f"Failed to receive weights: Group {body.group_name} not in {sorted(self.groups)}. "
+                                    "Please call `init_weights_update_group` first.")
+        broken = next((g.broken for g in ranks if g.broken), None)
+        if broken:
+            raise WeightUpdateError(f"Failed to receive weights: group {body.group_name!r} is broken ({broken})")
         try:
-            dtypes = [parse_dtype(d) for d in body.dtypes]
+            for d in body.dtypes:
+                parse_dtype(d)
+            if check_alignment and body.load_format == "flattened_bucket":
+                byte_layout(body.names, body.dtypes, body.shapes)
         except ValueError as exc:
-            raise WeightUpdateError(str(exc)) from None
-        if body.load_format == "flattened_bucket" and len(set(dtypes)) > 1:
-            raise WeightUpdateError("load_format flattened_bucket needs one dtype per call")
-        return group, dtypes
+            raise WeightUpdateError(f"Failed to receive weights: {exc}") from None
+        return ranks
 
-    async def receive(self, group: WeightGroup, body: UpdateDistributedBody, dtypes: list[torch.dtype]) -> list[torch.Tensor]:
-        """Run the receiving side of the bucket's broadcasts (in a thread)."""
+    async def receive(self, ranks: list[WeightGroup], body: UpdateDistributedBody) -> list[torch.Tensor]:
+        """Every simulated TP rank receives the bucket (each in a thread); rank 0's copy is kept."""
         flattened = body.load_format == "flattened_bucket"
-        try:
-            return await asyncio.to_thread(receive_bucket, group, dtypes, body.shapes, flattened, self.timeout_s)
-        except WeightSyncError as exc:
-            raise WeightUpdateError(f"broadcast failed, weights unchanged by this call: {exc}") from None
+
+        def one(group: WeightGroup) -> list[torch.Tensor]:
+            if flattened:
+                total = sum(math.prod(s) * torch.empty((), dtype=parse_dtype(d)).element_size()
+                            for d, s in zip(body.dtypes, body.shapes))
+                flat = torch.empty(total, dtype=torch.uint8)
+                group.broadcast(flat, src=0, timeout_s=self.timeout_s)
+                return unpack_bucket(flat, body.names, body.dtypes, body.shapes)
+            out = [torch.empty(list(s), dtype=parse_dtype(d)) for d, s in zip(body.dtypes, body.shapes)]
+            for t in out:
+                group.broadcast(t, src=0, timeout_s=self.timeout_s)
+            return out
+
+        results = await asyncio.gather(*(asyncio.to_thread(one, g) for g in ranks), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            if isinstance(errors[0], WeightSyncError):
+                raise WeightUpdateError(f"Failed to receive weights: {errors[0]}") from None
+            raise partially_updated(str(errors[0]))  # e.g. unaligned views, found after the broadcast
+        return results[0]
 
     # -- disk ----------------------------------------------------------------------------
     @staticmethod
@@ -136,25 +175,22 @@ class WeightManager:
                 raise WeightUpdateError(f"cannot read {f.name}: {exc}") from None
         return tensors
 
-    # -- staging checks and apply --------------------------------------------------------
+    # -- checks and apply ----------------------------------------------------------------
     def validate(self, names: list[str], tensors: list[torch.Tensor], *, full: bool = False) -> None:
-        """Raise WeightUpdateError unless every name is known with the right shape (and,
-        with ``full``, every parameter is covered)."""
+        """Raise WeightUpdateError unless every name is known with the right shape and finite
+        floating values (and, with ``full``, every parameter is covered)."""
         unknown = [n for n in names if n not in self.params]
         if unknown:
-            raise WeightUpdateError(f"unknown parameter names: {', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''}")
-        bad = [
-            f"{n}: got {list(t.shape)}, model has {list(self.params[n].shape)}"
-            for n, t in zip(names, tensors, strict=True)
-            if tuple(t.shape) != tuple(self.params[n].shape)
-        ]
+            raise partially_updated(f"unknown parameter names: {', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''}")
+        bad = [f"{n}: got {list(t.shape)}, model has {list(self.params[n].shape)}"
+               for n, t in zip(names, tensors, strict=True) if tuple(t.shape) != tuple(self.params[n].shape)]
         if bad:
-            raise WeightUpdateError("shape mismatch: " + "; ".join(bad[:8]))
+            raise partially_updated("shape mismatch: " + "; ".join(bad[:8]))
         if not all(t.is_floating_point() for t in tensors):
-            raise WeightUpdateError("weights must be floating point tensors")
+            raise partially_updated("weights must be floating point tensors")
         nonfinite = [n for n, t in zip(names, tensors, strict=True) if not bool(torch.isfinite(t).all())]
         if nonfinite:
-            raise WeightUpdateError(f"non-finite values (NaN/inf) in: {', '.join(nonfinite[:8])}")
+            raise partially_updated(f"non-finite values (NaN/inf) in: {', '.join(nonfinite[:8])}")
         if full:
             missing = self._all - {self._canonical[n] for n in names}
             if missing:
@@ -162,27 +198,6 @@ class WeightManager:
 
     @torch.no_grad()
     def apply(self, names: list[str], tensors: list[torch.Tensor]) -> None:
-        """Copy staged tensors into the parameters (call with the scheduler held)."""
+        """Copy checked tensors into the parameters (call with the scheduler held)."""
         for n, t in zip(names, tensors, strict=True):
             self.params[n].copy_(t)
-        self._touched |= {self._canonical[n] for n in names}
-        if self._touched >= self._all:
-            self._touched.clear()
-            if not self.consistent:
-                log.info("every parameter rewritten since the failed update: weights consistent again")
-            self.consistent, self.inconsistent_reason = True, None
-
-    def mark_whole(self) -> None:
-        """After a full load: nothing is half-updated."""
-        self._touched.clear()
-        self.consistent, self.inconsistent_reason = True, None
-
-    def record_failure(self, reason: str) -> None:
-        """A failed call: the weights are mixed if an update was under way."""
-        if self._touched:
-            self.consistent = False
-            self.inconsistent_reason = (
-                f"{reason} after {len(self._touched)} of {len(self._all)} parameters had been updated; "
-                "reload with /update_weights_from_disk or push every parameter again"
-            )
-            log.error("weights inconsistent: %s", self.inconsistent_reason)

@@ -1,12 +1,10 @@
 """The sync agent's HTTP API (bearer ``security.sync_token`` on every route but ``/health``
 and ``/metrics``).
 
-    POST /v1/syncs        {version, group: {master_address, master_port, backend, world_size?,
-                           group_name?, new?}, buckets: [{names, dtypes, shapes}], flattened?,
-                           reload?: {path, version}}
-                          → 202 {id, state, world_size, join_group}
-                          409 {"error": {"code": "stale" | "regroup", ...}}; 503 without engines or while recovering an unfinished sync
-    GET  /v1/syncs/{id}   → the sync: state (queued, pausing, awaiting_broadcast, loading,
+    POST /v1/syncs        asyncrl.wire.sync.SyncRequest → 202 SyncAccepted
+                          409 {"error": {"reason": "stale" | "regroup" | "layout" | "nccl_mismatch", ...}};
+                          503 (reason "no_engines" | "recovering") without engines or while an unfinished sync is recovered
+    GET  /v1/syncs/{id}   → SyncStatus: state (queued, pausing, awaiting_broadcast, loading, failing,
                             resuming, succeeded, failed), phase_seconds, bytes, gb_per_s, engines, error
     GET  /v1/syncs        → the last syncs
     GET  /status          → current version, the group, every engine's version and state, the last syncs
@@ -17,63 +15,18 @@ from __future__ import annotations
 
 import hmac
 from contextlib import asynccontextmanager
-from typing import Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from asyncrl.http.errors import ApiError, BodySizeLimit, install_error_handlers
-from asyncrl.weight_sync.buckets import parse_dtype
+from asyncrl.wire.sync import SyncAccepted, SyncRequest
 from sync_agent.coordinator import SyncConflict
 from sync_agent.metrics import SyncCollector
 from sync_agent.rollout_admin import RolloutAdminError
 
 MAX_BODY_BYTES = 64 * 2**20  # bucket metadata of a large model (names and shapes) fits easily
-
-
-class GroupBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    master_address: str = Field(min_length=1, max_length=255)
-    master_port: int = Field(ge=1, le=65535)
-    backend: Literal["gloo", "nccl"] = "gloo"
-    world_size: int | None = Field(None, ge=2)
-    group_name: str = Field("weight_update_group", pattern=r"^[A-Za-z0-9_.-]{1,128}$")
-    new: bool = False
-
-
-class BucketBody(BaseModel):
-    names: list[str] = Field(min_length=1)
-    dtypes: list[str] = Field(min_length=1)
-    shapes: list[list[int]] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if not (len(self.names) == len(self.dtypes) == len(self.shapes)):
-            raise ValueError("names, dtypes and shapes must have the same length")
-        for d in set(self.dtypes):
-            try:
-                parse_dtype(d)
-            except (ValueError, TypeError, AttributeError):
-                raise ValueError(f"unknown dtype {d!r}") from None
-        if any(dim < 0 for shape in self.shapes for dim in shape):
-            raise ValueError("shapes must be non-negative")
-        return self
-
-
-class ReloadBody(BaseModel):
-    path: str = Field(min_length=1)
-    version: int = Field(ge=0)
-
-
-class SyncBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=1)
-    group: GroupBody
-    buckets: list[BucketBody] = Field(min_length=1)
-    flattened: bool = True
-    reload: ReloadBody | None = None
 
 
 def create_app(agent) -> FastAPI:
@@ -106,14 +59,14 @@ def create_app(agent) -> FastAPI:
     router = APIRouter(dependencies=[Depends(auth)])
 
     @router.post("/v1/syncs", status_code=202)
-    async def submit(body: SyncBody):
+    async def submit(body: SyncRequest) -> SyncAccepted:
         try:
-            rec, world = await co.submit(body.model_dump())
+            rec, world = await co.submit(body)
         except SyncConflict as exc:
             raise ApiError(exc.status, exc.message, param=exc.code, reason=exc.code) from None
         except RolloutAdminError as exc:
             raise ApiError(503, f"the rollout service is unreachable: {exc}") from None
-        return {"id": rec.id, "state": rec.state, "world_size": world, "join_group": rec.join_group}
+        return SyncAccepted(id=rec.id, state=rec.state, world_size=world, join_group=rec.join_group)
 
     @router.get("/v1/syncs/{sync_id}")
     async def get_sync(sync_id: str):

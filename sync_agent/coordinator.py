@@ -1,67 +1,60 @@
 """The transactional weight sync: pause → engines receive the broadcast → resume.
 
-``SyncCoordinator.submit`` validates a request from the trainer, decides whether the
-engines must (re)join a weight-update group, queues the sync and answers at once (202);
-``run`` executes queued syncs one at a time (concurrent requests are serialised; an older
-or equal version is refused with 409). One sync:
+``SyncCoordinator.submit`` validates a :class:`~asyncrl.wire.sync.SyncRequest`, decides
+whether the engines must (re)join a weight-update group (reading each engine's layout from
+``/server_info`` and refusing layouts or NCCL versions that cannot work), queues the sync and
+answers at once (202); ``run`` executes queued syncs one at a time (an older or equal version
+is refused with 409). The engine side of a sync is
+:class:`~asyncrl.weight_sync.engine_update.EngineUpdate`; around it:
 
 1. **pausing**: ``POST /admin/pause`` on the rollout service (``partial`` or ``drain`` from
-   the config), then ``/pause_generation`` (abort) on every member engine;
-2. **awaiting_broadcast**: when the group is new, every engine joins it
-   (``/init_weights_update_group``, rank offset = 1 + the ranks of the engines before it);
+   the config), then ``/pause_generation`` (abort) and ``/begin_weight_update`` on every
+   member engine;
+2. **awaiting_broadcast**: when the group is new, every engine joins it at its rank offset;
    the calls return once the trainer has joined as rank 0;
-3. **loading**: for each bucket, ``/update_weights_from_distributed`` on every engine (the
-   calls return when the trainer's broadcast of that bucket is done); the new version is
-   set with the last bucket, so an engine reports it only with every bucket loaded;
-4. **resuming**: flush caches, then (in ``finally``, whatever happened) ``/continue_generation``
-   on every paused engine and ``/admin/resume`` on the rollout service — at the new version
-   when every member engine loaded it, else at the old one.
+3. **loading**: each bucket's ``/update_weights_from_distributed`` on every engine while the
+   trainer broadcasts it; the last bucket carries the new version. The first engine that
+   refuses or fails a bucket turns the sync **failing** at once (the trainer watches and stops
+   broadcasting);
+4. **resuming**: ``/end_weight_update``, flush caches, then (in ``finally``, whatever happened)
+   ``/continue_generation`` on every paused engine and ``/admin/resume`` on the rollout service
+   — at the new version when every member loaded it, else at the old one.
 
 Whatever fails, nothing is left paused and no engine that may hold a mix of two versions
-serves: a member that did not finish (or reports ``weights_consistent: false``) is
-quarantined in the rollout service and marked for reload; the group is dropped (the next
-sync forms a new one). :mod:`.reconcile` reloads and releases engines. Every phase has a
-timeout; the state is persisted after every phase so a restarted agent reconciles
-(:meth:`recover`).
+serves: a member that was sent a bucket and did not confirm every bucket is quarantined in
+the rollout service (before it resumes) and marked for reload; the group is dropped (the next
+sync forms a new one). Nothing relies on what an engine says about its own consistency:
+SGLang says nothing. :mod:`.reconcile` reloads and releases engines. The state is persisted
+after every phase so a restarted agent reconciles (:func:`.reconcile.recover`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from typing import Any
-
-import torch
 
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
-from asyncrl.weight_sync.buckets import parse_dtype
-from sync_agent.records import GroupInfo, StateFile, SyncRecord
+from asyncrl.weight_sync.engine_update import EngineUpdate, Member
+from asyncrl.weight_sync.layout import LayoutError, check_nccl
+from asyncrl.wire.sync import BucketSpec, SyncRequest, weight_version_number
+from sync_agent.records import AgentState, GroupInfo, StateFile, SyncRecord
 from sync_agent.rollout_admin import RolloutAdmin, RolloutAdminError
 
 log = logging.getLogger(__name__)
 
 RESUME_RETRIES = 5  # a resume that fails is retried: a rollout left paused stalls the whole run
 RESUME_RETRY_S = 2.0
+AGENT_REASON = "sync-agent:"  # prefix of quarantine reasons set by the agent (only those are released by it)
 
 
 class SyncConflict(Exception):
+    """A refused submit: HTTP status, the reason (``asyncrl.wire.sync.REFUSALS``), a message."""
+
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
-
-
-def bucket_nbytes(bucket: dict[str, Any]) -> int:
-    return sum(math.prod(shape) * torch.empty((), dtype=parse_dtype(dt)).element_size()
-               for dt, shape in zip(bucket["dtypes"], bucket["shapes"]))
-
-
-def version_of(raw: Any) -> int:
-    try:
-        return max(0, int(str(raw)))
-    except (TypeError, ValueError):
-        return 0
 
 
 class SyncCoordinator:
@@ -69,19 +62,17 @@ class SyncCoordinator:
         self.cfg = cfg
         self.state_file = state_file
         self.rollout = rollout
-        self.version, self.group, self.records = state_file.load()
+        state = state_file.load()
+        self.version, self.group, self.records, self.needs_reload = state.version, state.group, state.records, state.needs_reload
         self.accepted_version = self.version
         self.queue: asyncio.Queue[SyncRecord] = asyncio.Queue()
         self.clients: dict[str, EngineClient] = {}
-        self.needs_reload: set[str] = set()
         self.running: SyncRecord | None = None
         self.reload_hint: dict[str, Any] | None = None
         self.last_views: list[dict[str, Any]] = []
         self.unfinished: SyncRecord | None = next((r for r in reversed(self.records) if not r.done), None)
         """A sync the previous agent process left unfinished; new syncs wait until it is recovered."""
-        at = cfg.async_training
-        self.pause_mode = "partial" if at.partial_rollout and at.staleness_threshold > 0 else "drain"
-        self.gpus = cfg.engines.gpus_per_engine
+        self.pause_mode = "partial" if cfg.async_training.partial_rollout_active else "drain"
 
     # -- engines -------------------------------------------------------------------------
     def client(self, engine_id: str, url: str) -> EngineClient:
@@ -94,15 +85,15 @@ class SyncCoordinator:
         return c
 
     async def engine_views(self) -> list[dict[str, Any]]:
-        """The rollout service's engines with each one's liveness, version and consistency."""
+        """The rollout service's engines with each one's liveness and served version."""
         engines = (await self.rollout.status())["engines"]
 
         async def view(e: dict) -> dict:
             out = {"id": e["id"], "url": e["url"], "rollout_state": e["state"], "reason": e.get("reason"), "alive": False,
-                   "version": None, "consistent": None}
+                   "version": None}
             try:
                 info = await self.client(e["id"], e["url"]).model_info(timeout_s=self.cfg.sync.engine_timeout_s)
-                out.update(alive=True, version=version_of(info.get("weight_version")), consistent=info.get("weights_consistent", True))
+                out.update(alive=True, version=weight_version_number(info.get("weight_version")))
             except EngineError:
                 pass
             return out
@@ -111,9 +102,32 @@ class SyncCoordinator:
         self.last_views = views
         return views
 
+    def _update(self, rec: SyncRecord) -> EngineUpdate:
+        g = rec.group
+        members = [Member(eid, self.client(eid, g["urls"][eid]), rank_offset=offset) for eid, offset in g["members"].items()]
+        return EngineUpdate(members, control_timeout_s=self.cfg.sync.engine_timeout_s, group_name=g["group_name"])
+
+    async def _plan_group(self, request: SyncRequest, live: dict[str, str]) -> tuple[dict[str, int], int]:
+        """Rank offsets and world size of a new group of the ``live`` engines (id → url), from
+        their layouts; SyncConflict for a layout or NCCL versions that cannot work."""
+        order = sorted(live)
+        update = EngineUpdate([Member(eid, self.client(eid, live[eid])) for eid in order],
+                              control_timeout_s=self.cfg.sync.engine_timeout_s)
+        try:
+            layouts, world = await update.read_layouts()
+        except LayoutError as exc:
+            raise SyncConflict(409, "layout", str(exc)) from None
+        except EngineError as exc:
+            raise SyncConflict(503, "no_engines", f"reading an engine's /server_info failed: {exc}") from None
+        if request.group.backend == "nccl":
+            problems = check_nccl(layouts, request.group.nccl_version, request.group.torch_version)
+            if problems:
+                raise SyncConflict(409, "nccl_mismatch", "NCCL versions cannot form one group: " + "; ".join(problems))
+        return {m.id: m.rank_offset for m in update.members}, world
+
     # -- accepting ------------------------------------------------------------------------
-    async def submit(self, body: dict[str, Any]) -> tuple[SyncRecord, int]:
-        version = int(body["version"])
+    async def submit(self, request: SyncRequest) -> tuple[SyncRecord, int]:
+        version = request.version
         if self.unfinished is not None:
             raise SyncConflict(503, "recovering", f"still recovering sync {self.unfinished.id}, which the previous agent left "
                                                   "unfinished (waiting for the rollout service and the engines)")
@@ -124,23 +138,22 @@ class SyncCoordinator:
         views = [v for v in await self.engine_views() if v["alive"]]
         if not views:
             raise SyncConflict(503, "no_engines", "no live engine to update")
-        g = body["group"]
+        g = request.group
         live = {v["id"]: v["url"] for v in views}
-        if self.group is not None and (g["master_address"], g["master_port"]) == self.group.key and not g.get("new"):
+        if self.group is not None and g.key == self.group.key and not g.new:
             if set(live) != set(self.group.members):
                 self.group = None
                 self.persist()
                 raise SyncConflict(409, "regroup", "the engines changed since the group was formed; form a new group (new port)")
             join, members, world = False, self.group.members, self.group.world_size
-        elif g.get("new") or self.group is None or (g["master_address"], g["master_port"]) != self.group.key:
-            order = sorted(live)
-            members = {eid: 1 + i * self.gpus for i, eid in enumerate(order)}
-            join, world = True, 1 + self.gpus * len(order)
-        if body.get("reload"):
-            self.reload_hint = dict(body["reload"])
-        rec = SyncRecord(version=version, group={**g, "world_size": world, "members": members, "urls": live},
-                         buckets=body["buckets"], flattened=bool(body.get("flattened", True)), reload=body.get("reload"),
-                         join_group=join)
+        else:
+            members, world = await self._plan_group(request, live)
+            join = True
+        if request.reload is not None:
+            self.reload_hint = request.reload.model_dump()
+        rec = SyncRecord(version=version, group={**g.model_dump(), "world_size": world, "members": members, "urls": live},
+                         buckets=[b.model_dump() for b in request.buckets],
+                         reload=request.reload.model_dump() if request.reload else None, join_group=join)
         self.accepted_version = max(self.accepted_version, version)
         self.records.append(rec)
         self.persist()
@@ -148,7 +161,7 @@ class SyncCoordinator:
         return rec, world
 
     def persist(self) -> None:
-        self.state_file.save(self.version, self.group, self.records)
+        self.state_file.save(AgentState(self.version, self.group, self.records, self.needs_reload))
 
     def find(self, sync_id: str) -> SyncRecord | None:
         return next((r for r in self.records if r.id == sync_id), None)
@@ -171,88 +184,77 @@ class SyncCoordinator:
         self.persist()
         log.info("sync %s (version %d): %s", rec.id, rec.version, phase)
 
+    def _failing(self, rec: SyncRecord, why: str) -> None:
+        """Published at once: the trainer's watcher stops broadcasting when it sees it."""
+        if rec.error is None:
+            rec.error = f"{rec.state}: {why}"[:1000]
+            log.error("sync %s failed in %s: %s", rec.id, rec.state, why)
+        if rec.state != "failing":
+            self._enter(rec, "failing")
+
     async def execute(self, rec: SyncRecord) -> None:
         s = self.cfg.sync
         rec.previous_version = self.version
-        members: dict[str, int] = rec.group["members"]
-        clients = {eid: self.client(eid, rec.group["urls"][eid]) for eid in members}
-        done_buckets = {eid: 0 for eid in members}
-        paused_rollout, paused_engines = False, []
+        update = self._update(rec)
+        paused_rollout = False
         try:
             self._enter(rec, "pausing")
             await self.rollout.pause(self.pause_mode, s.pause_timeout_s)
             paused_rollout = True
-            await _all({eid: c.pause("abort", timeout_s=s.engine_timeout_s) for eid, c in clients.items()}, s.engine_timeout_s, "pause")
-            paused_engines = list(clients)
+            await update.pause("abort")
+            await update.begin()
             self._enter(rec, "awaiting_broadcast")
             if rec.join_group:
-                await self._form_group(rec, clients, members)
+                await self._form_group(rec, update)
             self._enter(rec, "loading")
-            g = rec.group
             for i, bucket in enumerate(rec.buckets):
+                spec = BucketSpec(**bucket)
                 last = i == len(rec.buckets) - 1
-                calls = {eid: c.update_weights_from_distributed(
-                    bucket["names"], bucket["dtypes"], bucket["shapes"], group_name=g.get("group_name", "weight_update_group"),
-                    weight_version=str(rec.version) if last else None, load_format="flattened_bucket" if rec.flattened else None,
-                    flush_cache=False, timeout_s=s.broadcast_timeout_s) for eid, c in clients.items()}
-                await _all(calls, s.broadcast_timeout_s + 10, f"bucket {i}", done=done_buckets)
-                rec.bytes += bucket_nbytes(bucket)
+                await update.load(spec, weight_version=str(rec.version) if last else None, timeout_s=s.broadcast_timeout_s,
+                                  on_failure=lambda why: self._failing(rec, why))
+                rec.bytes += spec.nbytes
+            await update.end()
             self._enter(rec, "resuming")
-            await asyncio.gather(*(c.flush_cache(retries=3, interval_s=0.5, timeout_s=s.engine_timeout_s) for c in clients.values()),
-                                 return_exceptions=True)
+            await update.flush()
             self.version = rec.version
-            rec.engines = {eid: "loaded" for eid in members}
-            self.needs_reload -= set(members)  # a full push rewrote every parameter: consistent again
+            rec.engines = {m.id: "loaded" for m in update.members}
+            self.needs_reload -= {m.id for m in update.members}  # a full push rewrote every parameter
         except Exception as exc:  # noqa: BLE001 - every failure ends in the same safe state
-            rec.error = f"{rec.state}: {type(exc).__name__}: {exc}"[:1000]
-            log.error("sync %s failed in %s: %s", rec.id, rec.state, exc)
-            await self._contain_failure(rec, clients, done_buckets)
+            self._failing(rec, f"{type(exc).__name__}: {exc}")
+            await self._contain_failure(rec, update)
         finally:
-            await asyncio.gather(*(clients[eid].resume(timeout_s=s.engine_timeout_s) for eid in paused_engines), return_exceptions=True)
+            await update.release()
             if paused_rollout:
                 await self._resume_rollout(rec)
             self._enter(rec, "succeeded" if rec.error is None else "failed")
 
-    async def _form_group(self, rec: SyncRecord, clients: dict[str, EngineClient], members: dict[str, int]) -> None:
-        s = self.cfg.sync
+    async def _form_group(self, rec: SyncRecord, update: EngineUpdate) -> None:
         g = rec.group
-        name = g.get("group_name", "weight_update_group")
-        # leave any old group of that name first (best effort: after a failure or a restart the
-        # engines may still hold one the agent no longer tracks)
-        await asyncio.gather(*(c.destroy_weights_update_group(name, timeout_s=s.engine_timeout_s) for c in clients.values()),
-                             return_exceptions=True)
         self.group = None
-        calls = {eid: c.init_weights_update_group(g["master_address"], g["master_port"], members[eid], g["world_size"], name,
-                                                  g.get("backend", "gloo"), timeout_s=s.group_init_timeout_s)
-                 for eid, c in clients.items()}
-        await _all(calls, s.group_init_timeout_s + 10, "group join")
-        self.group = GroupInfo(g["master_address"], g["master_port"], g.get("backend", "gloo"), name, g["world_size"], dict(members))
+        await update.join(g["master_address"], g["master_port"], g["world_size"], backend=g["backend"],
+                          timeout_s=self.cfg.sync.group_init_timeout_s)
+        self.group = GroupInfo(g["master_address"], g["master_port"], g["backend"], g["group_name"], g["world_size"],
+                               dict(g["members"]))
         self.persist()
 
-    async def _contain_failure(self, rec: SyncRecord, clients: dict[str, EngineClient], done: dict[str, int]) -> None:
-        """Quarantine every member that may hold mixed weights; drop the group."""
-        total = len(rec.buckets)
-        for eid, c in clients.items():
+    async def _contain_failure(self, rec: SyncRecord, update: EngineUpdate) -> None:
+        """Quarantine every member that may hold mixed weights (before the rollout resumes);
+        drop the group."""
+        rec.engines = {m.id: update.outcome(m) for m in update.members}
+        for eid, outcome in rec.engines.items():
+            if outcome != "mixed":
+                continue
+            self.needs_reload.add(eid)
             try:
-                info = await c.model_info(timeout_s=self.cfg.sync.engine_timeout_s)
-                consistent = info.get("weights_consistent")
-                mixed = consistent is False or (consistent is None and 0 < done[eid] < total)
-                at_new = version_of(info.get("weight_version")) == rec.version and consistent is not False
-            except EngineError:
-                mixed, at_new = True, False
-            rec.engines[eid] = "loaded" if at_new and done[eid] == total else ("mixed" if mixed else "unchanged")
-            if mixed:
-                self.needs_reload.add(eid)
-                try:
-                    await self.rollout.quarantine(eid, f"sync-agent: failed update to version {rec.version}")
-                except RolloutAdminError as exc:
-                    log.error("could not quarantine %s: %s", eid, exc)
-        if self.group is not None:
-            await asyncio.gather(*(c.destroy_weights_update_group(self.group.group_name, timeout_s=self.cfg.sync.engine_timeout_s)
-                                   for c in clients.values()), return_exceptions=True)
+                await self.rollout.quarantine(eid, f"{AGENT_REASON} failed update to version {rec.version}")
+            except RolloutAdminError as exc:
+                log.error("could not quarantine %s: %s", eid, exc)
+        await update.each(lambda m: m.client.destroy_weights_update_group(update.group_name, timeout_s=update.control_timeout_s),
+                          update.control_timeout_s)
         self.group = None
-        if clients and all(v == "loaded" for v in rec.engines.values()):
+        if all(o == "loaded" for o in rec.engines.values()):
             self.version = rec.version  # every engine made it: the failure came after the last bucket
+        self.persist()
 
     async def _resume_rollout(self, rec: SyncRecord) -> None:
         for attempt in range(RESUME_RETRIES):
@@ -264,21 +266,3 @@ class SyncCoordinator:
                 log.error("resume of the rollout failed (%d/%d): %s", attempt + 1, RESUME_RETRIES, exc)
                 await asyncio.sleep(RESUME_RETRY_S)
         rec.error = (rec.error or "") + "; the rollout service could not be resumed"
-
-
-async def _all(calls: dict[str, Any], timeout_s: float, what: str, done: dict[str, int] | None = None) -> None:
-    """Await every engine's call; raise naming the engines that failed or timed out."""
-    tasks = {eid: asyncio.ensure_future(c) for eid, c in calls.items()}
-    finished, pending = await asyncio.wait(tasks.values(), timeout=timeout_s)
-    for t in pending:
-        t.cancel()
-    errors = []
-    for eid, t in tasks.items():
-        if t in pending:
-            errors.append(f"{eid}: no answer within {timeout_s:.0f} s")
-        elif t.exception() is not None:
-            errors.append(f"{eid}: {t.exception()}")
-        elif done is not None:
-            done[eid] += 1
-    if errors:
-        raise EngineError(f"{what} failed on " + "; ".join(errors))

@@ -2,22 +2,23 @@
 
 ``reconcile_once`` (every ``sync.reconcile_interval_s``):
 
-- an engine marked for reload (it failed an update) or reporting ``weights_consistent:
-  false`` is reloaded from disk (``/update_weights_from_disk``) when a source is known: the
+- an engine marked for reload (it may hold mixed weights after a failed update; the mark is
+  persisted) is reloaded from disk (``/update_weights_from_disk``) when a source is known: the
   trainer's newest export named in a sync request, or ``sync.reload_path``;
-- an engine the agent quarantined is released once its weights are consistent and at the
-  current version (so it rejoins at the right version — after a reload from an export at
+- an engine the agent quarantined is released once it is not marked for reload and serves
+  the current version (so it rejoins at the right version — after a reload from an export at
   that version, or after the next sync pushed it the weights);
 - a routable engine that serves another version than the current one (e.g. it restarted
   with its initial weights) is quarantined until it catches up.
 
 ``recover`` runs at start (and every round until it succeeds) when the state file shows a
-sync that never finished; until then new syncs get 503 ``recovering``. If
-every live member reports the target version with consistent weights the sync is finished
-(continue, resume at the new version), otherwise it is rolled back (mixed engines
-quarantined, resume at the old version). An agent that died while loading leaves engines
-that may be mixed without knowing it: every member not at the new version counts as mixed. Either way the group is dropped: engines' group
-state after a crash is unknown, and the trainer is told to form a new one (409 regroup).
+sync that never finished; until then new syncs get 503 ``recovering``. If every live member
+reports the target version (set only with the last bucket, so it loaded them all) the sync is
+finished (continue, resume at the new version), otherwise it is rolled back (resume at the old
+version). An agent that died while loading leaves engines that may be mixed without knowing it
+(SGLang cannot say either): every member not at the new version is quarantined and reloaded.
+Either way the group is dropped and open weight-update sessions are closed: engines' state
+after a crash is unknown, and the trainer is told to form a new one (409 regroup).
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from asyncrl.engine_client.errors import EngineError
-from sync_agent.coordinator import SyncCoordinator
+from asyncrl.engine_client.errors import EngineError, EngineHTTPError
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME
+from sync_agent.coordinator import AGENT_REASON, SyncCoordinator
 from sync_agent.rollout_admin import RolloutAdminError
 
 log = logging.getLogger(__name__)
-
-AGENT_REASON = "sync-agent:"  # prefix of quarantine reasons set by the agent (only those are released by it)
 
 
 def reload_source(co: SyncCoordinator) -> tuple[str, int] | None:
@@ -59,24 +59,29 @@ async def reconcile_once(co: SyncCoordinator) -> None:
             continue
         eid = v["id"]
         client = co.client(eid, v["url"])
-        if (eid in co.needs_reload or v["consistent"] is False) and source is not None:
+        if eid in co.needs_reload and source is not None:
             path, version = source
             try:
                 await client.update_weights_from_disk(path, weight_version=str(version), timeout_s=co.cfg.sync.engine_timeout_s * 4)
+                try:
+                    await client.flush_cache(retries=3, interval_s=0.5)
+                except EngineError as exc:  # a stale prefix cache only costs hits; the weights are whole
+                    log.info("flush after reloading %s: %s", eid, exc)
                 co.needs_reload.discard(eid)
-                v.update(consistent=True, version=version)
+                co.persist()
+                v.update(version=version)
                 log.info("engine %s reloaded from %s (version %d)", eid, path, version)
             except EngineError as exc:
                 log.warning("reloading engine %s from %s failed: %s", eid, path, exc)
                 continue
-        healthy_here = v["consistent"] is not False and eid not in co.needs_reload and v["version"] == co.version
+        healthy_here = eid not in co.needs_reload and v["version"] == co.version
         ours = (v.get("reason") or "").startswith(AGENT_REASON)
         try:
             if v["rollout_state"] == "quarantined" and ours and healthy_here:
                 await co.rollout.release(eid)
                 log.info("engine %s released at version %d", eid, co.version)
             elif v["rollout_state"] != "quarantined" and not healthy_here:
-                why = "inconsistent weights" if v["consistent"] is False else f"serves version {v['version']}, current is {co.version}"
+                why = "may hold mixed weights" if eid in co.needs_reload else f"serves version {v['version']}, current is {co.version}"
                 await co.rollout.quarantine(eid, f"{AGENT_REASON} {why}")
                 log.warning("engine %s quarantined: %s", eid, why)
         except RolloutAdminError as exc:
@@ -106,14 +111,14 @@ async def recover(co: SyncCoordinator) -> str | None:
         log.error("cannot recover sync %s yet: %s", rec.id, exc)
         return None
     members = [views[eid] for eid in rec.group.get("members", {}) if eid in views and views[eid]["alive"]]
-    complete = bool(members) and all(m["version"] == rec.version and m["consistent"] is not False for m in members)
-    # Died while loading: an engine that did not get the last bucket (which carries the new
-    # version) may hold some new parameters and some old ones, and no failed call told it so
-    # (SGLang cannot say either). Treat it as mixed: quarantine and reload.
-    maybe_mixed = rec.state == "loading"
+    complete = bool(members) and all(m["version"] == rec.version for m in members)
+    # Died while loading (or failing): an engine that did not get the last bucket (which
+    # carries the new version) may hold some new parameters and some old ones, and no failed
+    # call told it so. Treat it as mixed: quarantine and reload.
+    maybe_mixed = rec.state in ("loading", "failing")
     for m in members:
         client = co.client(m["id"], m["url"])
-        if (m["consistent"] is False or m["version"] not in (rec.version, rec.previous_version)
+        if (m["version"] not in (rec.version, rec.previous_version)
                 or (maybe_mixed and not complete and m["version"] != rec.version)):
             co.needs_reload.add(m["id"])
             try:
@@ -121,7 +126,13 @@ async def recover(co: SyncCoordinator) -> str | None:
             except RolloutAdminError as exc:
                 log.error("could not quarantine %s: %s", m["id"], exc)
         try:
-            await client.destroy_weights_update_group(co.group.group_name if co.group else "weight_update_group")
+            await client.destroy_weights_update_group(co.group.group_name if co.group else DEFAULT_GROUP_NAME)
+        except EngineError:
+            pass
+        try:
+            await client.end_weight_update()
+        except EngineHTTPError:
+            pass  # 400: no session open (the dead agent had not begun one, or closed it)
         except EngineError:
             pass
         try:

@@ -1,25 +1,27 @@
 """What the sync agent remembers, and where: sync records and the agent's durable state.
 
 ``SyncRecord`` is one sync's life: its phase, the duration of every phase, bytes moved, the
-per-engine outcome and the error. ``AgentState`` is what must survive a restart of the
-agent: the current weight version, the weight-update group the engines are in (address,
-port, members) and the last records, including one still in progress. It is written
-atomically (tmp + rename) to ``<run dir>/sync/state.json`` after every phase change, so a
-restarted agent knows whether it died mid-sync and can reconcile.
+per-engine outcome and the error (its public form is :class:`asyncrl.wire.sync.SyncStatus`).
+What must survive a restart of the agent — the current weight version, the weight-update
+group the engines are in (address, port, members and their rank offsets), the engines that
+must be reloaded before they serve again, and the last records, including one still in
+progress — is written atomically (``asyncrl.files.atomic_write``) to
+``<run dir>/sync/state.json`` after every phase change, so a restarted agent knows whether it
+died mid-sync and can reconcile.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-PHASES = ("queued", "pausing", "awaiting_broadcast", "loading", "resuming")
-TERMINAL = ("succeeded", "failed")
+from asyncrl.files import atomic_write
+from asyncrl.wire.sync import SYNC_FINAL, SyncStatus
+
 KEEP_RECORDS = 50  # syncs kept in the state file and in /status
 
 
@@ -28,7 +30,7 @@ class SyncRecord:
     version: int
     group: dict[str, Any]
     buckets: list[dict[str, Any]]
-    flattened: bool = True
+    """The request's buckets (BucketSpec dicts)."""
     reload: dict[str, Any] | None = None
     id: str = field(default_factory=lambda: "sync-" + uuid.uuid4().hex[:12])
     state: str = "queued"
@@ -47,24 +49,25 @@ class SyncRecord:
         now = time.time()
         self.phase_seconds[self.state] = self.phase_seconds.get(self.state, 0.0) + now - self.phase_started_at
         self.state, self.phase_started_at = phase, now
-        if phase in TERMINAL:
+        if phase in SYNC_FINAL:
             self.finished_at = now
 
     @property
     def done(self) -> bool:
-        return self.state in TERMINAL
+        return self.state in SYNC_FINAL
 
     @property
     def gb_per_s(self) -> float | None:
         secs = self.phase_seconds.get("loading")
         return self.bytes / 1e9 / secs if secs else None
 
-    def public(self, with_buckets: bool = False) -> dict[str, Any]:
-        out = asdict(self)
-        if not with_buckets:
-            out["buckets"] = len(self.buckets)
-        out["gb_per_s"] = self.gb_per_s
-        return out
+    def public(self) -> dict[str, Any]:
+        """The record as ``GET /v1/syncs/{id}`` answers it (a SyncStatus)."""
+        out = {k: v for k, v in asdict(self).items() if k in SyncStatus.model_fields}
+        return SyncStatus(**out, buckets=len(self.buckets), gb_per_s=self.gb_per_s).model_dump()
+
+
+_RECORD_FIELDS = {f.name for f in fields(SyncRecord)}
 
 
 @dataclass
@@ -82,6 +85,17 @@ class GroupInfo:
         return (self.master_address, self.master_port)
 
 
+@dataclass
+class AgentState:
+    """What the agent persists (module docstring)."""
+
+    version: int = 0
+    group: GroupInfo | None = None
+    records: list[SyncRecord] = field(default_factory=list)
+    needs_reload: set[str] = field(default_factory=set)
+    """Engines that may hold mixed weights: quarantined until reloaded from disk."""
+
+
 class StateFile:
     """The agent's durable state (see the module docstring)."""
 
@@ -89,17 +103,16 @@ class StateFile:
         self.path = path
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def load(self) -> tuple[int, GroupInfo | None, list[SyncRecord]]:
+    def load(self) -> AgentState:
         if not self.path.is_file():
-            return 0, None, []
+            return AgentState()
         doc = json.loads(self.path.read_text())
-        group = GroupInfo(**doc["group"]) if doc.get("group") else None
-        records = [SyncRecord(**r) for r in doc.get("records", [])]
-        return int(doc.get("version", 0)), group, records
+        return AgentState(version=int(doc.get("version", 0)),
+                          group=GroupInfo(**doc["group"]) if doc.get("group") else None,
+                          records=[SyncRecord(**{k: v for k, v in r.items() if k in _RECORD_FIELDS}) for r in doc.get("records", [])],
+                          needs_reload=set(doc.get("needs_reload", [])))
 
-    def save(self, version: int, group: GroupInfo | None, records: list[SyncRecord]) -> None:
-        doc = {"version": version, "group": asdict(group) if group else None,
-               "records": [asdict(r) for r in records[-KEEP_RECORDS:]]}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, self.path)
+    def save(self, state: AgentState) -> None:
+        doc = {"version": state.version, "group": asdict(state.group) if state.group else None,
+               "records": [asdict(r) for r in state.records[-KEEP_RECORDS:]], "needs_reload": sorted(state.needs_reload)}
+        atomic_write(self.path, json.dumps(doc))

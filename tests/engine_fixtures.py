@@ -46,11 +46,12 @@ class EngineProc:
 
 @contextmanager
 def running_engine(log_dir: Path, *extra: str, api_key: str | None = None, admin_api_key: str | None = None,
-                   name: str = "engine") -> Iterator[EngineProc]:
+                   name: str = "engine", env: dict[str, str] | None = None) -> Iterator[EngineProc]:
     """Start an engine, wait for /health, yield it, stop it (SIGTERM, then SIGKILL)."""
     port = free_port()
     argv = [sys.executable, "-m", "local_engine", "--model", MODEL, "--seed", str(SEED), "--host", "127.0.0.1",
             "--port", str(port), "--torch-threads", "1", "--log-level", os.environ.get("LOCAL_ENGINE_TEST_LOG_LEVEL", "warning"), *extra]
+    extra_env = env
     env = dict(os.environ)
     env.pop("LOCAL_ENGINE_API_KEY", None)
     env.pop("LOCAL_ENGINE_ADMIN_API_KEY", None)
@@ -58,6 +59,7 @@ def running_engine(log_dir: Path, *extra: str, api_key: str | None = None, admin
         env["LOCAL_ENGINE_API_KEY"] = api_key
     if admin_api_key:
         env["LOCAL_ENGINE_ADMIN_API_KEY"] = admin_api_key
+    env.update(extra_env or {})
     child = ChildProcess(name, argv, Path(log_dir) / f"{name}-{port}.log", env=env)
     child.start()
     url = f"http://127.0.0.1:{port}"

@@ -101,7 +101,7 @@ class TrainerDaemon:
         state = self._resume()
         self.step = self._last_saved = int(state.get("step", 0))
         at = cfg.async_training
-        self.max_lag = max_version_lag(at.staleness_threshold, 1 if at.partial_rollout and at.staleness_threshold > 0 else 0)
+        self.max_lag = max_version_lag(at.staleness_threshold, 1 if at.partial_rollout_active else 0)
         self.has_sync = bool(cfg.sync.url or cfg.engines.urls)
         if self.ctx.is_rank0:
             from trainer_daemon.rank0 import Rank0Services

@@ -155,6 +155,12 @@ class AsyncTrainingConfig(Section):
     """verl: compute proximal logprobs with a trainer forward pass before the update
     (decoupled PPO); the rollout logprobs then only enter the importance-sampling correction."""
 
+    @property
+    def partial_rollout_active(self) -> bool:
+        """Whether syncs abort and continue in-flight generations (``partial_rollout`` with
+        ``staleness_threshold > 0``) rather than draining them: the one place this rule lives."""
+        return self.partial_rollout and self.staleness_threshold > 0
+
 
 class ApiConfig(Section):
     max_body_bytes: int = Field(4 * 2**20, ge=1024, le=2**30)

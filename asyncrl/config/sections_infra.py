@@ -80,7 +80,8 @@ class EnginesConfig(Section):
     num_local: int = Field(1, ge=0, le=64)
     """Local engines ``asyncrl up`` starts when ``backend`` is ``local`` and ``urls`` is empty."""
     gpus_per_engine: int = Field(1, ge=1, le=64)
-    """Ranks each engine contributes to the weight-update group (SGLang: its TP size)."""
+    """GPUs of each SGLang engine (its ``--tp-size``; compose's GPU slots). The weight-update
+    group's ranks are not taken from here: each engine's ``/server_info`` says them."""
     max_batch_size: int = Field(32, ge=1, le=4096)
     """Local engine: most requests decoded together in one step."""
     local_args: list[str] = Field(default_factory=list, max_length=64)
@@ -174,7 +175,8 @@ class SyncConfig(Section):
     url: str | None = None
     """Where other components reach the sync agent. None: http://host:port."""
     bucket_bytes: int = Field(256 * 2**20, ge=2**16)
-    """Size of a dtype-homogeneous weight bucket (``flattened_bucket``)."""
+    """Most bytes of one weight bucket (tensors packed as bytes, SGLang's ``flattened_bucket``;
+    dtypes may mix; a larger tensor gets a bucket of its own)."""
     pause_timeout_s: float = Field(120.0, gt=0.0)
     """Limit of the pause phase (drain mode waits for in-flight generations)."""
     broadcast_timeout_s: float = Field(300.0, gt=0.0)

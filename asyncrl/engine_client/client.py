@@ -19,7 +19,9 @@ Contract:
   else ``api_key``; every other route sends ``api_key``.
 - version drift: ``pause("abort")`` and ``resume()`` fall back to an empty body on
   400/405/415/422 from servers that take none; ``/model_info``, ``/server_info``, ``/v1/loads`` fall back to their ``/get_*``
-  aliases on 404.
+  aliases on 404; ``begin_weight_update`` / ``end_weight_update`` return False on 404
+  (SGLang 0.5.20 and older have no weight-update sessions and need none).
+- aborts are by exact rid or ``abort_all`` (SGLang ignores a rid it does not track exactly).
 
 Not here: choosing an engine, retries of generations, rollout logic — the rollout
 service owns those.
@@ -43,6 +45,7 @@ from asyncrl.engine_client.errors import (
     error_message,
 )
 from asyncrl.engine_client.types import GenerateResult
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # a long agent turn on a slow engine; callers set their own
 DEFAULT_CONTROL_TIMEOUT_S = 120.0  # group init blocks until every rank joins (prime-rl PR #2673: 120 s)
@@ -228,10 +231,16 @@ class EngineClient:
             raise EngineUnavailable(f"POST {url} (stream): {type(exc).__name__}: {exc}") from exc
 
     async def abort(self, rid: str | None = None, abort_all: bool = False, *, timeout_s: float | None = None) -> None:
-        """Abort requests whose rid starts with ``rid``, or all of them."""
+        """Abort the request with exactly this ``rid``, or all of them (``abort_all``).
+
+        SGLang's tokenizer drops a rid it does not track exactly (200, nothing aborted), so a
+        prefix aborts nothing; its scheduler then matches by prefix, so rids must be chosen
+        so that no live rid is a prefix of another. A rid that already finished (or that the
+        engine has not registered yet) is a no-op: callers that must stop a request re-send."""
         if not rid and not abort_all:
             raise ValueError("give a rid or abort_all=True")
-        await self._call("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all}, admin=True, timeout_s=timeout_s)
+        body: dict[str, Any] = {"abort_all": True} if abort_all else {"rid": rid}
+        await self._call("POST", "/abort_request", body, admin=True, timeout_s=timeout_s)
 
     # -- pause / resume / cache ----------------------------------------------------------
     async def _post_with_body_fallback(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Any:
@@ -273,13 +282,33 @@ class EngineClient:
         raise EngineHTTPError(400, f"cache not flushed after {retries} tries: {last.message}", last.url, last.body)
 
     # -- weights -------------------------------------------------------------------------
+    async def _session_call(self, path: str, timeout_s: float | None) -> bool:
+        try:
+            self._checked(await self._call("POST", path, {}, admin=True, timeout_s=timeout_s), path.lstrip("/"))
+        except EngineHTTPError as exc:
+            if exc.status == 404:
+                return False  # SGLang 0.5.20 and older: no sessions, none needed
+            raise
+        return True
+
+    async def begin_weight_update(self, *, timeout_s: float | None = None) -> bool:
+        """Open the engine's weight-update session (SGLang 0.5.21+ refuses updates outside
+        one). False: the server has no such route (older SGLang) and needs none. An open
+        session answers 400 "already open": end it and begin again."""
+        return await self._session_call("/begin_weight_update", timeout_s)
+
+    async def end_weight_update(self, *, timeout_s: float | None = None) -> bool:
+        """Close the weight-update session (also after a failed update). False: no such route;
+        400 when no session is open."""
+        return await self._session_call("/end_weight_update", timeout_s)
+
     async def init_weights_update_group(
         self,
         master_address: str,
         master_port: int,
         rank_offset: int,
         world_size: int,
-        group_name: str = "weight_update_group",
+        group_name: str = DEFAULT_GROUP_NAME,
         backend: str = "gloo",
         *,
         timeout_s: float | None = None,
@@ -297,7 +326,7 @@ class EngineClient:
         dtypes: Sequence[str],
         shapes: Sequence[Sequence[int]],
         *,
-        group_name: str = "weight_update_group",
+        group_name: str = DEFAULT_GROUP_NAME,
         weight_version: str | None = None,
         load_format: str | None = None,
         flush_cache: bool | None = None,
@@ -311,14 +340,18 @@ class EngineClient:
                 body[key] = value
         return self._checked(await self._call("POST", "/update_weights_from_distributed", body, admin=True, timeout_s=timeout_s), "update_weights_from_distributed")
 
-    async def destroy_weights_update_group(self, group_name: str = "weight_update_group", *, timeout_s: float | None = None) -> dict[str, Any]:
+    async def destroy_weights_update_group(self, group_name: str = DEFAULT_GROUP_NAME, *, timeout_s: float | None = None) -> dict[str, Any]:
         body = {"group_name": group_name}
         return self._checked(await self._call("POST", "/destroy_weights_update_group", body, admin=True, timeout_s=timeout_s), "destroy_weights_update_group")
 
     async def update_weights_from_disk(
-        self, model_path: str, weight_version: str | None = None, *, abort_all_requests: bool = False, timeout_s: float | None = None
+        self, model_path: str, weight_version: str | None = None, *, abort_all_requests: bool = False,
+        flush_cache: bool = False, timeout_s: float | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests}
+        """Reload every weight from a model directory. ``flush_cache`` defaults to False (not
+        SGLang's True): with requests still running or queued, SGLang 0.5.22+ fails the call
+        after loading and 0.5.21 and older crash on an assert; call :meth:`flush_cache` after."""
+        body: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests, "flush_cache": flush_cache}
         if weight_version is not None:
             body["weight_version"] = weight_version
         return self._checked(await self._call("POST", "/update_weights_from_disk", body, admin=True, timeout_s=timeout_s), "update_weights_from_disk")
@@ -342,10 +375,31 @@ class EngineClient:
         return await self._get_with_alias("/v1/loads", "/get_load", timeout_s)
 
     async def health(self, *, timeout_s: float | None = None) -> bool:
-        """True on 200, False on 5xx (starting, unhealthy, weights inconsistent); raises
-        :class:`EngineUnavailable` / :class:`EngineTimeout` when it cannot ask."""
+        """``GET /health``: True on 200, False on 5xx; raises :class:`EngineUnavailable` /
+        :class:`EngineTimeout` when it cannot ask. On SGLang this is a one-token generation
+        by default (``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=1``) that waits behind a pause
+        for up to 20 s; see :meth:`health_generate` and :meth:`alive`."""
+        return await self._probe("/health", timeout_s)
+
+    async def health_generate(self, *, timeout_s: float | None = None) -> bool:
+        """``GET /health_generate``: the engine can generate (a one-token request when idle).
+        Blocks while the engine is paused (SGLang: up to 20 s, then 503): give it a timeout
+        above that, and do not use it to judge an engine paused for a weight sync."""
+        return await self._probe("/health_generate", timeout_s)
+
+    async def alive(self, *, timeout_s: float | None = None) -> bool:
+        """The HTTP server answers (``/model_info``; never waits for the scheduler or a pause)."""
         try:
-            await self._call("GET", "/health", timeout_s=timeout_s)
+            await self.model_info(timeout_s=timeout_s)
+            return True
+        except EngineHTTPError as exc:
+            if exc.status >= 500:
+                return False
+            raise
+
+    async def _probe(self, path: str, timeout_s: float | None) -> bool:
+        try:
+            await self._call("GET", path, timeout_s=timeout_s)
             return True
         except EngineHTTPError as exc:
             if exc.status >= 500:

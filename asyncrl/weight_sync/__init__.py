@@ -1,46 +1,49 @@
 """Weight sync between one sender (trainer rank 0) and inference engines.
 
-- :mod:`~asyncrl.weight_sync.group`: form a gloo group (sender hosts the store, loopback
-  when the address is), broadcast with timeouts.
-- :mod:`~asyncrl.weight_sync.buckets`: ``plan_buckets``, ``flatten_bucket``, ``unflatten_bucket``.
-- :mod:`~asyncrl.weight_sync.transfer`: ``broadcast_bucket`` (sender), ``receive_bucket`` (engine).
-- :mod:`~asyncrl.weight_sync.engines`: the HTTP-side protocol with engines
-  (``form_group_with_engines``, ``push_bucket``, ``push_weights``).
+- :mod:`~asyncrl.weight_sync.buckets`: byte buckets (``plan_buckets``, ``pack_bucket``,
+  ``unpack_bucket``) in SGLang's ``flattened_bucket`` format.
+- :mod:`~asyncrl.weight_sync.group`: hosting (trainer) and joining (local_engine) the
+  weight-update group; broadcasts with timeouts and cancellation.
+- :mod:`~asyncrl.weight_sync.layout`: what an engine's ``/server_info`` says about its ranks,
+  and whether SGLang can update it over a group.
+- :mod:`~asyncrl.weight_sync.engine_update`: the engine side of one update (pause → session →
+  group → buckets → session end → resume), used by the sync agent and the direct publisher.
+
+The messages between trainer and sync agent are in :mod:`asyncrl.wire.sync`.
 """
 
 from asyncrl.weight_sync.buckets import (
     Bucket,
+    byte_layout,
     dtype_name,
-    flatten_bucket,
+    pack_bucket,
     parse_dtype,
     plan_buckets,
-    unflatten_bucket,
+    unpack_bucket,
 )
 from asyncrl.weight_sync.group import (
-    DEFAULT_GROUP_NAME,
     DEFAULT_GROUP_TIMEOUT_S,
     WeightGroup,
     WeightSyncError,
-    init_weight_group,
+    host_group,
     is_loopback,
+    join_group,
     reserve_listen_socket,
 )
-from asyncrl.weight_sync.transfer import broadcast_bucket, receive_bucket
 
 __all__ = [
-    "DEFAULT_GROUP_NAME",
     "DEFAULT_GROUP_TIMEOUT_S",
     "Bucket",
     "WeightGroup",
     "WeightSyncError",
-    "broadcast_bucket",
+    "byte_layout",
     "dtype_name",
-    "flatten_bucket",
-    "init_weight_group",
+    "host_group",
     "is_loopback",
+    "join_group",
+    "pack_bucket",
     "parse_dtype",
     "plan_buckets",
-    "receive_bucket",
     "reserve_listen_socket",
-    "unflatten_bucket",
+    "unpack_bucket",
 ]

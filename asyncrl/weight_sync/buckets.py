@@ -1,14 +1,21 @@
-"""Bucket planning and (un)flattening for weight broadcasts.
+"""Weight buckets as SGLang's ``flattened_bucket`` format wants them: bytes.
 
-A *bucket* is a run of consecutive named tensors of one dtype whose total size stays
-under ``bucket_bytes`` (a tensor larger than that gets a bucket of its own). Buckets keep
-the input order, so broadcasting them one after another sends every tensor in ``names``
-order, as SGLang's receiver expects. ``Bucket.http_fields()`` is the ``names`` /
-``dtypes`` / ``shapes`` part of an ``/update_weights_from_distributed`` body.
+A bucket is a run of named tensors whose bytes are packed back to back into ONE ``uint8``
+buffer, in ``names`` order, and broadcast in one collective. Dtypes may differ within a
+bucket (SGLang's ``FlattenedTensorBucket.supports_multi_dtypes``), but every tensor must start
+at a byte offset that is a multiple of its element size: SGLang 0.5.23 refuses an unaligned
+bucket before the broadcast ("Unaligned received tensor"), older versions fail after it.
 
-``load_format="flattened_bucket"`` sends a bucket as ONE broadcast of the concatenation of
-its flattened tensors: :func:`flatten_bucket` on the sender, :func:`unflatten_bucket` on the
-receiver (views into the flat tensor, no copy).
+- :func:`plan_buckets` splits named tensors into buckets of at most ``bucket_bytes`` (a
+  tensor larger than that gets a bucket of its own), starting a new bucket where the next
+  tensor would be unaligned. With ``first_tiny`` the smallest tensor goes first, alone: the
+  first collective of a freshly formed group is then a few bytes under the group-formation
+  timeout (an NCCL communicator is created lazily by the first collective on SGLang's side, so
+  this is where a missing engine shows).
+- :func:`pack_bucket` (sender) fills a ``uint8`` buffer; :func:`unpack_bucket` (receiver)
+  returns typed views into one. Both check sizes and alignment.
+
+Only shapes and dtypes are read when planning, so meta tensors work too.
 """
 
 from __future__ import annotations
@@ -19,9 +26,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.wire.sync import BucketSpec, dtype_itemsize
+
 _DTYPES = {
     name: getattr(torch, name)
-    for name in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+    for name in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool",
+                 "float8_e4m3fn", "float8_e5m2")
+    if hasattr(torch, name)
 }
 
 
@@ -38,69 +49,99 @@ def parse_dtype(name: str) -> torch.dtype:
     return _DTYPES[key]
 
 
+def byte_layout(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]]) -> tuple[list[int], int]:
+    """Byte offset of each tensor and the total size; ValueError naming the first tensor whose
+    offset is not a multiple of its element size (SGLang's receiver refuses those)."""
+    offsets, offset = [], 0
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+        size = dtype_itemsize(dtype)
+        if offset % size:
+            raise ValueError(f"Unaligned received tensor {name}: byte offset {offset}, dtype {dtype}")
+        offsets.append(offset)
+        offset += math.prod(shape) * size
+    return offsets, offset
+
+
 @dataclass
 class Bucket:
-    """Names, dtype and shapes of one bucket, in broadcast order."""
+    """Names, dtypes and shapes of one bucket, in broadcast order."""
 
     names: list[str] = field(default_factory=list)
+    dtypes: list[torch.dtype] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
-    dtype: torch.dtype = torch.float32
-
-    @property
-    def numel(self) -> int:
-        return sum(math.prod(s) for s in self.shapes)
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return sum(math.prod(s) * torch.empty((), dtype=d).element_size() for d, s in zip(self.dtypes, self.shapes))
 
-    def http_fields(self) -> dict:
-        """``{"names", "dtypes", "shapes"}`` for the HTTP update call."""
-        return {
-            "names": list(self.names),
-            "dtypes": [dtype_name(self.dtype)] * len(self.names),
-            "shapes": [list(s) for s in self.shapes],
-        }
+    def spec(self) -> BucketSpec:
+        """The bucket as the sync request and SGLang's update body carry it."""
+        return BucketSpec(names=list(self.names), dtypes=[dtype_name(d) for d in self.dtypes],
+                          shapes=[list(s) for s in self.shapes])
 
 
-def plan_buckets(
-    named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-    bucket_bytes: int,
-) -> list[Bucket]:
-    """Split ``named_tensors`` (in order) into dtype-homogeneous buckets of at most
-    ``bucket_bytes`` each (one oversized tensor makes its own bucket). Only shapes and
-    dtypes are read, so meta tensors work too."""
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def plan_buckets(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
+                 *, first_tiny: bool = False) -> list[Bucket]:
+    """Split ``named_tensors`` (in order) into aligned buckets of at most ``bucket_bytes``
+    (see the module docstring; ``first_tiny`` puts the smallest tensor first, alone)."""
     if bucket_bytes <= 0:
         raise ValueError("bucket_bytes must be positive")
-    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+    items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
     buckets: list[Bucket] = []
+    if first_tiny and len(items) > 1:
+        i = min(range(len(items)), key=lambda k: (_nbytes(items[k][1]), k))
+        name, t = items.pop(i)
+        buckets.append(Bucket([name], [t.dtype], [list(t.shape)]))
     current: Bucket | None = None
     size = 0
-    for name, tensor in items:
-        nbytes = tensor.numel() * tensor.element_size()
-        if current is None or current.dtype != tensor.dtype or (current.names and size + nbytes > bucket_bytes):
-            current = Bucket(dtype=tensor.dtype)
+    for name, t in items:
+        nbytes = _nbytes(t)
+        fits = current is not None and (not current.names or size + nbytes <= bucket_bytes)
+        if not fits or size % t.element_size():
+            current = Bucket()
             buckets.append(current)
             size = 0
         current.names.append(name)
-        current.shapes.append(list(tensor.shape))
+        current.dtypes.append(t.dtype)
+        current.shapes.append(list(t.shape))
         size += nbytes
     return buckets
 
 
-def flatten_bucket(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One contiguous 1-D tensor holding ``tensors`` back to back (all one dtype)."""
+def pack_bucket(tensors: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """The bytes of ``tensors`` back to back in one CPU ``uint8`` tensor (``out`` if given: it
+    must be uint8 of exactly the right size; reusing one avoids page faults every sync)."""
     if not tensors:
         raise ValueError("empty bucket")
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) != 1:
-        raise ValueError(f"a flattened bucket needs one dtype, got {sorted(map(str, dtypes))}")
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
+    total = sum(_nbytes(t) for t in tensors)
+    if out is None:
+        out = torch.empty(total, dtype=torch.uint8)
+    elif out.dtype != torch.uint8 or out.dim() != 1 or out.numel() != total:
+        raise ValueError(f"pack buffer must be 1-D uint8 of {total} bytes, got {out.dtype} {list(out.shape)}")
+    offset = 0
+    for t in tensors:
+        n = _nbytes(t)
+        if offset % t.element_size():
+            raise ValueError(f"tensor of {t.dtype} would start at unaligned byte offset {offset}")
+        out[offset:offset + n].view(t.dtype).copy_(t.detach().reshape(-1))
+        offset += n
+    return out
 
 
-def unflatten_bucket(flat: torch.Tensor, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-    """Views of ``flat`` with the given shapes, in order; ValueError if sizes disagree."""
-    sizes = [math.prod(s) for s in shapes]
-    if flat.dim() != 1 or flat.numel() != sum(sizes):
-        raise ValueError(f"flat tensor of {flat.numel()} elements does not hold shapes totalling {sum(sizes)}")
-    return [chunk.view(list(shape)) for chunk, shape in zip(torch.split(flat, sizes), shapes, strict=True)]
+def unpack_bucket(flat: torch.Tensor, names: Sequence[str], dtypes: Sequence[str],
+                  shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """Typed views of the ``uint8`` buffer ``flat``, in order; ValueError on a size mismatch
+    or an unaligned tensor."""
+    offsets, total = byte_layout(names, dtypes, shapes)
+    if flat.dtype != torch.uint8 or flat.dim() != 1 or flat.numel() != total:
+        raise ValueError(f"a bucket of {total} bytes needs a 1-D uint8 buffer, got {flat.dtype} {list(flat.shape)}")
+    out = []
+    for off, dtype, shape in zip(offsets, dtypes, shapes):
+        dt = parse_dtype(dtype)
+        n = math.prod(shape) * dtype_itemsize(dtype)
+        out.append(flat[off:off + n].view(dt).view(list(shape)))
+    return out

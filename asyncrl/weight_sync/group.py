@@ -1,43 +1,59 @@
-"""A weight-update process group between one sender (rank 0) and inference engines.
+"""The weight-update process group: one sender (rank 0, the trainer) and the engines' ranks.
 
-The sender (trainer rank 0, or a test script) hosts the rendezvous ``TCPStore``; engines
-join with ranks ``rank_offset .. rank_offset + tp - 1`` (SGLang's ``/init_weights_update_group``).
-The group is built by hand — ``PrefixStore`` + ``ProcessGroupGloo(store, rank, size,
-options)`` — because a torchrun trainer cannot add an outside process to its default
-world, and ``dist.broadcast(group=...)`` refuses hand-built groups; collectives go through
-``pg.broadcast([t], opts).wait()`` instead (see :meth:`WeightGroup.broadcast`).
+This module owns group hosting for everyone: the trainer hosts (:func:`host_group`, gloo or
+NCCL), local_engine joins (:func:`join_group`, gloo); SGLang joins with its own
+``init_custom_process_group``. The group lives outside the trainer's torchrun world: rank 0
+hosts a ``TCPStore`` (bound to 127.0.0.1 when the address is loopback, else all interfaces),
+and the process group is built by hand on that store with the key prefixes torch's
+``_new_process_group_helper`` uses (``<group>`` / ``<group>/`` / ``cpu/`` for gloo, ``cuda/``
+for NCCL), so SGLang's side meets it. ``dist.broadcast(group=...)`` refuses hand-built
+groups, so collectives go through ``pg.broadcast``.
 
-Store keys are prefixed the way SGLang's ``init_custom_process_group`` and torch's
-``_new_process_group_helper`` prefix them (``<group>`` / ``<group>/`` / ``cpu/``), so both
-sides of a gloo group can be this module or that code.
+Failure handling (the point of this module):
 
-Loopback: when the master address is loopback, the sender's store listens on 127.0.0.1
-only (a socket bound there and handed over with ``master_listen_fd``) and gloo devices use
-127.0.0.1; otherwise the store listens on all interfaces, like torch's default.
+- every blocking step has its own timeout: forming (``timeout_s``) and each broadcast;
+- :meth:`WeightGroup.broadcast` waits on the collective's future and can be *cancelled*
+  (a ``threading.Event``): the sync agent saw an engine refuse the bucket, so waiting for
+  the collective to time out would only waste the timeout. A cancelled or timed-out
+  broadcast marks the group broken (destroy it and form a new one on a new port). gloo
+  cannot interrupt an operation already on the wire: it is abandoned and ends at its own
+  timeout in gloo's thread; NCCL communicators are aborted (``pg.abort()``);
+- an NCCL group is built with ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (clean up, do not tear
+  down): torchrun starts the trainer with 1 (tear down the process on a timed-out
+  collective), which would turn a failed weight sync into a dead trainer. Its own timeout
+  is the broadcast's plus :data:`NCCL_WATCHDOG_SLACK_S`, so our own cancel always comes first.
 
-Every blocking call has a timeout: forming the group (``timeout_s``) and each broadcast.
-Not covered here: NCCL (GPU) groups — ``backend="nccl"`` raises; the GPU path builds its
-group with SGLang's helpers.
+Not covered here (no GPU on the development machine): the NCCL path is written to torch's
+API but was not run; ``bench/gpu.py`` exercises CUDA without a second NCCL rank.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
 import socket
+import threading
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-DEFAULT_GROUP_NAME = "weight_update_group"
-# Forming the group waits for every engine to call in; an engine busy loading a model
-# can take tens of seconds, a dead one never comes: fail after this.
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME
+
+log = logging.getLogger(__name__)
+
+# Forming the group waits for every engine to call in; an engine busy loading a model can
+# take tens of seconds, a dead one never comes: fail after this.
 DEFAULT_GROUP_TIMEOUT_S = 120.0
+# NCCL's own watchdog timeout exceeds ours by this much, so our cancel/timeout acts first.
+NCCL_WATCHDOG_SLACK_S = 60.0
+_ENV_LOCK = threading.Lock()  # the error-handling variable is read when an NCCL group is built
 
 
 class WeightSyncError(RuntimeError):
-    """Forming the group or a broadcast failed or timed out."""
+    """Forming the group, a broadcast, or an engine's side of an update failed or timed out."""
 
 
 def is_loopback(address: str) -> bool:
@@ -53,10 +69,8 @@ def is_loopback(address: str) -> bool:
 def reserve_listen_socket(address: str, port: int = 0) -> socket.socket:
     """Bind and listen on the rendezvous port before announcing it (``port=0``: pick one).
 
-    Bound to 127.0.0.1 when ``address`` is loopback, to all interfaces otherwise. Pass the
-    socket to :func:`init_weight_group` as ``listen_socket`` (rank 0 only); read the port
-    with ``sock.getsockname()[1]``.
-    """
+    Bound to 127.0.0.1 when ``address`` is loopback, to all interfaces otherwise. Pass it to
+    :func:`host_group` as ``listen_socket``; read the port with ``sock.getsockname()[1]``."""
     host = "127.0.0.1" if is_loopback(address) else ""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -71,99 +85,170 @@ def reserve_listen_socket(address: str, port: int = 0) -> socket.socket:
 
 @dataclass
 class WeightGroup:
-    """A formed group. ``broadcast`` is blocking; run it in a thread from async code."""
+    """A formed group. ``broadcast`` blocks: run it in a thread from async code."""
 
-    pg: dist.ProcessGroup
+    pg: dist.ProcessGroup | None
     rank: int
     world_size: int
     group_name: str
     timeout_s: float
-    _keep: list = field(default_factory=list, repr=False)  # store and socket stay alive with the group
+    backend: str = "gloo"
+    _keep: list = field(default_factory=list, repr=False)  # the store stays alive with the group
     broken: str | None = None
+    _abandoned: bool = field(default=False, repr=False)  # a gloo operation was left on the wire
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0, timeout_s: float | None = None) -> None:
-        """Broadcast ``tensor`` in place from rank ``src``; raise :class:`WeightSyncError` on
-        failure or timeout (the group is then marked broken and must be re-formed)."""
-        if self.broken:
+    @property
+    def device(self) -> torch.device:
+        """Where tensors for this group's collectives must live."""
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, timeout_s: float | None = None,
+                  cancel: threading.Event | None = None) -> None:
+        """Broadcast ``tensor`` in place from rank ``src``. Raises :class:`WeightSyncError` on
+        failure, after ``timeout_s``, or as soon as ``cancel`` is set; the group is then broken."""
+        if self.broken or self.pg is None:
             raise WeightSyncError(f"group {self.group_name!r} is broken ({self.broken}); destroy and re-form it")
-        limit = timedelta(seconds=self.timeout_s if timeout_s is None else timeout_s)
+        limit = self.timeout_s if timeout_s is None else timeout_s
         opts = dist.BroadcastOptions()
-        opts.rootRank = src
-        opts.rootTensor = 0
-        opts.timeout = limit
+        opts.rootRank, opts.rootTensor, opts.timeout = src, 0, timedelta(seconds=limit)
+        done = threading.Event()
         try:
-            self.pg.broadcast([tensor], opts).wait(limit)
+            work = self.pg.broadcast([tensor], opts)
+            work.get_future().add_done_callback(lambda _f: done.set())
         except Exception as exc:
-            self.broken = f"{type(exc).__name__}: {exc}"
+            self.abort(f"{type(exc).__name__}: {exc}")
+            raise WeightSyncError(f"broadcast in group {self.group_name!r} failed: {exc}") from exc
+        waited, step = 0.0, 0.05
+        while not done.wait(step):
+            waited += step
+            if cancel is not None and cancel.is_set():
+                self._abandoned = True
+                self.abort("cancelled")
+                raise WeightSyncError(f"broadcast in group {self.group_name!r} cancelled")
+            if waited >= limit:
+                self._abandoned = True
+                self.abort(f"timed out after {limit:g} s")
+                raise WeightSyncError(f"broadcast in group {self.group_name!r} timed out after {limit:g} s")
+        try:
+            work.wait()
+        except Exception as exc:
+            self.abort(f"{type(exc).__name__}: {exc}")
             raise WeightSyncError(f"broadcast in group {self.group_name!r} failed: {exc}") from exc
 
+    def abort(self, reason: str) -> None:
+        """Mark the group broken and release what can be released now (NCCL: abort the
+        communicators so pending work fails; gloo: pending work ends at its own timeout)."""
+        self.broken = self.broken or reason
+        if self.pg is not None and self.backend == "nccl":
+            try:
+                self.pg.abort()
+            except Exception as exc:  # noqa: BLE001 - best effort on an already failing group
+                log.debug("aborting group %s: %s", self.group_name, exc)
+
     def destroy(self) -> None:
-        """Release the group's connections (idempotent)."""
+        """Release the group's connections (idempotent, never blocks: a gloo group with an
+        abandoned operation can only shut down once that operation ends at its own timeout,
+        so it is released in a daemon thread)."""
         pg, self.pg = self.pg, None
-        if pg is not None:
+        keep, self._keep = self._keep, []
+        self.broken = self.broken or "destroyed"
+        if pg is None:
+            return
+
+        def release() -> None:
             try:
                 pg.shutdown()
-            except Exception:  # already torn down by a peer failure
+            except Exception:  # noqa: BLE001 - already torn down by a peer failure
                 pass
-        for item in self._keep:
-            if isinstance(item, socket.socket):
-                item.close()
-        self._keep.clear()
-        self.broken = self.broken or "destroyed"
+            keep.clear()
+
+        if self._abandoned:
+            threading.Thread(target=release, name=f"release-{self.group_name}", daemon=True).start()
+        else:
+            release()
 
 
-def init_weight_group(
-    master_address: str,
-    master_port: int,
-    world_size: int,
-    rank: int,
-    *,
-    group_name: str = DEFAULT_GROUP_NAME,
-    backend: str = "gloo",
-    timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
-    listen_socket: socket.socket | None = None,
-) -> WeightGroup:
-    """Join (rank > 0) or host (rank 0) the group; blocks until every rank has joined.
+def _store(master_address: str, master_port: int, world_size: int, rank: int, limit: timedelta,
+           listen_socket: socket.socket | None) -> dist.TCPStore:
+    if rank != 0:
+        return dist.TCPStore(master_address, master_port, world_size, False, limit)
+    if listen_socket is None and is_loopback(master_address):
+        listen_socket = reserve_listen_socket(master_address, master_port)
+    fd = listen_socket.fileno() if listen_socket is not None else None
+    try:
+        store = dist.TCPStore(master_address, master_port, world_size, True, limit,
+                              wait_for_workers=False, multi_tenant=False, master_listen_fd=fd)
+    except Exception:
+        if listen_socket is not None:
+            listen_socket.close()
+        raise
+    if listen_socket is not None:
+        # The store owns the fd now and closes it when it goes; closing the Python socket too
+        # would be a double close that can hit an fd number reused meanwhile.
+        listen_socket.detach()
+    return store
 
-    Rank 0 hosts the store on ``master_port`` (on ``listen_socket`` if given, which must be
-    bound to that port). Raises :class:`WeightSyncError` on timeout or connection failure.
-    """
-    if backend != "gloo":
-        raise WeightSyncError(f"backend {backend!r} is not supported here (gloo only on CPU)")
+
+def _gloo_pg(store, rank: int, world_size: int, group_name: str, limit: timedelta, loopback: bool) -> dist.ProcessGroup:
+    prefixed = dist.PrefixStore("cpu/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = limit
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1", lazy_init=False) if loopback
+                     else dist.ProcessGroupGloo.create_default_device()]
+    return dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
+
+
+def _nccl_pg(store, rank: int, world_size: int, group_name: str, limit: timedelta) -> dist.ProcessGroup:
+    prefixed = dist.PrefixStore("cuda/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = limit + timedelta(seconds=NCCL_WATCHDOG_SLACK_S)
+    with _ENV_LOCK:
+        before = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"  # CleanUpOnly: abort comms, keep the process
+        try:
+            return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
+        finally:
+            if before is None:
+                os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+            else:
+                os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = before
+
+
+def _form(master_address: str, master_port: int, world_size: int, rank: int, *, backend: str, group_name: str,
+          timeout_s: float, listen_socket: socket.socket | None) -> WeightGroup:
+    if backend not in ("gloo", "nccl"):
+        raise WeightSyncError(f"unknown weight-sync backend {backend!r} (gloo or nccl)")
     if not 0 <= rank < world_size:
         raise WeightSyncError(f"rank {rank} outside world of size {world_size}")
     limit = timedelta(seconds=timeout_s)
-    keep: list = []
     try:
-        if rank == 0:
-            fd = None
-            if listen_socket is None and is_loopback(master_address):
-                listen_socket = reserve_listen_socket(master_address, master_port)
-            if listen_socket is not None:
-                keep.append(listen_socket)
-                fd = listen_socket.fileno()
-            store = dist.TCPStore(
-                master_address, master_port, world_size, True, limit,
-                wait_for_workers=False, multi_tenant=False, master_listen_fd=fd,
-            )
-            if listen_socket is not None:
-                # The store now owns the fd and closes it when it goes; closing the Python socket
-                # too would be a double close that can hit an fd number reused meanwhile.
-                keep.remove(listen_socket)
-                listen_socket.detach()
-        else:
-            store = dist.TCPStore(master_address, master_port, world_size, False, limit)
-        keep.append(store)
-        prefixed = dist.PrefixStore("cpu/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = limit
-        host = "127.0.0.1" if is_loopback(master_address) else ""
-        device = dist.ProcessGroupGloo.create_device(hostname=host, lazy_init=False) if host else dist.ProcessGroupGloo.create_default_device()
-        opts._devices = [device]
-        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
+        store = _store(master_address, master_port, world_size, rank, limit, listen_socket)
+        pg = (_gloo_pg(store, rank, world_size, group_name, limit, is_loopback(master_address)) if backend == "gloo"
+              else _nccl_pg(store, rank, world_size, group_name, limit))
     except Exception as exc:
-        for item in keep:
-            if isinstance(item, socket.socket):
-                item.close()
-        raise WeightSyncError(f"forming weight group {group_name!r} (rank {rank}/{world_size} via {master_address}:{master_port}) failed: {exc}") from exc
-    return WeightGroup(pg=pg, rank=rank, world_size=world_size, group_name=group_name, timeout_s=timeout_s, _keep=keep)
+        raise WeightSyncError(f"forming {backend} weight group {group_name!r} (rank {rank}/{world_size} via "
+                              f"{master_address}:{master_port}) failed: {exc}") from exc
+    return WeightGroup(pg=pg, rank=rank, world_size=world_size, group_name=group_name, timeout_s=timeout_s,
+                       backend=backend, _keep=[store])
+
+
+def host_group(master_address: str, master_port: int, world_size: int, *, backend: str = "gloo",
+               group_name: str = DEFAULT_GROUP_NAME, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
+               listen_socket: socket.socket | None = None) -> WeightGroup:
+    """Host the group as rank 0; blocks until every rank joined (gloo) or the store is up
+    (NCCL: communicators are created by the first collective). ``listen_socket`` is the
+    reserved rendezvous socket (see :func:`reserve_listen_socket`)."""
+    where = listen_socket.getsockname() if listen_socket is not None else (master_address, master_port)
+    log.info("hosting weight group %r (%s, world size %d) on %s:%d", group_name, backend, world_size, where[0] or "*", where[1])
+    return _form(master_address, master_port, world_size, 0, backend=backend, group_name=group_name,
+                 timeout_s=timeout_s, listen_socket=listen_socket)
+
+
+def join_group(master_address: str, master_port: int, world_size: int, rank: int, *,
+               group_name: str = DEFAULT_GROUP_NAME, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S) -> WeightGroup:
+    """Join a hosted gloo group as ``rank`` (> 0): what an engine does on
+    ``/init_weights_update_group``. Blocks until every rank joined."""
+    if rank == 0:
+        raise WeightSyncError("rank 0 is the sender; engines join with rank_offset >= 1")
+    return _form(master_address, master_port, world_size, rank, backend="gloo", group_name=group_name,
+                 timeout_s=timeout_s, listen_socket=None)

@@ -12,6 +12,19 @@ with the fewest requests in flight from this service. An engine is:
 
 Engines can be added and removed at run time. Removing an engine aborts this service's
 requests on it (they come back with their partial tokens and continue elsewhere).
+
+Aborts are by exact rid: SGLang's tokenizer ignores a rid it does not track exactly, so a
+prefix aborts nothing. The pool records every rid it has in flight on each engine and
+:meth:`EnginePool.abort_prefix` aborts each matching one by name. A request still on the wire
+(or waiting at a paused engine's gate) is not yet known to the engine: the abort misses it,
+so a caller that must stop everything re-sends (the runner's pause does, every
+``PAUSE_REABORT_S``). Rids are ``<prefix><trajectory id>.t<turn>.s<segment>`` with fixed-length
+ids, so no live rid is a prefix of another (SGLang's scheduler matches by prefix).
+
+Health: while the rollout is paused for a weight sync (``paused()``), engines are paused on
+purpose and SGLang's ``/health`` (a one-token generation) would wait behind the pause for up
+to 20 s and answer 503; the probe is then only "does the server answer" (``/model_info``).
+Otherwise it is ``/health_generate`` with a timeout above SGLang's 20 s.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +44,8 @@ from asyncrl.engine_client.types import GenerateResult
 log = logging.getLogger(__name__)
 
 HEALTH_INTERVAL_S = 2.0  # probe period; an engine that comes back is used again within this
-HEALTH_TIMEOUT_S = 5.0
+HEALTH_TIMEOUT_S = 5.0  # liveness (/model_info) while paused
+HEALTH_GENERATE_TIMEOUT_S = 30.0  # above SGLang's HEALTH_CHECK_TIMEOUT (20 s), after which it answers 503 itself
 UNHEALTHY_AFTER = 2  # consecutive connection failures before an engine stops receiving traffic
 NO_ENGINE_WAIT_S = 30.0  # a generate call waits this long for some engine to become routable
 
@@ -46,7 +61,8 @@ class EngineHandle:
     client: EngineClient
     state: str = "healthy"
     reason: str | None = None
-    inflight: int = 0
+    rids: set[str] = field(default_factory=set)
+    """This service's requests in flight on the engine (exact rids, for aborts)."""
     routed: int = 0
     """Generate calls sent to this engine (counted when sent)."""
     served: int = 0
@@ -54,6 +70,10 @@ class EngineHandle:
     weight_version: str | None = None
     last_checked: float = 0.0
     tokens_decoded: int = 0
+
+    @property
+    def inflight(self) -> int:
+        return len(self.rids)
 
     def snapshot(self) -> dict[str, Any]:
         return {"id": self.id, "url": self.url, "state": self.state, "reason": self.reason, "inflight": self.inflight,
@@ -72,6 +92,8 @@ class EnginePool:
     request_timeout_s: float = 600.0
     control_timeout_s: float = 60.0
     engines: dict[str, EngineHandle] = field(default_factory=dict)
+    paused: Callable[[], bool] = lambda: False
+    """True while the rollout is paused for a weight sync (engines are paused on purpose)."""
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Event()
@@ -94,12 +116,12 @@ class EnginePool:
         return handle
 
     async def remove(self, engine_id: str, abort_prefix: str | None = None) -> EngineHandle:
+        """Take an engine out; with ``abort_prefix``, abort this service's requests on it
+        whose rid starts with it (each by exact rid) before closing the connections."""
         handle = self.engines.pop(engine_id)
+        self._changed.set()
         if abort_prefix:
-            try:
-                await handle.client.abort(rid=abort_prefix, timeout_s=self.control_timeout_s)
-            except EngineError as exc:
-                log.warning("aborting requests on removed engine %s failed: %s", engine_id, exc)
+            await self._abort_on(handle, abort_prefix)
         await handle.client.close()
         return handle
 
@@ -146,7 +168,7 @@ class EnginePool:
     async def generate(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None) -> GenerateResult:
         """Route one generate call (``state.engine_id`` is the affinity, updated here)."""
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
-        handle.inflight += 1
+        handle.rids.add(rid)
         handle.routed += 1
         try:
             res = await handle.client.generate(input_ids, sampling_params, rid=rid, extra=extra)
@@ -158,7 +180,7 @@ class EnginePool:
                 self._note_failure(handle, f"HTTP {exc.status}")
             raise
         finally:
-            handle.inflight -= 1
+            handle.rids.discard(rid)
         handle.consecutive_failures = 0
         handle.served += 1
         handle.tokens_decoded += res.completion_tokens
@@ -171,7 +193,7 @@ class EnginePool:
     async def generate_stream(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None):
         """Streaming variant of :meth:`generate`: yields cumulative results."""
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
-        handle.inflight += 1
+        handle.rids.add(rid)
         handle.routed += 1
         last = None
         try:
@@ -182,7 +204,7 @@ class EnginePool:
             self._note_failure(handle, "connection failed")
             raise
         finally:
-            handle.inflight -= 1
+            handle.rids.discard(rid)
         handle.consecutive_failures = 0
         handle.served += 1
         if last is not None:
@@ -199,27 +221,48 @@ class EnginePool:
             log.warning("engine %s (%s) marked unhealthy: %s", handle.id, handle.url, why)
 
     async def abort_prefix(self, prefix: str) -> None:
-        """Abort this service's requests (rid prefix) on every engine."""
-        await asyncio.gather(*(self._abort_one(h, prefix) for h in list(self.engines.values())))
+        """Abort this service's in-flight requests whose rid starts with ``prefix``, on every
+        engine, each by its exact rid (module docstring)."""
+        await asyncio.gather(*(self._abort_on(h, prefix) for h in list(self.engines.values())))
 
-    async def _abort_one(self, handle: EngineHandle, prefix: str) -> None:
-        try:
-            await handle.client.abort(rid=prefix, timeout_s=self.control_timeout_s)
-        except EngineError as exc:
-            log.warning("abort on engine %s failed: %s", handle.id, exc)
+    async def _abort_on(self, handle: EngineHandle, prefix: str) -> None:
+        rids = [r for r in handle.rids if r.startswith(prefix)]
+
+        async def one(rid: str) -> None:
+            try:
+                await handle.client.abort(rid=rid, timeout_s=self.control_timeout_s)
+            except EngineError as exc:
+                log.warning("abort of %s on engine %s failed: %s", rid, handle.id, exc)
+
+        await asyncio.gather(*(one(r) for r in rids))
 
     # -- health -------------------------------------------------------------------------
     async def check_once(self) -> None:
         await asyncio.gather(*(self._check(h) for h in list(self.engines.values())))
 
+    async def _probe(self, handle: EngineHandle) -> bool:
+        c = handle.client
+        paused = self.paused()
+        try:
+            if not paused and await c.health_generate(timeout_s=HEALTH_GENERATE_TIMEOUT_S):
+                return True
+        except EngineError:
+            pass
+        if not (paused or self.paused()):  # a pause that began during the probe explains a slow answer
+            return False
+        try:
+            return await c.alive(timeout_s=HEALTH_TIMEOUT_S)
+        except EngineError:
+            return False
+
     async def _check(self, handle: EngineHandle) -> None:
         handle.last_checked = time.time()
-        try:
-            ok = await handle.client.health(timeout_s=HEALTH_TIMEOUT_S)
-            if ok:
+        ok = await self._probe(handle)
+        if ok:
+            try:
                 handle.weight_version = await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S)
-        except EngineError:
-            ok = False
+            except EngineError:
+                ok = False
         if ok and handle.state == "unhealthy":
             handle.state, handle.reason, handle.consecutive_failures = "healthy", None, 0
             log.info("engine %s healthy again", handle.id)

@@ -64,8 +64,15 @@ async def test_refused_request_and_failed_weight_update_are_typed(client_engine)
         assert err.value.status == 400 and "out of vocabulary" in err.value.message
         with pytest.raises(EngineHTTPError) as err:
             await c.update_weights_from_distributed(["w"], ["float32"], [[2]])
-        assert err.value.status == 400 and "no weight update group" in err.value.message
+        assert err.value.status == 400 and "must run between begin_weight_update()" in err.value.message
         assert err.value.body["success"] is False
+        assert await c.begin_weight_update() is True
+        try:
+            with pytest.raises(EngineHTTPError) as err:
+                await c.update_weights_from_distributed(["w"], ["float32"], [[2]])
+            assert err.value.status == 400 and "init_weights_update_group" in err.value.message
+        finally:
+            assert await c.end_weight_update() is True
 
 
 async def test_timeout_raises_and_engine_drops_the_request(client_engine):

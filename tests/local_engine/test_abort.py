@@ -1,4 +1,6 @@
-"""/abort_request: partial results of running requests, the queued shape, prefix matching."""
+"""/abort_request: partial results of running requests, the queued shape, and SGLang's rid
+rule (a rid the engine does not track exactly aborts nothing; a tracked one ends every
+request whose rid starts with it)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ LONG = {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}
 async def test_abort_running_returns_partial_prefix_of_greedy(client, ref_model):
     task = asyncio.create_task(client.generate(PROMPT, LONG, rid="abort-me-123"))
     await wait_until(lambda: _over(client, len(PROMPT) + 8), "the long request to produce tokens")
-    await client.abort("abort-me")  # prefix of the rid
+    await client.abort("abort-me-123")
     res = await asyncio.wait_for(task, 30)
     assert res.finish_reason.type == "abort" and res.finish_reason.message == "Aborted"
     n = len(res.output_ids)
@@ -29,6 +31,30 @@ async def test_abort_running_returns_partial_prefix_of_greedy(client, ref_model)
 
 async def _over(client, tokens: int) -> bool:
     return await running_tokens(client) > tokens
+
+
+async def test_prefix_of_a_rid_aborts_nothing_as_on_sglang(client):
+    """SGLang's tokenizer drops a rid it does not track exactly: a prefix is a no-op."""
+    task = asyncio.create_task(client.generate(PROMPT, LONG, rid="prefix-only-7"))
+    await wait_until(lambda: _over(client, len(PROMPT) + 4), "the request to produce tokens")
+    await client.abort("prefix-only")
+    at_abort = await running_tokens(client)
+    await wait_until(lambda: _over(client, at_abort + 20), "the request to keep generating after the prefix abort")
+    assert not task.done()
+    await client.abort("prefix-only-7")
+    res = await asyncio.wait_for(task, 30)
+    assert res.finish_reason.type == "abort" and len(res.output_ids) >= at_abort + 20 - len(PROMPT)
+
+
+async def test_exact_rid_also_ends_rids_it_prefixes_as_sglangs_scheduler_does(client):
+    """Once the tokenizer knows the rid, SGLang's scheduler matches by prefix: "job-1" also
+    ends "job-10". asyncrl's rids never prefix each other; this pins the engine's side."""
+    short = asyncio.create_task(client.generate(PROMPT, LONG, rid="job-1"))
+    longer = asyncio.create_task(client.generate(PROMPT, LONG, rid="job-10"))
+    await wait_until(lambda: _over(client, 2 * len(PROMPT) + 4), "both requests running")
+    await client.abort("job-1")
+    results = await asyncio.wait_for(asyncio.gather(short, longer), 30)
+    assert all(r.finish_reason.type == "abort" for r in results)
 
 
 async def test_abort_all_and_unknown_rid(client):

@@ -69,13 +69,18 @@ async def test_retract_mode_behaves_like_in_place(small_client):
     assert res.finish_reason.type == "length" and len(res.output_ids) == 60
 
 
-async def test_pause_and_continue_without_body_like_old_clients(small_engine, small_client):
+async def test_pause_and_continue_require_a_body_like_sglang(small_engine, small_client):
+    """SGLang 0.5.15+ declares both bodies required: no body is a 400, ``{}`` is the default."""
     async with aiohttp.ClientSession() as s:
-        async with s.post(f"{small_engine.url}/pause_generation") as r:
+        for path in ("/pause_generation", "/continue_generation"):
+            async with s.post(f"{small_engine.url}{path}") as r:
+                assert r.status == 400 and "body" in (await r.json())["message"]
+        assert (await small_client.server_info())["internal_states"][0]["paused"] is False
+        async with s.post(f"{small_engine.url}/pause_generation", json={}) as r:
             assert r.status == 200 and (await r.json())["status"] == "ok"
         info = await small_client.server_info()
         assert info["internal_states"][0]["paused"] is True and info["internal_states"][0]["pause_mode"] == "abort"
-        async with s.post(f"{small_engine.url}/continue_generation") as r:
+        async with s.post(f"{small_engine.url}/continue_generation", json={}) as r:
             assert r.status == 200
     assert (await small_client.server_info())["internal_states"][0]["paused"] is False
 

@@ -1,4 +1,4 @@
-"""asyncrl.weight_sync: bucket planning, (un)flattening, and a real gloo group in two threads."""
+"""asyncrl.weight_sync: byte-bucket planning, packing, and a real gloo group in two threads."""
 
 from __future__ import annotations
 
@@ -11,49 +11,54 @@ import torch
 
 from asyncrl.weight_sync import (
     WeightSyncError,
-    broadcast_bucket,
-    flatten_bucket,
-    init_weight_group,
+    host_group,
     is_loopback,
+    join_group,
+    pack_bucket,
     parse_dtype,
     plan_buckets,
-    receive_bucket,
     reserve_listen_socket,
-    unflatten_bucket,
+    unpack_bucket,
 )
 
 GROUP_TIMEOUT_S = 20.0
 
 
-def test_plan_buckets_keeps_order_and_dtype_and_size():
+def test_plan_buckets_keeps_order_mixes_dtypes_and_keeps_alignment():
     named = {
         "a": torch.zeros(10, dtype=torch.float32),  # 40 B
         "b": torch.zeros(10, dtype=torch.float32),
         "c": torch.zeros(30, dtype=torch.float32),  # 120 B: alone (over the limit)
-        "d": torch.zeros(4, dtype=torch.bfloat16),
+        "d": torch.zeros(3, dtype=torch.bfloat16),  # 6 B: the next float32 would start at an unaligned offset
         "e": torch.zeros(2, 3, dtype=torch.float32),
         "s": torch.zeros((), dtype=torch.float32),
     }
     buckets = plan_buckets(named, bucket_bytes=100)
     assert [b.names for b in buckets] == [["a", "b"], ["c"], ["d"], ["e", "s"]]
     assert [n for b in buckets for n in b.names] == list(named)
-    assert buckets[2].http_fields() == {"names": ["d"], "dtypes": ["bfloat16"], "shapes": [[4]]}
-    assert buckets[3].http_fields()["shapes"] == [[2, 3], []]
-    assert buckets[0].nbytes == 80 and buckets[1].numel == 30
+    assert buckets[2].spec().model_dump() == {"names": ["d"], "dtypes": ["bfloat16"], "shapes": [[3]]}
+    assert buckets[3].spec().shapes == [[2, 3], []]
+    assert buckets[0].nbytes == 80 and buckets[2].nbytes == 6
+    mixed = plan_buckets({"x": torch.zeros(4), "y": torch.zeros(2, dtype=torch.bfloat16), "z": torch.zeros(1)}, 1000)
+    assert [b.names for b in mixed] == [["x", "y", "z"]] and mixed[0].spec().dtypes == ["float32", "bfloat16", "float32"]
+    tiny_first = plan_buckets(named, bucket_bytes=100, first_tiny=True)
+    assert tiny_first[0].names == ["s"] and sorted(n for b in tiny_first for n in b.names) == sorted(named)
     with pytest.raises(ValueError):
         plan_buckets(named, 0)
 
 
-def test_flatten_roundtrip_and_errors():
-    ts = [torch.randn(2, 3), torch.randn(4), torch.randn(())]
-    flat = flatten_bucket(ts)
-    assert flat.shape == (11,)
-    back = unflatten_bucket(flat, [t.shape for t in ts])
+def test_pack_roundtrip_mixed_dtypes_and_errors():
+    ts = [torch.randn(2, 3), torch.randn(4).to(torch.bfloat16), torch.randn(())]
+    flat = pack_bucket(ts)
+    assert flat.dtype == torch.uint8 and flat.numel() == 24 + 8 + 4
+    back = unpack_bucket(flat, ["a", "b", "c"], ["float32", "bfloat16", "float32"], [[2, 3], [4], []])
     assert all(torch.equal(a, b) for a, b in zip(ts, back, strict=True))
+    with pytest.raises(ValueError, match="Unaligned received tensor b"):
+        unpack_bucket(torch.zeros(10, dtype=torch.uint8), ["a", "b"], ["bfloat16", "float32"], [[1], [2]])
     with pytest.raises(ValueError):
-        flatten_bucket([torch.zeros(2), torch.zeros(2, dtype=torch.bfloat16)])
+        unpack_bucket(flat, ["a"], ["float32"], [[2, 3]])
     with pytest.raises(ValueError):
-        unflatten_bucket(flat, [[2, 3]])
+        pack_bucket(ts, out=torch.empty(3, dtype=torch.uint8))
     assert parse_dtype("torch.bfloat16") is torch.bfloat16
     with pytest.raises(ValueError):
         parse_dtype("complex-ish")
@@ -71,9 +76,10 @@ def test_loopback_detection_and_binding():
 
 def _receiver(port: int, out: dict) -> None:
     try:
-        group = init_weight_group("127.0.0.1", port, 2, 1, timeout_s=GROUP_TIMEOUT_S)
-        out["flat"] = receive_bucket(group, [torch.float32] * 2, [[2, 3], [4]], flattened=True)
-        out["each"] = receive_bucket(group, [torch.bfloat16], [[5]], flattened=False)
+        group = join_group("127.0.0.1", port, 2, 1, timeout_s=GROUP_TIMEOUT_S)
+        flat = torch.empty(24 + 8, dtype=torch.uint8)
+        group.broadcast(flat)
+        out["flat"] = unpack_bucket(flat, ["a", "b"], ["float32", "bfloat16"], [[2, 3], [4]])
         group.destroy()
     except Exception as exc:  # reported to the main thread
         out["error"] = exc
@@ -85,24 +91,45 @@ def test_group_broadcasts_buckets_between_two_ranks():
     out: dict = {}
     t = threading.Thread(target=_receiver, args=(port, out), daemon=True)
     t.start()
-    group = init_weight_group("127.0.0.1", port, 2, 0, timeout_s=GROUP_TIMEOUT_S, listen_socket=sock)
+    group = host_group("127.0.0.1", port, 2, timeout_s=GROUP_TIMEOUT_S, listen_socket=sock)
     try:
-        sent = [torch.randn(2, 3), torch.randn(4)]
-        broadcast_bucket(group, sent, flattened=True)
-        other = torch.randn(5).to(torch.bfloat16)
-        broadcast_bucket(group, [other], flattened=False)
+        sent = [torch.randn(2, 3), torch.randn(4).to(torch.bfloat16)]
+        group.broadcast(pack_bucket(sent))
         t.join(GROUP_TIMEOUT_S)
         assert "error" not in out, out.get("error")
         assert all(torch.equal(a, b) for a, b in zip(sent, out["flat"], strict=True))
-        assert torch.equal(out["each"][0], other)
         # the peer has left: the next broadcast fails fast and marks the group broken
         with pytest.raises(WeightSyncError):
-            broadcast_bucket(group, sent, flattened=True, timeout_s=5)
+            group.broadcast(pack_bucket(sent), timeout_s=5)
         assert group.broken
         with pytest.raises(WeightSyncError, match="broken"):
-            broadcast_bucket(group, sent)
+            group.broadcast(pack_bucket(sent))
     finally:
         group.destroy()
+
+
+def test_a_cancelled_broadcast_stops_at_once_and_breaks_the_group():
+    """The sender stops waiting as soon as the cancel event is set (an engine refused the
+    bucket and will never receive), instead of sitting in the collective until its timeout."""
+    sock = reserve_listen_socket("127.0.0.1")
+    port = sock.getsockname()[1]
+    joined: dict = {}
+    t = threading.Thread(target=lambda: joined.update(g=join_group("127.0.0.1", port, 2, 1, timeout_s=GROUP_TIMEOUT_S)), daemon=True)
+    t.start()
+    group = host_group("127.0.0.1", port, 2, timeout_s=GROUP_TIMEOUT_S, listen_socket=sock)
+    t.join(GROUP_TIMEOUT_S)
+    cancel = threading.Event()
+    timer = threading.Timer(0.5, cancel.set)
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(WeightSyncError, match="cancelled"):
+            group.broadcast(torch.ones(64 * 2**20, dtype=torch.uint8), timeout_s=120, cancel=cancel)  # the peer never receives
+        assert time.monotonic() - started < 30 and group.broken == "cancelled"
+    finally:
+        timer.cancel()
+        group.destroy()
+        joined["g"].destroy()
 
 
 def test_joining_a_group_nobody_hosts_times_out():
@@ -111,5 +138,5 @@ def test_joining_a_group_nobody_hosts_times_out():
         port = s.getsockname()[1]
     started = time.monotonic()
     with pytest.raises(WeightSyncError):
-        init_weight_group("127.0.0.1", port, 2, 1, timeout_s=2)
+        join_group("127.0.0.1", port, 2, 1, timeout_s=2)
     assert time.monotonic() - started < 15

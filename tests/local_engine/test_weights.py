@@ -1,8 +1,11 @@
 """Weight updates: a separate trainer process broadcasts through gloo; disk reloads; failures.
 
-The engine here runs with an api key and an admin key (the trainer uses the admin key),
-and ``--weight-sync-timeout-s 60``. Each test starts from the base weights loaded from
-disk, so the tests do not depend on each other's order.
+The engine here (SGLang 0.5.23 behaviour, the default) runs with an api key and an admin key
+(the trainer uses the admin key), and ``--weight-sync-timeout-s 60``. Each test starts from
+the base weights loaded from disk, with no weight-update session or group left open, so the
+tests do not depend on each other's order. Like SGLang, the engine never says whether its
+weights are consistent: a failed push leaves it serving a mix, and knowing that is the caller's
+job (tests/sync).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ async def wclient(wengine, base_dir):
     async with wengine.client() as c:
         with contextlib.suppress(EngineHTTPError):  # a failed earlier test may have left its group
             await c.destroy_weights_update_group()
+        with contextlib.suppress(EngineHTTPError):  # ... or its weight-update session
+            await c.end_weight_update()
         await c.update_weights_from_disk(str(base_dir), weight_version="base")
         yield c
         await c.resume()
@@ -85,16 +90,20 @@ async def test_distributed_update_from_trainer_process(wengine, wclient, ref_mod
     assert result["ok"], result
     assert result["buckets"] >= 2
     await assert_serves(wclient, perturb(copy.deepcopy(ref_model), 7), "1")
-    info = await wclient.model_info()
-    assert info["weights_consistent"] is True
+    assert "weights_consistent" not in await wclient.model_info()
 
 
-async def test_update_waits_for_in_flight_generation_when_not_paused(wengine, wclient, ref_model):
-    long = asyncio.create_task(wclient.generate(PROMPT, {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}, rid="lock-long"))
-    trainer = asyncio.create_task(run_trainer(wengine, "--version", "2", "--perturb-seed", "11", "--pause", "none"))
-    await wait_until(lambda: _writers_waiting(wclient), "the weight update to wait for the writer lock", timeout_s=120)
-    await asyncio.sleep(0.5)
-    assert not long.done() and (await wclient.model_info())["weight_version"] == "base"
+async def test_update_waits_for_in_flight_generation_when_not_paused(wengine, wclient, ref_model, tmp_path):
+    go = tmp_path / "go"
+    trainer = asyncio.create_task(run_trainer(wengine, "--version", "2", "--perturb-seed", "11", "--pause", "none",
+                                              "--wait-file", str(go)))
+    await wait_until(lambda: _has_group(wclient), "the trainer's group", timeout_s=120)
+    long = asyncio.create_task(wclient.generate(PROMPT, {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True}, rid="lock-long"))
+    await wait_until(lambda: _generating(wclient), "the long generation to run")
+    go.touch()  # now the trainer opens its session and updates: both wait for the writer lock
+    await wait_until(lambda: _writers_waiting(wclient), "the weight update to wait for the writer lock", timeout_s=60)
+    assert not long.done(), long.result().finish_reason
+    assert (await wclient.model_info())["weight_version"] == "base"
     await wclient.abort("lock-long")
     res = await asyncio.wait_for(long, 30)
     result = await asyncio.wait_for(trainer, TRAINER_TIMEOUT_S)
@@ -105,46 +114,66 @@ async def test_update_waits_for_in_flight_generation_when_not_paused(wengine, wc
     await assert_serves(wclient, perturb(copy.deepcopy(ref_model), 11), "2")
 
 
+async def _has_group(client) -> bool:
+    return bool((await client.server_info())["internal_states"][0]["weight_update_groups"])
+
+
+async def _generating(client) -> bool:
+    return (await client.loads())["loads"][0]["num_running_reqs"] > 0
+
+
 async def _writers_waiting(client) -> bool:
     return (await client.server_info())["internal_states"][0]["weight_writers_waiting"] > 0
 
 
-async def test_failure_mid_push_marks_weights_inconsistent_until_reloaded(wengine, wclient, ref_model, base_dir):
+async def test_failure_mid_push_leaves_mixed_weights_served_silently_as_sglang_does(wengine, wclient, ref_model, base_dir):
     result = await run_trainer(wengine, "--version", "3", "--perturb-seed", "5", "--bucket-bytes", "100000", "--corrupt-bucket", "1")
     assert not result["ok"] and result["buckets"] == 1 and "shape mismatch" in result["error"]
-    assert await wclient.health() is False
+    assert "partially updated" in result["error"]
+    assert await wclient.health() is True  # SGLang has no consistency flag: it keeps serving
     info = await wclient.model_info()
-    assert info["weights_consistent"] is False and "parameters had been updated" in info["weights_inconsistent_reason"]
-    assert info["weight_version"] == "3"  # bucket 0 succeeded and set it, as SGLang does
-    with pytest.raises(EngineHTTPError) as err:
-        await wclient.generate(PROMPT, GREEDY)
-    assert err.value.status == 503 and "inconsistent" in err.value.message
+    assert "weights_consistent" not in info and info["weight_version"] == "3"  # bucket 0 succeeded and set it
+    res = await wclient.generate(PROMPT, GREEDY)
+    old = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids)
+    new = teacher_forced_logprobs(perturb(copy.deepcopy(ref_model), 5), PROMPT, res.output_ids)
+    assert max(abs(a - b) for a, b in zip(res.logprobs, old, strict=True)) > 1e-3, "bucket 0's parameters changed"
+    assert max(abs(a - b) for a, b in zip(res.logprobs, new, strict=True)) > 1e-3, "the later buckets did not arrive"
     await wclient.update_weights_from_disk(str(base_dir), weight_version="base")
-    assert await wclient.health() is True
     await assert_serves(wclient, ref_model, "base")
 
 
-async def test_trainer_crash_mid_broadcast_is_reported_and_quarantined(wengine, wclient, ref_model, base_dir):
+async def test_trainer_crash_mid_broadcast_fails_the_update_and_keeps_serving(wengine, wclient, ref_model, base_dir):
+    before = await _failed_updates(wengine)
     await run_trainer(wengine, "--version", "8", "--bucket-bytes", "100000", "--pause", "none", "--die-at-bucket", "2", expect_exit=3)
-    await wait_until(_unhealthy(wclient), "the engine to notice the dead sender", timeout_s=60)
+    await wait_until(lambda: _failed_more(wengine, before), "the engine to notice the dead sender", timeout_s=60)
     info = await wclient.model_info()
-    assert info["weights_consistent"] is False and "broadcast failed" in info["weights_inconsistent_reason"]
+    assert "weights_consistent" not in info and info["weight_version"] == "8"  # buckets 0 and 1 landed
     state = (await wclient.server_info())["internal_states"][0]
-    assert state["weight_update_groups"] == ["weight_update_group"]
-    await wclient.destroy_weights_update_group()
-    await wclient.update_weights_from_disk(str(base_dir), weight_version="base")
+    assert state["weight_update_groups"] == ["weight_update_group"] and state["weight_update_session"] is True
     assert await wclient.health() is True
+    await wclient.destroy_weights_update_group()
+    await wclient.end_weight_update()
+    await wclient.update_weights_from_disk(str(base_dir), weight_version="base")
     await assert_serves(wclient, ref_model, "base")
 
 
-def _unhealthy(client):
+async def _failed_updates(engine) -> float:
+    async with aiohttp.ClientSession() as s, s.get(engine.url + "/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith("local_engine_weight_updates_total{") and 'kind="distributed"' in line and 'result="failed"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _failed_more(engine, before: float):
     async def check() -> bool:
-        return not await client.health()
+        return await _failed_updates(engine) > before
 
     return check
 
 
-async def test_refused_first_bucket_leaves_weights_consistent(wengine, wclient, ref_model):
+async def test_refused_first_bucket_leaves_this_engines_weights_unchanged(wengine, wclient, ref_model):
     result = await run_trainer(wengine, "--version", "4", "--corrupt-bucket", "0", "--bucket-bytes", "100000")
     assert not result["ok"] and result["buckets"] == 0
     assert await wclient.health() is True

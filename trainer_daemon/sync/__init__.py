@@ -25,11 +25,10 @@ def build_publisher(cfg) -> WeightPublisher | None:
     if s.url:
         from trainer_daemon.sync.agent import SyncAgentPublisher
 
-        n = cfg.derived.num_engines
         token = cfg.security.sync_token.get_secret_value() if cfg.security.sync_token else None
         return SyncAgentPublisher(
             s.url, token, master_address=t.master_addr, master_port=t.weight_sync_port, backend=backend,
-            world_size=1 + n * cfg.engines.gpus_per_engine if n else None, bucket_bytes=s.bucket_bytes,
+            bucket_bytes=s.bucket_bytes,
             group_timeout_s=s.group_init_timeout_s, pause_timeout_s=s.pause_timeout_s,
             broadcast_timeout_s=s.broadcast_timeout_s,
         )
@@ -37,11 +36,13 @@ def build_publisher(cfg) -> WeightPublisher | None:
         from asyncrl.engine_client import EngineClient
         from trainer_daemon.sync.direct import DirectEnginePublisher
 
-        key = cfg.engines.api_key.get_secret_value() if cfg.engines.api_key else None
-        engines = [EngineClient(u, api_key=key, control_timeout_s=cfg.engines.control_timeout_s) for u in cfg.engines.urls]
+        e = cfg.engines
+        key = e.api_key.get_secret_value() if e.api_key else None
+        admin = e.admin_api_key.get_secret_value() if e.admin_api_key else None
+        engines = [EngineClient(u, api_key=key, admin_api_key=admin, control_timeout_s=e.control_timeout_s) for u in e.urls]
         return DirectEnginePublisher(
             engines, master_address=t.master_addr, master_port=t.weight_sync_port, backend=backend,
-            ranks_per_engine=cfg.engines.gpus_per_engine, bucket_bytes=s.bucket_bytes,
+            bucket_bytes=s.bucket_bytes,
             group_timeout_s=s.group_init_timeout_s, broadcast_timeout_s=s.broadcast_timeout_s,
             control_timeout_s=max(cfg.engines.control_timeout_s, s.pause_timeout_s),
         )

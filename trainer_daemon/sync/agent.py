@@ -1,69 +1,59 @@
-"""``SyncAgentPublisher``: the trainer's side of the sync agent's protocol (the agent itself
-lands with issue 6; ``tests/trainer/fake_sync_agent.py`` implements this contract for tests).
+"""``SyncAgentPublisher``: the trainer's side of the sync agent's protocol (``asyncrl.wire.sync``).
 
 Per publish, on the trainer's I/O loop:
 
-1. ``POST {sync.url}/v1/syncs`` with ``Authorization: Bearer <security.sync_token>`` and JSON::
+1. ``POST {sync.url}/v1/syncs`` (bearer ``security.sync_token``) with a
+   :class:`~asyncrl.wire.sync.SyncRequest`: the version, the group the trainer hosts (``new``
+   when it hosts a fresh one on a freshly reserved port, with its NCCL and torch versions) and
+   the buckets. Expected: ``202`` :class:`~asyncrl.wire.sync.SyncAccepted` within
+   ``SYNC_REQUEST_TIMEOUT_S``; anything else fails the sync. ``join_group`` must equal ``new``;
+   if not, or on ``409`` with reason ``regroup``, the trainer drops its group and the next sync
+   forms a new one on a new port.
+2. A watcher polls ``GET /v1/syncs/{id}`` every ``WATCH_INTERVAL_S`` from then on. When the agent
+   reports ``failing`` or ``failed`` (an engine refused a bucket, an engine died, the pause
+   failed) it cancels whatever the trainer is waiting for at once: hosting the group or a
+   broadcast. Without it the trainer would sit in a collective until its timeout.
+3. When forming, the trainer hosts the group (rank 0) for ``accepted.world_size`` ranks; then
+   it broadcasts the buckets in order (the packed bytes of each). The first broadcast waits up
+   to ``sync.pause_timeout_s`` more (the agent pauses the rollout first); with a new group the
+   first bucket is the smallest tensor alone, under ``sync.group_init_timeout_s``.
+4. ``publish`` returns after the last broadcast; the watcher goes on (every
+   ``POLL_INTERVAL_S``, at most ``POLL_BUDGET_S``) to record the final state for metrics
+   (``trainer/sync_agent_failures``) and logs.
 
-       {"version": 3,
-        "group": {"master_address": "127.0.0.1", "master_port": 41234, "backend": "gloo",
-                  "world_size": 2, "group_name": "weight_update_group", "new": false},
-        "buckets": [{"names": [...], "dtypes": ["float32", ...], "shapes": [[...], ...]}, ...],
-        "flattened": true}
-
-   ``world_size`` is sent when the trainer knows it (``1 + engines × engines.gpus_per_engine``
-   from the config) and omitted otherwise; the agent may then put ``"world_size"`` in its
-   answer. ``new`` is true when the trainer hosts a fresh group for this sync. Expected answer:
-   ``202 {"id": "<sync id>", "world_size"?: int, "join_group"?: bool}`` within
-   ``SYNC_REQUEST_TIMEOUT_S``; anything else fails the sync. ``join_group`` (optional) must equal
-   ``new``; if not, or on ``409 {"error": {"code": "regroup"}}``, the trainer drops its group and
-   the next sync forms a new one on a new port.
-2. The first time (and after a failure broke the group) the trainer hosts the group's store
-   on ``master_port`` (reserved and listening *before* the POST) and joins as rank 0; the agent
-   has the engines join (``/init_weights_update_group`` with ``rank_offset`` ≥ 1). Later bodies
-   carry the same group: the agent knows it exists. A body whose group the agent does not know
-   (new port) means: form it.
-3. The trainer broadcasts the buckets in the body's order, each as one flattened broadcast;
-   each broadcast returns once every engine entered it. The first one waits up to
-   ``sync.pause_timeout_s + sync.broadcast_timeout_s`` (the agent pauses the rollout first),
-   later ones ``sync.broadcast_timeout_s``. A timeout fails the sync; the broken group is
-   destroyed and the next sync forms a new one (new port).
-4. The trainer does not wait for rollout to resume: ``publish`` returns after the last
-   broadcast, and a background task polls ``GET {sync.url}/v1/syncs/{id}`` (bearer token) every
-   ``POLL_INTERVAL_S`` until ``{"state": "succeeded" | "failed", ...}`` or ``POLL_BUDGET_S``,
-   for metrics (``trainer/sync_agent_failures``) and logs only.
-
-The agent owns everything else: pausing and resuming the rollout service, flushing caches,
-``weight_version`` on the engines, quarantining an engine that failed half-way.
+The agent owns everything else: pausing and resuming the rollout service and the engines,
+weight-update sessions, the version on the engines, quarantining engines left mixed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Mapping
 
 import aiohttp
 import torch
+from pydantic import ValidationError
 
 from asyncrl.weight_sync import (
-    DEFAULT_GROUP_NAME,
     WeightGroup,
     WeightSyncError,
+    host_group,
     plan_buckets,
     reserve_listen_socket,
 )
-from trainer_daemon.sync.base import WeightPublisher, weights_nbytes
-from trainer_daemon.sync.flat import FlatBuffers, send_buckets
-from trainer_daemon.sync.group import init_group
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME, GroupSpec, SyncAccepted, SyncRequest, SyncStatus
+from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions, weights_nbytes
+from trainer_daemon.sync.flat import FlatBuffers, broadcast_flat, send_buckets
 
 log = logging.getLogger(__name__)
 
 SYNC_REQUEST_TIMEOUT_S = 30.0  # the agent answers 202 before doing any work
-POLL_INTERVAL_S = 1.0
-POLL_BUDGET_S = 600.0  # stop asking about a sync after this; it is metrics only
-TERMINAL_STATES = ("succeeded", "failed")
+WATCH_INTERVAL_S = 0.25  # while broadcasting: how soon an engine's refusal stops the trainer
+POLL_INTERVAL_S = 1.0  # after the broadcasts: the final state is for metrics only
+POLL_BUDGET_S = 600.0
 
 
 class SyncAgentPublisher(WeightPublisher):
@@ -72,21 +62,21 @@ class SyncAgentPublisher(WeightPublisher):
     name = "sync_agent"
 
     def __init__(self, url: str, token: str | None, *, master_address: str, master_port: int = 0, backend: str = "gloo",
-                 world_size: int | None, bucket_bytes: int, group_timeout_s: float, pause_timeout_s: float,
-                 broadcast_timeout_s: float, group_name: str = DEFAULT_GROUP_NAME) -> None:
+                 bucket_bytes: int, group_timeout_s: float, pause_timeout_s: float, broadcast_timeout_s: float,
+                 group_name: str = DEFAULT_GROUP_NAME) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.master_address, self.master_port, self.backend = master_address, master_port, backend
-        self.world_size, self.bucket_bytes, self.group_name = world_size, bucket_bytes, group_name
+        self.bucket_bytes, self.group_name = bucket_bytes, group_name
         self.group_timeout_s, self.pause_timeout_s, self.broadcast_timeout_s = group_timeout_s, pause_timeout_s, broadcast_timeout_s
         self.group: WeightGroup | None = None
+        self.spec: GroupSpec | None = None
         self.buffers = FlatBuffers()
-        self._sock = None
-        self._group_info: dict | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._polls: set[asyncio.Task] = set()
+        self._watchers: set[asyncio.Task] = set()
         self.agent_failures = 0
         self.agent_states: dict[str, str] = {}
+        self._group_dropped = False  # a failed sync makes the agent drop the group: form a new one next time
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -97,72 +87,118 @@ class SyncAgentPublisher(WeightPublisher):
         return self._session
 
     def _reset_group(self) -> None:
-        group, self.group = self.group, None
+        group, self.group, self.spec = self.group, None, None
+        self.buffers.drop()
         if group is not None:
             group.destroy()
-        elif self._sock is not None:
-            self._sock.close()
-        self._sock, self._group_info = None, None
 
-    async def _request(self, version: int, buckets, forming: bool) -> tuple[str, int | None]:
-        body = {"version": version, "group": {**self._group_info, "new": forming}, "flattened": True,
-                "buckets": [b.http_fields() for b in buckets]}
+    async def _post(self, request: SyncRequest) -> SyncAccepted:
         try:
-            async with self._http().post(f"{self.url}/v1/syncs", json=body, headers=self._headers(),
+            async with self._http().post(f"{self.url}/v1/syncs", json=request.model_dump(), headers=self._headers(),
                                          timeout=aiohttp.ClientTimeout(total=SYNC_REQUEST_TIMEOUT_S)) as resp:
                 text = await resp.text()
                 if resp.status != 202:
                     if resp.status == 409 and '"regroup"' in text:  # the agent's engines changed: new group, new port
                         self._reset_group()
                     raise WeightSyncError(f"sync agent answered {resp.status}: {text[:500]}")
-                reply = await resp.json(content_type=None)
+                accepted = SyncAccepted.model_validate_json(text)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise WeightSyncError(f"POST {self.url}/v1/syncs failed: {type(exc).__name__}: {exc}") from exc
-        if not isinstance(reply, dict) or not reply.get("id"):
-            raise WeightSyncError(f"sync agent's 202 carries no id: {reply!r}")
-        join = reply.get("join_group")
-        if join is not None and bool(join) != forming:
+        except ValidationError as exc:
+            raise WeightSyncError(f"sync agent's 202 is not a SyncAccepted: {exc}") from exc
+        if accepted.join_group != request.group.new:
             self._reset_group()  # the agent lost (or refused) our group: the next sync forms a new one
-            raise WeightSyncError(f"sync agent answered join_group={join} for a group the trainer {'forms' if forming else 'already formed'}")
-        ws = reply.get("world_size")
-        return str(reply["id"]), (int(ws) if ws is not None else None)
+            raise WeightSyncError(f"sync agent answered join_group={accepted.join_group} for a group the trainer "
+                                  f"{'forms' if request.group.new else 'already formed'}")
+        return accepted
+
+    async def _status(self, sync_id: str) -> SyncStatus | None:
+        try:
+            async with self._http().get(f"{self.url}/v1/syncs/{sync_id}", headers=self._headers(),
+                                        timeout=aiohttp.ClientTimeout(total=SYNC_REQUEST_TIMEOUT_S)) as resp:
+                return SyncStatus.model_validate_json(await resp.read()) if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValidationError) as exc:
+            log.debug("polling sync %s: %s", sync_id, exc)
+            return None
+
+    async def _watch(self, sync_id: str, version: int, cancel: threading.Event, why: list[str], publishing: asyncio.Event) -> None:
+        deadline = time.monotonic() + POLL_BUDGET_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(WATCH_INTERVAL_S if publishing.is_set() else POLL_INTERVAL_S)
+            status = await self._status(sync_id)
+            if status is None:
+                continue
+            if status.failing and not cancel.is_set():
+                why.append(status.error or status.state)
+                cancel.set()
+            if status.state in ("succeeded", "failed"):
+                self.agent_states[sync_id] = status.state
+                if status.state == "failed":
+                    self.agent_failures += 1
+                    self._group_dropped = True
+                    log.error("sync agent reports sync %s (version %d) failed: %s", sync_id, version, status.error)
+                return
+        log.warning("sync %s (version %d): no final state from the agent within %.0f s", sync_id, version, POLL_BUDGET_S)
+
+    async def _host(self, port: int, world: int, sock, cancel: threading.Event) -> WeightGroup:
+        """Host the group in a thread; stop waiting (the thread finishes on its own timeout and
+        its group, if it ever forms, is destroyed) when the agent gives up."""
+        task = asyncio.ensure_future(asyncio.to_thread(
+            host_group, self.master_address, port, world, backend=self.backend, group_name=self.group_name,
+            timeout_s=self.pause_timeout_s + self.group_timeout_s, listen_socket=sock))
+        while not task.done():
+            await asyncio.wait({task}, timeout=WATCH_INTERVAL_S)
+            if cancel.is_set() and not task.done():
+                task.add_done_callback(lambda t: t.exception() is None and t.result().destroy())
+                raise WeightSyncError("the sync agent gave up while the trainer hosted the group")
+        return task.result()
 
     async def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
         t0 = time.perf_counter()
-        buckets = plan_buckets(weights, self.bucket_bytes)
+        if self._group_dropped:
+            self._group_dropped = False
+            self._reset_group()
         forming = self.group is None
+        buckets = plan_buckets(weights, self.bucket_bytes, first_tiny=forming)
+        sock = None
         if forming:
-            self._sock = reserve_listen_socket(self.master_address, self.master_port)
-            self._group_info = {"master_address": self.master_address, "master_port": self._sock.getsockname()[1],
-                                "backend": self.backend, "group_name": self.group_name}
-            if self.world_size:
-                self._group_info["world_size"] = self.world_size
+            sock = reserve_listen_socket(self.master_address, self.master_port)
+            nccl, torch_version = trainer_nccl_versions()
+            self.spec = GroupSpec(master_address=self.master_address, master_port=sock.getsockname()[1], backend=self.backend,
+                                  group_name=self.group_name, new=True, nccl_version=nccl, torch_version=torch_version)
+        spec = self.spec.model_copy(update={"new": forming})
+        cancel, why, publishing = threading.Event(), [], asyncio.Event()
         try:
-            sync_id, agent_ws = await self._request(version, buckets, forming)
+            accepted = await self._post(SyncRequest(version=version, group=spec, buckets=[b.spec() for b in buckets]))
+            publishing.set()
+            watcher = asyncio.create_task(self._watch(accepted.id, version, cancel, why, publishing))
+            self._watchers.add(watcher)
+            watcher.add_done_callback(self._watchers.discard)
             t1 = time.perf_counter()
             if forming:
-                world = agent_ws or self.world_size
-                if not world:
-                    raise WeightSyncError("world size unknown: set engines.urls or have the agent answer world_size")
-                self.group = await asyncio.to_thread(
-                    init_group, self.master_address, self._group_info["master_port"], world, backend=self.backend,
-                    group_name=self.group_name, timeout_s=self.pause_timeout_s + self.group_timeout_s, listen_socket=self._sock)
+                self.group = await self._host(spec.master_port, accepted.world_size, sock, cancel)
+                sock = None
             t2 = time.perf_counter()
+
             async def send(i: int, bucket, flat: torch.Tensor) -> None:
-                if self.backend == "nccl":
-                    flat = flat.cuda(non_blocking=True)
-                limit = self.broadcast_timeout_s + (self.pause_timeout_s if i == 0 and not forming else 0.0)
-                await asyncio.to_thread(self.group.broadcast, flat, 0, limit)
+                if i == 0:
+                    limit = self.pause_timeout_s + (self.group_timeout_s if forming else self.broadcast_timeout_s)
+                else:
+                    limit = self.broadcast_timeout_s
+                await broadcast_flat(self.group, flat, limit, cancel)
 
             await send_buckets(buckets, weights, self.buffers, send)
             t3 = time.perf_counter()
-        except BaseException:
-            if self.group is None or self.group.broken:
+        except BaseException as exc:
+            if sock is not None:
+                sock.close()
+            if forming or self.group is None or self.group.broken:
                 self._reset_group()
+            if why and isinstance(exc, WeightSyncError):
+                raise WeightSyncError(f"the sync agent stopped the sync: {why[0]}") from exc
             raise
-        task = asyncio.create_task(self._poll(sync_id, version))
-        self._polls.add(task)
-        task.add_done_callback(self._polls.discard)
+        finally:
+            publishing.clear()
         nbytes = weights_nbytes(weights)
         return {
             "trainer/sync_bytes": float(nbytes), "trainer/sync_buckets": float(len(buckets)),
@@ -171,30 +207,10 @@ class SyncAgentPublisher(WeightPublisher):
             "trainer/sync_agent_failures": float(self.agent_failures),
         }
 
-    async def _poll(self, sync_id: str, version: int) -> None:
-        deadline = time.monotonic() + POLL_BUDGET_S
-        while time.monotonic() < deadline:
-            await asyncio.sleep(POLL_INTERVAL_S)
-            try:
-                async with self._http().get(f"{self.url}/v1/syncs/{sync_id}", headers=self._headers(),
-                                            timeout=aiohttp.ClientTimeout(total=SYNC_REQUEST_TIMEOUT_S)) as resp:
-                    body = await resp.json(content_type=None) if resp.status == 200 else None
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                log.debug("polling sync %s: %s", sync_id, exc)
-                continue
-            state = str((body or {}).get("state", ""))
-            if state in TERMINAL_STATES:
-                self.agent_states[sync_id] = state
-                if state == "failed":
-                    self.agent_failures += 1
-                    log.error("sync agent reports sync %s (version %d) failed: %s", sync_id, version, (body or {}).get("error"))
-                return
-        log.warning("sync %s (version %d): no final state from the agent within %.0f s", sync_id, version, POLL_BUDGET_S)
-
     async def close(self) -> None:
-        for t in list(self._polls):
+        for t in list(self._watchers):
             t.cancel()
-        await asyncio.gather(*self._polls, return_exceptions=True)
+        await asyncio.gather(*self._watchers, return_exceptions=True)
         self._reset_group()
         if self._session is not None:
             await self._session.close()

@@ -5,15 +5,16 @@ weights as version ``v``". Two implementations, chosen by config in
 :func:`trainer_daemon.sync.build_publisher`:
 
 - :class:`~trainer_daemon.sync.direct.DirectEnginePublisher` (``sync.url`` unset): the trainer
-  drives the engines itself (pause → flush → buckets → continue).
+  drives the engines itself (the shared engine-side sequence of
+  :mod:`asyncrl.weight_sync.engine_update`) and broadcasts.
 - :class:`~trainer_daemon.sync.agent.SyncAgentPublisher` (``sync.url`` set): the trainer asks
-  the sync agent (issue 6) and only broadcasts; the agent drives engines and rollout.
+  the sync agent and only broadcasts; the agent drives engines and rollout.
 
 Contract of ``publish(version, weights)``: ``weights`` maps Hugging Face names to rank 0's
 host tensors (a snapshot: training goes on meanwhile), ``version`` is the new weight version.
 It returns metrics on success, and raises :class:`~asyncrl.weight_sync.WeightSyncError` when
-the engines did not get the whole set (they keep serving the previous version, or the engine
-marks itself inconsistent). Every network call and collective inside it has a timeout. It runs
+the engines did not get the whole set (they keep serving the previous version, or — partly
+updated — are quarantined by the sync agent). Every network call and collective inside it has a timeout. It runs
 on the trainer's I/O loop; one publish at a time.
 
 :class:`SyncController` (rank 0, main thread) starts a publish in the background and records
@@ -53,6 +54,19 @@ class WeightPublisher(ABC):
 
 def weights_nbytes(weights: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in weights.values())
+
+
+def trainer_nccl_versions() -> tuple[str | None, str]:
+    """This process's NCCL version (``"2.27.5"``; None without CUDA) and torch version, which
+    the engines' must match for an NCCL weight group (asyncrl.weight_sync.layout.check_nccl)."""
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - a CUDA build without NCCL
+            nccl = None
+    return nccl, torch.__version__
 
 
 class SyncController:

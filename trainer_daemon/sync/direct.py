@@ -1,45 +1,54 @@
 """``DirectEnginePublisher``: the trainer drives the engines itself, no sync agent needed.
 
-Per publish (contract §5.3, slime's order), on the trainer's I/O loop:
+Per publish, on the trainer's I/O loop, the engine side is
+:class:`asyncrl.weight_sync.engine_update.EngineUpdate` (the same sequence the sync agent
+runs) with the trainer as the in-process sender:
 
-1. the weight group is formed once per trainer lifetime (re-formed after a failed broadcast
-   broke it; the engines' old group is destroyed first, best effort);
-2. ``pause_generation`` on every engine (``abort`` mode: in-flight requests come back as
-   aborted and the rollout service resumes them as partial rollouts), then ``flush_cache``;
-3. every bucket (``plan_buckets`` of ``sync.bucket_bytes``, one dtype each, sent as one
-   ``flattened_bucket`` broadcast from a reused buffer, ``sync/flat.py``): the HTTP call is
-   fired first, then the broadcast, then the replies are collected; ``weight_version`` goes
-   with the last bucket only, so an engine whose update failed half-way still reports the old
-   version (and local_engine/SGLang-side checks mark its weights inconsistent);
-4. ``continue_generation`` on every engine — in a ``finally``, so an engine is never left paused.
+1. ``pause_generation`` on every engine (``abort``: in-flight requests come back as aborted
+   and the rollout service resumes them as partial rollouts), ``begin_weight_update``;
+2. when there is no group (first publish, or a failure broke it): read every engine's layout
+   (``/server_info``: ranks = ``tp_size``, refusing layouts SGLang cannot update), then the
+   engines join while the trainer hosts the group; the first bucket is then the smallest
+   tensor alone (the group's first collective, under ``sync.group_init_timeout_s``);
+3. every bucket (``plan_buckets`` of ``sync.bucket_bytes``, packed into reused byte buffers,
+   ``sync/flat.py``): engines' update calls and the broadcast run together, and the first
+   engine that refuses a bucket cancels the broadcast; ``weight_version`` goes with the last
+   bucket only, so an engine whose update failed half-way still reports the old version;
+4. ``end_weight_update``, ``flush_cache``, and ``continue_generation`` in a ``finally``.
 
-Timeouts: pause/flush/continue ``engines.control_timeout_s`` each, group ``sync.group_init_timeout_s``,
+Timeouts: control calls ``engines.control_timeout_s``, group ``sync.group_init_timeout_s``,
 each bucket ``sync.broadcast_timeout_s``.
 
 Use it for tests, single-machine runs and clusters without a sync agent. What it cannot do
-that the agent will: pause the rollout service's admission (drain mode, ``partial_rollout=false``)
-and quarantine an engine left with mixed weights.
+that the agent does: pause the rollout service's admission (drain mode) and quarantine an
+engine left with mixed weights (it logs them; the next full publish rewrites them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from asyncrl.engine_client import EngineClient
-from asyncrl.weight_sync import DEFAULT_GROUP_NAME, WeightGroup, WeightSyncError, plan_buckets
-from trainer_daemon.sync.base import WeightPublisher, weights_nbytes
-from trainer_daemon.sync.flat import FlatBuffers, push_flat_bucket, send_buckets
-from trainer_daemon.sync.group import form_group
+from asyncrl.weight_sync import (
+    WeightGroup,
+    WeightSyncError,
+    host_group,
+    plan_buckets,
+    reserve_listen_socket,
+)
+from asyncrl.weight_sync.engine_update import EngineUpdate, Member
+from asyncrl.weight_sync.layout import check_nccl
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME
+from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions, weights_nbytes
+from trainer_daemon.sync.flat import FlatBuffers, broadcast_flat, send_buckets
 
 log = logging.getLogger(__name__)
-
-FLUSH_RETRIES = 30  # flush_cache answers 400 while aborted requests drain; retried this many times
-FLUSH_INTERVAL_S = 0.2
 
 
 class DirectEnginePublisher(WeightPublisher):
@@ -48,80 +57,99 @@ class DirectEnginePublisher(WeightPublisher):
     name = "direct"
 
     def __init__(self, engines: Sequence[EngineClient], *, master_address: str, master_port: int = 0,
-                 backend: str = "gloo", ranks_per_engine: int = 1, bucket_bytes: int, group_timeout_s: float,
-                 broadcast_timeout_s: float, control_timeout_s: float, pause_mode: str = "abort",
-                 group_name: str = DEFAULT_GROUP_NAME) -> None:
+                 backend: str = "gloo", bucket_bytes: int, group_timeout_s: float, broadcast_timeout_s: float,
+                 control_timeout_s: float, pause_mode: str = "abort", group_name: str = DEFAULT_GROUP_NAME) -> None:
         if not engines:
             raise ValueError("DirectEnginePublisher needs at least one engine (engines.urls)")
         self.engines = list(engines)
         self.master_address, self.master_port = master_address, master_port
-        self.backend, self.ranks_per_engine, self.group_name = backend, ranks_per_engine, group_name
-        self.bucket_bytes = bucket_bytes
+        self.backend, self.group_name, self.bucket_bytes = backend, group_name, bucket_bytes
         self.group_timeout_s, self.broadcast_timeout_s = group_timeout_s, broadcast_timeout_s
         self.control_timeout_s, self.pause_mode = control_timeout_s, pause_mode
         self.group: WeightGroup | None = None
+        self.offsets: list[int] = []
         self.buffers = FlatBuffers()
 
-    async def _all(self, what: str, calls) -> None:
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        errors = [f"engine {i}: {r}" for i, r in enumerate(results) if isinstance(r, BaseException)]
-        if errors:
-            raise WeightSyncError(f"{what} failed: " + "; ".join(errors))
+    def _update(self) -> EngineUpdate:
+        members = [Member(e.base_url, e, rank_offset=self.offsets[i] if self.offsets else 1)
+                   for i, e in enumerate(self.engines)]
+        return EngineUpdate(members, control_timeout_s=self.control_timeout_s, group_name=self.group_name)
 
-    async def _ensure_group(self) -> WeightGroup:
-        if self.group is not None and not self.group.broken:
-            return self.group
-        if self.group is not None:
-            await self._drop_group()
-        self.group = await form_group(self.engines, self.master_address, self.master_port, backend=self.backend,
-                                      ranks_per_engine=self.ranks_per_engine, group_name=self.group_name,
-                                      timeout_s=self.group_timeout_s)
-        return self.group
+    async def _form(self, update: EngineUpdate) -> None:
+        layouts, world = await update.read_layouts()
+        if self.backend == "nccl":
+            problems = check_nccl(layouts, *trainer_nccl_versions())
+            if problems:
+                raise WeightSyncError("NCCL versions cannot form one group: " + "; ".join(problems))
+        sock = reserve_listen_socket(self.master_address, self.master_port)
+        port = sock.getsockname()[1]
 
-    async def _drop_group(self) -> None:
+        async def host() -> WeightGroup:
+            try:
+                return await asyncio.to_thread(host_group, self.master_address, port, world, backend=self.backend,
+                                               group_name=self.group_name, timeout_s=self.group_timeout_s, listen_socket=sock)
+            except BaseException:
+                sock.close()
+                raise
+
+        self.group = await update.join(self.master_address, port, world, backend=self.backend,
+                                       timeout_s=self.group_timeout_s, host=host)
+        self.offsets = [m.rank_offset for m in update.members]
+
+    async def _drop_group(self, update: EngineUpdate) -> None:
         group, self.group = self.group, None
+        self.buffers.drop()
         if group is not None:
             await asyncio.to_thread(group.destroy)
-        await asyncio.gather(*(e.destroy_weights_update_group(self.group_name, timeout_s=self.control_timeout_s)
-                               for e in self.engines), return_exceptions=True)
+        await update.each(lambda m: m.client.destroy_weights_update_group(self.group_name, timeout_s=self.control_timeout_s),
+                           self.control_timeout_s)
 
     async def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
         t0 = time.perf_counter()
-        group = await self._ensure_group()
-        t1 = time.perf_counter()
-        buckets = plan_buckets(weights, self.bucket_bytes)
+        update = self._update()
+        forming = self.group is None
+        buckets = plan_buckets(weights, self.bucket_bytes, first_tiny=forming)
+        collective = [0.0]
         try:
-            await self._all("pause_generation", [e.pause(self.pause_mode, timeout_s=self.control_timeout_s) for e in self.engines])
-            await self._all("flush_cache", [e.flush_cache(retries=FLUSH_RETRIES, interval_s=FLUSH_INTERVAL_S,
-                                                          timeout_s=self.control_timeout_s) for e in self.engines])
+            await update.pause(self.pause_mode)
+            await update.begin()
+            t1 = time.perf_counter()
+            if forming:
+                await self._form(update)
             t2 = time.perf_counter()
-            collective = [0.0]
 
             async def send(i: int, bucket, flat: torch.Tensor) -> None:
-                if self.backend == "nccl":
-                    flat = flat.cuda(non_blocking=True)
-                collective[0] += await push_flat_bucket(
-                    group, self.engines, bucket, flat, timeout_s=self.broadcast_timeout_s,
-                    weight_version=str(version) if i == len(buckets) - 1 else None)
+                limit = self.group_timeout_s if forming and i == 0 else self.broadcast_timeout_s
+
+                async def sender(cancel: threading.Event) -> None:
+                    start = time.perf_counter()
+                    await broadcast_flat(self.group, flat, limit, cancel)
+                    collective[0] += time.perf_counter() - start
+
+                await update.load(bucket.spec(), weight_version=str(version) if i == len(buckets) - 1 else None,
+                                  timeout_s=limit, send=sender)
 
             await send_buckets(buckets, weights, self.buffers, send)
+            await update.end()
+            await update.flush()
             t3 = time.perf_counter()
-        except WeightSyncError:
-            if group.broken:
-                await self._drop_group()
-            raise
+        except Exception as exc:
+            mixed = [m.id for m in update.members if update.outcome(m) == "mixed"]
+            if mixed:
+                log.error("weight sync to version %d failed; engines that may hold mixed weights until the next full "
+                          "publish: %s", version, ", ".join(mixed))
+            await self._drop_group(update)
+            if isinstance(exc, WeightSyncError):
+                raise
+            raise WeightSyncError(f"weight sync to version {version} failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            results = await asyncio.gather(*(e.resume(timeout_s=self.control_timeout_s) for e in self.engines),
-                                           return_exceptions=True)
-            for i, r in enumerate(results):
-                if isinstance(r, BaseException):
-                    log.error("continue_generation on engine %d failed: %s", i, r)
+            await update.release()
         nbytes = weights_nbytes(weights)
         return {
             "trainer/sync_bytes": float(nbytes),
             "trainer/sync_buckets": float(len(buckets)),
-            "timing_s/sync_group": t1 - t0,
-            "timing_s/sync_pause": t2 - t1,
+            "timing_s/sync_pause": t1 - t0,
+            "timing_s/sync_group": t2 - t1,
             "timing_s/sync_broadcast": t3 - t2,
             "timing_s/sync_collective": collective[0],
             "trainer/sync_gb_per_s": nbytes / 1e9 / max(t3 - t2, 1e-9),
@@ -130,6 +158,7 @@ class DirectEnginePublisher(WeightPublisher):
 
     async def close(self) -> None:
         try:
-            await self._drop_group()
+            if self.group is not None:
+                await self._drop_group(self._update())
         finally:
             await asyncio.gather(*(e.close() for e in self.engines), return_exceptions=True)

@@ -1,0 +1,276 @@
+"""The engine side of one weight update: the one implementation of the sequence, used by
+the sync agent (``sync_agent/coordinator.py``) and the trainer's direct publisher
+(``trainer_daemon/sync/direct.py``).
+
+    pause(mode)     /pause_generation on every member
+    begin()         /begin_weight_update (SGLang 0.5.21+ refuses updates outside a session;
+                    404 = older server, none needed; 400 "already open" = a session left by
+                    a sync that died: end it and begin again)
+    join(...)       /init_weights_update_group on every member at its rank offset (from
+                    read_layouts), while the sender hosts the group
+    load(bucket)    /update_weights_from_distributed on every member while the sender
+                    broadcasts the bucket's bytes; the first error answer stops the wait
+    end()           /end_weight_update (also after a failure)
+    flush()         /flush_cache, retried while aborted requests drain
+    resume()        /continue_generation on every member paused here (callers: in a finally)
+
+Every call is bounded. :meth:`EngineUpdate.load` watches each engine's HTTP answer while the
+broadcast runs: an error answer (SGLang answers at once when it refuses a bucket, e.g. without
+a session, and then never joins the broadcast) calls ``on_failure`` and sets the sender's
+cancel event at once, instead of leaving the sender in the collective until its timeout.
+
+Outcome per member after a failure (:meth:`EngineUpdate.outcome`): ``loaded`` (confirmed
+every bucket and closed its session), ``unchanged`` (no bucket call was sent to it), else
+``mixed``: SGLang applies each bucket as it arrives and has no consistency flag, so an engine
+that did not confirm every bucket may serve two versions and must be quarantined and reloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.engine_client import EngineClient, EngineError, EngineHTTPError
+from asyncrl.weight_sync.group import WeightGroup, WeightSyncError
+from asyncrl.weight_sync.layout import EngineLayout, assign_ranks
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME, BucketSpec
+
+log = logging.getLogger(__name__)
+
+REPLY_SLACK_S = 10.0  # an engine answers just after its side of the broadcast and the load
+REPLY_GRACE_S = 3.0  # after one engine failed a bucket, how long the others may still confirm it
+FLUSH_RETRIES = 30  # flush_cache answers 400 while aborted requests drain
+FLUSH_INTERVAL_S = 0.2
+
+Sender = Callable[[threading.Event], Awaitable[None]]
+"""The local sender's broadcast of one bucket; must stop (raise) soon after the event is set."""
+
+
+@dataclass
+class Member:
+    """One engine taking part in the update, and what it confirmed."""
+
+    id: str
+    client: EngineClient
+    rank_offset: int = 1
+    sent: int = 0
+    confirmed: int = 0
+    paused: bool = False
+    session: bool = False
+    error: str | None = None
+
+
+def _errors(results: dict[str, BaseException | None]) -> str:
+    return "; ".join(f"{eid}: {exc}" for eid, exc in results.items() if exc is not None)
+
+
+class EngineUpdate:
+    """One update of ``members`` (see the module docstring). Not reusable across syncs."""
+
+    def __init__(self, members: Sequence[Member], *, control_timeout_s: float, group_name: str = DEFAULT_GROUP_NAME,
+                 reply_grace_s: float = REPLY_GRACE_S) -> None:
+        if not members:
+            raise ValueError("an update needs at least one engine")
+        self.members = list(members)
+        self.control_timeout_s = control_timeout_s
+        self.group_name = group_name
+        self.reply_grace_s = reply_grace_s
+        self.buckets = 0
+
+    async def each(self, call: Callable[[Member], Awaitable[Any]], timeout_s: float,
+                    members: Sequence[Member] | None = None) -> dict[str, BaseException | None]:
+        """``call(m)`` on every member concurrently, each bounded; the error of each (or None)."""
+        members = self.members if members is None else members
+
+        async def one(m: Member) -> BaseException | None:
+            try:
+                await asyncio.wait_for(call(m), timeout_s)
+                return None
+            except TimeoutError:
+                return WeightSyncError(f"no answer within {timeout_s:g} s")
+            except Exception as exc:  # noqa: BLE001 - reported per engine
+                return exc
+
+        results = await asyncio.gather(*(one(m) for m in members))
+        return {m.id: r for m, r in zip(members, results)}
+
+    # -- before the buckets ----------------------------------------------------------------
+    async def pause(self, mode: str = "abort") -> None:
+        async def one(m: Member) -> None:
+            await m.client.pause(mode, timeout_s=self.control_timeout_s)
+            m.paused = True
+
+        failed = _errors(await self.each(one, self.control_timeout_s))
+        if failed:
+            raise WeightSyncError(f"pause_generation failed: {failed}")
+
+    async def begin(self) -> None:
+        async def one(m: Member) -> None:
+            c, t = m.client, self.control_timeout_s
+            try:
+                m.session = await c.begin_weight_update(timeout_s=t)
+            except EngineHTTPError as exc:
+                if exc.status != 400:
+                    raise
+                log.warning("engine %s has a weight-update session open (%s): closing it first", m.id, exc.message)
+                await c.end_weight_update(timeout_s=t)
+                m.session = await c.begin_weight_update(timeout_s=t)
+
+        failed = _errors(await self.each(one, 3 * self.control_timeout_s))
+        if failed:
+            raise WeightSyncError(f"begin_weight_update failed: {failed}")
+
+    async def read_layouts(self) -> tuple[list[EngineLayout], int]:
+        """Each member's layout from ``/server_info``; sets rank offsets; returns the layouts
+        and the group's world size. Raises LayoutError for a layout SGLang cannot update."""
+        infos = await asyncio.gather(*(m.client.server_info(timeout_s=self.control_timeout_s) for m in self.members))
+        layouts = [EngineLayout.from_server_info(m.id, info) for m, info in zip(self.members, infos)]
+        offsets, world = assign_ranks(layouts)
+        for m, offset in zip(self.members, offsets):
+            m.rank_offset = offset
+        return layouts, world
+
+    async def join(self, master_address: str, master_port: int, world_size: int, *, backend: str, timeout_s: float,
+                   host: Callable[[], Awaitable[WeightGroup]] | None = None) -> WeightGroup | None:
+        """Every member joins the group at its rank offset; ``host`` (the sender in this
+        process) runs concurrently. Any failure destroys a hosted group and raises."""
+        await self.each(lambda m: m.client.destroy_weights_update_group(self.group_name, timeout_s=self.control_timeout_s),
+                         self.control_timeout_s)  # leave a stale group of that name (best effort)
+        joins = asyncio.ensure_future(self.each(lambda m: m.client.init_weights_update_group(
+            master_address, master_port, m.rank_offset, world_size, self.group_name, backend,
+            timeout_s=timeout_s + REPLY_SLACK_S), timeout_s + REPLY_SLACK_S))
+        group: WeightGroup | None = None
+        try:
+            if host is not None:
+                group = await host()
+        finally:
+            failed = _errors(await joins)
+        if failed:
+            if group is not None:
+                await asyncio.to_thread(group.destroy)
+            raise WeightSyncError(f"group join failed: {failed}")
+        return group
+
+    # -- the buckets -------------------------------------------------------------------------
+    async def load(self, bucket: BucketSpec, *, weight_version: str | None, timeout_s: float, send: Sender | None = None,
+                   on_failure: Callable[[str], None] | None = None) -> None:
+        """One bucket to every member (HTTP calls first, then the broadcast, then the answers)."""
+        self.buckets += 1
+        index = self.buckets - 1
+        cancel = threading.Event()
+        waiting: dict[asyncio.Future, Member | None] = {}
+        for m in self.members:
+            m.sent += 1
+            waiting[asyncio.ensure_future(m.client.update_weights_from_distributed(
+                bucket.names, bucket.dtypes, bucket.shapes, group_name=self.group_name, weight_version=weight_version,
+                load_format="flattened_bucket", flush_cache=False, timeout_s=timeout_s + REPLY_SLACK_S))] = m
+        await asyncio.sleep(0)  # let the requests leave before the sender's thread takes a core
+        if send is not None:
+            waiting[asyncio.ensure_future(send(cancel))] = None
+        limit = timeout_s + REPLY_SLACK_S
+        failures = self._settle(waiting, await self._wait(waiting, limit, stop_on_error=True))
+        if not failures and waiting:
+            failures = [f"no answer within {limit:g} s from "
+                        + ", ".join(m.id if m is not None else "the broadcast" for m in waiting.values())]
+        if not failures:
+            return
+        why = f"bucket {index}: " + "; ".join(failures)
+        cancel.set()
+        if on_failure is not None:
+            on_failure(why)
+        more = self._settle(waiting, await self._wait(waiting, self.reply_grace_s, stop_on_error=False))
+        for fut, m in waiting.items():  # still silent after the grace: give up on them
+            fut.cancel()
+            if m is not None:
+                m.error = m.error or "no answer"
+        raise WeightSyncError("; ".join([why, *more]))
+
+    @staticmethod
+    async def _wait(waiting: dict[asyncio.Future, Member | None], timeout_s: float, stop_on_error: bool) -> list[asyncio.Future]:
+        """Wait for the calls in ``waiting`` (all, or until one fails); the finished ones."""
+        loop = asyncio.get_running_loop()
+        deadline, finished = loop.time() + timeout_s, []
+        pending = set(waiting)
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break
+            finished.extend(done)
+            if stop_on_error and any(f.exception() is not None for f in done):
+                break
+        return finished
+
+    @staticmethod
+    def _settle(waiting: dict[asyncio.Future, Member | None], finished: list[asyncio.Future]) -> list[str]:
+        """Account finished calls (removing them from ``waiting``); their failures, named."""
+        failures = []
+        for fut in finished:
+            m = waiting.pop(fut)
+            exc = fut.exception()
+            if exc is None:
+                if m is not None:
+                    m.confirmed += 1
+            elif m is None:
+                failures.append(f"broadcast: {exc}")
+            else:
+                m.error = str(exc)
+                failures.append(f"{m.id}: {exc}")
+        return failures
+
+    # -- after the buckets ---------------------------------------------------------------------
+    async def end(self) -> None:
+        """Close every open session; raises naming the engines whose close failed (they may
+        not have finalised the new weights)."""
+        async def one(m: Member) -> None:
+            try:
+                await m.client.end_weight_update(timeout_s=self.control_timeout_s)
+            finally:
+                m.session = False
+
+        failed = await self.each(one, self.control_timeout_s, [m for m in self.members if m.session])
+        for m in self.members:
+            if failed.get(m.id) is not None:
+                m.error = m.error or f"end_weight_update: {failed[m.id]}"
+        if _errors(failed):
+            raise WeightSyncError(f"end_weight_update failed: {_errors(failed)}")
+
+    async def flush(self) -> None:
+        """Best effort: a cache left unflushed only costs prefix hits."""
+        failed = await self.each(lambda m: m.client.flush_cache(retries=FLUSH_RETRIES, interval_s=FLUSH_INTERVAL_S,
+                                                                 timeout_s=self.control_timeout_s),
+                                  FLUSH_RETRIES * (FLUSH_INTERVAL_S + self.control_timeout_s))
+        if _errors(failed):
+            log.warning("flush_cache failed: %s", _errors(failed))
+
+    async def resume(self) -> None:
+        """``/continue_generation`` on every member paused here; failures are logged (never
+        raised: this runs in ``finally``)."""
+        failed = await self.each(lambda m: m.client.resume(timeout_s=self.control_timeout_s), self.control_timeout_s,
+                                  [m for m in self.members if m.paused])
+        for m in self.members:
+            if m.paused and failed.get(m.id) is None:
+                m.paused = False
+        if _errors(failed):
+            log.error("continue_generation failed: %s", _errors(failed))
+
+    async def release(self) -> None:
+        """After a failure: close sessions left open, then resume (both best effort)."""
+        try:
+            if any(m.session for m in self.members):
+                await self.end()
+        except (WeightSyncError, EngineError) as exc:
+            log.warning("closing weight-update sessions after a failure: %s", exc)
+        await self.resume()
+
+    def outcome(self, member: Member) -> str:
+        """``loaded`` | ``mixed`` | ``unchanged`` (module docstring)."""
+        if member.sent == 0:
+            return "unchanged"
+        if member.confirmed == self.buckets and member.error is None:
+            return "loaded"
+        return "mixed"

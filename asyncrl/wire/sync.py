@@ -1,0 +1,160 @@
+"""The weight-sync messages between the trainer and the sync agent, typed once.
+
+The trainer (``trainer_daemon/sync/agent.py``) sends :class:`SyncRequest` to
+``POST /v1/syncs``; the agent (``sync_agent/app.py``) answers :class:`SyncAccepted` (202) or
+an error envelope whose ``error.reason`` is one of :data:`REFUSALS`; ``GET /v1/syncs/{id}``
+answers :class:`SyncStatus`. The test suite's stand-in agent uses the same types.
+
+A weight version is an integer here and a decimal string on the engines
+(``weight_version`` of SGLang's update calls and ``/model_info``);
+:func:`weight_version_number` reads an engine's string back (``"default"`` → 0).
+
+Contract of a sync, in one walk (docs/sync_agent.md draws it): the optimizer step makes
+version ``v``; the trainer plans buckets (:mod:`asyncrl.weight_sync.buckets`), posts
+``SyncRequest(version=v)``; the agent pauses the rollout and the engines, opens their
+weight-update sessions, has them join the group when ``group.new``, and for each bucket fires
+``/update_weights_from_distributed`` while the trainer broadcasts the bucket's bytes; the last
+bucket carries ``weight_version=str(v)``; the agent closes the sessions, resumes the engines
+and the rollout at ``v``. The trainer watches :class:`SyncStatus` during its broadcasts and
+stops at once when the agent reports ``failing``/``failed``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_GROUP_NAME = "weight_update_group"
+"""SGLang's default name of the weight-update process group."""
+
+SYNC_PHASES = ("queued", "pausing", "awaiting_broadcast", "loading", "failing", "resuming")
+"""Non-final states of a sync, in order (``failing``: an engine failed, containment runs)."""
+SYNC_FINAL = ("succeeded", "failed")
+REFUSALS = ("stale", "regroup", "recovering", "no_engines", "layout", "nccl_mismatch")
+"""``error.reason`` of a refused ``POST /v1/syncs`` (409 or 503): an older version, a group the
+engines left, an unfinished sync being recovered, no live engine, an engine layout SGLang
+cannot update, NCCL versions that cannot form one communicator."""
+
+_DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
+                "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def dtype_itemsize(name: str) -> int:
+    """Bytes per element of a dtype name as SGLang's bodies carry it (``"bfloat16"``)."""
+    key = name.removeprefix("torch.")
+    if key not in _DTYPE_SIZES:
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(sorted(_DTYPE_SIZES))}")
+    return _DTYPE_SIZES[key]
+
+
+def weight_version_number(raw: object) -> int:
+    """An engine's ``weight_version`` as an int: ``"7"`` → 7; ``"default"``, None, junk → 0."""
+    try:
+        return max(0, int(str(raw)))
+    except (TypeError, ValueError):
+        return 0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GroupSpec(_Strict):
+    """Where the trainer hosts the weight-update group (it is rank 0)."""
+
+    master_address: str = Field(min_length=1, max_length=255)
+    master_port: int = Field(ge=1, le=65535)
+    backend: Literal["gloo", "nccl"] = "gloo"
+    world_size: int | None = Field(None, ge=2)
+    """The trainer's expectation (1 + engine ranks), when it knows; the agent answers the truth."""
+    group_name: str = Field(DEFAULT_GROUP_NAME, pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    new: bool = False
+    """True when the trainer hosts a fresh group for this sync (the engines must join it)."""
+    nccl_version: str | None = Field(None, max_length=32)
+    """The trainer's NCCL (``torch.cuda.nccl.version()`` as ``"2.27.5"``), with backend nccl."""
+    torch_version: str | None = Field(None, max_length=64)
+    """The trainer's torch (``torch.__version__``), to compare with the engines' pinned torch."""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.master_address, self.master_port)
+
+
+class BucketSpec(_Strict):
+    """One flattened bucket: tensors packed back to back as bytes, in ``names`` order."""
+
+    names: list[str] = Field(min_length=1)
+    dtypes: list[str] = Field(min_length=1)
+    shapes: list[list[int]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BucketSpec:
+        if not (len(self.names) == len(self.dtypes) == len(self.shapes)):
+            raise ValueError("names, dtypes and shapes must have the same length")
+        offset = 0
+        for name, dtype, shape in zip(self.names, self.dtypes, self.shapes):
+            size = dtype_itemsize(dtype)  # raises on an unknown dtype
+            if any(dim < 0 for dim in shape):
+                raise ValueError(f"{name}: shapes must be non-negative")
+            if offset % size:
+                raise ValueError(f"{name}: byte offset {offset} is not aligned to {dtype} (SGLang refuses it)")
+            offset += math.prod(shape) * size
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        return sum(math.prod(s) * dtype_itemsize(d) for d, s in zip(self.dtypes, self.shapes))
+
+
+class ReloadSpec(_Strict):
+    """A full checkpoint of the trainer's weights engines can reload from after a failure."""
+
+    path: str = Field(min_length=1)
+    version: int = Field(ge=0)
+
+
+class SyncRequest(_Strict):
+    """``POST /v1/syncs``: make every engine serve these buckets as ``version``."""
+
+    version: int = Field(ge=1)
+    group: GroupSpec
+    buckets: list[BucketSpec] = Field(min_length=1)
+    reload: ReloadSpec | None = None
+
+
+class SyncAccepted(BaseModel):
+    """The 202 answer: the sync is queued; ``join_group`` says whether the engines will join
+    the request's group (it must equal ``group.new``, else the trainer re-forms)."""
+
+    id: str
+    state: str
+    world_size: int
+    join_group: bool
+
+
+class SyncStatus(BaseModel):
+    """``GET /v1/syncs/{id}``: one sync's life (``engines``: id → loaded | mixed | unchanged)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    version: int
+    state: str
+    error: str | None = None
+    previous_version: int = 0
+    join_group: bool = False
+    created_at: float = 0.0
+    finished_at: float | None = None
+    phase_seconds: dict[str, float] = Field(default_factory=dict)
+    bytes: int = 0
+    buckets: int = 0
+    gb_per_s: float | None = None
+    engines: dict[str, str] = Field(default_factory=dict)
+    resumed_at_version: int | None = None
+
+    @property
+    def failing(self) -> bool:
+        """The agent gave up on this sync (a sender still broadcasting should stop)."""
+        return self.state in ("failing", "failed")

@@ -1,0 +1,45 @@
+"""Which SGLang release local_engine behaves like (``--sglang-compat``), and what differs.
+
+Read from the sglang wheels' source (0.5.18 through 0.5.23); each switch names the first
+release that behaves the new way:
+
+- ``sessions`` (0.5.21): ``/begin_weight_update`` and ``/end_weight_update`` exist, and
+  ``/update_weights_from_distributed`` outside a session answers 400 "must run between
+  begin_weight_update() and end_weight_update()" without joining the broadcast. Older
+  releases have no such routes (404).
+- ``dp_strict`` (0.5.22): weight-update routes assert ``dp_size == 1``; older releases also
+  accept ``dp_size > 1`` with ``enable_dp_attention``. A failed assert is an HTTP 500.
+- ``soft_flush_failure`` (0.5.22): an update with ``flush_cache: true`` while requests are
+  running or queued answers failure ("Weights were updated, but the cache was not
+  flushed ..."); older releases ``assert`` in the scheduler, which kills the engine.
+- ``align_before_broadcast`` (0.5.23): a flattened bucket whose tensors are not aligned to
+  their element size is refused before the broadcast; older releases fail after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncrl.weight_sync.layout import parse_version
+
+SUPPORTED = ((0, 5, 15), (0, 5, 23))
+"""Oldest and newest release local_engine can emulate."""
+DEFAULT = "0.5.23"
+
+
+@dataclass(frozen=True)
+class SglangCompat:
+    version: str
+    sessions: bool
+    dp_strict: bool
+    soft_flush_failure: bool
+    align_before_broadcast: bool
+
+    @classmethod
+    def of(cls, version: str) -> SglangCompat:
+        v = parse_version(version)
+        if v is None or not SUPPORTED[0] <= v <= SUPPORTED[1]:
+            lo, hi = (".".join(map(str, x)) for x in SUPPORTED)
+            raise ValueError(f"--sglang-compat {version!r}: local_engine emulates sglang {lo} to {hi}")
+        return cls(version=".".join(map(str, v)), sessions=v >= (0, 5, 21), dp_strict=v >= (0, 5, 22),
+                   soft_flush_failure=v >= (0, 5, 22), align_before_broadcast=v >= (0, 5, 23))

@@ -1,0 +1,20 @@
+"""The pinned SGLang sources, fetched once per test session (see sglang_source.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.contract import sglang_source as kit
+
+
+@pytest.fixture(scope="session", params=kit.PINNED)
+def sglang_version(request: pytest.FixtureRequest) -> str:
+    """A pinned SGLang version whose source is in the cache. A failed download fails every test
+    that uses it with the kit's message (pytest caches the failure: one attempt per version)."""
+    try:
+        kit.source_dir(request.param)
+    except kit.SGLangSourceError as exc:
+        error = str(exc)
+    else:
+        return request.param
+    pytest.fail(error, pytrace=False)
