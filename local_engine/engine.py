@@ -90,10 +90,14 @@ class Engine:
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> Engine:
+        """Load the model on ``settings.device`` (checked first: ``cuda`` without a usable GPU
+        raises ValueError naming the device, before anything is loaded)."""
         from asyncrl.models import load_config, load_model, load_tokenizer
+        from local_engine.runner import resolve_device
 
+        device = resolve_device(settings.device)
         config = load_config(settings.model)
-        model = load_model(settings.model, dtype=settings.dtype, seed=settings.seed)
+        model = load_model(settings.model, dtype=settings.dtype, seed=settings.seed, device=str(device))
         tokenizer = load_tokenizer(settings.model)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         if settings.timing is not None:

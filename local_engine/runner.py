@@ -9,8 +9,9 @@ A runner holds *rows* (one per running request, in the scheduler's order) and of
 - ``keep(indices)`` — drop every row not listed (order preserved);
 - ``reset()`` — drop all rows.
 
-Logits come back as fp32 ``[rows, vocab]`` tensors. Every method is blocking and is meant to
-run in one worker thread at a time (the scheduler guarantees this); none is thread-safe.
+Logits come back as fp32 ``[rows, vocab]`` tensors on the runner's device (the sampler works
+there and hands back Python numbers). Every method is blocking and is meant to run in one
+worker thread at a time (the scheduler guarantees this); none is thread-safe.
 
 :class:`HFModelRunner` implements it on a transformers causal LM with a batched KV cache:
 rows are left-padded to a common length, a 2-D attention mask marks padding and per-row
@@ -20,8 +21,16 @@ are prefilled as their own left-padded batch and merged by left-padding the shor
 along the sequence dimension; columns that are padding in every row are trimmed after
 rows leave. The cache layers grow geometrically instead of concatenating on every step.
 
+Device: the runner follows the model. Every tensor it creates (input ids, masks, positions,
+lengths, row indices; the KV cache derives from the model's outputs) is built on
+``runner.device``, the device of the model's parameters, in one host-to-device copy per
+argument; :func:`resolve_device` turns ``--device`` into a ``torch.device`` and refuses
+``cuda`` where torch sees no GPU. On CUDA the model runs in the dtype it was loaded in
+(``--dtype bfloat16``) with transformers' default attention (SDPA); nothing is custom.
+
 Not covered: sliding-window or linear-attention layers (refused at start), paged
-attention, prefix reuse between requests, chunked prefill.
+attention, prefix reuse between requests, chunked prefill, CUDA graphs, more than one GPU
+(``cuda`` means the current CUDA device).
 """
 
 from __future__ import annotations
@@ -36,6 +45,21 @@ import torch
 CACHE_GROWTH = 1.5
 # Smallest buffer (tokens) a cache layer allocates, so the first decode steps never copy.
 CACHE_MIN_CAPACITY = 64
+
+
+def resolve_device(name: str) -> torch.device:
+    """``--device`` as a ``torch.device``; raises ValueError naming the device when it is
+    not usable here (``cuda`` without a CUDA build of torch or without a visible GPU)."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch is a CPU-only build" if torch.version.cuda is None
+                   else f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU")
+            raise ValueError(f"device 'cuda' was asked for (--device cuda) but CUDA is not available: {why}; "
+                             "use --device cpu")
+        return torch.device("cuda", torch.cuda.current_device())
+    raise ValueError(f"unknown device {name!r}: use 'cpu' or 'cuda'")
 
 
 @dataclass
@@ -122,13 +146,15 @@ def _growable_layer_class():
 
 
 class HFModelRunner(ModelRunner):
-    """:class:`ModelRunner` over a transformers causal LM (CPU, eval mode, no grad)."""
+    """:class:`ModelRunner` over a transformers causal LM (eval mode, no grad) on the device
+    of its parameters (``self.device``)."""
 
     def __init__(self, model, pad_token_id: int = 0):
         from transformers import DynamicCache
 
         self.model = model
         self.config = model.config
+        self.device: torch.device = next(model.parameters()).device
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self.pad_token_id = pad_token_id if 0 <= pad_token_id < self.vocab_size else 0
         probe = DynamicCache(config=self.config)
@@ -177,7 +203,7 @@ class HFModelRunner(ModelRunner):
             return
         if indices == list(range(self.num_rows)):
             return
-        idx = torch.tensor(indices, dtype=torch.long)
+        idx = torch.tensor(indices, dtype=torch.long, device=self.device)
         mask = self._mask.index_select(0, idx)
         trim = int((mask.sum(0) == 0).long().cumprod(0).sum())  # leading all-padding columns
         states = [
@@ -189,12 +215,11 @@ class HFModelRunner(ModelRunner):
     # -- compute -------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]], full_logits: list[bool]) -> PrefillOutput:
-        n, width = len(prompts), max(len(p) for p in prompts)
-        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
+        width = max(len(p) for p in prompts)
+        # Left-padded rows built as lists: one host-to-device copy per tensor, not one per row.
+        ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts],
+                           dtype=torch.long, device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=self.device)
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         cache = self._new_cache()
         keep_all = any(full_logits)
@@ -212,7 +237,7 @@ class HFModelRunner(ModelRunner):
             logits[i, width - len(p) :, :].float() if want else None
             for i, (p, want) in enumerate(zip(prompts, full_logits, strict=True))
         ]
-        self._merge(cache, mask, torch.tensor([len(p) for p in prompts], dtype=torch.long))
+        self._merge(cache, mask, torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device))
         return PrefillOutput(last=last, prompt=prompt)
 
     def _merge(self, cache, mask: torch.Tensor, lengths: torch.Tensor) -> None:
@@ -247,7 +272,7 @@ class HFModelRunner(ModelRunner):
     def decode(self, tokens: list[int]) -> torch.Tensor:
         if self._mask is None or len(tokens) != self.num_rows:
             raise RuntimeError(f"decode got {len(tokens)} tokens for {self.num_rows} rows")
-        ids = torch.tensor(tokens, dtype=torch.long).unsqueeze(1)
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(1)
         self._mask = torch.cat([self._mask, self._mask.new_ones((self.num_rows, 1))], 1)
         positions = self._lengths.unsqueeze(1).clone()
         out = self.model(

@@ -15,6 +15,10 @@ Contract:
   reproducible whatever its batch neighbours do; others share the engine's generator.
 - ``banned`` token ids (EOS and stop ids before min_new_tokens) are excluded from the
   choice only.
+- Device: everything runs on the logits' device (CPU or CUDA) except the uniforms, which
+  are drawn on the CPU from CPU generators and copied over, so a seeded request draws the
+  same uniform on either device. Results come back as Python numbers (one device-to-host
+  copy per result tensor, not one per row).
 
 Not covered: repetition/frequency/presence penalties, logit_bias, grammars (the protocol
 layer refuses them with 400 rather than ignoring them).
@@ -61,13 +65,13 @@ def scaled_logprobs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.T
 
 def _truncate(scores: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
     """Set to -inf what top_k / top_p / min_p exclude; ``scores`` are ``[n, vocab]`` logprobs."""
-    vocab = scores.shape[1]
-    top_k = torch.tensor([r.top_k if r.top_k > 0 else vocab for r in rows]).unsqueeze(1)
-    top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32).unsqueeze(1)
-    min_p = torch.tensor([r.min_p for r in rows], dtype=torch.float32).unsqueeze(1)
+    vocab, dev = scores.shape[1], scores.device
+    top_k = torch.tensor([r.top_k if r.top_k > 0 else vocab for r in rows], device=dev).unsqueeze(1)
+    top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=dev).unsqueeze(1)
+    min_p = torch.tensor([r.min_p for r in rows], dtype=torch.float32, device=dev).unsqueeze(1)
     sorted_s, order = torch.sort(scores, dim=-1, descending=True)
     probs = torch.softmax(sorted_s, dim=-1)
-    drop = torch.arange(vocab).unsqueeze(0) >= top_k
+    drop = torch.arange(vocab, device=dev).unsqueeze(0) >= top_k
     drop |= (torch.cumsum(probs, dim=-1) - probs) > top_p  # keep the smallest prefix reaching top_p
     drop |= probs < min_p * probs[:, :1]
     return scores.scatter(1, order, sorted_s.masked_fill(drop, float("-inf")))
@@ -79,9 +83,10 @@ def sample(
     engine_generator: torch.Generator,
     top_logprobs: list[int] | None = None,
 ) -> SampleOutput:
-    """Pick one token per row of ``logits`` (``[rows, vocab]``) and report its logprob."""
+    """Pick one token per row of ``logits`` (``[rows, vocab]``, any device) and report its logprob."""
     n, vocab = logits.shape
-    temps = torch.tensor([1.0 if r.greedy else r.temperature for r in rows], dtype=torch.float32)
+    dev = logits.device
+    temps = torch.tensor([1.0 if r.greedy else r.temperature for r in rows], dtype=torch.float32, device=dev)
     logprobs = scaled_logprobs(logits, temps)
     scores = logprobs
     banned = [(i, r.banned) for i, r in enumerate(rows) if r.banned]
@@ -96,10 +101,12 @@ def sample(
         trunc = [j for j, i in enumerate(sampled) if rows[i].top_k > 0 or rows[i].top_p < 1.0 or rows[i].min_p > 0.0]
         if trunc:
             sub[trunc] = _truncate(sub[trunc], [rows[sampled[j]] for j in trunc])
-        u = torch.rand((len(sampled), 1), generator=engine_generator, dtype=torch.float64)
+        # Uniforms from CPU generators (module docstring), then one copy to the logits' device.
+        u = torch.rand((len(sampled), 1), generator=engine_generator, dtype=torch.float64, device="cpu")
         for j, i in enumerate(sampled):
             if rows[i].generator is not None:
-                u[j] = torch.rand((), generator=rows[i].generator, dtype=torch.float64)
+                u[j] = torch.rand((), generator=rows[i].generator, dtype=torch.float64, device="cpu")
+        u = u.to(dev)
         cdf = torch.cumsum(torch.exp(sub).double(), dim=-1)  # truncated rows: unnormalised, scale u instead
         idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
         chosen[sampled] = idx.clamp(max=vocab - 1)
@@ -107,7 +114,7 @@ def sample(
     top: list[list[tuple[float, int]] | None] = [None] * n
     if top_logprobs and any(top_logprobs):
         k = min(max(top_logprobs), vocab)
-        vals, idx = torch.topk(logprobs, k, dim=-1)
+        vals, idx = (t.cpu() for t in torch.topk(logprobs, k, dim=-1))
         for i, want in enumerate(top_logprobs):
             if want > 0:
                 top[i] = list(zip(vals[i, :want].tolist(), idx[i, :want].tolist(), strict=True))
@@ -120,7 +127,7 @@ def prompt_logprobs(logits: torch.Tensor, prompt: list[int], temperature: float)
     ``logits`` is ``[len(prompt), vocab]`` where row j predicts token j+1.
     """
     t = 1.0 if temperature < GREEDY_EPS else temperature
-    lp = scaled_logprobs(logits[:-1], torch.full((logits.shape[0] - 1,), t))
-    ids = torch.tensor(prompt[1:], dtype=torch.long)
+    lp = scaled_logprobs(logits[:-1], torch.full((logits.shape[0] - 1,), t, device=logits.device))
+    ids = torch.tensor(prompt[1:], dtype=torch.long, device=logits.device)
     values = lp.gather(1, ids.unsqueeze(1)).squeeze(1).tolist() if len(prompt) > 1 else []
     return [None, *values]

@@ -105,7 +105,8 @@ class SyncCoordinator:
     def _update(self, rec: SyncRecord) -> EngineUpdate:
         g = rec.group
         members = [Member(eid, self.client(eid, g["urls"][eid]), rank_offset=offset) for eid, offset in g["members"].items()]
-        return EngineUpdate(members, control_timeout_s=self.cfg.sync.engine_timeout_s, group_name=g["group_name"])
+        return EngineUpdate(members, control_timeout_s=self.cfg.sync.engine_timeout_s, total_buckets=len(rec.buckets),
+                            group_name=g["group_name"])
 
     async def _plan_group(self, request: SyncRequest, live: dict[str, str]) -> tuple[dict[str, int], int]:
         """Rank offsets and world size of a new group of the ``live`` engines (id → url), from

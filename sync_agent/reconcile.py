@@ -60,32 +60,48 @@ async def reconcile_once(co: SyncCoordinator) -> None:
         eid = v["id"]
         client = co.client(eid, v["url"])
         if eid in co.needs_reload and source is not None:
-            path, version = source
             try:
-                await client.update_weights_from_disk(path, weight_version=str(version), timeout_s=co.cfg.sync.engine_timeout_s * 4)
-                try:
-                    await client.flush_cache(retries=3, interval_s=0.5)
-                except EngineError as exc:  # a stale prefix cache only costs hits; the weights are whole
-                    log.info("flush after reloading %s: %s", eid, exc)
+                await repair(co, client, *source)
                 co.needs_reload.discard(eid)
                 co.persist()
-                v.update(version=version)
-                log.info("engine %s reloaded from %s (version %d)", eid, path, version)
+                v.update(version=source[1])
+                log.info("engine %s reloaded from %s (version %d)", eid, *source)
             except EngineError as exc:
-                log.warning("reloading engine %s from %s failed: %s", eid, path, exc)
+                log.warning("reloading engine %s from %s failed (it may still sit in a failed sync's collective): %s",
+                            eid, source[0], exc)
                 continue
         healthy_here = eid not in co.needs_reload and v["version"] == co.version
         ours = (v.get("reason") or "").startswith(AGENT_REASON)
         try:
             if v["rollout_state"] == "quarantined" and ours and healthy_here:
+                await client.resume()  # a failed sync may have left it paused
                 await co.rollout.release(eid)
                 log.info("engine %s released at version %d", eid, co.version)
             elif v["rollout_state"] != "quarantined" and not healthy_here:
                 why = "may hold mixed weights" if eid in co.needs_reload else f"serves version {v['version']}, current is {co.version}"
                 await co.rollout.quarantine(eid, f"{AGENT_REASON} {why}")
                 log.warning("engine %s quarantined: %s", eid, why)
-        except RolloutAdminError as exc:
+        except (RolloutAdminError, EngineError) as exc:
             log.warning("reconcile of %s: %s", eid, exc)
+
+
+async def repair(co: SyncCoordinator, client, path: str, version: int) -> None:
+    """Bring an engine a failed sync left behind back to whole weights: close its session and
+    group (either may be gone: 400/404 are fine), reload every weight from ``path``, flush,
+    continue. Raises EngineError when it does not answer (still stuck: next round)."""
+    t = co.cfg.sync.engine_timeout_s
+    for call in (client.end_weight_update, lambda timeout_s: client.destroy_weights_update_group(timeout_s=timeout_s)):
+        try:
+            await call(timeout_s=t)
+        except EngineHTTPError as exc:
+            if exc.status >= 500:
+                raise
+    await client.update_weights_from_disk(path, weight_version=str(version), timeout_s=t * 4)
+    try:
+        await client.flush_cache(retries=3, interval_s=0.5, timeout_s=t)
+    except EngineHTTPError as exc:  # a stale prefix cache only costs hits; the weights are whole
+        log.info("flush after reloading: %s", exc)
+    await client.resume(timeout_s=t)
 
 
 async def reconcile_loop(co: SyncCoordinator, stop: asyncio.Event) -> None:

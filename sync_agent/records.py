@@ -63,7 +63,7 @@ class SyncRecord:
 
     def public(self) -> dict[str, Any]:
         """The record as ``GET /v1/syncs/{id}`` answers it (a SyncStatus)."""
-        out = {k: v for k, v in asdict(self).items() if k in SyncStatus.model_fields}
+        out = {k: v for k, v in asdict(self).items() if k in SyncStatus.model_fields and k not in ("buckets", "gb_per_s")}
         return SyncStatus(**out, buckets=len(self.buckets), gb_per_s=self.gb_per_s).model_dump()
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -57,11 +58,23 @@ class Member:
     id: str
     client: EngineClient
     rank_offset: int = 1
+    ranks: int = 1
+    """Ranks it takes in the group (its TP size, from read_layouts)."""
     sent: int = 0
     confirmed: int = 0
     paused: bool = False
     session: bool = False
     error: str | None = None
+    stuck: bool = False
+    """Its last bucket call was given up on: it may sit in a collective until its own timeout
+    (SGLang: the process group's, minutes), holding its pause lock, so nothing more is asked of it."""
+
+
+def _missing_ranks(message: str) -> set[int]:
+    """Ranks a timed-out rendezvous was still waiting for, from torch's store error
+    ("wait timeout after 3000ms, keys: /<group>/<group>//cpu//0/2"); empty if not found."""
+    keys = message.partition("keys:")[2]
+    return {int(k) for k in re.findall(r"/(\d+)(?=,|\s|$)", keys)} - {0}
 
 
 def _errors(results: dict[str, BaseException | None]) -> str:
@@ -71,12 +84,14 @@ def _errors(results: dict[str, BaseException | None]) -> str:
 class EngineUpdate:
     """One update of ``members`` (see the module docstring). Not reusable across syncs."""
 
-    def __init__(self, members: Sequence[Member], *, control_timeout_s: float, group_name: str = DEFAULT_GROUP_NAME,
-                 reply_grace_s: float = REPLY_GRACE_S) -> None:
+    def __init__(self, members: Sequence[Member], *, control_timeout_s: float, total_buckets: int = 0,
+                 group_name: str = DEFAULT_GROUP_NAME, reply_grace_s: float = REPLY_GRACE_S) -> None:
         if not members:
             raise ValueError("an update needs at least one engine")
         self.members = list(members)
         self.control_timeout_s = control_timeout_s
+        self.total_buckets = total_buckets
+        """Buckets of the whole update: a member is ``loaded`` only after confirming all of them."""
         self.group_name = group_name
         self.reply_grace_s = reply_grace_s
         self.buckets = 0
@@ -130,8 +145,8 @@ class EngineUpdate:
         infos = await asyncio.gather(*(m.client.server_info(timeout_s=self.control_timeout_s) for m in self.members))
         layouts = [EngineLayout.from_server_info(m.id, info) for m, info in zip(self.members, infos)]
         offsets, world = assign_ranks(layouts)
-        for m, offset in zip(self.members, offsets):
-            m.rank_offset = offset
+        for m, offset, layout in zip(self.members, offsets, layouts):
+            m.rank_offset, m.ranks = offset, layout.ranks
         return layouts, world
 
     async def join(self, master_address: str, master_port: int, world_size: int, *, backend: str, timeout_s: float,
@@ -143,17 +158,22 @@ class EngineUpdate:
         joins = asyncio.ensure_future(self.each(lambda m: m.client.init_weights_update_group(
             master_address, master_port, m.rank_offset, world_size, self.group_name, backend,
             timeout_s=timeout_s + REPLY_SLACK_S), timeout_s + REPLY_SLACK_S))
-        group: WeightGroup | None = None
         try:
-            if host is not None:
-                group = await host()
-        finally:
+            group = await host() if host is not None else None
+        except WeightSyncError as exc:
+            missing = self._members_at(_missing_ranks(str(exc)))
             failed = _errors(await joins)
+            raise WeightSyncError(f"group join failed: {'never joined: ' + ', '.join(missing) + '; ' if missing else ''}"
+                                  f"{failed or 'every engine answered'}; hosting as rank 0: {exc}") from exc
+        failed = _errors(await joins)
         if failed:
             if group is not None:
                 await asyncio.to_thread(group.destroy)
             raise WeightSyncError(f"group join failed: {failed}")
         return group
+
+    def _members_at(self, ranks: set[int]) -> list[str]:
+        return [m.id for m in self.members if any(m.rank_offset <= r < m.rank_offset + max(1, m.ranks) for r in ranks)]
 
     # -- the buckets -------------------------------------------------------------------------
     async def load(self, bucket: BucketSpec, *, weight_version: str | None, timeout_s: float, send: Sender | None = None,
@@ -186,7 +206,7 @@ class EngineUpdate:
         for fut, m in waiting.items():  # still silent after the grace: give up on them
             fut.cancel()
             if m is not None:
-                m.error = m.error or "no answer"
+                m.error, m.stuck = m.error or "no answer", True
         raise WeightSyncError("; ".join([why, *more]))
 
     @staticmethod
@@ -232,7 +252,7 @@ class EngineUpdate:
             finally:
                 m.session = False
 
-        failed = await self.each(one, self.control_timeout_s, [m for m in self.members if m.session])
+        failed = await self.each(one, self.control_timeout_s, [m for m in self.members if m.session and not m.stuck])
         for m in self.members:
             if failed.get(m.id) is not None:
                 m.error = m.error or f"end_weight_update: {failed[m.id]}"
@@ -248,10 +268,10 @@ class EngineUpdate:
             log.warning("flush_cache failed: %s", _errors(failed))
 
     async def resume(self) -> None:
-        """``/continue_generation`` on every member paused here; failures are logged (never
-        raised: this runs in ``finally``)."""
+        """``/continue_generation`` on every member paused here (not a stuck one); failures
+        are logged (never raised: this runs in ``finally``)."""
         failed = await self.each(lambda m: m.client.resume(timeout_s=self.control_timeout_s), self.control_timeout_s,
-                                  [m for m in self.members if m.paused])
+                                  [m for m in self.members if m.paused and not m.stuck])
         for m in self.members:
             if m.paused and failed.get(m.id) is None:
                 m.paused = False
@@ -259,9 +279,11 @@ class EngineUpdate:
             log.error("continue_generation failed: %s", _errors(failed))
 
     async def release(self) -> None:
-        """After a failure: close sessions left open, then resume (both best effort)."""
+        """After a failure: close sessions left open, then resume (both best effort). A stuck
+        member is left as it is (paused, session open): whoever quarantined it repairs it once
+        it answers again (the sync agent's reconcile loop)."""
         try:
-            if any(m.session for m in self.members):
+            if any(m.session and not m.stuck for m in self.members):
                 await self.end()
         except (WeightSyncError, EngineError) as exc:
             log.warning("closing weight-update sessions after a failure: %s", exc)
@@ -271,6 +293,6 @@ class EngineUpdate:
         """``loaded`` | ``mixed`` | ``unchanged`` (module docstring)."""
         if member.sent == 0:
             return "unchanged"
-        if member.confirmed == self.buckets and member.error is None:
+        if member.confirmed == max(self.buckets, self.total_buckets) and member.error is None:
             return "loaded"
         return "mixed"

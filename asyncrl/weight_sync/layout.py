@@ -79,7 +79,8 @@ class EngineLayout:
             v = parse_version(self.version)
             strict = v is None or v >= DP_STRICT_FROM
             if strict or not self.enable_dp_attention:
-                why = (f"sglang {self.version or '(unknown version)'} asserts dp_size == 1 for weight updates" if strict
+                release = f"sglang {self.version}" if v else f"sglang {self.version!r} (unknown version), like 0.5.22+,"
+                why = (f"{release} asserts dp_size == 1 for weight updates" if strict
                        else "without --enable-dp-attention the data-parallel replicas are not in the group")
                 raise LayoutError(f"engine {self.engine}: dp_size={self.dp_size}; {why}: run one engine per replica "
                                   "(--dp-size 1) instead")

@@ -1,6 +1,14 @@
-"""A real HTTP proxy on loopback that forwards to an engine and records every /generate
-exchange, so a test can compare what the engine returned with what a service published.
-Streaming answers are buffered whole (the client gets every chunk, at once)."""
+"""A real HTTP proxy on loopback that forwards to an engine and records what passes:
+
+- ``requests``: every request (method, path, query, parsed JSON body or None), for checking
+  what the product sends against SGLang's own request classes (tests/contract);
+- ``exchanges``: every /generate request with its answer, so a test can compare what the
+  engine returned with what a service published (streaming answers are buffered whole: the
+  client gets every chunk, at once);
+- ``intercept``: an optional ``(method, path, body) -> (status, json) | None``; a non-None
+  answer is returned instead of forwarding (fault injection: an engine refusing a call the
+  way SGLang refuses it, while the engine itself stays as it was).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +25,8 @@ class RecordingProxy:
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
         self.exchanges: list[tuple[dict, dict]] = []
+        self.requests: list[tuple[str, str, dict[str, str], object]] = []
+        self.intercept = None
         self.port = free_port()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -27,6 +37,15 @@ class RecordingProxy:
 
     async def _forward(self, request: web.Request) -> web.Response:
         body = await request.read()
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            parsed = body
+        self.requests.append((request.method, request.path, dict(request.query), parsed))
+        if self.intercept is not None:
+            answer = self.intercept(request.method, request.path, parsed)
+            if answer is not None:
+                return web.json_response(answer[1], status=answer[0])
         assert self._session is not None
         async with self._session.request(request.method, self.target + request.path_qs, data=body,
                                          headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}) as resp:

@@ -16,11 +16,14 @@ from tests.helpers.processes import start_engine
 from tests.rollout.conftest import running_service, service_config
 
 SYNC_TOKEN = "sync-token-0123456789"
+# An engine left in a failed sync's collective (its sender or a peer gone) waits this long
+# before it answers again, like SGLang waits for its process group's timeout (minutes there).
+ENGINE_ARGS = ("--weight-sync-timeout-s", "15")
 
 
 @pytest.fixture
 def engines(tmp_path):
-    procs = [start_engine(tmp_path, "builtin:tiny") for _ in range(2)]
+    procs = [start_engine(tmp_path, "builtin:tiny", *ENGINE_ARGS) for _ in range(2)]
     try:
         yield procs
     finally:
@@ -69,7 +72,7 @@ def publisher(agent_url: str, cfg, bucket_bytes: int = 1 << 20):
     from trainer_daemon.sync.agent import SyncAgentPublisher
 
     s = cfg.sync
-    return SyncAgentPublisher(agent_url, SYNC_TOKEN, master_address="127.0.0.1", world_size=None, bucket_bytes=bucket_bytes,
+    return SyncAgentPublisher(agent_url, SYNC_TOKEN, master_address="127.0.0.1", bucket_bytes=bucket_bytes,
                               group_timeout_s=s.group_init_timeout_s, pause_timeout_s=s.pause_timeout_s,
                               broadcast_timeout_s=s.broadcast_timeout_s)
 

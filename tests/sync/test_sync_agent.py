@@ -10,7 +10,7 @@ import torch
 
 from asyncrl.engine_client import EngineClient
 from tests.rollout.conftest import wait_for
-from tests.sync.conftest import SYNC_TOKEN, perturbed_weights, publisher, stack
+from tests.sync.conftest import ENGINE_ARGS, SYNC_TOKEN, perturbed_weights, publisher, stack
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
 
@@ -128,7 +128,7 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
             assert wv == "2" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
             # B restarts with its initial weights: it stays out until a sync brings it to the current version
             port_b = int(url_b.rsplit(":", 1)[1])
-            proc_b2, _ = start_engine(tmp_path, "builtin:tiny", port=port_b)
+            proc_b2, _ = start_engine(tmp_path, "builtin:tiny", *ENGINE_ARGS, port=port_b)
             try:
                 await asyncio.sleep(2 * cfg.sync.reconcile_interval_s + 1)
                 assert svc.pool.engines[b_id].state == "quarantined"

@@ -1,17 +1,14 @@
-"""A small sync agent for tests: a real aiohttp server on 127.0.0.1 implementing the trainer's
-side of the sync protocol (``trainer_daemon/sync/agent.py``) against real engines through
-:class:`~asyncrl.engine_client.EngineClient`. The real agent lands with issue 6.
+"""A small sync agent for the trainer's tests: the protocol of ``asyncrl.wire.sync`` on a real
+aiohttp server on 127.0.0.1, driving real engines with the product's own engine-side sequence
+(:class:`asyncrl.weight_sync.engine_update.EngineUpdate`), without the rollout service the real
+agent pauses (the trainer's tests run none).
 
-Routes (bearer token required):
-
-- ``POST /v1/syncs`` → ``202 {"id", "join_group"}`` (400 on a malformed body, 401 without the
-  token). Syncs run one after another in arrival order (a sync posted while the previous one
-  still resumes the engines waits). In the background: pause engines (abort) → flush → if the body's group is new,
-  destroy the old one and have every engine join it (rank ``1 + i``) → one
-  ``/update_weights_from_distributed`` per bucket (``flattened_bucket``, ``weight_version`` on
-  the last) → continue. ``ignore_next`` makes it accept a sync and do nothing (engines never
-  join: the trainer's side must time out).
-- ``GET /v1/syncs/{id}`` → ``{"id", "state": running|succeeded|failed, "version", "error"}``.
+- ``POST /v1/syncs`` (bearer token) → ``202 SyncAccepted`` (400 on a body that is not a
+  ``SyncRequest``, 401 without the token). Syncs run one after another in arrival order. A new
+  group (``group.new`` or another address) is joined with the engines' layouts from
+  ``/server_info``. ``ignore_next`` makes it accept a sync and fail it at once without touching
+  the engines (the trainer's watcher must stop it).
+- ``GET /v1/syncs/{id}`` → ``SyncStatus``.
 
 Runs its own event loop in a daemon thread so synchronous tests can use it.
 """
@@ -23,9 +20,12 @@ import threading
 import uuid
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from asyncrl.engine_client import EngineClient
 from asyncrl.launch import free_port
+from asyncrl.weight_sync.engine_update import EngineUpdate, Member
+from asyncrl.wire.sync import SyncAccepted, SyncRequest, SyncStatus
 
 ENGINE_CALL_TIMEOUT_S = 120.0
 
@@ -37,9 +37,11 @@ class FakeSyncAgent:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.bodies: list[dict] = []
-        self.syncs: dict[str, dict] = {}
+        self.syncs: dict[str, SyncStatus] = {}
         self.ignore_next = 0
         self._group: tuple | None = None
+        self._offsets: list[int] = []
+        self._world = 0
         self._started = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
@@ -69,6 +71,10 @@ class FakeSyncAgent:
         for e in self._engines:
             await e.close()
 
+    def _update(self, total_buckets: int = 0) -> EngineUpdate:
+        members = [Member(e.base_url, e, rank_offset=self._offsets[i] if self._offsets else 1) for i, e in enumerate(self._engines)]
+        return EngineUpdate(members, control_timeout_s=ENGINE_CALL_TIMEOUT_S, total_buckets=total_buckets)
+
     def _authorized(self, request: web.Request) -> bool:
         return request.headers.get("Authorization") == f"Bearer {self.token}"
 
@@ -77,54 +83,51 @@ class FakeSyncAgent:
             return web.json_response({"error": "unauthorized"}, status=401)
         try:
             body = await request.json()
-            version = int(body["version"])
-            group = body["group"]
-            key = (group["master_address"], int(group["master_port"]), group["backend"])
-            buckets = [(list(b["names"]), list(b["dtypes"]), [list(s) for s in b["shapes"]]) for b in body["buckets"]]
-            assert body.get("flattened") is True and buckets
-        except Exception as exc:  # noqa: BLE001 - any malformed body is a 400
+            sync = SyncRequest.model_validate(body)
+        except (ValueError, ValidationError) as exc:
             return web.json_response({"error": f"bad body: {exc}"}, status=400)
         self.bodies.append(body)
         sync_id = uuid.uuid4().hex
-        self.syncs[sync_id] = {"id": sync_id, "state": "running", "version": version, "error": None}
+        join = sync.group.new or sync.group.key != self._group
+        if join:
+            update = self._update()
+            _, world = await update.read_layouts()
+            self._offsets, self._world = [m.rank_offset for m in update.members], world
+        status = self.syncs[sync_id] = SyncStatus(id=sync_id, version=sync.version, state="queued")
         if self.ignore_next:
             self.ignore_next -= 1
-            self.syncs[sync_id].update(state="failed", error="ignored by the test")
+            status.state, status.error = "failed", "ignored by the test"
         else:
-            asyncio.get_running_loop().create_task(self._run(sync_id, version, key, group.get("world_size"), buckets))
-        join = bool(group.get("new")) or key != self._group
-        return web.json_response({"id": sync_id, "join_group": join}, status=202)
+            asyncio.get_running_loop().create_task(self._run(status, sync, join))
+        return web.json_response(SyncAccepted(id=sync_id, state=status.state, world_size=self._world, join_group=join).model_dump(),
+                                 status=202)
 
     async def _get(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return web.json_response({"error": "unauthorized"}, status=401)
-        sync = self.syncs.get(request.match_info["id"])
-        return web.json_response(sync) if sync else web.json_response({"error": "unknown sync"}, status=404)
+        status = self.syncs.get(request.match_info["id"])
+        return web.json_response(status.model_dump()) if status else web.json_response({"error": "unknown sync"}, status=404)
 
-    async def _run(self, sync_id: str, version: int, key: tuple, world_size: int | None, buckets) -> None:
+    async def _run(self, status: SyncStatus, sync: SyncRequest, join: bool) -> None:
         async with self._lock:
-            await self._run_one(sync_id, version, key, world_size, buckets)
-
-    async def _run_one(self, sync_id: str, version: int, key: tuple, world_size: int | None, buckets) -> None:
-        engines = self._engines
-        try:
-            await asyncio.gather(*(e.pause("abort") for e in engines))
-            await asyncio.gather(*(e.flush_cache(retries=30, interval_s=0.2) for e in engines))
-            if key != self._group:  # a new group (the trainer also says so with "new": true)
-                if self._group is not None:
-                    await asyncio.gather(*(e.destroy_weights_update_group() for e in engines), return_exceptions=True)
-                world = world_size or 1 + len(engines)
-                await asyncio.gather(*(e.init_weights_update_group(key[0], key[1], 1 + i, world, backend=key[2])
-                                       for i, e in enumerate(engines)))
-                self._group = key
-            for i, (names, dtypes, shapes) in enumerate(buckets):
-                last = i == len(buckets) - 1
-                await asyncio.gather(*(e.update_weights_from_distributed(
-                    names, dtypes, shapes, load_format="flattened_bucket", flush_cache=False,
-                    weight_version=str(version) if last else None) for e in engines))
-            self.syncs[sync_id]["state"] = "succeeded"
-        except Exception as exc:  # noqa: BLE001 - reported through GET
-            self._group = None
-            self.syncs[sync_id].update(state="failed", error=f"{type(exc).__name__}: {exc}")
-        finally:
-            await asyncio.gather(*(e.resume() for e in engines), return_exceptions=True)
+            update = self._update(len(sync.buckets))
+            status.state = "loading"
+            try:
+                await update.pause("abort")
+                await update.begin()
+                if join:
+                    g = sync.group
+                    await update.join(g.master_address, g.master_port, self._world, backend=g.backend, timeout_s=ENGINE_CALL_TIMEOUT_S)
+                    self._group = g.key
+                for i, bucket in enumerate(sync.buckets):
+                    last = i == len(sync.buckets) - 1
+                    await update.load(bucket, weight_version=str(sync.version) if last else None, timeout_s=ENGINE_CALL_TIMEOUT_S,
+                                      on_failure=lambda why: setattr(status, "state", "failing"))
+                await update.end()
+                await update.flush()
+                status.state = "succeeded"
+            except Exception as exc:  # noqa: BLE001 - reported through GET
+                self._group = None
+                status.state, status.error = "failed", f"{type(exc).__name__}: {exc}"
+            finally:
+                await update.release()

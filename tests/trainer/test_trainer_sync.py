@@ -8,9 +8,10 @@ after the trainer reports weight version 1, group B (version 0: now too stale) a
 (version 1) follow. Expected: A and C trained, B dropped, two dead letters, engine at version 2
 serving exactly the trainer's final weights.
 
-Agent run (``SyncAgentPublisher`` + ``fake_sync_agent``): three syncs; the agent ignores the
-first (engines never join: the trainer's group formation times out — a failed sync, counted,
-training goes on), forms the group on the second, reuses it on the third.
+Agent run (``SyncAgentPublisher`` + ``fake_sync_agent``): three syncs; the agent fails the
+first at once (engines never join: the trainer's watcher sees the failure and stops hosting
+the group — a failed sync, counted, training goes on), forms the group on the second, reuses
+it on the third.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from asyncrl.config import load_config
 from asyncrl.engine_client import EngineClient
 from asyncrl.models import load_model
 from asyncrl.wire import SCHEMA_TAG, NatsNames
+from asyncrl.wire.sync import SyncRequest
 from tests.helpers.processes import start_engine
 from tests.trainer.fake_sync_agent import FakeSyncAgent
 from tests.trainer.helpers import (
@@ -165,7 +167,7 @@ def agent_run(module_nats, engine_url, tmp_path_factory, direct_run):
             code = wait_exit(proc)
         finally:
             proc.stop()
-        wait_for(lambda: all(s["state"] != "running" for s in agent.syncs.values()), 30, "agent syncs settled")
+        wait_for(lambda: all(s.state in ("succeeded", "failed") for s in agent.syncs.values()), 30, "agent syncs settled")
         return {"exit": code, "run_dir": run_dir, "bodies": list(agent.bodies), "syncs": dict(agent.syncs),
                 "engine": engine_view(engine_url), "lines": metrics_lines(run_dir)}
 
@@ -179,20 +181,24 @@ def test_agent_sync_engine_serves_the_trainers_weights(agent_run):
 
 
 def test_agent_protocol_bodies(agent_run):
-    bodies = agent_run["bodies"]
-    assert [b["version"] for b in bodies] == [1, 1, 2]
-    groups = [(b["group"]["master_address"], b["group"]["master_port"]) for b in bodies]
-    assert groups[0] != groups[1] == groups[2]  # re-formed after the failure, then reused
-    assert all(b["flattened"] is True and b["group"]["world_size"] == 2 and b["group"]["backend"] == "gloo" for b in bodies)
+    bodies = [SyncRequest.model_validate(b) for b in agent_run["bodies"]]  # the one typed message
+    assert [b.version for b in bodies] == [1, 1, 2]
+    assert [b.group.new for b in bodies] == [True, True, False]
+    assert bodies[0].group.key != bodies[1].group.key == bodies[2].group.key  # re-formed after the failure, then reused
+    assert all(b.group.backend == "gloo" and b.group.torch_version for b in bodies)
     model = load_model("builtin:tiny", seed=0)
     expected = [n for n in model.state_dict() if n != "lm_head.weight"]
     for b in bodies:
-        assert [n for bucket in b["buckets"] for n in bucket["names"]] == expected
-        assert all(len(set(bucket["dtypes"])) == 1 for bucket in b["buckets"])
+        names = [n for bucket in b.buckets for n in bucket.names]
+        if b.group.new:  # a new group's first collective is its smallest tensor, alone
+            smallest = min(expected, key=lambda n: model.state_dict()[n].numel())
+            assert b.buckets[0].names == [smallest] and sorted(names) == sorted(expected)
+        else:
+            assert names == expected
 
 
 def test_failed_sync_is_counted_and_training_continues(agent_run):
-    states = sorted(s["state"] for s in agent_run["syncs"].values())
+    states = sorted(s.state for s in agent_run["syncs"].values())
     assert states == ["failed", "succeeded", "succeeded"]
     assert [line["step"] for line in agent_run["lines"]] == [1, 2, 3]
     assert max(line.get("trainer/sync_failures", 0) for line in agent_run["lines"]) == 1

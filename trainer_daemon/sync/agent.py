@@ -168,6 +168,7 @@ class SyncAgentPublisher(WeightPublisher):
                                   group_name=self.group_name, new=True, nccl_version=nccl, torch_version=torch_version)
         spec = self.spec.model_copy(update={"new": forming})
         cancel, why, publishing = threading.Event(), [], asyncio.Event()
+        accepted = None
         try:
             accepted = await self._post(SyncRequest(version=version, group=spec, buckets=[b.spec() for b in buckets]))
             publishing.set()
@@ -179,13 +180,14 @@ class SyncAgentPublisher(WeightPublisher):
                 self.group = await self._host(spec.master_port, accepted.world_size, sock, cancel)
                 sock = None
             t2 = time.perf_counter()
+            group = self.group
 
             async def send(i: int, bucket, flat: torch.Tensor) -> None:
                 if i == 0:
                     limit = self.pause_timeout_s + (self.group_timeout_s if forming else self.broadcast_timeout_s)
                 else:
                     limit = self.broadcast_timeout_s
-                await broadcast_flat(self.group, flat, limit, cancel)
+                await broadcast_flat(group, flat, limit, cancel)
 
             await send_buckets(buckets, weights, self.buffers, send)
             t3 = time.perf_counter()
@@ -194,8 +196,12 @@ class SyncAgentPublisher(WeightPublisher):
                 sock.close()
             if forming or self.group is None or self.group.broken:
                 self._reset_group()
+            if isinstance(exc, WeightSyncError) and accepted is not None and not why:
+                status = await self._status(accepted.id)  # a broadcast that broke on its own: say why if the agent knows
+                if status is not None and status.failing:
+                    why.append(status.error or status.state)
             if why and isinstance(exc, WeightSyncError):
-                raise WeightSyncError(f"the sync agent stopped the sync: {why[0]}") from exc
+                raise WeightSyncError(f"the sync agent stopped the sync: {why[0]} ({exc})") from exc
             raise
         finally:
             publishing.clear()

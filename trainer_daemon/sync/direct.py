@@ -70,10 +70,11 @@ class DirectEnginePublisher(WeightPublisher):
         self.offsets: list[int] = []
         self.buffers = FlatBuffers()
 
-    def _update(self) -> EngineUpdate:
+    def _update(self, total_buckets: int = 0) -> EngineUpdate:
         members = [Member(e.base_url, e, rank_offset=self.offsets[i] if self.offsets else 1)
                    for i, e in enumerate(self.engines)]
-        return EngineUpdate(members, control_timeout_s=self.control_timeout_s, group_name=self.group_name)
+        return EngineUpdate(members, control_timeout_s=self.control_timeout_s, total_buckets=total_buckets,
+                            group_name=self.group_name)
 
     async def _form(self, update: EngineUpdate) -> None:
         layouts, world = await update.read_layouts()
@@ -106,9 +107,9 @@ class DirectEnginePublisher(WeightPublisher):
 
     async def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
         t0 = time.perf_counter()
-        update = self._update()
         forming = self.group is None
         buckets = plan_buckets(weights, self.bucket_bytes, first_tiny=forming)
+        update = self._update(len(buckets))
         collective = [0.0]
         try:
             await update.pause(self.pause_mode)
