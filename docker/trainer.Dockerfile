@@ -1,14 +1,18 @@
 # syntax=docker/dockerfile:1
-# asyncrl trainer: the project installed from its own pyproject on PyTorch's CUDA image,
-# keeping the base image's CUDA build of torch (pyproject asks only torch>=2.6, which it
-# satisfies, so pip leaves it alone). The entry point is `asyncrl trainer`, which builds the
+# asyncrl trainer: the project installed from its own pyproject on the SGLang image the
+# engines run (compose passes SGLANG_IMAGE), keeping that image's CUDA build of torch
+# (pyproject asks only torch>=2.6, which it satisfies, so pip leaves it alone). The trainer
+# and the engines then carry the same torch and the same NCCL, which an NCCL weight-update
+# group needs (a communicator refuses members whose NCCL versions differ; each sglang release
+# pins an exact torch: 0.5.15-0.5.21 torch 2.13.0, 0.5.22-0.5.23 torch 2.14.1). Another base
+# works if it has exactly the engines' torch build; the sync agent refuses a mismatch. The entry point is `asyncrl trainer`, which builds the
 # torchrun command line from trainer.nnodes / node_rank / nproc_per_node / master_addr /
 # master_port (compose passes NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT as
 # ASYNCRL_TRAINER__*) and execs torchrun -m trainer_daemon.
 # Build from the repository root:
 #   docker build -f docker/trainer.Dockerfile -t asyncrl/trainer:0.1.0 .
 
-ARG TRAINER_BASE_IMAGE=pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
+ARG TRAINER_BASE_IMAGE=lmsysorg/sglang:v0.5.18
 
 FROM ${TRAINER_BASE_IMAGE}
 LABEL org.opencontainers.image.title="asyncrl trainer" \
@@ -27,9 +31,9 @@ COPY tools ./tools
 COPY local_engine ./local_engine
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Fail the build if installing the project would replace the base image's torch.
-RUN python -c "import torch; print(torch.__version__)" > /tmp/torch-before \
-    && pip install . \
-    && python -c "import torch; print(torch.__version__)" | cmp - /tmp/torch-before \
+RUN python3 -c "import torch; print(torch.__version__)" > /tmp/torch-before \
+    && python3 -m pip install . \
+    && python3 -c "import torch; print(torch.__version__)" | cmp - /tmp/torch-before \
     && rm -rf /src /tmp/torch-before
 RUN groupadd --system --gid 10001 asyncrl \
     && useradd --system --uid 10001 --gid asyncrl --home-dir /var/lib/asyncrl --create-home asyncrl
@@ -40,6 +44,6 @@ EXPOSE 9400 29500 29600
 # Rank 0 (node_rank 0) serves Prometheus on trainer.metrics_port; other nodes have no HTTP
 # listener, so their check is that torchrun is alive.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; h = os.environ.get('ASYNCRL_TRAINER__METRICS_HOST', '0.0.0.0').replace('0.0.0.0', '127.0.0.1'); p = os.environ.get('ASYNCRL_TRAINER__METRICS_PORT', '9400'); os.environ.get('ASYNCRL_TRAINER__NODE_RANK', '0') != '0' or urllib.request.urlopen(f'http://{h}:{p}/metrics', timeout=4)"]
+    CMD ["python3", "-c", "import os, urllib.request; h = os.environ.get('ASYNCRL_TRAINER__METRICS_HOST', '0.0.0.0').replace('0.0.0.0', '127.0.0.1'); p = os.environ.get('ASYNCRL_TRAINER__METRICS_PORT', '9400'); os.environ.get('ASYNCRL_TRAINER__NODE_RANK', '0') != '0' or urllib.request.urlopen(f'http://{h}:{p}/metrics', timeout=4)"]
 ENTRYPOINT ["asyncrl", "trainer"]
 CMD ["/etc/asyncrl/run.toml"]

@@ -23,6 +23,7 @@ from asyncrl.config import RunConfig
 from asyncrl.jetstream import connect, ensure_kv, ensure_stream, resolve_nats_url
 from asyncrl.models import load_tokenizer
 from asyncrl.wire import NatsNames
+from asyncrl.wire.sync import weight_version_number
 from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.external_tools import ExternalBroker
@@ -43,16 +44,6 @@ log = logging.getLogger(__name__)
 
 HEALTH_LOOP_NAME = "engine-health"
 METRICS_INTERVAL_S = 5.0  # period of the rollout metrics published on the run's metrics subject
-
-
-def version_of(raw: str | None) -> int:
-    """Integer weight version from an engine's string (``"default"`` and junk → 0)."""
-    if raw is None:
-        return 0
-    try:
-        return max(0, int(str(raw).strip()))
-    except ValueError:
-        return 0
 
 
 @dataclass
@@ -140,7 +131,7 @@ class RolloutService:
         self.runner = Runner(
             cfg, deps_factory=self._deps, stream=stream, outbox=outbox, publisher=publisher,
             agent_store=AgentStore(agents_kv), state_store=RunnerStateStore(state_kv), queue_probe=queue_probe,
-            abort_engines=self.pool.abort_prefix, rid_prefix=self.rid_prefix,
+            abort_engines=self.pool.abort_inflight, rid_prefix=self.rid_prefix,
         )
         self.val_records = await asyncio.to_thread(validation_records, cfg)
         if self.val_records:
@@ -186,7 +177,7 @@ class RolloutService:
         return AgentDeps(
             chat=self.chat, generator=runner.calls.routed(self.pool), tools=self.tools, gate=runner.gate,
             parse=PARSERS[cfg.rollout.multi_turn.tool_parser], checkpoint=runner.agent_store.put, reward=reward,
-            version_of=version_of, multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
+            version_of=weight_version_number, multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
             response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,
             rid_prefix=self.rid_prefix, on_tokens=runner.tokens.add,
             external=self.broker if self.broker.tools else None,

@@ -85,12 +85,13 @@ class SyncCoordinator:
         return c
 
     async def engine_views(self) -> list[dict[str, Any]]:
-        """The rollout service's engines with each one's liveness and served version."""
+        """The rollout service's engines with each one's liveness, served version and whether it
+        awaits a reload (it may hold mixed weights)."""
         engines = (await self.rollout.status())["engines"]
 
         async def view(e: dict) -> dict:
             out = {"id": e["id"], "url": e["url"], "rollout_state": e["state"], "reason": e.get("reason"), "alive": False,
-                   "version": None}
+                   "version": None, "needs_reload": e["id"] in self.needs_reload}
             try:
                 info = await self.client(e["id"], e["url"]).model_info(timeout_s=self.cfg.sync.engine_timeout_s)
                 out.update(alive=True, version=weight_version_number(info.get("weight_version")))

@@ -14,11 +14,19 @@
 # where replicas share the node's ports: slot k listens on ENGINE_PORT + k). The chosen
 # address goes to /tmp/asyncrl-engine-addr for the healthcheck.
 #
-# The server: python3 -m sglang.launch_server with the flags asyncrl needs —
-#   --enable-metrics (Prometheus sglang:*), --tool-call-parser (OpenAI tool calls),
-#   --api-key (every route but /health and /metrics; asyncrl's engine client sends it on
-#   data and control routes alike, see docs/deployment.md), --tp, --host/--port —
+# The server: python3 -m sglang.launch_server with the flags asyncrl needs (names checked
+# against sglang 0.5.18 and 0.5.23's server_args.py) —
+#   --enable-metrics (Prometheus sglang:*), --tool-call-parser (OpenAI tool calls; `qwen`,
+#   of which `qwen25` is a deprecated alias), --api-key (every route but /health and
+#   /metrics; asyncrl's engine client sends it on data and control routes alike, see
+#   docs/deployment.md), --tp-size, --host/--port —
 # then ENGINE_EXTRA_ARGS (word-split), then any arguments given to this script.
+#
+# SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0 (unless set otherwise): `/health` answers from
+# the HTTP server alone, so the container healthcheck and gateways see a live engine while a
+# weight sync keeps it paused (with the default 1, /health is a one-token generation that
+# waits behind the pause and answers 503 after 20 s). asyncrl's rollout service probes
+# /health_generate itself when the engine is not paused for a sync.
 # ENGINE_DRY_RUN=1 prints the command instead of running it (tests/deploy).
 set -euo pipefail
 
@@ -29,7 +37,7 @@ ENGINE_TP="${ENGINE_TP:-1}"
 ENGINE_HOST="${ENGINE_HOST:-0.0.0.0}"
 ENGINE_PORT="${ENGINE_PORT:-30000}"
 ENGINE_PORT_PER_SLOT="${ENGINE_PORT_PER_SLOT:-0}"
-ENGINE_TOOL_CALL_PARSER="${ENGINE_TOOL_CALL_PARSER:-qwen25}"
+ENGINE_TOOL_CALL_PARSER="${ENGINE_TOOL_CALL_PARSER:-qwen}"
 ENGINE_MEM_FRACTION="${ENGINE_MEM_FRACTION:-0.85}"
 ENGINE_SLOT_DIR="${ENGINE_SLOT_DIR:-/var/lock/asyncrl-engines}"
 ENGINE_ADDR_FILE="${ENGINE_ADDR_FILE:-/tmp/asyncrl-engine-addr}"
@@ -70,12 +78,13 @@ probe_host=$ENGINE_HOST
 [[ "$probe_host" == "0.0.0.0" ]] && probe_host=127.0.0.1
 echo "$probe_host:$port" > "$ENGINE_ADDR_FILE"
 export CUDA_VISIBLE_DEVICES="$visible"
+export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION="${SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION:-0}"
 
 read -r -a extra <<< "${ENGINE_EXTRA_ARGS:-}"
 cmd=(python3 -m sglang.launch_server
      --model-path "$ENGINE_MODEL_PATH"
      --host "$ENGINE_HOST" --port "$port"
-     --tp "$ENGINE_TP"
+     --tp-size "$ENGINE_TP"
      --mem-fraction-static "$ENGINE_MEM_FRACTION"
      --enable-metrics
      --tool-call-parser "$ENGINE_TOOL_CALL_PARSER"

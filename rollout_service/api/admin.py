@@ -32,7 +32,7 @@ class _Body(BaseModel):
 
 class PauseRequest(_Body):
     mode: Literal["partial", "drain"] | None = None
-    """None: ``partial`` when async_training.partial_rollout and staleness_threshold > 0, else ``drain``."""
+    """None: ``partial`` when ``async_training.partial_rollout_active``, else ``drain``."""
     timeout_s: float | None = Field(None, gt=0, le=3600)
 
 
@@ -59,7 +59,7 @@ def build_admin_router(svc) -> APIRouter:
 
     def default_mode() -> str:
         at = svc.cfg.async_training
-        return "partial" if at.partial_rollout and at.staleness_threshold > 0 else "drain"
+        return "partial" if at.partial_rollout_active else "drain"
 
     @router.post("/pause")
     async def pause(body: PauseRequest | None = None):
@@ -104,7 +104,7 @@ def build_admin_router(svc) -> APIRouter:
     @router.delete("/engines/{engine_id}")
     async def remove_engine(engine_id: str):
         if engine_id in svc.pool.engines:
-            await svc.pool.remove(engine_id, abort_prefix=svc.rid_prefix)
+            await svc.pool.remove(engine_id)
         return service_status(svc)
 
     @router.post("/engines/{engine_id}/quarantine")

@@ -15,7 +15,7 @@ requests on it (they come back with their partial tokens and continue elsewhere)
 
 Aborts are by exact rid: SGLang's tokenizer ignores a rid it does not track exactly, so a
 prefix aborts nothing. The pool records every rid it has in flight on each engine and
-:meth:`EnginePool.abort_prefix` aborts each matching one by name. A request still on the wire
+:meth:`EnginePool.abort_inflight` aborts each matching one by name. A request still on the wire
 (or waiting at a paused engine's gate) is not yet known to the engine: the abort misses it,
 so a caller that must stop everything re-sends (the runner's pause does, every
 ``PAUSE_REABORT_S``). Rids are ``<prefix><trajectory id>.t<turn>.s<segment>`` with fixed-length
@@ -115,13 +115,13 @@ class EnginePool:
         self._changed.set()
         return handle
 
-    async def remove(self, engine_id: str, abort_prefix: str | None = None) -> EngineHandle:
-        """Take an engine out; with ``abort_prefix``, abort this service's requests on it
-        whose rid starts with it (each by exact rid) before closing the connections."""
+    async def remove(self, engine_id: str, abort_inflight: bool = True) -> EngineHandle:
+        """Take an engine out; abort this service's requests on it first (each by exact rid:
+        they come back with their partial tokens and continue elsewhere), then close."""
         handle = self.engines.pop(engine_id)
         self._changed.set()
-        if abort_prefix:
-            await self._abort_on(handle, abort_prefix)
+        if abort_inflight:
+            await self._abort_on(handle, "")
         await handle.client.close()
         return handle
 
@@ -220,7 +220,7 @@ class EnginePool:
             handle.state, handle.reason = "unhealthy", why
             log.warning("engine %s (%s) marked unhealthy: %s", handle.id, handle.url, why)
 
-    async def abort_prefix(self, prefix: str) -> None:
+    async def abort_inflight(self, prefix: str = "") -> None:
         """Abort this service's in-flight requests whose rid starts with ``prefix``, on every
         engine, each by its exact rid (module docstring)."""
         await asyncio.gather(*(self._abort_on(h, prefix) for h in list(self.engines.values())))

@@ -3,10 +3,10 @@
 SGLang cannot be installed here (CUDA wheels), so ``source_dir(version)`` runs
 ``python -m pip download --no-deps --no-build-isolation <WHEEL_TAGS> sglang==VERSION`` (pip's
 own config, so PIP_INDEX_URL / pip.conf apply; at most DOWNLOAD_TIMEOUT_S), extracts a handful
-of source files from the wheel into ``$ASYNCRL_CACHE_DIR/sglang-src/VERSION/`` (default
+of source files from the wheel into ``$ASYNCRL_CACHE_DIR/sglang-src-<LAYOUT>/VERSION/`` (default
 ``~/.cache/asyncrl``) under a file lock, atomically (temp dir, then rename, ``COMPLETE`` marker
 inside), and deletes the wheel. Later calls only read the cache (no pip, no network). Refresh:
-``rm -rf ~/.cache/asyncrl/sglang-src/VERSION``. To pin a new version, add it to ``PINNED`` and
+``rm -rf ~/.cache/asyncrl/sglang-src-*/VERSION``. To pin a new version, add it to ``PINNED`` and
 run ``pytest tests/contract``. A failed download raises SGLangSourceError saying what failed
 and how to fix it.
 
@@ -89,6 +89,9 @@ WHEEL_TAGS = ("--python-version", "3.11", "--implementation", "cp", "--abi", "cp
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 IO_STRUCT = "sglang/srt/managers/io_struct.py"
 SAMPLING_PARAMS = "sglang/srt/sampling/sampling_params.py"
+SERVER_ARGS = "sglang/srt/server_args.py"  # launch flags (tests/contract/test_launch_flags.py)
+FUNCTION_CALL_PARSER = "sglang/srt/function_call/function_call_parser.py"  # --tool-call-parser names
+LAYOUT = "v2"  # bump when the extracted files change: caches of an older layout are rebuilt
 # Modules io_struct imports from that are light enough to execute (stdlib, msgspec, pydantic).
 EXECUTED_MODULES = ("sglang.srt.utils.msgspec_utils", "sglang.srt.utils.field_validators")
 _HTTP_METHODS = {"get", "post", "put", "delete", "patch", "head", "options", "trace"}
@@ -105,7 +108,7 @@ class ContractKitError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("ASYNCRL_CACHE_DIR") or Path.home() / ".cache" / "asyncrl") / "sglang-src"
+    return Path(os.environ.get("ASYNCRL_CACHE_DIR") or Path.home() / ".cache" / "asyncrl") / f"sglang-src-{LAYOUT}"
 
 
 def source_dir(version: str) -> Path:
@@ -154,7 +157,9 @@ def _module_file(module: str, names: set[str]) -> str:
 def _extract(wheel: Path, stage: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-        wanted = [HTTP_SERVER, IO_STRUCT, SAMPLING_PARAMS] + [_module_file(m, names) for m in EXECUTED_MODULES]
+        wanted = [HTTP_SERVER, IO_STRUCT, SAMPLING_PARAMS, SERVER_ARGS, FUNCTION_CALL_PARSER]
+        wanted += [_module_file(m, names) for m in EXECUTED_MODULES]
+        wanted += sorted(n for n in names if n.startswith("sglang/srt/arg_groups/") and n.endswith(".py"))
         missing = [w for w in wanted if w not in names]
         if missing:
             raise SGLangSourceError(f"{wheel.name} lacks {missing}: SGLang moved them; update the kit")

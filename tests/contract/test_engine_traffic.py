@@ -88,7 +88,7 @@ async def drive_pool(url: str) -> None:
     try:
         long = asyncio.ensure_future(pool.generate(None, PROMPT, {"max_new_tokens": 3000, "ignore_eos": True}, "rl-contract.0123abcd.t0.s0"))
         await asyncio.sleep(0.2)
-        await pool.abort_prefix("rl-contract.")
+        await pool.abort_inflight("rl-contract.")
         await asyncio.wait_for(long, TIMEOUT_S)
         await pool.check_once()
     finally:

@@ -193,7 +193,7 @@ def test_download_failure_says_what_and_how_to_fix(tmp_path, monkeypatch):
     message = str(raised.value)
     assert "pip download --no-deps --no-build-isolation" in message and error in message
     assert "PyPI" in message and "ASYNCRL_CACHE_DIR" in message
-    assert not (tmp_path / "sglang-src" / "0.5.18").exists()
+    assert not (kit.cache_dir() / "0.5.18").exists()
 
 
 def test_concurrent_first_calls_download_once(tmp_path, monkeypatch):
@@ -207,7 +207,7 @@ def test_concurrent_first_calls_download_once(tmp_path, monkeypatch):
         dest.mkdir(parents=True)
         wheel = dest / f"sglang-{version}-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as zf:
-            for member in [kit.HTTP_SERVER, kit.IO_STRUCT, kit.SAMPLING_PARAMS, "sglang/other.py",
+            for member in [kit.HTTP_SERVER, kit.IO_STRUCT, kit.SAMPLING_PARAMS, kit.SERVER_ARGS, kit.FUNCTION_CALL_PARSER, "sglang/other.py",
                            *(m.replace(".", "/") + ".py" for m in kit.EXECUTED_MODULES)]:
                 zf.writestr(member, "app = None\n")
         return wheel
@@ -219,7 +219,7 @@ def test_concurrent_first_calls_download_once(tmp_path, monkeypatch):
         t.start()
     for t in threads:
         t.join()
-    out = tmp_path / "sglang-src" / "9.9.9"
+    out = kit.cache_dir() / "9.9.9"
     assert calls == ["9.9.9"] and results == [out, out]
     assert (out / "COMPLETE").is_file() and (out / kit.IO_STRUCT).is_file()
     assert not (out / "sglang/other.py").exists()

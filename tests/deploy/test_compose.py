@@ -260,7 +260,8 @@ def test_engines_get_the_flags_the_system_needs(one_box, tmp_path):
     flags = dict(zip(argv, argv[1:], strict=False))
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     assert "--enable-metrics" in argv
-    assert flags["--tool-call-parser"] == "qwen25" and flags["--api-key"] == "<api-key>"
+    assert flags["--tool-call-parser"] == "qwen" and flags["--api-key"] == "<api-key>"
+    assert flags["--tp-size"] == "1" and "--tp" not in argv  # the flag sglang has (--tp is not one)
     assert (flags["--host"], flags["--port"]) == ("0.0.0.0", "30000")
     assert flags["--model-path"] == one_box["services"]["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]
     rollout_key = one_box["services"]["rollout"]["environment"]["ASYNCRL_ENGINES__API_KEY"]
