@@ -67,24 +67,23 @@ async def flush_cache(engine: EngineDep) -> Response:
     return Response(FLUSH_TEXT, status_code=200 if ok else 400, media_type="text/plain")
 
 
-@session_router.post("/begin_weight_update")
-async def begin_weight_update(request: Request, engine: EngineDep) -> Response:
+async def _session_call(request: Request, call) -> Response:
     await parse_body(request, SessionBody)
     try:
-        await engine.begin_session()
+        await call()
         return _result(True, "Success")
     except WeightUpdateError as exc:
         return _result(False, exc.message)
+
+
+@session_router.post("/begin_weight_update")
+async def begin_weight_update(request: Request, engine: EngineDep) -> Response:
+    return await _session_call(request, engine.begin_session)
 
 
 @session_router.post("/end_weight_update")
 async def end_weight_update(request: Request, engine: EngineDep) -> Response:
-    await parse_body(request, SessionBody)
-    try:
-        await engine.end_session()
-        return _result(True, "Success")
-    except WeightUpdateError as exc:
-        return _result(False, exc.message)
+    return await _session_call(request, engine.end_session)
 
 
 @router.post("/init_weights_update_group")

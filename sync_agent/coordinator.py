@@ -251,8 +251,7 @@ class SyncCoordinator:
                 await self.rollout.quarantine(eid, f"{AGENT_REASON} failed update to version {rec.version}")
             except RolloutAdminError as exc:
                 log.error("could not quarantine %s: %s", eid, exc)
-        await update.each(lambda m: m.client.destroy_weights_update_group(update.group_name, timeout_s=update.control_timeout_s),
-                          update.control_timeout_s)
+        await update.leave_group()
         self.group = None
         if all(o == "loaded" for o in rec.engines.values()):
             self.version = rec.version  # every engine made it: the failure came after the last bucket

@@ -153,8 +153,7 @@ class EngineUpdate:
                    host: Callable[[], Awaitable[WeightGroup]] | None = None) -> WeightGroup | None:
         """Every member joins the group at its rank offset; ``host`` (the sender in this
         process) runs concurrently. Any failure destroys a hosted group and raises."""
-        await self.each(lambda m: m.client.destroy_weights_update_group(self.group_name, timeout_s=self.control_timeout_s),
-                         self.control_timeout_s)  # leave a stale group of that name (best effort)
+        await self.leave_group()  # a stale group of that name (best effort)
         joins = asyncio.ensure_future(self.each(lambda m: m.client.init_weights_update_group(
             master_address, master_port, m.rank_offset, world_size, self.group_name, backend,
             timeout_s=timeout_s + REPLY_SLACK_S), timeout_s + REPLY_SLACK_S))
@@ -277,6 +276,12 @@ class EngineUpdate:
                 m.paused = False
         if _errors(failed):
             log.error("continue_generation failed: %s", _errors(failed))
+
+    async def leave_group(self) -> None:
+        """``/destroy_weights_update_group`` on every member that answers (best effort: after a
+        failure the group is dropped everywhere and the next sync forms a new one)."""
+        await self.each(lambda m: m.client.destroy_weights_update_group(self.group_name, timeout_s=self.control_timeout_s),
+                        self.control_timeout_s, [m for m in self.members if not m.stuck])
 
     async def release(self) -> None:
         """After a failure: close sessions left open, then resume (both best effort). A stuck

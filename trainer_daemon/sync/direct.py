@@ -102,8 +102,7 @@ class DirectEnginePublisher(WeightPublisher):
         self.buffers.drop()
         if group is not None:
             await asyncio.to_thread(group.destroy)
-        await update.each(lambda m: m.client.destroy_weights_update_group(self.group_name, timeout_s=self.control_timeout_s),
-                           self.control_timeout_s)
+        await update.leave_group()
 
     async def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
         t0 = time.perf_counter()
