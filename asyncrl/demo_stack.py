@@ -91,8 +91,11 @@ def main(argv: Sequence[str]) -> int:
     run_dir = cfg.run_dir
     nats_server = EmbeddedNats(run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes)
     port = free_port()
-    engine = ChildProcess("engine", [sys.executable, "-m", "asyncrl", "engine", "--model", cfg.model.path, "--port", str(port),
-                                     "--seed", str(cfg.model.seed), "--dtype", cfg.model.dtype], run_dir / "logs" / "engine-0.log")
+    from local_engine.settings import EngineSettings  # a CLI subcommand: components only lazily
+
+    settings = EngineSettings.for_run(cfg, port)  # engines.local + the model and run sections, as asyncrl up
+    engine = ChildProcess("engine", [sys.executable, "-m", "asyncrl", "engine", *settings.to_argv()],
+                          run_dir / "logs" / "engine-0.log")
     engine_url = f"http://127.0.0.1:{port}"
     try:
         url = nats_server.start()

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 
 from asyncrl.cli_args import config_parser, resolve_config
+from asyncrl.config import secret
 from asyncrl.jetstream import EmbeddedNats, connect, ensure_stream, write_endpoint
 from asyncrl.wire import NatsNames
 
@@ -38,7 +39,7 @@ def main(argv: Sequence[str]) -> int:
     if cfg.nats.url:
         print(f"nats.url is set ({cfg.nats.url}); the embedded server is only used when it is not.", file=sys.stderr)
         return 2
-    password = cfg.security.nats_password.get_secret_value() if cfg.security.nats_password else None
+    password = secret(cfg.security.nats_password)
     server = EmbeddedNats(
         cfg.run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes,
         sync_always=cfg.nats.sync_always, user=cfg.nats.user, password=password,

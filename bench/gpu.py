@@ -30,9 +30,9 @@ that fails is recorded and the others still run (exit 1 if any failed):
   6·N·T ignores attention scores and over-counts the LM head on prompt tokens (the step
   only computes logits for response positions): an approximation, good to ~10 %.
 - up: ``asyncrl up --no-live`` (the built-in demo config unless ``--up-model``) with
-  ``model.dtype=bfloat16``, ``engines.local_args=["--device","cuda"]``, ``trainer.device=cuda``,
-  ``trainer.mixed_precision=bf16`` and ``trainer.weight_sync_backend=gloo`` (local_engine
-  joins weight groups with gloo only) for ``--up-steps`` steps: trainer steps/s over the
+  ``model.dtype=bfloat16``, ``engines.local.device=cuda``, ``trainer.device=cuda`` and
+  ``trainer.mixed_precision=bf16`` (the weight sync stays on gloo, the default with local
+  engines: local_engine joins weight groups with gloo only) for ``--up-steps`` steps: trainer steps/s over the
   training window and the mean reward of the first and last step.
 
 Writes ``gpu.json`` (every figure, the command, the GPU; rewritten after each phase) to
@@ -242,9 +242,8 @@ def trainer_child(args) -> int:
 
 # -- asyncrl up --------------------------------------------------------------------------------
 def up_overrides(model: str, run_dir: Path, total_samples: int, device: str) -> list[str]:
-    """``asyncrl up`` overrides: engine and trainer on ``device``, weight sync over gloo."""
-    cuda = ["model.dtype=bfloat16", 'engines.local_args=["--device","cuda"]', "trainer.device=cuda",
-            "trainer.mixed_precision=bf16", "trainer.weight_sync_backend=gloo"]
+    """``asyncrl up`` overrides: engine and trainer on ``device``, weight sync over gloo (the default with local engines)."""
+    cuda = ["model.dtype=bfloat16", "engines.local.device=cuda", "trainer.device=cuda", "trainer.mixed_precision=bf16"]
     return [f"run.dir={run_dir}", "run.id=bench-gpu", f"model.path={model}", "rollout.port=0", "sync.port=0",
             "trainer.metrics_port=0", f"rollout.total_rollout_steps={total_samples}", "trainer.checkpoint.save_freq=0",
             "trainer.checkpoint.export_hf=false", *(cuda if device == "cuda" else [])]
@@ -262,8 +261,8 @@ def up_phase(args, work: Path) -> dict:
     model, warm_s = args.up_model, 0.0
     if model == "builtin:tiny-arith":  # build the demo's warmed-up model first, bounded on its own
         t0 = time.monotonic()
-        code = "from asyncrl.up.warmup import ensure_warm_model; print(ensure_warm_model(progress=lambda m: None))"
-        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=WARMUP_TIMEOUT_S)
+        r = subprocess.run([sys.executable, "-m", "trainer_daemon.warmup", "--quiet"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=WARMUP_TIMEOUT_S)
         if r.returncode != 0:
             raise RuntimeError(f"building builtin:tiny-arith failed:\n{r.stderr[-2000:]}")
         model, warm_s = r.stdout.strip().splitlines()[-1], time.monotonic() - t0

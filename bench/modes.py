@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncrl.config import load_config  # noqa: E402
+from asyncrl.config import load_config, secret  # noqa: E402
 from asyncrl.up.report import read_jsonl  # noqa: E402
 from asyncrl.up.stack import Stack  # noqa: E402
 
@@ -76,10 +76,11 @@ def ideal_speedups(a) -> dict[str, float]:
     return {"a": 1.0, "b": step_a / step_b, "c": step_a / step_async, "d": step_a / step_async}
 
 
-def timing_args(a) -> list[str]:
+def timing_overrides(a) -> list[str]:
     """Each mode starts its own engines (fresh weight versions) in timing mode."""
-    return ["--timing-mode", "--timing-decode-ms", str(a.decode_ms), "--timing-length-median", str(a.length_median),
-            "--timing-length-sigma", str(a.length_sigma), "--timing-length-max", str(a.length_max)]
+    t = "engines.local.timing"
+    return [f"{t}.enabled=true", f"{t}.decode_ms={a.decode_ms}", f"{t}.length_median={a.length_median}",
+            f"{t}.length_sigma={a.length_sigma}", f"{t}.length_max={a.length_max}"]
 
 
 async def run_mode(mode: str, a, root: Path) -> dict:
@@ -87,7 +88,7 @@ async def run_mode(mode: str, a, root: Path) -> dict:
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would be resumed (checkpoints, stream)
     cfg = load_config(overrides=[
         f"run.dir={run_dir}", f"run.id=bench-{mode}", "model.path=builtin:tiny", "model.max_model_len=4096",
-        f"engines.num_local={a.engines}", f"engines.max_batch_size={a.concurrency}", f"engines.local_args={timing_args(a)!r}".replace("'", '"'),
+        f"engines.num_local={a.engines}", f"engines.local.max_batch_size={a.concurrency}", *timing_overrides(a),
         "rollout.port=0", "sync.port=0", "trainer.metrics_port=0", f"rollout.n={a.n}", f"actor.ppo_mini_batch_size={a.mini}",
         f"rollout.total_rollout_steps={a.samples}", "rollout.tools=[]", f"rollout.sampling.max_new_tokens={a.length_max}",
         f"rollout.response_length={a.length_max}", f"rollout.max_concurrent={a.concurrency}", "trainer.nproc_per_node=1",
@@ -113,7 +114,7 @@ async def run_mode(mode: str, a, root: Path) -> dict:
             if time.monotonic() - t0 > a.limit_s:
                 raise RuntimeError(f"mode {mode} did not finish within {a.limit_s:.0f} s")
             await asyncio.sleep(0.5)
-        headers = {"Authorization": f"Bearer {cfg.security.sync_token.get_secret_value()}"}
+        headers = {"Authorization": f"Bearer {secret(cfg.security.sync_token)}"}
         async with aiohttp.ClientSession() as http, http.get(f"{stack.urls['sync']}/v1/syncs", headers=headers) as r:
             syncs = (await r.json())["syncs"]
         await tap.close()

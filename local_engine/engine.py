@@ -100,12 +100,12 @@ class Engine:
         model = load_model(settings.model, dtype=settings.dtype, seed=settings.seed, device=str(device))
         tokenizer = load_tokenizer(settings.model)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        if settings.timing is not None:
-            from local_engine.simulated import SimulatedRunner, TimingSpec
+        if settings.timing.enabled:
+            from local_engine.simulated import SimulatedRunner
 
             weights = {k: v for k, v in model.state_dict(keep_vars=True).items() if v.is_floating_point()}
             vocab = int(model.get_input_embeddings().weight.shape[0])
-            runner = SimulatedRunner(weights, vocab, tokenizer.eos_token_id, TimingSpec(**settings.timing))
+            runner = SimulatedRunner(weights, vocab, tokenizer.eos_token_id, settings.timing, settings.seed)
             return cls(settings, runner, tokenizer, config)
         return cls(settings, HFModelRunner(model, pad_token_id=pad), tokenizer, config)
 

@@ -1,19 +1,50 @@
-"""Settings of one local_engine process (parsed from the command line, nothing global)."""
+"""Settings of one local_engine process, and its command line derived from them.
+
+``EngineSettings`` is the run config's ``engines.local`` section
+(:class:`asyncrl.config.sections_engines.LocalEngineSection`, the tunable knobs) plus what
+identifies one process: model, address, dtype, seed, keys, logging. Its command line is not
+written by hand: every field is a flag (:mod:`local_engine.flags`), ``to_argv`` writes the
+settings as flags and ``from_argv`` reads them back into the same model, so that
+
+    EngineSettings.from_argv(s.to_argv(), environ=s.secret_env()) == s
+
+Keys never go on the command line (``ps`` shows it): ``to_argv`` leaves them out and
+``secret_env`` gives them as ``$LOCAL_ENGINE_API_KEY`` / ``$LOCAL_ENGINE_ADMIN_API_KEY``, which
+``from_argv`` reads when no flag gives them. SGLang's ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``
+and ``SGLANG_HEALTH_CHECK_TIMEOUT`` are honoured the same way. A flag beats its variable.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
-from local_engine.compat import DEFAULT as DEFAULT_COMPAT
-from local_engine.compat import SglangCompat
+from asyncrl.config.sections_engines import LocalEngineSection
+from local_engine.flags import add_flags, describe_errors, parsed, to_argv
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+    from local_engine.compat import SglangCompat
+
+SECRET_ENV = {"api_key": "LOCAL_ENGINE_API_KEY", "admin_api_key": "LOCAL_ENGINE_ADMIN_API_KEY"}
+"""Key fields and the variables that carry them instead of flags."""
+SGLANG_ENV = {"health_generation": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
+              "health_check_timeout_s": "SGLANG_HEALTH_CHECK_TIMEOUT"}
+"""Fields SGLang takes from environment variables; local_engine honours the same ones."""
 
 
-class EngineSettings(BaseModel):
+class SettingsError(ValueError):
+    """Invalid engine settings; the message has one line per problem naming field and flag."""
+
+
+class EngineSettings(LocalEngineSection):
     """Everything :func:`local_engine.app.create_app` needs to build an engine."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     model: str = "builtin:tiny"
     """Model spec for :func:`asyncrl.models.load_model`: ``builtin:tiny``,
@@ -25,10 +56,9 @@ class EngineSettings(BaseModel):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights dtype. float32 gives logprobs that match a float32 trainer to ~1e-6;
     bfloat16 is ~2x faster on CPUs with bf16 support."""
-    seed: int = 0
-    """Initialisation seed of builtin models, and the seed of the engine's sampling RNG."""
-    max_batch_size: int = Field(32, ge=1, le=4096)
-    """Most requests decoded together in one step; the rest wait in the queue."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Initialisation seed of builtin models, and the seed of the engine's sampling RNG
+    (and of timing mode's lengths)."""
     max_model_len: int | None = Field(None, ge=2)
     """Longest prompt + max_new_tokens accepted. None: the model's max_position_embeddings."""
     api_key: str | None = None
@@ -40,40 +70,65 @@ class EngineSettings(BaseModel):
     """Weight version reported before the first update."""
     served_model_name: str | None = None
     """Name in /v1/models and /server_info. None: the model spec."""
-    weight_sync_timeout_s: float = Field(300.0, gt=0)
-    """Limit of forming a weight group and of each bucket's broadcasts (RELIABILITY T_sync)."""
-    pause_drain_timeout_s: float = Field(30.0, gt=0)
-    """pause(mode=abort): how long to keep aborting until no /generate is in flight."""
-    log_level: str = "info"
-    """uvicorn / engine log level."""
-    sglang_compat: str = DEFAULT_COMPAT
-    """The SGLang release whose protocol behaviour to copy (see :mod:`local_engine.compat`)."""
-    tp_size: int = Field(1, ge=1, le=64)
-    """Tensor-parallel workers to act as: the engine joins a weight-update group as ranks
-    ``rank_offset .. rank_offset + tp_size - 1`` (one gloo member each), as SGLang does. The
-    model itself runs once; only the group membership is multiplied."""
-    dp_size: int = Field(1, ge=1, le=64)
-    """Reported in /server_info; weight-update routes refuse it the way SGLang does."""
-    pp_size: int = Field(1, ge=1, le=64)
-    """Reported in /server_info; weight-update groups refuse pp_size > 1."""
-    enable_dp_attention: bool = False
-    """Reported in /server_info (older SGLang accepts dp_size > 1 with it)."""
-    health_generation: bool = True
-    """SGLang's ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``: ``/health`` behaves like
-    ``/health_generate`` (waits behind a pause) unless false."""
-    health_check_timeout_s: float = Field(20.0, gt=0)
-    """SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT``: ``/health_generate`` answers 503 after this."""
-    device: Literal["cpu", "cuda"] = "cpu"
-    """Where the model runs. Weight-update groups are gloo (CPU) either way."""
-    timing: dict | None = None
-    """Timing mode (no model compute; see :mod:`local_engine.simulated`): the fields of
-    ``TimingSpec``. None: the real model."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of the engine and uvicorn."""
+    log_json: bool = False
+    """Log JSON lines (``asyncrl.logs``) instead of text."""
 
     @field_validator("sglang_compat")
     @classmethod
-    def _known_release(cls, v: str) -> str:
-        return SglangCompat.of(v).version
+    def _known_release(cls, v: str | None) -> str | None:
+        # imported here: compat imports torch (via asyncrl.weight_sync), which --help must not wait for
+        from local_engine.compat import SglangCompat
+
+        return None if v is None else SglangCompat.of(v).version
 
     @property
     def compat(self) -> SglangCompat:
-        return SglangCompat.of(self.sglang_compat)
+        from local_engine.compat import DEFAULT, SglangCompat
+
+        return SglangCompat.of(self.sglang_compat or DEFAULT)
+
+    # -- the command line ----------------------------------------------------------------
+    def to_argv(self) -> list[str]:
+        """These settings as flags (those that differ from the defaults; keys left out)."""
+        return to_argv(self, skip=tuple(SECRET_ENV))
+
+    def secret_env(self) -> dict[str, str]:
+        """The environment variables that carry the keys to a child engine."""
+        return {var: value for name, var in SECRET_ENV.items() if (value := getattr(self, name))}
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str], environ: Mapping[str, str] | None = None) -> EngineSettings:
+        """Parse flags (``--help`` exits; unknown flags exit 2, as argparse does) and the
+        variables of the module docstring; raises :class:`SettingsError` on a bad value."""
+        environ = os.environ if environ is None else environ
+        values = parsed(build_parser().parse_args(list(argv)))
+        for name, var in {**SECRET_ENV, **SGLANG_ENV}.items():
+            if name not in values and environ.get(var):
+                values[name] = environ[var]
+        if isinstance(values.get("health_generation"), str):  # SGLang: anything but 0/false/no is on
+            values["health_generation"] = values["health_generation"].lower() not in ("0", "false", "no")
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise SettingsError(describe_errors(exc, cls)) from exc
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, port: int) -> EngineSettings:
+        """The settings of a local engine ``asyncrl up`` starts for ``cfg`` on 127.0.0.1:``port``:
+        ``engines.local``, the ``model`` section's path, dtype, seed and ``max_model_len``, and
+        ``run``'s log settings. The engine keys are not given to it."""
+        return cls.model_validate({
+            **cfg.engines.local.model_dump(), "model": cfg.model.path, "host": "127.0.0.1", "port": port,
+            "dtype": cfg.model.dtype, "seed": cfg.model.seed, "max_model_len": cfg.model.max_model_len,
+            "log_level": cfg.run.log_level.lower(), "log_json": cfg.run.log_json,
+        })
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``asyncrl engine`` parser: one flag per field of :class:`EngineSettings`."""
+    p = argparse.ArgumentParser(prog="asyncrl engine", description="CPU inference engine speaking SGLang's HTTP protocol "
+                                "(docs/local_engine.md). Every flag is a field of local_engine.settings.EngineSettings.")
+    add_flags(p, EngineSettings, groups={"timing": "timing mode (no model compute; for system benchmarks)"})
+    return p

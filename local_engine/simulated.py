@@ -19,33 +19,25 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
 
 import torch
 
+from asyncrl.config.sections_engines import TimingSection
 from local_engine.runner import ModelRunner, PrefillOutput
 
 PEAK_LOGIT = 30.0  # softmax of 30 vs 0 over a few thousand tokens: the peak gets > 0.9999
 
 
-@dataclass(frozen=True)
-class TimingSpec:
-    decode_ms: float = 20.0
-    prefill_ms_per_token: float = 0.05
-    length_median: float = 200.0
-    length_sigma: float = 1.0
-    length_max: int = 4096
-    seed: int = 0
-
-
 class SimulatedRunner(ModelRunner):
-    def __init__(self, weights: dict[str, torch.Tensor], vocab_size: int, eos_token_id: int, spec: TimingSpec,
-                 filler_token_id: int | None = None) -> None:
+    """``spec``: the ``timing`` settings (``engines.local.timing``); ``seed``: of the length draws."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], vocab_size: int, eos_token_id: int, spec: TimingSection,
+                 seed: int, filler_token_id: int | None = None) -> None:
         self.vocab_size = vocab_size
         self.eos = eos_token_id
         self.filler = filler_token_id if filler_token_id is not None else (eos_token_id + 1) % vocab_size
         self.spec = spec
-        self.rng = random.Random(spec.seed)
+        self.rng = random.Random(seed)
         self._weights = weights
         self._targets: list[int] = []
         self._produced: list[int] = []

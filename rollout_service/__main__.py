@@ -8,11 +8,12 @@ Runs the rollout service under uvicorn (default 127.0.0.1:8000 from ``rollout.ho
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from collections.abc import Sequence
 
 from asyncrl.cli_args import config_parser, resolve_config
+from asyncrl.config import secret
+from asyncrl.logs import configure_logging
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,12 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sec = cfg.security
     try:
-        check_tokens(sec.admin_token.get_secret_value() if sec.admin_token else None,
-                     sec.api_token.get_secret_value() if sec.api_token else None, sec.insecure_dev)
+        check_tokens(secret(sec.admin_token), secret(sec.api_token), sec.insecure_dev)
     except InsecureConfig as exc:
         print(f"refusing to start: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.run.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json)
     return asyncio.run(_serve(cfg, ns.host or cfg.rollout.host, ns.port if ns.port is not None else cfg.rollout.port))
 
 
@@ -44,7 +44,7 @@ async def _serve(cfg, host: str, port: int) -> int:
     from rollout_service.service import RolloutService
 
     svc = await RolloutService.create(cfg)
-    server = uvicorn.Server(uvicorn.Config(create_app(svc), host=host, port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(create_app(svc), host=host, port=port, log_level="warning", log_config=None, lifespan="on"))
     await server.serve()
     return 0
 

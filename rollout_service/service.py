@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from asyncrl.config import RunConfig
+from asyncrl.config import RunConfig, secret
 from asyncrl.jetstream import connect, ensure_kv, ensure_stream, resolve_nats_url
 from asyncrl.models import load_tokenizer
 from asyncrl.wire import NatsNames
@@ -81,8 +81,8 @@ class RolloutService:
         self.started_at = time.time()
         self.nc = None
         self.runner: Runner | None = None
-        self.pool = EnginePool(api_key=cfg.engines.api_key.get_secret_value() if cfg.engines.api_key else None,
-                               admin_api_key=cfg.engines.admin_api_key.get_secret_value() if cfg.engines.admin_api_key else None,
+        self.pool = EnginePool(api_key=secret(cfg.engines.api_key),
+                               admin_api_key=secret(cfg.engines.admin_api_key),
                                request_timeout_s=cfg.engines.request_timeout_s, control_timeout_s=cfg.engines.control_timeout_s,
                                paused=lambda: self.runner is not None and self.runner.paused)
         self._stop = asyncio.Event()
@@ -114,7 +114,7 @@ class RolloutService:
         self.math_reward.start()
         self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
         stream = await asyncio.to_thread(build_prompt_stream, cfg, self.chat)
-        password = cfg.security.nats_password.get_secret_value() if cfg.security.nats_password else None
+        password = secret(cfg.security.nats_password)
         url = resolve_nats_url(cfg.nats.url, cfg.run_dir)
         self.nc = await connect(url, f"rollout-{cfg.run.id}", user=cfg.nats.user, password=password)
         js = self.nc.jetstream()

@@ -6,11 +6,12 @@ Refuses to start without a sync token (``security.sync_token``) unless ``--insec
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Sequence
 
 from asyncrl.cli_args import config_parser, resolve_config
+from asyncrl.config import secret
+from asyncrl.logs import configure_logging
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,12 +23,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = resolve_config(ns.args, ["security.insecure_dev=true"] if ns.insecure_dev else [])
     if cfg is None:
         return 2
-    token = cfg.security.sync_token.get_secret_value() if cfg.security.sync_token else ""
+    token = secret(cfg.security.sync_token) or ""
     if not cfg.security.insecure_dev and len(token) < 12:
         print("refusing to start: security.sync_token is empty or shorter than 12 characters "
               "(set ASYNCRL_SECURITY__SYNC_TOKEN or pass --insecure-dev)", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.run.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json)
     import uvicorn
 
     from sync_agent.agent import SyncAgent
@@ -35,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     host = ns.host or cfg.sync.host
     port = ns.port if ns.port is not None else cfg.sync.port
-    uvicorn.run(create_app(SyncAgent(cfg)), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(SyncAgent(cfg)), host=host, port=port, log_level="warning", log_config=None)
     return 0
 
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+from asyncrl.config import secret
 from sync_agent.coordinator import SyncCoordinator
 from sync_agent.reconcile import reconcile_loop, recover
 from sync_agent.records import StateFile
@@ -24,8 +25,7 @@ def rollout_url(cfg) -> str:
 class SyncAgent:
     def __init__(self, cfg) -> None:
         self.cfg = cfg
-        token = cfg.security.admin_token.get_secret_value() if cfg.security.admin_token else None
-        self.rollout = RolloutAdmin(rollout_url(cfg), token, timeout_s=cfg.sync.engine_timeout_s)
+        self.rollout = RolloutAdmin(rollout_url(cfg), secret(cfg.security.admin_token), timeout_s=cfg.sync.engine_timeout_s)
         self.coordinator = SyncCoordinator(cfg, StateFile(Path(cfg.run_dir) / "sync" / "state.json"), self.rollout)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from asyncrl.config import secret
 from asyncrl.http.errors import ApiError, BodySizeLimit, install_error_handlers
 from asyncrl.wire.sync import SyncAccepted, SyncRequest
 from sync_agent.coordinator import SyncConflict
@@ -30,7 +31,7 @@ MAX_BODY_BYTES = 64 * 2**20  # bucket metadata of a large model (names and shape
 
 
 def create_app(agent) -> FastAPI:
-    token = agent.cfg.security.sync_token.get_secret_value() if agent.cfg.security.sync_token else None
+    token = secret(agent.cfg.security.sync_token)
 
     def auth(request: Request) -> None:
         if token is None:

@@ -34,6 +34,7 @@ import asyncio
 import logging
 from typing import Any
 
+from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
 from asyncrl.weight_sync.engine_update import EngineUpdate, Member
@@ -79,9 +80,8 @@ class SyncCoordinator:
         c = self.clients.get(engine_id)
         if c is None or c.base_url != url.rstrip("/"):
             e = self.cfg.engines
-            key = e.api_key.get_secret_value() if e.api_key else None
-            admin = e.admin_api_key.get_secret_value() if e.admin_api_key else None
-            c = self.clients[engine_id] = EngineClient(url, api_key=key, admin_api_key=admin, control_timeout_s=self.cfg.sync.engine_timeout_s)
+            c = self.clients[engine_id] = EngineClient(url, api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key),
+                                                       control_timeout_s=self.cfg.sync.engine_timeout_s)
         return c
 
     async def engine_views(self) -> list[dict[str, Any]]:

@@ -38,15 +38,13 @@ def _die_with_parent() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from asyncrl.cli_args import split_config_args as _split_config_args
     from asyncrl.config import load_config
+    from asyncrl.logs import configure_logging
 
     _die_with_parent()
     path, overrides = _split_config_args(list(sys.argv[1:] if argv is None else argv))
     cfg = load_config(path, overrides)
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(
-        level=getattr(logging, cfg.run.log_level),
-        format=f"%(asctime)s %(levelname)s trainer[{rank}] %(name)s: %(message)s",
-    )
+    configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json, tag=f"trainer[{rank}]")
     for noisy in ("nats", "torch.distributed.checkpoint"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from trainer_daemon.daemon import TrainerDaemon

@@ -45,6 +45,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from asyncrl.files import atomic_write
 from trainer_daemon.distributed import DistContext
 from trainer_daemon.ledger import write_segment
 
@@ -75,12 +76,7 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj))
 
 
 def read_state(path: Path) -> dict[str, Any]:

@@ -19,9 +19,10 @@ Entry shape: ``{"step": int, "version": int, "trained": [id], "dropped": [id],
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from asyncrl.files import atomic_write
 
 LEDGER_DIR = "ledger"
 KINDS = ("trained", "dropped", "duplicate", "poison")
@@ -61,15 +62,10 @@ class Ledger:
 
 
 def write_segment(root: Path, segment: dict[str, Any]) -> Path:
-    """Write a segment atomically (temp file + fsync + rename)."""
+    """Write a segment atomically and durably (``asyncrl.files.atomic_write``)."""
     path = segment_path(root, int(segment["step"]))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        json.dump(segment, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(segment))
     return path
 
 

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import secret
 from asyncrl.jetstream import connect, ensure_stream, resolve_nats_url
 from asyncrl.wire import NatsNames
 from trainer_daemon.consume import ConsumptionState, PendingGroup, TrajectorySource
@@ -50,7 +51,7 @@ class Rank0Services:
     def start(self) -> None:
         cfg = self.cfg
         url = resolve_nats_url(cfg.nats.url, cfg.run_dir)
-        password = cfg.security.nats_password.get_secret_value() if cfg.security.nats_password else None
+        password = secret(cfg.security.nats_password)
 
         async def _start():
             self.nc = await connect(url, f"trainer-{cfg.run.id}", user=cfg.nats.user, password=password)

@@ -34,9 +34,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from asyncrl.config import RunConfig
+from asyncrl.config.sections_core import AsyncTrainingConfig
+from asyncrl.config.sections_infra import ActorConfig
 from asyncrl.wire import Trajectory
 from trainer_daemon.algo import (
-    PolicyLossConfig,
     compute_actor_loss,
     entropy_from_logits,
     grpo_advantages,
@@ -53,27 +55,16 @@ SHARE_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss")  # summed ov
 
 @dataclass(frozen=True)
 class StepSettings:
-    """The knobs of a step (read from ``RunConfig`` by :meth:`from_config`)."""
+    """What a step reads: the run config's ``actor`` and ``async_training`` sections as they
+    are (no copied knobs), and the tokenizer's pad id."""
 
-    ppo_mini_batch_size: int
-    micro_batch_size: int
-    ppo_epochs: int
-    grad_clip: float
-    norm_adv_by_std: bool
-    filter_zero_variance: bool
+    actor: ActorConfig
+    async_training: AsyncTrainingConfig
     pad_id: int
-    loss: PolicyLossConfig
 
     @classmethod
-    def from_config(cls, cfg, pad_id: int) -> StepSettings:
-        a = cfg.actor
-        return cls(a.ppo_mini_batch_size, a.ppo_micro_batch_size_per_gpu, a.ppo_epochs, a.optim.grad_clip,
-                   a.norm_adv_by_std_in_grpo, a.filter_zero_variance_groups, pad_id,
-                   PolicyLossConfig.from_configs(a, cfg.async_training))
-
-    @property
-    def needs_recompute(self) -> bool:
-        return self.loss.compute_prox_log_prob or not self.loss.use_rollout_log_probs
+    def from_config(cls, cfg: RunConfig, pad_id: int) -> StepSettings:
+        return cls(cfg.actor, cfg.async_training, pad_id)
 
 
 class TrainStep:
@@ -82,7 +73,7 @@ class TrainStep:
     def __init__(self, model, optimizer, scheduler, settings: StepSettings, ctx: DistContext, reference=None) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.s, self.ctx, self.reference = settings, ctx, reference
-        if settings.loss.use_kl_loss and reference is None:
+        if settings.actor.use_kl_loss and reference is None:
             raise ValueError("actor.use_kl_loss needs a reference model")
 
     # -- forward ---------------------------------------------------------------------------
@@ -111,13 +102,13 @@ class TrainStep:
     def _plans(self, trajs: Sequence[Trajectory], groups: Sequence[Sequence[int]], keep: list[bool]) -> list[tuple[list[int], list[list[int]]]]:
         """Per mini-batch: all its members, and this rank's micro-batches ([] = dummy)."""
         out = []
-        mini = self.s.ppo_mini_batch_size
+        mini = self.s.actor.ppo_mini_batch_size
         for start in range(0, len(groups), mini):
             members = [i for g in groups[start:start + mini] for i in g if keep[i]]
             if not members:
                 continue
             plan = plan_mini_batch([len(trajs[i].token_ids) for i in members], [trajs[i].group_id for i in members],
-                                   self.ctx.world_size, self.s.micro_batch_size)
+                                   self.ctx.world_size, self.s.actor.ppo_micro_batch_size_per_gpu)
             out.append((members, [[members[j] for j in micro] for micro in plan[self.ctx.rank]]))
         return out
 
@@ -127,9 +118,9 @@ class TrainStep:
         t0 = time.perf_counter()
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
         gids = [t.group_id for t in trajs]
-        adv = grpo_advantages(rewards, gids, norm_by_std=self.s.norm_adv_by_std).tolist()
+        adv = grpo_advantages(rewards, gids, norm_by_std=self.s.actor.norm_adv_by_std_in_grpo).tolist()
         keep = [True] * len(trajs)
-        if self.s.filter_zero_variance:
+        if self.s.actor.filter_zero_variance_groups:
             keep = (~zero_variance_mask(rewards, gids)).tolist()
         plans = self._plans(trajs, groups, keep)
         # Micro-batches in plan order: every rank runs the same number of forward passes of
@@ -137,15 +128,15 @@ class TrainStep:
         mbs = [[collate(trajs, micro, adv, self.s.pad_id) for micro in plan] for _, plan in plans]
 
         t1 = time.perf_counter()
-        anchors = [[self._log_probs(self.model, mb) for mb in row] for row in mbs] if self.s.needs_recompute else None
+        anchors = [[self._log_probs(self.model, mb) for mb in row] for row in mbs] if self.s.async_training.recomputes_log_probs else None
         t2 = time.perf_counter()
-        refs = [[self._log_probs(self.reference, mb) for mb in row] for row in mbs] if self.s.loss.use_kl_loss else None
+        refs = [[self._log_probs(self.reference, mb) for mb in row] for row in mbs] if self.s.actor.use_kl_loss else None
         t3 = time.perf_counter()
 
         sums: dict[str, float] = defaultdict(float)
         weights: dict[str, float] = defaultdict(float)
         grad_norms, skipped = [], 0
-        for _ in range(self.s.ppo_epochs):
+        for _ in range(self.s.actor.ppo_epochs):
             for p, (members, _) in enumerate(plans):
                 tokens = float(sum(sum(trajs[i].loss_mask) for i in members))
                 seqs = float(sum(1 for i in members if any(trajs[i].loss_mask)))
@@ -181,7 +172,7 @@ class TrainStep:
             "trainer/trajectories": float(len(trajs)),
             "trainer/samples": float(len(groups)),
             "perf/total_num_tokens": float(tokens),
-            "perf/throughput": tokens * self.s.ppo_epochs / elapsed / self.ctx.world_size,
+            "perf/throughput": tokens * self.s.actor.ppo_epochs / elapsed / self.ctx.world_size,
             "timing_s/old_log_prob": t2 - t1,
             "timing_s/ref": t3 - t2,
             "timing_s/update_actor": t4 - t3,
@@ -191,11 +182,11 @@ class TrainStep:
     def _micro(self, mb: MicroBatch, anchor, ref, tokens: float, seqs: float, sums, weights) -> None:
         """Forward, loss, backward of one micro-batch. A dummy has an all-zero mask: its loss is
         exactly 0 with zero gradients, but the passes (and FSDP's collectives) still happen."""
-        logp, ent, _ = self._forward(self.model, mb, self.s.loss.entropy_coeff != 0.0)
+        logp, ent, _ = self._forward(self.model, mb, self.s.actor.entropy_coeff != 0.0)
         dev = logp.device
-        old, behav = resolve_log_probs(self.s.loss, mb.rollout_logp.to(dev), None if anchor is None else anchor.to(dev))
+        old, behav = resolve_log_probs(self.s.async_training, mb.rollout_logp.to(dev), None if anchor is None else anchor.to(dev))
         loss, m = compute_actor_loss(
-            logp, old, mb.advantages.to(dev), mb.mask.to(dev), self.s.loss, rollout_log_prob=behav, entropy=ent,
+            logp, old, mb.advantages.to(dev), mb.mask.to(dev), self.s.actor, rollout_log_prob=behav, entropy=ent,
             ref_log_prob=None if ref is None else ref.to(dev), global_tokens=tokens, global_seqs=seqs,
             dp_size=self.ctx.world_size,
         )
@@ -212,7 +203,7 @@ class TrainStep:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if not params:
             return 0.0
-        norm = torch.nn.utils.clip_grad_norm_(params, self.s.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(params, self.s.actor.optim.grad_clip)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         return float(norm.item())

@@ -20,9 +20,9 @@ from asyncrl.config.sections_core import (
     RolloutConfig,
     Section,
 )
+from asyncrl.config.sections_engines import EnginesConfig
 from asyncrl.config.sections_infra import (
     ActorConfig,
-    EnginesConfig,
     NatsConfig,
     RunSection,
     SecurityConfig,

@@ -161,6 +161,13 @@ class AsyncTrainingConfig(Section):
         ``staleness_threshold > 0``) rather than draining them: the one place this rule lives."""
         return self.partial_rollout and self.staleness_threshold > 0
 
+    @property
+    def recomputes_log_probs(self) -> bool:
+        """Whether the trainer computes the PPO anchor log-probs itself (a no-grad forward pass
+        before the update: ``compute_prox_log_prob``, or ``use_rollout_log_probs`` off) rather
+        than taking the rollout's: the one place this rule lives."""
+        return self.compute_prox_log_prob or not self.use_rollout_log_probs
+
 
 class ApiConfig(Section):
     max_body_bytes: int = Field(4 * 2**20, ge=1024, le=2**30)

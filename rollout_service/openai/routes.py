@@ -25,6 +25,7 @@ import uuid
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from asyncrl.config import secret
 from asyncrl.http.errors import ApiError
 from rollout_service.agent.state import AgentState
 from rollout_service.api.auth import bearer, check_token, hash_token, new_token, require_token
@@ -63,7 +64,7 @@ async def _released_after(body, release):
 
 
 def build_openai_router(svc) -> APIRouter:
-    api_token = svc.cfg.security.api_token.get_secret_value() if svc.cfg.security.api_token else None
+    api_token = secret(svc.cfg.security.api_token)
     router = APIRouter()
 
     def data_plane(request: Request) -> None:

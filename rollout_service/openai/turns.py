@@ -8,7 +8,8 @@ to ``ENGINE_RETRIES`` times. The request's sampling overrides the service's;
 ``tool_choice="required"`` (or a named function) is implemented by appending the opening of
 a tool call (``<tool_call>\\n{"name": "``, plus the name when one is forced) as tokens with
 loss mask 0 — the model did not choose them, so they are never trained on — and letting the
-model continue.
+model continue, unconstrained (no grammar, unlike SGLang's OpenAI server): a model that stops
+inside the call gets an answer without tool calls (docs/openai_api.md).
 
 A turn never checkpoints into the agents bucket: its state is not an internal agent (a
 restart would run it as one). Sessions persist their state after each turn themselves

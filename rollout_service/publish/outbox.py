@@ -26,6 +26,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.files import atomic_write
 from asyncrl.wire import Trajectory, decode_trajectory, encode_trajectory
 
 _READY_NAME = re.compile(r"^(\d{12})-(.+)\.traj$")
@@ -35,20 +36,6 @@ _READY_NAME = re.compile(r"^(\d{12})-(.+)\.traj$")
 class OutboxEntry:
     path: Path
     trajectory_id: str
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class Outbox:
@@ -102,7 +89,7 @@ class Outbox:
     def _write_ready(self, traj: Trajectory) -> Path:
         path = self.ready_dir / f"{self._next_seq:012d}-{traj.id}.traj"
         self._next_seq += 1
-        _atomic_write(path, encode_trajectory(traj))
+        atomic_write(path, encode_trajectory(traj))
         return path
 
     def hold(self, traj: Trajectory) -> Path:
@@ -112,7 +99,7 @@ class Outbox:
         path = group / f"{traj.id}.traj"
         if not path.exists():
             self._count += 1
-        _atomic_write(path, encode_trajectory(traj))
+        atomic_write(path, encode_trajectory(traj))
         return path
 
     def release_group(self, group_id: str) -> int:

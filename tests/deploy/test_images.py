@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 
 import pytest
 
 from tests.deploy.conftest import REPO
+from tests.helpers.waiting import wait_for_sync
 
 DOCKERFILES = ["service.Dockerfile", "trainer.Dockerfile"]
 SECRET_WORDS = re.compile(r"TOKEN|PASSWORD|PASSWD|SECRET|API_KEY|PRIVATE", re.I)
@@ -102,9 +102,8 @@ def _engine(tmp_path, i: int, hold_s: float, **env) -> subprocess.Popen:
 def test_engine_replicas_claim_distinct_gpu_slots(tmp_path):
     env = {"ENGINE_GPUS": "0,1,2,3", "ENGINE_TP": "2", "ENGINE_PORT_PER_SLOT": "1"}
     first = [_engine(tmp_path, i, 4, **env) for i in range(2)]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not all((tmp_path / f"addr{i}").exists() for i in range(2)):
-        time.sleep(0.05)
+    wait_for_sync(lambda: all((tmp_path / f"addr{i}").exists() for i in range(2)), 10, "both replicas to claim a slot",
+                  procs=first, interval_s=0.05)
     third = _engine(tmp_path, 2, 0, **env)
     _, err3 = third.communicate(timeout=20)
     outs = [p.communicate(timeout=20) for p in first]

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import sys
-import time
 import tomllib
 import urllib.request
 
@@ -38,9 +37,11 @@ from tests.deploy.conftest import REPO
 from tests.deploy.external_metrics import NATS_JSZ, sglang_series, varz_series
 from tests.deploy.names import exported_series, json_exporter_series, metric_names
 from tests.helpers.processes import start_engine
+from tests.helpers.waiting import wait_for_sync
 
 READY_S = 150.0  # torch + transformers imports of four processes on two busy cores
 LOOP_S = 120.0  # first trainer step and first weight sync after readiness (~15 s here); within pytest-timeout
+NOT_YET = (OSError, ValueError)  # a service still starting: refused connections, half-written files
 RUN_TOML = REPO / "docker" / "config" / "run.toml"
 SIZE = [  # a tiny run: a step needs one group of two short trajectories
     "model.max_model_len=512", "rollout.n=2", "rollout.response_length=64", "rollout.sampling.max_new_tokens=24",
@@ -77,22 +78,6 @@ def _value(text: str, name: str, **labels) -> float | None:
     return None
 
 
-def _wait(check, timeout_s: float, what: str, procs: dict[str, ChildProcess]):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for name, p in procs.items():
-            if p.poll() is not None:
-                raise p.failure(f"{name} exited while waiting for {what}")
-        try:
-            value = check()
-        except (OSError, ValueError):
-            value = None
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
 def _overrides_keys(args: list[str]) -> set[str]:
     return {a.split("=", 1)[0] for a in args if "=" in a}
 
@@ -117,8 +102,9 @@ def stack(one_box, tmp_path_factory):
         procs["nats"].wait_ready(lambda: port_open("127.0.0.1", port), 20)
         out["nats_url"], out["nats_monitor"] = f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
 
-        engine, engine_url = start_engine(tmp, "builtin:tiny", "--api-key", rollout_env["ASYNCRL_ENGINES__API_KEY"])
-        procs["engine"], out["engine_url"] = engine, engine_url
+        engine = start_engine(tmp, api_key=rollout_env["ASYNCRL_ENGINES__API_KEY"])
+        procs["engine"], out["engine_url"] = engine.proc, engine.url
+        engine_url = engine.url
         urls = json.dumps([engine_url])
         rport, sport, tport = free_port(), free_port(), free_port()
         out["rollout_url"], out["sync_url"] = f"http://127.0.0.1:{rport}", f"http://127.0.0.1:{sport}"
@@ -138,8 +124,9 @@ def stack(one_box, tmp_path_factory):
         for name, env in (("rollout", rollout_env), ("sync", sync_env), ("trainer", trainer_env)):
             procs[name] = ChildProcess(name, [sys.executable, "-m", "asyncrl", *args[name]], tmp / f"{name}.log",
                                        env=_process_env(env)).start()
-        _wait(lambda: http_ok(f"{out['rollout_url']}/health") and http_ok(f"{out['sync_url']}/health")
-              and http_ok(out["trainer_metrics"]), READY_S, "rollout, sync agent and trainer", procs)
+        wait_for_sync(lambda: http_ok(f"{out['rollout_url']}/health") and http_ok(f"{out['sync_url']}/health")
+                      and http_ok(out["trainer_metrics"]), READY_S, "rollout, sync agent and trainer",
+                      procs=procs.values(), retry_on=NOT_YET, interval_s=0.5)
         jsonl = tmp / "trainer-volume" / "run" / "metrics" / "trainer.jsonl"
 
         def looped():
@@ -147,7 +134,8 @@ def stack(one_box, tmp_path_factory):
             synced = _value(_scrape(f"{out['sync_url']}/metrics"), "asyncrl_sync_syncs_total", state="succeeded")
             return len(steps) >= 1 and (synced or 0) >= 1
 
-        _wait(looped, LOOP_S, "a trainer step and a succeeded weight sync", procs)
+        wait_for_sync(looped, LOOP_S, "a trainer step and a succeeded weight sync", procs=procs.values(), retry_on=NOT_YET,
+                      interval_s=0.5)
         out["nats_log_during_run"] = (tmp / "nats.log").read_text()
         out["pages"] = {
             "rollout": _scrape(f"{out['rollout_url']}/metrics"),
@@ -214,7 +202,10 @@ async def _nats_attempt(url: str, user: str | None, password: str | None, action
     except Exception as exc:  # noqa: BLE001
         ok = False
         errors.append(repr(exc))
-    await asyncio.sleep(0.2)
+    try:  # a round trip: the server answers in order, so every async error for the above has reached on_error
+        await nc.flush(timeout=2)
+    except Exception as exc:  # noqa: BLE001
+        errors.append(repr(exc))
     await nc.close()
     return ok and not errors, errors
 

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import sys
 import threading
-import time
-from pathlib import Path
 
 import pytest
 
-_TESTS = str(Path(__file__).resolve().parents[1])
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
-
-from engine_fixtures import EngineProc, running_engine  # noqa: E402
-
-from asyncrl.launch import free_port  # noqa: E402
+from asyncrl.launch import free_port
+from tests.helpers.processes import Engine, start_engine
+from tests.helpers.waiting import wait_for_sync
 
 STUB_START_TIMEOUT_S = 20.0
 
 
 @pytest.fixture(scope="session")
-def client_engine(tmp_path_factory) -> EngineProc:
-    with running_engine(tmp_path_factory.mktemp("client-engine"), name="client-engine") as e:
+def client_engine(tmp_path_factory) -> Engine:
+    with start_engine(tmp_path_factory.mktemp("client-engine"), name="client-engine") as e:
         yield e
 
 
@@ -30,19 +23,18 @@ def client_engine(tmp_path_factory) -> EngineProc:
 def old_server():
     """A real uvicorn server (in a thread) answering like an old SGLang build; see old_sglang.py."""
     import uvicorn
-    from old_sglang import build_app
+
+    from tests.engine_client.old_sglang import build_app
 
     app, state = build_app()
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + STUB_START_TIMEOUT_S
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("old-SGLang stand-in did not start")
-        time.sleep(0.01)
     try:
+        wait_for_sync(lambda: server.started or not thread.is_alive(), STUB_START_TIMEOUT_S, "the old-SGLang stand-in to start",
+                      interval_s=0.01)
+        assert server.started, "the old-SGLang stand-in exited during startup"
         yield f"http://127.0.0.1:{port}", state
     finally:
         server.should_exit = True

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
-from engine_fixtures import CLIENT_TIMEOUT_S
 
 from asyncrl.engine_client import (
     EngineClient,
@@ -17,6 +15,8 @@ from asyncrl.engine_client import (
     GenerateResult,
 )
 from asyncrl.launch import free_port
+from tests.helpers.processes import CLIENT_TIMEOUT_S
+from tests.helpers.waiting import wait_for
 
 PROMPT = [3, 1, 4, 1, 5]
 
@@ -81,10 +81,7 @@ async def test_timeout_raises_and_engine_drops_the_request(client_engine):
         with pytest.raises(EngineTimeout):
             await c.generate(PROMPT, {"max_new_tokens": 3000, "ignore_eos": True}, rid="will-time-out", timeout_s=0.5)
         assert time.monotonic() - started < 5
-        deadline = time.monotonic() + 15
-        while (await c.loads())["loads"][0]["num_running_reqs"] and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert (await c.loads())["loads"][0]["num_running_reqs"] == 0, "the engine must abort a request whose client left"
+        await wait_for(lambda: _idle(c), 15, "the engine to abort a request whose client left")
 
 
 async def test_unreachable_engine_is_unavailable():
@@ -150,3 +147,7 @@ async def test_flush_cache_gives_up_after_retries(old_server):
         assert err.value.status == 400 and "after 3 tries" in err.value.message and state["flush_calls"] == 3
     finally:
         state["flush_busy"] = 2
+
+
+async def _idle(c: EngineClient) -> bool:
+    return (await c.loads())["loads"][0]["num_running_reqs"] == 0

@@ -147,3 +147,11 @@ def test_config_reference_doc_is_current():
 
     committed = (Path(__file__).resolve().parents[2] / "docs" / "config_reference.md").read_text()
     assert committed == render(), "docs/config_reference.md is stale: run python -m asyncrl.config.reference > docs/config_reference.md"
+
+
+def test_secret_reads_optional_secret_fields():
+    from asyncrl.config import secret
+
+    cfg = load_config(overrides=["security.admin_token=abc", "security.api_token="], environ={})
+    assert secret(cfg.security.admin_token) == "abc" and "abc" not in repr(cfg.security)
+    assert secret(cfg.security.api_token) is None and secret(cfg.security.sync_token) is None  # empty, unset

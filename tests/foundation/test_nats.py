@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from asyncrl.jetstream import (
 )
 from asyncrl.launch import port_open
 from asyncrl.wire import NatsNames
+from tests.helpers.waiting import wait_for_sync
 
 
 async def test_stream_is_created_with_dedup_and_a_duplicate_is_stored_once(run_config, nats_server):
@@ -144,11 +144,8 @@ def test_nats_cli_runs_and_stops_cleanly(tmp_path: Path):
     proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "nats", f"run.dir={tmp_path}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 30
         endpoint = tmp_path / "nats" / "endpoint"
-        while not endpoint.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert endpoint.exists(), "asyncrl nats did not write its endpoint"
+        wait_for_sync(endpoint.exists, 30, "asyncrl nats to write its endpoint", procs=[proc], interval_s=0.05)
         url = endpoint.read_text().strip()
         host, port = url.removeprefix("nats://").split(":")
         assert host == "127.0.0.1" and port_open(host, int(port))

@@ -1,30 +1,82 @@
-"""Starting real asyncrl processes (engines, services) on free loopback ports for tests."""
+"""Real local_engine processes for tests: a free (or given) loopback port, bounded startup,
+stopped by the test.
+
+``start_engine(log_dir, *extra, model=..., port=..., api_key=..., admin_api_key=..., env=...,
+name=...)`` runs ``python -m local_engine --model MODEL --seed 0 --host 127.0.0.1 --port P
+--torch-threads 1 --log-level L *extra`` and returns an :class:`Engine` once ``/health``
+answers; a failed start raises with the log tail. Use it as a context manager (stopped at
+exit) or call ``engine.stop()``. ``extra``: more engine flags (``--sglang-compat 0.5.18``,
+``--max-batch-size 2``); ``port``: a fixed port, e.g. to restart an engine where it was;
+``api_key`` / ``admin_api_key``: set through ``$LOCAL_ENGINE_API_KEY`` /
+``$LOCAL_ENGINE_ADMIN_API_KEY`` (keys in this process's environment never leak in);
+``env``: more environment variables (e.g. SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT``). The
+log level is ``$LOCAL_ENGINE_TEST_LOG_LEVEL`` or ``warning``; the log is
+``<log_dir>/<name>-<port>.log``.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.launch import ChildProcess, free_port, http_ok
 
-ENGINE_READY_S = 120.0  # a cold import of torch + transformers on a loaded 2-core CI box
+# Importing torch + transformers and building the model takes 5-15 s on a busy 2-core box.
+ENGINE_START_TIMEOUT_S = 120.0
+# Per-call limit the tests' clients use: generous for a loaded CI box, still bounded.
+CLIENT_TIMEOUT_S = 60.0
+MODEL = "builtin:tiny"
+SEED = 0
 
 
-def start_engine(log_dir: Path, model: str = "builtin:tiny", *extra: str, port: int | None = None,
-                 env: dict[str, str] | None = None) -> tuple[ChildProcess, str]:
-    """A local_engine process; returns it and its base URL once /health answers. ``env``:
-    extra environment variables (e.g. SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT``)."""
+@dataclass
+class Engine:
+    """A running engine: its URL, keys and process."""
+
+    url: str
+    port: int
+    proc: ChildProcess
+    api_key: str | None = None
+    admin_api_key: str | None = None
+
+    def client(self, **kw):
+        from asyncrl.engine_client import EngineClient
+
+        kw.setdefault("request_timeout_s", CLIENT_TIMEOUT_S)
+        kw.setdefault("control_timeout_s", CLIENT_TIMEOUT_S)
+        return EngineClient(self.url, api_key=self.api_key, admin_api_key=self.admin_api_key, **kw)
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after a grace period; the exit code."""
+        return self.proc.stop()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_engine(log_dir: Path | str, *extra: str, model: str = MODEL, port: int | None = None, api_key: str | None = None,
+                 admin_api_key: str | None = None, env: dict[str, str] | None = None, name: str = "engine") -> Engine:
+    """Start a local_engine and wait for ``/health`` (module docstring)."""
     port = port or free_port()
-    proc = ChildProcess(
-        f"engine:{port}",
-        [sys.executable, "-m", "asyncrl", "engine", "--model", model, "--port", str(port), *extra],
-        Path(log_dir) / f"engine-{port}.log", env={**os.environ, **(env or {})},
-    ).start()
+    argv = [sys.executable, "-m", "local_engine", "--model", model, "--seed", str(SEED), "--host", "127.0.0.1",
+            "--port", str(port), "--torch-threads", "1", "--log-level", os.environ.get("LOCAL_ENGINE_TEST_LOG_LEVEL", "warning"),
+            *extra]
+    child_env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_ENGINE_API_KEY", "LOCAL_ENGINE_ADMIN_API_KEY")}
+    if api_key:
+        child_env["LOCAL_ENGINE_API_KEY"] = api_key
+    if admin_api_key:
+        child_env["LOCAL_ENGINE_ADMIN_API_KEY"] = admin_api_key
+    child_env.update(env or {})
+    proc = ChildProcess(name, argv, Path(log_dir) / f"{name}-{port}.log", env=child_env).start()
     url = f"http://127.0.0.1:{port}"
     try:
-        proc.wait_ready(lambda: http_ok(f"{url}/health"), ENGINE_READY_S)
-    except Exception:
+        proc.wait_ready(lambda: http_ok(f"{url}/health"), ENGINE_START_TIMEOUT_S)
+    except BaseException:
         proc.stop()
         raise
-    return proc, url
+    return Engine(url=url, port=port, proc=proc, api_key=api_key, admin_api_key=admin_api_key)

@@ -7,13 +7,18 @@
   client gets every chunk, at once);
 - ``intercept``: an optional ``(method, path, body) -> (status, json) | None``; a non-None
   answer is returned instead of forwarding (fault injection: an engine refusing a call the
-  way SGLang refuses it, while the engine itself stays as it was).
+  way SGLang refuses it, while the engine itself stays as it was);
+- ``hold``: an optional ``asyncio.Event``; while it is set on the proxy and not yet set
+  itself, every /generate (or those whose body ``hold_if`` accepts) waits for it before being
+  forwarded, ``held`` counting them: the callers stay mid-generation for as long as a test
+  needs. A held request whose client went away meanwhile is dropped, not forwarded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -27,6 +32,9 @@ class RecordingProxy:
         self.exchanges: list[tuple[dict, dict]] = []
         self.requests: list[tuple[str, str, dict[str, str], object]] = []
         self.intercept = None
+        self.hold: asyncio.Event | None = None
+        self.hold_if: Callable[[dict], bool] | None = None
+        self.held = 0
         self.port = free_port()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -46,6 +54,15 @@ class RecordingProxy:
             answer = self.intercept(request.method, request.path, parsed)
             if answer is not None:
                 return web.json_response(answer[1], status=answer[0])
+        gate = self.hold
+        if gate is not None and request.path == "/generate" and (self.hold_if is None or self.hold_if(parsed)):
+            self.held += 1
+            try:
+                await gate.wait()
+            finally:
+                self.held -= 1
+            if request.transport is None or request.transport.is_closing():
+                return web.Response(status=499)  # the client is gone: nothing to forward
         assert self._session is not None
         async with self._session.request(request.method, self.target + request.path_qs, data=body,
                                          headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}) as resp:
@@ -74,4 +91,4 @@ class RecordingProxy:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn for the closed transports' callbacks (not a wait for a state)

@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-_TESTS = str(Path(__file__).resolve().parents[1])
-if _TESTS not in sys.path:
-    sys.path.insert(0, _TESTS)
-
-from engine_fixtures import EngineProc, load_reference_model, running_engine  # noqa: E402
+from tests.helpers.processes import Engine, start_engine
+from tests.helpers.reference_model import load_reference_model
 
 
 @pytest.fixture(scope="session")
-def engine(tmp_path_factory) -> EngineProc:
+def engine(tmp_path_factory) -> Engine:
     """The shared engine for tests that leave it as they found it (not paused, default weights)."""
-    with running_engine(tmp_path_factory.mktemp("engine"), name="engine") as e:
+    with start_engine(tmp_path_factory.mktemp("engine"), name="engine") as e:
         yield e
 
 
 @pytest.fixture(scope="session")
-def small_engine(tmp_path_factory) -> EngineProc:
+def small_engine(tmp_path_factory) -> Engine:
     """An engine with --max-batch-size 2 (queued requests exist) for pause and queue tests."""
-    with running_engine(tmp_path_factory.mktemp("small"), "--max-batch-size", "2", name="small-engine") as e:
+    with start_engine(tmp_path_factory.mktemp("small"), "--max-batch-size", "2", name="small-engine") as e:
         yield e
 
 
@@ -35,13 +29,13 @@ def ref_model():
 
 
 @pytest.fixture
-async def client(engine: EngineProc):
+async def client(engine: Engine):
     async with engine.client() as c:
         yield c
 
 
 @pytest.fixture
-async def small_client(small_engine: EngineProc):
+async def small_client(small_engine: Engine):
     async with small_engine.client() as c:
         yield c
         await c.resume()  # never leave the shared engine paused, whatever the test did

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from engine_fixtures import teacher_forced_logprobs
-from helpers import load, running_tokens, wait_until
+
+from tests.helpers.reference_model import teacher_forced_logprobs
+from tests.helpers.waiting import WAIT_S, wait_for
+from tests.local_engine.helpers import load, running_tokens
 
 PROMPT = [5, 6, 7, 8]
 LONG = {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}
@@ -16,7 +18,7 @@ LONG = {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}
 
 async def test_abort_running_returns_partial_prefix_of_greedy(client, ref_model):
     task = asyncio.create_task(client.generate(PROMPT, LONG, rid="abort-me-123"))
-    await wait_until(lambda: _over(client, len(PROMPT) + 8), "the long request to produce tokens")
+    await wait_for(lambda: _over(client, len(PROMPT) + 8), WAIT_S, "the long request to produce tokens")
     await client.abort("abort-me-123")
     res = await asyncio.wait_for(task, 30)
     assert res.finish_reason.type == "abort" and res.finish_reason.message == "Aborted"
@@ -36,10 +38,10 @@ async def _over(client, tokens: int) -> bool:
 async def test_prefix_of_a_rid_aborts_nothing_as_on_sglang(client):
     """SGLang's tokenizer drops a rid it does not track exactly: a prefix is a no-op."""
     task = asyncio.create_task(client.generate(PROMPT, LONG, rid="prefix-only-7"))
-    await wait_until(lambda: _over(client, len(PROMPT) + 4), "the request to produce tokens")
+    await wait_for(lambda: _over(client, len(PROMPT) + 4), WAIT_S, "the request to produce tokens")
     await client.abort("prefix-only")
     at_abort = await running_tokens(client)
-    await wait_until(lambda: _over(client, at_abort + 20), "the request to keep generating after the prefix abort")
+    await wait_for(lambda: _over(client, at_abort + 20), WAIT_S, "the request to keep generating after the prefix abort")
     assert not task.done()
     await client.abort("prefix-only-7")
     res = await asyncio.wait_for(task, 30)
@@ -51,7 +53,7 @@ async def test_exact_rid_also_ends_rids_it_prefixes_as_sglangs_scheduler_does(cl
     ends "job-10". asyncrl's rids never prefix each other; this pins the engine's side."""
     short = asyncio.create_task(client.generate(PROMPT, LONG, rid="job-1"))
     longer = asyncio.create_task(client.generate(PROMPT, LONG, rid="job-10"))
-    await wait_until(lambda: _over(client, 2 * len(PROMPT) + 4), "both requests running")
+    await wait_for(lambda: _over(client, 2 * len(PROMPT) + 4), WAIT_S, "both requests running")
     await client.abort("job-1")
     results = await asyncio.wait_for(asyncio.gather(short, longer), 30)
     assert all(r.finish_reason.type == "abort" for r in results)
@@ -59,7 +61,7 @@ async def test_exact_rid_also_ends_rids_it_prefixes_as_sglangs_scheduler_does(cl
 
 async def test_abort_all_and_unknown_rid(client):
     tasks = [asyncio.create_task(client.generate(PROMPT, LONG, rid=f"all-{i}")) for i in range(3)]
-    await wait_until(lambda: _over(client, 3 * len(PROMPT) + 6), "three requests running")
+    await wait_for(lambda: _over(client, 3 * len(PROMPT) + 6), WAIT_S, "three requests running")
     await client.abort("no-such-request")  # ignored
     assert not any(t.done() for t in tasks)
     await client.abort(abort_all=True)
@@ -69,11 +71,11 @@ async def test_abort_all_and_unknown_rid(client):
 
 async def test_abort_in_waiting_queue_shape(small_engine, small_client):
     running = [asyncio.create_task(small_client.generate(PROMPT, LONG, rid=f"fill-{i}")) for i in range(2)]
-    await wait_until(lambda: _running(small_client, 2), "two running requests")
+    await wait_for(lambda: _running(small_client, 2), WAIT_S, "two running requests")
     body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 5}, "rid": "queued-x"}
     async with aiohttp.ClientSession() as s:
         queued = asyncio.create_task(s.post(f"{small_engine.url}/generate", json=body))
-        await wait_until(lambda: _waiting(small_client, 1), "one queued request")
+        await wait_for(lambda: _waiting(small_client, 1), WAIT_S, "one queued request")
         await small_client.abort("queued-x")
         resp = await asyncio.wait_for(queued, 30)
         assert resp.status == 200

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from helpers import load, wait_until
+
+from tests.helpers.waiting import WAIT_S, wait_for
+from tests.local_engine.helpers import load
 
 PROMPT = [21, 22, 23]
 
@@ -28,7 +30,7 @@ async def test_concurrent_requests_are_decoded_in_one_batch(engine, client):
 
 async def test_new_request_joins_while_a_long_one_runs(client):
     long = asyncio.create_task(client.generate(PROMPT, {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}, rid="joiner-long"))
-    await wait_until(lambda: _running(client), "the long request running")
+    await wait_for(lambda: _running(client), WAIT_S, "the long request running")
     short = await asyncio.wait_for(client.generate(PROMPT, {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}), 30)
     assert len(short.output_ids) == 4
     assert not long.done(), "the short request finished while the long one was still decoding"

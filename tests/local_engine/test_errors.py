@@ -10,9 +10,10 @@ import asyncio
 import aiohttp
 import orjson
 import pytest
-from helpers import load, wait_until
 
 from asyncrl.engine_client import EngineHTTPError, error_message
+from tests.helpers.waiting import WAIT_S, wait_for
+from tests.local_engine.helpers import load
 
 J = orjson.dumps
 OK_IDS = {"input_ids": [1, 2, 3]}
@@ -129,7 +130,7 @@ async def test_text_plain_body_and_unknown_routes(engine):
 
 async def test_duplicate_rid_in_flight_is_refused(client):
     long = asyncio.create_task(client.generate([1, 2], {"max_new_tokens": 3000, "ignore_eos": True}, rid="dup-rid"))
-    await wait_until(lambda: _running(client), "the first request with the rid to run")
+    await wait_for(lambda: _running(client), WAIT_S, "the first request with the rid to run")
     with pytest.raises(EngineHTTPError) as err:
         await client.generate([1, 2], {"max_new_tokens": 2}, rid="dup-rid")
     assert err.value.status == 400 and "duplicate" in err.value.message

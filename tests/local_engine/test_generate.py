@@ -5,9 +5,9 @@ from __future__ import annotations
 import aiohttp
 import orjson
 import pytest
-from engine_fixtures import teacher_forced_logprobs
 
 from asyncrl.models import load_tokenizer
+from tests.helpers.reference_model import teacher_forced_logprobs
 
 PROMPT = [17, 301, 45, 922, 8, 77]
 TOL = 1e-4
@@ -34,7 +34,7 @@ async def test_logprobs_match_teacher_forcing(client, ref_model, params):
 
 
 async def test_greedy_is_argmax_of_reference(client, ref_model):
-    from engine_fixtures import greedy_continuation
+    from tests.helpers.reference_model import greedy_continuation
 
     res = await client.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
     assert res.output_ids == greedy_continuation(ref_model, PROMPT, 12)

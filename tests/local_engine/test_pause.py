@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from helpers import load, running_tokens, wait_until
+
+from tests.helpers.waiting import WAIT_S, wait_for
+from tests.local_engine.helpers import load, running_tokens
 
 PROMPT = [9, 10, 11, 12]
 LONG = {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}
@@ -14,13 +16,13 @@ HOLD_S = 1.0  # how long a blocked request must stay blocked to count as held
 
 async def test_pause_abort_aborts_running_and_holds_new_until_continue(small_client):
     running = asyncio.create_task(small_client.generate(PROMPT, LONG, rid="pa-run"))
-    await wait_until(lambda: _tokens_over(small_client, len(PROMPT) + 4), "tokens from the running request")
+    await wait_for(lambda: _tokens_over(small_client, len(PROMPT) + 4), WAIT_S, "tokens from the running request")
     await small_client.pause("abort")
     res = await asyncio.wait_for(running, 30)
     assert res.finish_reason.type == "abort" and len(res.output_ids) >= 4
     await small_client.flush_cache(retries=3, interval_s=0.1)  # nothing pending any more
     held = asyncio.create_task(small_client.generate(PROMPT, {"max_new_tokens": 3, "temperature": 0}))
-    await asyncio.sleep(HOLD_S)
+    await asyncio.sleep(HOLD_S)  # not a wait for a state: room for a wrong engine to answer while paused
     assert not held.done(), "a paused engine must hold new requests"
     await small_client.resume()
     out = await asyncio.wait_for(held, 30)
@@ -31,16 +33,16 @@ async def test_pause_in_place_keeps_requests_and_they_finish_after_continue(smal
     sp = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
     reference = await small_client.generate(PROMPT, sp)
     task = asyncio.create_task(small_client.generate(PROMPT, sp, rid="ip-run"))
-    await wait_until(lambda: _tokens_over(small_client, len(PROMPT) + 10), "tokens before the pause")
+    await wait_for(lambda: _tokens_over(small_client, len(PROMPT) + 10), WAIT_S, "tokens before the pause")
     await small_client.pause("in_place")
     before = await running_tokens(small_client)
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # not a wait for a state: room for a wrong engine to take a step while paused
     assert await running_tokens(small_client) == before, "no steps while paused in place"
     assert (await load(small_client))["num_running_reqs"] == 1 and not task.done()
     async with aiohttp.ClientSession() as s, s.get(f"{small_client.base_url}/flush_cache") as r:
         assert r.status == 400  # a request is still pending
     held = asyncio.create_task(small_client.generate(PROMPT, {"max_new_tokens": 2}))
-    await asyncio.sleep(HOLD_S)
+    await asyncio.sleep(HOLD_S)  # not a wait for a state: room for a wrong engine to answer while paused
     assert not held.done() and not task.done()
     await small_client.update_weight_version("v-in-place", abort_all_requests=False)
     try:
@@ -60,9 +62,9 @@ async def test_pause_in_place_keeps_requests_and_they_finish_after_continue(smal
 
 async def test_retract_mode_behaves_like_in_place(small_client):
     task = asyncio.create_task(small_client.generate(PROMPT, {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}))
-    await wait_until(lambda: _tokens_over(small_client, len(PROMPT) + 2), "tokens before the pause")
+    await wait_for(lambda: _tokens_over(small_client, len(PROMPT) + 2), WAIT_S, "tokens before the pause")
     await small_client.pause("retract")
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # not a wait for a state: room for a wrong engine to finish the request while paused
     assert not task.done()
     await small_client.resume()
     res = await asyncio.wait_for(task, 30)

@@ -20,12 +20,13 @@ import time
 import aiohttp
 import pytest
 import torch
-from engine_fixtures import running_engine, teacher_forced_logprobs
-from helpers import wait_until
-from weight_trainer import perturb
 
 from asyncrl.engine_client import EngineClient, EngineHTTPError
 from asyncrl.weight_sync import WeightSyncError, host_group, pack_bucket, reserve_listen_socket
+from tests.helpers.processes import start_engine
+from tests.helpers.reference_model import teacher_forced_logprobs
+from tests.helpers.waiting import WAIT_S, wait_for
+from tests.local_engine.weight_trainer import perturb
 from trainer_daemon.sync.direct import DirectEnginePublisher
 
 TIMEOUT_S = 60.0
@@ -36,21 +37,21 @@ NORM = "model.norm.weight"  # a small float32 parameter of builtin:tiny (128 val
 
 @pytest.fixture(scope="module")
 def new(tmp_path_factory):
-    with running_engine(tmp_path_factory.mktemp("new"), "--sglang-compat", "0.5.23", "--tp-size", "2",
+    with start_engine(tmp_path_factory.mktemp("new"), "--sglang-compat", "0.5.23", "--tp-size", "2",
                         "--weight-sync-timeout-s", "60", name="sglang-0.5.23", env={"SGLANG_HEALTH_CHECK_TIMEOUT": "2"}) as e:
         yield e
 
 
 @pytest.fixture(scope="module")
 def old(tmp_path_factory):
-    with running_engine(tmp_path_factory.mktemp("old"), "--sglang-compat", "0.5.18", "--dp-size", "2",
+    with start_engine(tmp_path_factory.mktemp("old"), "--sglang-compat", "0.5.18", "--dp-size", "2",
                         "--enable-dp-attention", "--weight-sync-timeout-s", "60", name="sglang-0.5.18") as e:
         yield e
 
 
 @pytest.fixture(scope="module")
 def dp(tmp_path_factory):
-    with running_engine(tmp_path_factory.mktemp("dp"), "--sglang-compat", "0.5.23", "--dp-size", "2", name="sglang-dp",
+    with start_engine(tmp_path_factory.mktemp("dp"), "--sglang-compat", "0.5.23", "--dp-size", "2", name="sglang-dp",
                         env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}) as e:
         yield e
 
@@ -137,7 +138,7 @@ async def test_an_unaligned_bucket_is_refused_before_the_broadcast_from_0_5_23(n
 async def test_an_unaligned_bucket_fails_after_the_broadcast_before_0_5_23(old):
     async with joined(old, 1) as (c, group):
         refused = update(c, ["a", "b"], ["bfloat16", "float32"], [[3], [2]])
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # not a wait for a state: room for a wrong engine to refuse before the broadcast
         assert not refused.done(), "0.5.18 enters the broadcast before it looks at the layout"
         await asyncio.to_thread(group.broadcast, torch.zeros(14, dtype=torch.uint8), 0, TIMEOUT_S)
         with pytest.raises(EngineHTTPError) as err:
@@ -152,7 +153,7 @@ async def test_a_paused_update_holds_continue_generation(new):
         await c.begin_weight_update()
         pending = update(c, [NORM], ["float32"], [[128]])
         resume = asyncio.ensure_future(c.resume())
-        await asyncio.sleep(0.5)  # room for a wrong implementation to resume early
+        await asyncio.sleep(0.5)  # not a wait for a state: room for a wrong implementation to resume early
         assert not resume.done() and not pending.done()
         await asyncio.to_thread(group.broadcast, pack_bucket([torch.ones(128)]), 0, TIMEOUT_S)
         await asyncio.wait_for(pending, TIMEOUT_S)
@@ -166,7 +167,7 @@ async def test_an_update_that_cannot_flush_fails_from_0_5_22(new):
     loading, as SGLang 0.5.22+ does (0.5.21 and older crash on an assert instead)."""
     async with joined(new, 2) as (c, group):
         long = asyncio.ensure_future(c.generate(PROMPT, {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}, rid="busy-1"))
-        await wait_until(lambda: _running(c), "a running request")
+        await wait_for(lambda: _running(c), WAIT_S, "a running request")
         await c.pause("in_place")
         await c.begin_weight_update()
         call = asyncio.ensure_future(c.update_weights_from_distributed([NORM], ["float32"], [[128]], load_format="flattened_bucket",
@@ -193,6 +194,8 @@ async def test_health_waits_behind_a_pause(new, dp):
             assert time.monotonic() - started >= 1.9
             assert await c.alive(timeout_s=5) is True
             probe = asyncio.ensure_future(c.health_generate(timeout_s=30))
+            # not a wait for a state: room for the probe to arrive while paused, where a wrong engine would
+            # fail it (the engine shows no held probe to wait on; one that arrives after the resume passes too)
             await asyncio.sleep(0.2)
         finally:
             await c.resume()

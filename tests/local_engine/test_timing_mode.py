@@ -11,10 +11,9 @@ from tests.helpers.processes import start_engine
 
 
 async def test_timing_mode_lengths_latency_and_batching(tmp_path):
-    proc, url = start_engine(tmp_path, "builtin:tiny", "--timing-mode", "--timing-decode-ms", "10",
-                             "--timing-length-median", "40", "--timing-length-sigma", "0.8", "--timing-length-max", "300")
-    try:
-        async with EngineClient(url) as c:
+    with start_engine(tmp_path, "--timing-mode", "--timing-decode-ms", "10", "--timing-length-median", "40",
+                      "--timing-length-sigma", "0.8", "--timing-length-max", "300") as engine:
+        async with EngineClient(engine.url) as c:
             t0 = time.monotonic()
             one = await c.generate([1, 2, 3], {"max_new_tokens": 1000})
             single = time.monotonic() - t0
@@ -30,5 +29,3 @@ async def test_timing_mode_lengths_latency_and_batching(tmp_path):
             assert batched < sum(lengths) * 0.010 * 0.5
             info = await c.model_info()
             assert info["weight_version"] == "default"
-    finally:
-        proc.stop()

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from engine_fixtures import greedy_continuation, running_engine, teacher_forced_logprobs
-from helpers import wait_until
-from weight_trainer import perturb
 
 from asyncrl.engine_client import EngineHTTPError
+from tests.helpers.processes import start_engine
+from tests.helpers.reference_model import greedy_continuation, teacher_forced_logprobs
+from tests.helpers.waiting import WAIT_S, wait_for
+from tests.local_engine.weight_trainer import perturb
 
-TRAINER = Path(__file__).with_name("weight_trainer.py")
+REPO = Path(__file__).resolve().parents[2]
 TRAINER_TIMEOUT_S = 180.0
 API_KEY, ADMIN_KEY = "data-plane-key", "admin-plane-key"
 PROMPT = [31, 41, 59, 26, 53]
@@ -34,7 +35,7 @@ GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def wengine(tmp_path_factory):
-    with running_engine(tmp_path_factory.mktemp("weights"), "--weight-sync-timeout-s", "60",
+    with start_engine(tmp_path_factory.mktemp("weights"), "--weight-sync-timeout-s", "60",
                         api_key=API_KEY, admin_api_key=ADMIN_KEY, name="weights-engine") as e:
         yield e
 
@@ -60,8 +61,8 @@ async def wclient(wengine, base_dir):
 
 async def run_trainer(engine, *args: str, expect_exit: int = 0) -> dict:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(TRAINER), "--engine-url", engine.url, "--admin-api-key", ADMIN_KEY, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "tests.local_engine.weight_trainer", "--engine-url", engine.url, "--admin-api-key", ADMIN_KEY, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), TRAINER_TIMEOUT_S)
@@ -97,11 +98,11 @@ async def test_update_waits_for_in_flight_generation_when_not_paused(wengine, wc
     go = tmp_path / "go"
     trainer = asyncio.create_task(run_trainer(wengine, "--version", "2", "--perturb-seed", "11", "--pause", "none",
                                               "--wait-file", str(go)))
-    await wait_until(lambda: _has_group(wclient), "the trainer's group", timeout_s=120)
+    await wait_for(lambda: _has_group(wclient), 120, "the trainer's group")
     long = asyncio.create_task(wclient.generate(PROMPT, {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True}, rid="lock-long"))
-    await wait_until(lambda: _generating(wclient), "the long generation to run")
+    await wait_for(lambda: _generating(wclient), WAIT_S, "the long generation to run")
     go.touch()  # now the trainer opens its session and updates: both wait for the writer lock
-    await wait_until(lambda: _writers_waiting(wclient), "the weight update to wait for the writer lock", timeout_s=60)
+    await wait_for(lambda: _writers_waiting(wclient), 60, "the weight update to wait for the writer lock")
     assert not long.done(), long.result().finish_reason
     assert (await wclient.model_info())["weight_version"] == "base"
     await wclient.abort("lock-long")
@@ -145,7 +146,7 @@ async def test_failure_mid_push_leaves_mixed_weights_served_silently_as_sglang_d
 async def test_trainer_crash_mid_broadcast_fails_the_update_and_keeps_serving(wengine, wclient, ref_model, base_dir):
     before = await _failed_updates(wengine)
     await run_trainer(wengine, "--version", "8", "--bucket-bytes", "100000", "--pause", "none", "--die-at-bucket", "2", expect_exit=3)
-    await wait_until(lambda: _failed_more(wengine, before), "the engine to notice the dead sender", timeout_s=60)
+    await wait_for(lambda: _failed_more(wengine, before), 60, "the engine to notice the dead sender")
     info = await wclient.model_info()
     assert "weights_consistent" not in info and info["weight_version"] == "8"  # buckets 0 and 1 landed
     state = (await wclient.server_info())["internal_states"][0]

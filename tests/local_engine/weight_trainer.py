@@ -1,7 +1,7 @@
 """A stand-in trainer for local_engine's weight-update tests: rank 0 of a gloo group with one
 engine, speaking SGLang's raw protocol so each test can bend one step of it.
 
-    python tests/local_engine/weight_trainer.py --engine-url URL --version 1 --perturb-seed 7 \\
+    python -m tests.local_engine.weight_trainer --engine-url URL --version 1 --perturb-seed 7 \\
         [--bucket-bytes N] [--no-flatten] [--pause abort|in_place|none] [--no-session] \\
         [--corrupt-bucket K] [--die-at-bucket K] [--tp-size N] [--wait-file PATH]
 
@@ -38,9 +38,12 @@ from asyncrl.weight_sync import (
     plan_buckets,
     reserve_listen_socket,
 )
+from tests.helpers.waiting import wait_for
 
 GROUP_TIMEOUT_S = 60.0
-DIE_AFTER_S = 1.0  # --die-at-bucket: time for the engine to enter the broadcast before the crash
+# --die-at-bucket: time for the bucket's HTTP call to reach the engine (one loopback request) so that it is
+# inside its receive at the crash. Not a wait for an observable state: the engine shows no "receiving" flag.
+DIE_AFTER_S = 1.0
 DIE_EXIT_CODE = 3
 
 
@@ -60,7 +63,7 @@ async def push(engine: EngineClient, group, spec: dict, tensors, flatten: bool, 
         load_format="flattened_bucket" if flatten else None, flush_cache=False, timeout_s=GROUP_TIMEOUT_S))
     cancel = threading.Event()
     call.add_done_callback(lambda f: f.exception() is not None and cancel.set())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # let the call's task start; the broadcast below waits for the engine itself
 
     def send() -> None:
         if flatten:
@@ -92,9 +95,8 @@ async def run(args) -> dict:
                                         timeout_s=GROUP_TIMEOUT_S, listen_socket=sock)
         await join
         out["group_formed_at"] = time.time()
-        deadline = time.monotonic() + GROUP_TIMEOUT_S
-        while args.wait_file and not os.path.exists(args.wait_file) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        if args.wait_file:
+            await wait_for(lambda: os.path.exists(args.wait_file), GROUP_TIMEOUT_S, f"the test's go file {args.wait_file}")
         session = False
         try:
             if args.pause != "none":

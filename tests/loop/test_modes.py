@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from asyncrl.config import load_config
 from asyncrl.jetstream import connect
 from asyncrl.up.stack import Stack
 from asyncrl.wire import NatsNames, decode_trajectory
+from tests.helpers.waiting import wait_for
 from trainer_daemon.checkpoint import complete_checkpoints
 from trainer_daemon.ledger import read_lineage
 
@@ -31,7 +31,8 @@ MODES = {
     # runs its engine in timing mode: long-tailed response lengths (the random tiny model
     # almost never stops early, so all generations of a batch would finish together).
     "d": ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=1", "async_training.partial_rollout=true",
-          'engines.local_args=["--timing-mode", "--timing-decode-ms", "20", "--timing-length-median", "16", "--timing-length-sigma", "1.5"]'],
+          "engines.local.timing.enabled=true", "engines.local.timing.decode_ms=20", "engines.local.timing.length_median=16",
+          "engines.local.timing.length_sigma=1.5"],
 }
 SAMPLES = 8  # prompts; with ppo_mini_batch_size 2 → 4 trainer steps
 RUN_LIMIT_S = 420.0
@@ -62,13 +63,14 @@ async def run_mode(tmp_path: Path, mode: str):
         # an ordered JetStream consumer replays the stream from its first message, so the
         # trajectories published before this subscription are seen too
         await nc.jetstream().subscribe(NatsNames(cfg.run.id).trajectories, cb=on_traj, ordered_consumer=True)
-        deadline = time.monotonic() + RUN_LIMIT_S
-        while time.monotonic() < deadline:
+        def trainer_exited() -> bool:
             done = dict(stack.exited())
             if "trainer" in done:
-                break
+                return True
             assert not done, f"a child died: {done}"
-            await asyncio.sleep(0.5)
+            return False
+
+        await wait_for(trainer_exited, RUN_LIMIT_S, "the trainer to finish its steps", interval_s=0.5)
         assert stack.children["trainer"].poll() == 0, (stack.run_dir / "logs" / "trainer.log").read_text()[-3000:]
         await nc.close()
     finally:

@@ -7,17 +7,20 @@ child's log, instead of hanging. In every case no child process may outlive it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
+from tests.helpers.waiting import wait_for_sync
+
 UP_LIMIT_S = 240.0
+CHILDREN_EXIT_S = 10.0  # after asyncrl up returned: its children's SIGTERM → SIGKILL grace is already over
 
 
 def up_args(run_dir: Path, *extra: str) -> list[str]:
@@ -46,13 +49,13 @@ def finish(proc: subprocess.Popen, timeout_s: float = UP_LIMIT_S) -> tuple[int, 
 
 
 def wait_for_file_text(path: Path, needle: str, timeout_s: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def appeared() -> bool:
         if path.exists() and needle in path.read_text(errors="replace"):
-            return
+            return True
         assert proc.poll() is None, f"asyncrl up exited early: {proc.communicate()}"
-        time.sleep(0.5)
-    raise AssertionError(f"{needle!r} did not appear in {path} within {timeout_s:.0f} s")
+        return False
+
+    wait_for_sync(appeared, timeout_s, f"{needle!r} to appear in {path}", interval_s=0.5)
 
 
 def processes_mentioning(*needles: str) -> list[str]:
@@ -74,10 +77,9 @@ def children_left(run_dir: Path) -> list[str]:
     """Every child of a run is started with the run's config file, except engines (by port)."""
     doc = yaml.safe_load((run_dir / "config.yaml").read_text())
     engine_ports = [f"--port {u.rsplit(':', 1)[1]}" for u in doc["engines"]["urls"]]
-    deadline = time.monotonic() + 10
-    while (left := processes_mentioning(str(run_dir), *engine_ports)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
+    with contextlib.suppress(AssertionError):  # the callers assert on what is left, naming it
+        wait_for_sync(lambda: not processes_mentioning(str(run_dir), *engine_ports), CHILDREN_EXIT_S, "the run's children to exit")
+    return processes_mentioning(str(run_dir), *engine_ports)
 
 
 def test_up_runs_to_total_rollout_steps_and_writes_the_summary(tmp_path):

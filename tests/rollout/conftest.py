@@ -14,9 +14,11 @@ import uvicorn
 from asyncrl.config import load_config
 from asyncrl.launch import free_port
 from tests.helpers.processes import start_engine
+from tests.helpers.waiting import wait_for
 from tests.helpers.warm_model import warm_tiny_model
 
 ADMIN = "test-admin-token-0123456789"
+SERVER_START_S = 20.0  # uvicorn binding a loopback port, once the service is built
 
 
 @pytest.fixture(scope="session")
@@ -26,11 +28,8 @@ def warm_model() -> Path:
 
 @pytest.fixture(scope="module")
 def warm_engine(warm_model: Path, tmp_path_factory):
-    proc, url = start_engine(tmp_path_factory.mktemp("engine-logs"), str(warm_model))
-    try:
-        yield url
-    finally:
-        proc.stop()
+    with start_engine(tmp_path_factory.mktemp("engine-logs"), model=str(warm_model)) as engine:
+        yield engine.url
 
 
 def service_config(tmp_path: Path, nats_url: str, engine_urls: list[str], *overrides: str):
@@ -49,11 +48,8 @@ async def running_service(cfg):
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
-    for _ in range(400):
-        if server.started:
-            break
-        await asyncio.sleep(0.05)
-    assert server.started, "rollout service did not start"
+    await wait_for(lambda: server.started or task.done(), SERVER_START_S, "the rollout service's HTTP server to start")
+    assert server.started, f"the rollout service's HTTP server exited during startup: {task}"
     try:
         yield svc, f"http://127.0.0.1:{port}"
     finally:
@@ -65,20 +61,6 @@ async def admin(session: aiohttp.ClientSession, method: str, url: str, json=None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with session.request(method, url, json=json, headers=headers) as resp:
         return resp.status, await resp.json(content_type=None)
-
-
-async def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.1):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(interval_s)
 
 
 async def consume_as_trainer(nats_url: str, run_id: str, timeout_s: float = 30.0) -> int:
@@ -98,19 +80,22 @@ async def consume_as_trainer(nats_url: str, run_id: str, timeout_s: float = 30.0
         await js.add_consumer(names.stream, ConsumerConfig(durable_name=names.trainer_consumer,
                                                            filter_subject=names.trajectories, ack_policy=AckPolicy.EXPLICIT))
         sub = await js.pull_subscribe_bind(durable=names.trainer_consumer, stream=names.stream)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while loop.time() < deadline:
+
+        async def all_acked() -> bool:
+            nonlocal acked
             info = await js.consumer_info(names.stream, names.trainer_consumer)
             if info.num_pending + info.num_ack_pending == 0:
-                return acked
+                return True
             try:
                 msgs = await sub.fetch(50, timeout=1)
             except TimeoutError:
-                continue
+                return False
             for m in msgs:
                 await m.ack_sync()
                 acked += 1
-        raise AssertionError(f"could not consume the stream within {timeout_s:.0f} s (acked {acked})")
+            return False
+
+        await wait_for(all_acked, timeout_s, "the trainer's consumer to ack the whole stream", interval_s=0)
+        return acked
     finally:
         await nc.close()

@@ -3,7 +3,6 @@ park; replays, conflicts, unknown calls, deadlines, a pause and a restart while 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 
@@ -11,7 +10,8 @@ import aiohttp
 import httpx
 
 from asyncrl.launch import ChildProcess, free_port, http_ok
-from tests.rollout.conftest import ADMIN, admin, running_service, service_config, wait_for
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import ADMIN, admin, running_service, service_config
 from tests.rollout.test_service_episodes import fetch_all
 
 API = "data-plane-token-0123456789"
@@ -34,14 +34,15 @@ def cfg_for(tmp_path, nats_url, engine, *extra):
 async def poll_calls(url: str, n: int, timeout_s: float = 120) -> list[dict]:
     seen: dict[tuple, dict] = {}
     async with httpx.AsyncClient(timeout=60) as http:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while len(seen) < n and loop.time() < deadline:
+
+        async def announced() -> bool:  # a long poll: it waits up to 5 s for new calls itself
             r = await http.get(f"{url}/v1/environments/arith/tool_calls", params={"wait": 5}, headers={"Authorization": f"Bearer {API}"})
             assert r.status_code == 200, r.text
             for c in r.json()["tool_calls"]:
                 seen[(c["session_id"], c["tool_call_id"])] = c
-    assert len(seen) >= n, f"only {len(seen)} parked calls announced"
+            return len(seen) >= n
+
+        await wait_for(announced, timeout_s, f"{n} parked calls to be announced", interval_s=0)
     return list(seen.values())
 
 

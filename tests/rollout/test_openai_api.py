@@ -116,22 +116,71 @@ async def test_async_client_streaming_and_divergent_history(tmp_path, nats_serve
         assert state["segments"] == 2 and "recorded" in state["divergences"][0]["reason"]
 
 
-async def test_stateless_routes_and_completions(tmp_path, nats_server, warm_engine):
-    async with running_service(idle_cfg(tmp_path, nats_server.url, warm_engine)) as (svc, url):
-        client = OpenAI(base_url=f"{url}/v1", api_key=API, timeout=120)
-        chat = await _in_thread(lambda: client.chat.completions.create(
-            model="p", messages=[{"role": "user", "content": QUESTION}], tools=CALC, tool_choice="none", max_tokens=20,
-            temperature=0, logprobs=True, top_logprobs=3))
-        assert chat.choices[0].message.tool_calls is None and len(chat.choices[0].logprobs.content[0].top_logprobs) == 3
-        forced = await _in_thread(lambda: client.chat.completions.create(
-            model="p", messages=[{"role": "user", "content": "hello"}], tools=CALC, tool_choice="required", max_tokens=40, temperature=0))
-        assert forced.choices[0].message.tool_calls or forced.choices[0].finish_reason == "length"
-        comp = await _in_thread(lambda: client.completions.create(model="p", prompt="The answer is", max_tokens=5, temperature=0, logprobs=2))
-        assert comp.choices[0].text and len(comp.choices[0].logprobs.tokens) == comp.usage.completion_tokens
-        by_ids = await _in_thread(lambda: client.completions.create(model="p", prompt=[5, 6, 7, 8], max_tokens=4, temperature=0))
-        assert by_ids.usage.prompt_tokens == 4
-        streamed = await _in_thread(lambda: list(client.completions.create(model="p", prompt="The answer is", max_tokens=5, stream=True)))
-        assert streamed[-1].choices[0].finish_reason in ("length", "stop")
+# tool_choice "required" / named: the service appends the opening of a call to the prompt and the
+# engine continues from there (docs/openai_api.md). What the continuation is, is up to the model —
+# an untrained one may stop at once — so the engine's answers to forced turns are scripted here:
+# "required" gets a complete call, the named choice an immediate EOS.
+FORCED_OPENING = '<tool_call>\n{"name": "'
+NAMED_OPENING = FORCED_OPENING + 'calculator", "arguments": '
+SCRIPTED_CONTINUATION = 'calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+
+
+def scripted_forced_turns(chat: ChatTokenizer):
+    """A RecordingProxy intercept for /generate: a prompt ending with :data:`FORCED_OPENING` gets
+    :data:`SCRIPTED_CONTINUATION` + EOS, one ending with :data:`NAMED_OPENING` EOS alone; everything
+    else is forwarded to the engine."""
+    scripted = {tuple(chat.encode_text(FORCED_OPENING)): chat.encode_text(SCRIPTED_CONTINUATION) + [chat.eos_token_id],
+                tuple(chat.encode_text(NAMED_OPENING)): [chat.eos_token_id]}
+
+    def intercept(method, path, body):
+        ids = (body.get("input_ids") or []) if path == "/generate" and isinstance(body, dict) else []
+        continuation = next((out for opening, out in scripted.items() if tuple(ids[-len(opening):]) == opening), None)
+        if continuation is None:
+            return None
+        return 200, {"text": chat.decode(continuation), "output_ids": continuation, "meta_info": {
+            "id": body.get("rid", ""), "finish_reason": {"type": "stop", "matched": chat.eos_token_id},
+            "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(continuation), "cached_tokens": 0,
+            "output_token_logprobs": [[-0.5, t, None] for t in continuation], "weight_version": "default"}}
+
+    return intercept
+
+
+async def test_stateless_routes_and_completions(tmp_path, nats_server, warm_engine, warm_model):
+    chat_tok = ChatTokenizer(load_tokenizer(str(warm_model)), CALC)
+    proxy = await RecordingProxy(warm_engine).start()
+    proxy.intercept = scripted_forced_turns(chat_tok)
+    try:
+        async with running_service(idle_cfg(tmp_path, nats_server.url, proxy.url)) as (svc, url):
+            client = OpenAI(base_url=f"{url}/v1", api_key=API, timeout=120)
+            chat = await _in_thread(lambda: client.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": QUESTION}], tools=CALC, tool_choice="none", max_tokens=20,
+                temperature=0, logprobs=True, top_logprobs=3))
+            assert chat.choices[0].message.tool_calls is None and len(chat.choices[0].logprobs.content[0].top_logprobs) == 3
+            forced = await _in_thread(lambda: client.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "hello"}], tools=CALC, tool_choice="required", max_tokens=40,
+                temperature=0))
+            assert forced.choices[0].message.tool_calls or forced.choices[0].finish_reason == "length"
+            call = forced.choices[0].message.tool_calls[0]
+            assert forced.choices[0].finish_reason == "tool_calls" and call.function.name == "calculator"
+            assert json.loads(call.function.arguments) == {"expression": "2 + 3"}
+            forced_prompt = chat_tok.prompt_ids([{"role": "user", "content": "hello"}]) + chat_tok.encode_text(FORCED_OPENING)
+            sent = [body["input_ids"] for _, path, _, body in proxy.requests if path == "/generate"]
+            assert forced_prompt in sent, "the engine continues the prompt plus the forced opening"
+            named = await _in_thread(lambda: client.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "hello"}], tools=CALC, max_tokens=40, temperature=0,
+                tool_choice={"type": "function", "function": {"name": "calculator"}}))
+            # not a guarantee: a model that ends the turn inside the forced call gets no tool call back
+            assert named.choices[0].finish_reason == "stop" and named.choices[0].message.tool_calls is None
+            comp = await _in_thread(lambda: client.completions.create(model="p", prompt="The answer is", max_tokens=5, temperature=0,
+                                                                      logprobs=2))
+            assert comp.choices[0].text and len(comp.choices[0].logprobs.tokens) == comp.usage.completion_tokens
+            by_ids = await _in_thread(lambda: client.completions.create(model="p", prompt=[5, 6, 7, 8], max_tokens=4, temperature=0))
+            assert by_ids.usage.prompt_tokens == 4
+            streamed = await _in_thread(lambda: list(client.completions.create(model="p", prompt="The answer is", max_tokens=5,
+                                                                               stream=True)))
+            assert streamed[-1].choices[0].finish_reason in ("length", "stop")
+    finally:
+        await proxy.stop()
 
 
 async def _in_thread(fn):

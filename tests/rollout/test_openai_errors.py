@@ -3,11 +3,10 @@ enforced before tokenisation; backpressure is 429 with Retry-After; idle session
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 
-from tests.rollout.conftest import running_service, service_config, wait_for
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import running_service, service_config
 
 API = "data-plane-token-0123456789"
 
@@ -95,4 +94,3 @@ async def test_concurrent_session_limit_and_expiry(tmp_path, nats_server, warm_e
                                    json={"messages": [{"role": "user", "content": "hi"}]})
             assert late.status_code == 409 and "expired" in late.json()["error"]["message"]
             assert (await http.post(f"{url}/v1/sessions", json={}, headers=api)).status_code == 201
-        await asyncio.sleep(0)

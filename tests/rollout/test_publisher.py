@@ -8,6 +8,7 @@ from pathlib import Path
 from asyncrl.jetstream import connect, ensure_stream
 from asyncrl.wire import NatsNames, Trajectory, decode_trajectory
 from rollout_service.publish import Outbox, TrajectoryPublisher
+from tests.helpers.waiting import wait_for
 
 
 def traj(i: int, group: str = "g", size: int = 1, index: int = 0, messages=None) -> Trajectory:
@@ -53,7 +54,8 @@ async def test_outage_and_lost_acks_lose_and_duplicate_nothing(run_config, nats_
     for i in range(20, 60):
         outbox.put_ready(traj(i))
     pub.notify()
-    await asyncio.sleep(1.0)
+    retries = pub.stats.retries
+    await wait_for(lambda: pub.stats.retries > retries, 30, "a publish attempt to fail while NATS is down")
     assert len(outbox) > 0, "nothing can be published while NATS is down"
     nats_server.start()
     assert await pub.flush(60), f"outbox not drained after NATS came back: {pub.stats}"

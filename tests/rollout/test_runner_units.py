@@ -90,7 +90,7 @@ async def test_the_snapshot_follows_a_partial_pause_and_a_resume_and_stays_a_val
             await aborted.wait()
 
     call = asyncio.create_task(generate_call())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the task runs to its first await (deterministic, not a timed wait)
     assert runner.snapshot().generating == 1
     await asyncio.wait_for(runner.pause("partial", timeout_s=WAIT_S), WAIT_S)
     await asyncio.wait_for(call, WAIT_S)

@@ -8,7 +8,8 @@ import sys
 import aiohttp
 import pytest
 
-from tests.rollout.conftest import ADMIN, admin, running_service, service_config, wait_for
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import ADMIN, admin, running_service, service_config
 
 ROUTES = [("POST", "/admin/pause", {}), ("POST", "/admin/resume", {"version": 1}), ("GET", "/admin/status", None),
           ("POST", "/admin/engines", {"url": "http://127.0.0.1:9"}), ("DELETE", "/admin/engines/x", None),
@@ -73,8 +74,8 @@ async def test_engines_added_quarantined_released_and_removed_at_run_time(tmp_pa
     from tests.helpers.processes import start_engine
 
     cfg = service_config(tmp_path, nats_server.url, [warm_engine], "async_training.staleness_threshold=100")
-    proc, second = start_engine(tmp_path, "builtin:tiny")
-    try:
+    with start_engine(tmp_path, name="second-engine") as engine:
+        second = engine.url
         async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
             status, body = await admin(http, "POST", f"{url}/admin/engines", {"url": second, "id": "second"})
             assert status == 200 and {e["id"] for e in body["engines"]} >= {"second"}
@@ -94,8 +95,6 @@ async def test_engines_added_quarantined_released_and_removed_at_run_time(tmp_pa
             assert status == 200 and [e["id"] for e in body["engines"]] == [first_id]
             status, body = await admin(http, "DELETE", f"{url}/admin/engines/second")  # idempotent
             assert status == 200
-    finally:
-        proc.stop()
 
 
 async def test_metrics_use_verl_names(service):

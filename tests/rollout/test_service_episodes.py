@@ -3,14 +3,13 @@ published trajectories are exact records of the conversation and of what the eng
 
 from __future__ import annotations
 
-import asyncio
-
 from asyncrl.jetstream import connect
 from asyncrl.models import load_tokenizer
 from asyncrl.wire import NatsNames, decode_trajectory
 from rollout_service.agent.chat import ChatTokenizer
 from tests.helpers.recording_proxy import RecordingProxy
-from tests.rollout.conftest import running_service, service_config, wait_for
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import running_service, service_config
 from tools.calculator import CalculatorError, evaluate_expression, format_number
 from tools.registry import ToolRegistry
 
@@ -21,20 +20,23 @@ async def fetch_all(nats_url: str, run_id: str, expected: int, timeout_s: float 
     names = NatsNames(run_id)
     sub = await js.pull_subscribe(names.trajectories, durable=None)
     out = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while len(out) < expected and loop.time() < deadline:
+
+    async def fetched_all() -> bool:
         try:
-            msgs = await sub.fetch(50, timeout=1)
+            out.extend(decode_trajectory(m.data) for m in await sub.fetch(50, timeout=1))
         except TimeoutError:
-            continue
-        out += [decode_trajectory(m.data) for m in msgs]
-    # anything beyond `expected` (a duplicate) would show up here
+            pass
+        return len(out) >= expected
+
     try:
-        out += [decode_trajectory(m.data) for m in await sub.fetch(50, timeout=1)]
-    except TimeoutError:
-        pass
-    await nc.close()
+        await wait_for(fetched_all, timeout_s, f"{expected} trajectories of run {run_id} in the stream", interval_s=0)
+        # anything beyond `expected` (a duplicate) would show up here
+        try:
+            out += [decode_trajectory(m.data) for m in await sub.fetch(50, timeout=1)]
+        except TimeoutError:
+            pass
+    finally:
+        await nc.close()
     return out
 
 

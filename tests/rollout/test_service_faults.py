@@ -10,19 +10,46 @@ import sys
 import aiohttp
 
 from asyncrl.launch import ChildProcess, free_port, http_ok
-from tests.rollout.conftest import ADMIN, admin, running_service, service_config, wait_for
+from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import ADMIN, admin, running_service, service_config
 from tests.rollout.test_service_episodes import fetch_all
 
 
-async def test_nats_outage_mid_run_loses_and_duplicates_nothing(tmp_path, nats_server, warm_engine):
+def outage_after_publishes(monkeypatch, nats_server, n: int) -> None:
+    """NATS is SIGKILLed the moment the service's ``n``-th trajectory publish is acknowledged:
+    mid-run whatever the pace (a fast run could otherwise publish everything before a test
+    that watches from outside gets to kill it)."""
+    import rollout_service.service as service
+
+    real = service.TrajectoryPublisher
+
+    class OutageAfter(real):
+        def __init__(self, outbox, subject, publish) -> None:
+            acks = [0]
+
+            async def publish_then_outage(subject, payload, headers):
+                ack = await publish(subject, payload, headers)
+                acks[0] += 1
+                if acks[0] == n:
+                    nats_server.kill()
+                return ack
+
+            super().__init__(outbox, subject, publish_then_outage)
+
+    monkeypatch.setattr(service, "TrajectoryPublisher", OutageAfter)
+
+
+async def test_nats_outage_mid_run_loses_and_duplicates_nothing(tmp_path, nats_server, warm_engine, monkeypatch):
     samples, n = 6, 2
     cfg = service_config(tmp_path, nats_server.url, [warm_engine], f"rollout.n={n}", f"rollout.total_rollout_steps={samples}",
                          "async_training.staleness_threshold=10")
+    outage_after_publishes(monkeypatch, nats_server, 2)
     async with running_service(cfg) as (svc, _url):
-        await wait_for(lambda: svc.runner.publisher.stats.published >= 2, 120, "first publishes")
-        nats_server.kill()
+        await wait_for(lambda: svc.runner.publisher.stats.published >= 2, 120, "first publishes (then NATS is killed)")
         await wait_for(lambda: svc.runner.counters.trajectories_finished >= 6, 120, "trajectories finishing during the outage")
-        await asyncio.sleep(6.5)  # longer than one publish attempt's timeout: the publisher must retry
+        retries = svc.runner.publisher.stats.retries
+        await wait_for(lambda: svc.runner.publisher.stats.retries > retries, 60, "a publish attempt to fail and be retried")
         assert len(svc.runner.outbox) > 0, "finished trajectories wait in the outbox while NATS is down"
         nats_server.start()
         await wait_for(lambda: svc.runner.counters.trajectories_finished == samples * n, 180, "all trajectories finished")
@@ -48,40 +75,51 @@ async def _status(http, url):
 
 async def test_sigkill_mid_episode_then_restart_publishes_each_trajectory_once(tmp_path, nats_server, warm_engine):
     samples, n = 8, 2
+    # The engine sits behind a proxy that holds every generation except the first sample's: that
+    # sample finishes and is published, the other agents are mid-episode (checkpointed, not
+    # finished) when the service is killed — however fast the engine is.
+    proxy = await RecordingProxy(warm_engine).start()
+    proxy.hold = asyncio.Event()
+    proxy.hold_if = lambda body: ".demo-s00000000-" not in str(body.get("rid"))
     cfg_path = tmp_path / "rollout.json"
     cfg_path.write_text(json.dumps({
-        "run": {"dir": str(tmp_path / "run")}, "nats": {"url": nats_server.url}, "engines": {"urls": [warm_engine]},
+        "run": {"dir": str(tmp_path / "run")}, "nats": {"url": nats_server.url}, "engines": {"urls": [proxy.url]},
         "security": {"admin_token": ADMIN}, "rollout": {"n": n, "total_rollout_steps": samples},
         "actor": {"ppo_mini_batch_size": 2}, "async_training": {"staleness_threshold": 10},
     }))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    first = _rollout_process(cfg_path, tmp_path / "rollout-1.log", port)
-    async with aiohttp.ClientSession() as http:
-        try:
-            first.wait_ready(lambda: http_ok(f"{url}/health"), 120)
+    try:
+        first = _rollout_process(cfg_path, tmp_path / "rollout-1.log", port)
+        async with aiohttp.ClientSession() as http:
+            try:
+                await asyncio.to_thread(first.wait_ready, lambda: http_ok(f"{url}/health"), 120)
 
-            async def mid_episode():
-                s = await _status(http, url)
-                return s and s["counts"]["active"] >= 2 and s["counters"]["trajectories_finished"] >= 2
+                async def mid_episode():
+                    s = await _status(http, url)
+                    return s and s["counts"]["active"] >= 2 and s["counters"]["trajectories_finished"] >= 2 and proxy.held >= 2
 
-            await wait_for(mid_episode, 120, "agents mid-episode")
-            first.kill()  # SIGKILL: no shutdown code runs
-        finally:
-            first.kill()
-        second = _rollout_process(cfg_path, tmp_path / "rollout-2.log", port)
-        try:
-            second.wait_ready(lambda: http_ok(f"{url}/health"), 120)
-            status = await _status(http, url)
-            assert status["counters"]["restored_agents"] + status["counters"]["dropped_already_finished"] >= 2
+                await wait_for(mid_episode, 120, "agents mid-episode")
+                first.kill()  # SIGKILL: no shutdown code runs
+            finally:
+                first.kill()
+            second = _rollout_process(cfg_path, tmp_path / "rollout-2.log", port)
+            try:
+                await asyncio.to_thread(second.wait_ready, lambda: http_ok(f"{url}/health"), 120)
+                status = await _status(http, url)
+                assert status["counters"]["restored_agents"] + status["counters"]["dropped_already_finished"] >= 2
+                proxy.hold.set()  # the dead service's held requests are dropped, the new ones go through
 
-            async def done():
-                s = await _status(http, url)
-                return s and s["prompts"]["produced"] == samples and s["counts"]["active"] == 0 and s["counts"]["outbox"] == 0
+                async def done():
+                    s = await _status(http, url)
+                    return s and s["prompts"]["produced"] == samples and s["counts"]["active"] == 0 and s["counts"]["outbox"] == 0
 
-            await wait_for(done, 240, "the restarted service to finish every sample")
-        finally:
-            second.stop()
+                await wait_for(done, 240, "the restarted service to finish every sample")
+            finally:
+                second.stop()
+    finally:
+        proxy.hold.set()
+        await proxy.stop()
     trajs = await fetch_all(nats_server.url, "demo", samples * n)
     ids = [t.id for t in trajs]
     assert len(ids) == samples * n, f"expected {samples * n} trajectories, got {len(ids)}"

@@ -2,40 +2,51 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 import pytest
 
 from asyncrl.engine_client import EngineClient
 from tests.helpers.processes import start_engine
-from tests.rollout.conftest import (
-    admin,
-    consume_as_trainer,
-    running_service,
-    service_config,
-    wait_for,
-)
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import admin, consume_as_trainer, running_service, service_config
 from tests.rollout.test_service_episodes import fetch_all
+
+DECODED_BEFORE_PAUSE = 200  # tokens the two running generations hold at the pause (a few hundred)
+
+
+async def _decoded(url: str) -> float:
+    """Tokens the engine has generated since it started (SGLang's counter on /metrics)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+        return _value(await resp.text(), "sglang:generation_tokens_total") or 0.0
+
+
+async def _decoded_over(url: str, n: float) -> bool:
+    return await _decoded(url) >= n
+
+
+def _value(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
 
 
 @pytest.fixture(scope="module")
 def random_engine(tmp_path_factory):
     """The untrained builtin:tiny: it rarely emits EOS, so its generations run long."""
-    proc, url = start_engine(tmp_path_factory.mktemp("engine-logs"), "builtin:tiny")
-    try:
-        yield url
-    finally:
-        proc.stop()
+    with start_engine(tmp_path_factory.mktemp("engine-logs"), name="random-engine") as engine:
+        yield engine.url
 
 
 async def test_partial_pause_mid_generation_wastes_nothing_and_resumes_at_the_new_version(tmp_path, nats_server, random_engine):
     cfg = service_config(tmp_path, nats_server.url, [random_engine], "rollout.n=2", "rollout.total_rollout_steps=2",
                          "rollout.sampling.max_new_tokens=3000", "rollout.response_length=3000",
                          "async_training.partial_rollout=true", "async_training.staleness_threshold=1")
+    decoded_before = await _decoded(random_engine)
     async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
         await wait_for(lambda: svc.runner.snapshot().generating >= 2, 120, "generation under way")
-        await asyncio.sleep(1.0)  # let the engine decode a few hundred tokens
+        await wait_for(lambda: _decoded_over(random_engine, decoded_before + DECODED_BEFORE_PAUSE), 60,
+                       f"the engine to decode {DECODED_BEFORE_PAUSE} tokens")
         status, body = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})
         assert status == 200 and body["paused"] and body["pause_mode"] == "partial"
         assert body["counts"]["generating"] == 0 and body["counts"]["partial"] >= 1, body

@@ -12,8 +12,9 @@ import uvicorn
 
 from asyncrl.launch import free_port
 from asyncrl.models import load_model
-from tests.helpers.processes import start_engine
-from tests.rollout.conftest import running_service, service_config
+from tests.helpers.processes import Engine, start_engine
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import SERVER_START_S, running_service, service_config
 
 SYNC_TOKEN = "sync-token-0123456789"
 # An engine left in a failed sync's collective (its sender or a peer gone) waits this long
@@ -22,13 +23,15 @@ ENGINE_ARGS = ("--weight-sync-timeout-s", "15")
 
 
 @pytest.fixture
-def engines(tmp_path):
-    procs = [start_engine(tmp_path, "builtin:tiny", *ENGINE_ARGS) for _ in range(2)]
+def engines(tmp_path) -> list[Engine]:
+    started: list[Engine] = []
     try:
-        yield procs
+        for i in range(2):
+            started.append(start_engine(tmp_path, *ENGINE_ARGS, name=f"engine-{i}"))
+        yield started
     finally:
-        for proc, _ in procs:
-            proc.stop()
+        for engine in started:
+            engine.stop()
 
 
 def config(tmp_path, nats_url, engine_urls, *extra):
@@ -46,11 +49,8 @@ async def running_agent(cfg):
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(agent), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
-    for _ in range(400):
-        if server.started:
-            break
-        await asyncio.sleep(0.05)
-    assert server.started
+    await wait_for(lambda: server.started or task.done(), SERVER_START_S, "the sync agent's HTTP server to start")
+    assert server.started, f"the sync agent's HTTP server exited during startup: {task}"
     try:
         yield agent, f"http://127.0.0.1:{port}"
     finally:

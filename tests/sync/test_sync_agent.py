@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import torch
 
 from asyncrl.engine_client import EngineClient
-from tests.rollout.conftest import wait_for
+from tests.helpers.reference_model import teacher_forced_logprobs
+from tests.helpers.waiting import wait_for
 from tests.sync.conftest import ENGINE_ARGS, SYNC_TOKEN, perturbed_weights, publisher, stack
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
@@ -22,10 +22,24 @@ async def engine_logprobs(url: str, n: int = 8) -> tuple[list[int], list[float],
 
 
 def model_logprobs(model, ids: list[int]) -> list[float]:
-    with torch.no_grad():
-        logits = model(torch.tensor([PROMPT + ids])).logits[0].float()
-    lp = torch.log_softmax(logits, -1)
-    return [float(lp[len(PROMPT) - 1 + i, t]) for i, t in enumerate(ids)]
+    """The trainer's model's logprobs of ``ids`` after :data:`PROMPT` (what the engine must return)."""
+    return teacher_forced_logprobs(model, PROMPT, ids)
+
+
+def count_reconcile_rounds(monkeypatch) -> list[int]:
+    """A one-element list counting the agent's finished reconcile rounds (in this process)."""
+    import sync_agent.reconcile as reconcile
+
+    real, count = reconcile.reconcile_once, [0]
+
+    async def counted(co):
+        try:
+            await real(co)
+        finally:
+            count[0] += 1
+
+    monkeypatch.setattr(reconcile, "reconcile_once", counted)
+    return count
 
 
 async def sync_state(agent_url: str, sync_id: str) -> dict:
@@ -35,7 +49,7 @@ async def sync_state(agent_url: str, sync_id: str) -> dict:
 
 
 async def test_full_sync_puts_every_engine_on_the_trainers_weights(tmp_path, nats_server, engines):
-    urls = [u for _, u in engines]
+    urls = [e.url for e in engines]
     async with stack(tmp_path, nats_server.url, urls) as (svc, rollout_url, agent, agent_url, cfg):
         pub = publisher(agent_url, cfg, bucket_bytes=512 * 1024)
         try:
@@ -60,7 +74,7 @@ async def test_full_sync_puts_every_engine_on_the_trainers_weights(tmp_path, nat
 
 
 async def test_stale_and_unauthenticated_requests_are_refused(tmp_path, nats_server, engines):
-    urls = [u for _, u in engines]
+    urls = [e.url for e in engines]
     async with stack(tmp_path, nats_server.url, urls) as (svc, rollout_url, agent, agent_url, cfg):
         body = {"version": 1, "group": {"master_address": "127.0.0.1", "master_port": 45555}, "buckets": [
             {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]}]}
@@ -78,7 +92,7 @@ async def test_stale_and_unauthenticated_requests_are_refused(tmp_path, nats_ser
 
 
 async def test_trainer_that_never_broadcasts_leaves_nothing_paused(tmp_path, nats_server, engines):
-    urls = [u for _, u in engines]
+    urls = [e.url for e in engines]
     async with stack(tmp_path, nats_server.url, urls, "sync.group_init_timeout_s=3") as (svc, rollout_url, agent, agent_url, cfg):
         body = {"version": 1, "group": {"master_address": "127.0.0.1", "master_port": 45556, "new": True},
                 "buckets": [{"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[128]]}]}
@@ -95,17 +109,19 @@ async def test_trainer_that_never_broadcasts_leaves_nothing_paused(tmp_path, nat
         assert agent.coordinator.group is None
 
 
-async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_version(tmp_path, nats_server, engines):
+async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_version(tmp_path, nats_server, engines, monkeypatch):
     from tests.helpers.processes import start_engine
 
-    (proc_a, url_a), (proc_b, url_b) = engines
+    rounds = count_reconcile_rounds(monkeypatch)
+    engine_a, engine_b = engines
+    url_a, url_b = engine_a.url, engine_b.url
     async with stack(tmp_path, nats_server.url, [url_a, url_b], "sync.broadcast_timeout_s=10") as (svc, rollout_url, agent, agent_url, cfg):
         pub = publisher(agent_url, cfg, bucket_bytes=64 * 1024)
         try:
             _, weights1 = perturbed_weights(1)
             publish = asyncio.create_task(pub.publish(1, weights1))
             await wait_for(lambda: agent.coordinator.running is not None and agent.coordinator.running.state == "loading", 60, "loading")
-            proc_b.kill()
+            engine_b.proc.kill()
             try:
                 await publish
             except Exception:  # noqa: BLE001 - the trainer's side of a broken broadcast fails
@@ -128,9 +144,10 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
             assert wv == "2" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
             # B restarts with its initial weights: it stays out until a sync brings it to the current version
             port_b = int(url_b.rsplit(":", 1)[1])
-            proc_b2, _ = start_engine(tmp_path, "builtin:tiny", *ENGINE_ARGS, port=port_b)
-            try:
-                await asyncio.sleep(2 * cfg.sync.reconcile_interval_s + 1)
+            with start_engine(tmp_path, *ENGINE_ARGS, port=port_b, name="engine-1-restarted"):
+                # two full reconcile rounds with B back: room for a wrong agent to release it early
+                seen = rounds[0]
+                await wait_for(lambda: rounds[0] >= seen + 2, 30, "two reconcile rounds after B restarted")
                 assert svc.pool.engines[b_id].state == "quarantined"
                 model3, weights3 = perturbed_weights(3)
                 try:
@@ -144,7 +161,5 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
                 await wait_for(lambda: svc.pool.engines[b_id].state == "healthy", 30, "engine B released")
                 ids, lps, wv = await engine_logprobs(url_b)
                 assert wv == "4" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model4, ids))) < 1e-4
-            finally:
-                proc_b2.stop()
         finally:
             await pub.close()

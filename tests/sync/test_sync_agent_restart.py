@@ -18,11 +18,13 @@ import httpx
 
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from asyncrl.models import load_model
-from tests.rollout.conftest import ADMIN, running_service, wait_for
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import ADMIN, running_service
 from tests.sync.conftest import SYNC_TOKEN, config, perturbed_weights, publisher
 from tests.sync.test_sync_agent import engine_logprobs, model_logprobs
 
 AUTH = {"Authorization": f"Bearer {SYNC_TOKEN}"}
+KILL_AFTER_BUCKETS = 10  # of the ~46 (one per parameter): the engines hold part new, part old weights
 
 
 def agent_process(tmp_path, name: str, port: int, overrides: list[str]) -> ChildProcess:
@@ -36,25 +38,29 @@ async def latest_sync(agent_url: str) -> dict | None:
     return syncs[-1] if syncs else None
 
 
-def slow_link(monkeypatch, delay_s: float) -> None:
+def slow_link(monkeypatch, delay_s: float) -> list[int]:
     """The trainer's broadcasts take ``delay_s`` longer each (a slow network), so that
-    loading lasts long enough to kill the agent in the middle of it."""
+    loading lasts long enough to kill the agent in the middle of it. Returns a one-element
+    list counting the buckets the trainer has sent."""
     import trainer_daemon.sync.agent as trainer_side
 
     real = trainer_side.send_buckets
+    sent = [0]
 
     async def slow(buckets, weights, buffers, send):
         async def slow_send(i, bucket, flat):
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(delay_s)  # the slow link itself, not a wait
             await send(i, bucket, flat)
+            sent[0] += 1
         return await real(buckets, weights, buffers, slow_send)
 
     monkeypatch.setattr(trainer_side, "send_buckets", slow)
+    return sent
 
 
 async def test_agent_killed_while_loading_rolls_back_and_never_serves_mixed_weights(tmp_path, nats_server, engines, monkeypatch):
-    slow_link(monkeypatch, 0.1)
-    urls = [u for _, u in engines]
+    sent = slow_link(monkeypatch, 0.1)
+    urls = [e.url for e in engines]
     reload_dir = tmp_path / "initial-weights"
     original = load_model("builtin:tiny")
     original.save_pretrained(reload_dir, safe_serialization=True)
@@ -78,7 +84,7 @@ async def test_agent_killed_while_loading_rolls_back_and_never_serves_mixed_weig
             publish = asyncio.create_task(pub.publish(1, weights1))
             await wait_for(lambda: latest_sync(agent_url), 30, "the sync to be accepted")
             loading = await wait_for(_state_is(agent_url, "loading"), 60, "the agent to start loading", interval_s=0.02)
-            await asyncio.sleep(1.0)  # ~10 of the ~46 buckets in
+            await wait_for(lambda: sent[0] >= KILL_AFTER_BUCKETS, 60, f"{KILL_AFTER_BUCKETS} buckets broadcast")
             agent.signal(signal.SIGKILL)
             try:
                 await publish

@@ -25,9 +25,9 @@ from asyncrl.engine_client import EngineClient
 from asyncrl.launch import free_port
 from asyncrl.models import load_model
 from asyncrl.weight_sync import WeightSyncError
-from tests.helpers.processes import start_engine
+from tests.helpers.processes import Engine, start_engine
 from tests.helpers.recording_proxy import RecordingProxy
-from tests.rollout.conftest import wait_for
+from tests.helpers.waiting import wait_for
 from tests.sync.conftest import SYNC_TOKEN, perturbed_weights, publisher, stack
 from tests.sync.test_sync_agent import engine_logprobs, model_logprobs
 from trainer_daemon.sync.direct import DirectEnginePublisher
@@ -53,20 +53,22 @@ def gated_link(monkeypatch, gate: asyncio.Event, before_bucket: int, sent: list[
 
 
 @pytest.fixture
-def engines_with_short_health_window(tmp_path):
-    procs = [start_engine(tmp_path, "builtin:tiny", env={"SGLANG_HEALTH_CHECK_TIMEOUT": "2"}) for _ in range(2)]
+def engines_with_short_health_window(tmp_path) -> list[Engine]:
+    started: list[Engine] = []
     try:
-        yield procs
+        for i in range(2):
+            started.append(start_engine(tmp_path, env={"SGLANG_HEALTH_CHECK_TIMEOUT": "2"}, name=f"engine-{i}"))
+        yield started
     finally:
-        for proc, _ in procs:
-            proc.stop()
+        for engine in started:
+            engine.stop()
 
 
 async def test_a_refused_bucket_stops_the_broadcast_at_once_and_quarantines_the_mixed_engines(tmp_path, nats_server, engines, monkeypatch):
     """Engine B (behind a proxy) answers bucket 3 the way SGLang refuses a bucket — 400 at once,
     without joining the broadcast — while staying in the group: the trainer's collective would
     wait for B until its 120 s timeout; the agent's verdict must stop it within seconds."""
-    (_, url_a), (_, url_b) = engines
+    url_a, url_b = (e.url for e in engines)
     reload_dir = tmp_path / "initial"
     original = load_model("builtin:tiny")
     original.save_pretrained(reload_dir, safe_serialization=True)
@@ -115,7 +117,7 @@ async def test_a_refused_bucket_stops_the_broadcast_at_once_and_quarantines_the_
 
 
 async def test_engines_stay_routable_through_a_sync_longer_than_their_health_window(tmp_path, nats_server, engines_with_short_health_window, monkeypatch):
-    urls = [u for _, u in engines_with_short_health_window]
+    urls = [e.url for e in engines_with_short_health_window]
     gate, sent = asyncio.Event(), []
     gated_link(monkeypatch, gate, 1, sent)
     async with stack(tmp_path, nats_server.url, urls) as (svc, rollout_url, agent, agent_url, cfg):
@@ -143,9 +145,9 @@ async def test_engines_stay_routable_through_a_sync_longer_than_their_health_win
 
 
 async def test_the_agent_refuses_layouts_and_nccl_groups_that_cannot_work(tmp_path, nats_server, engines):
-    urls = [u for _, u in engines]
-    pp_proc, pp_url = start_engine(tmp_path, "builtin:tiny", "--pp-size", "2")
-    try:
+    urls = [e.url for e in engines]
+    with start_engine(tmp_path, "--pp-size", "2", name="engine-pp") as pp:
+        pp_url = pp.url
         body = {"version": 1, "group": {"master_address": "127.0.0.1", "master_port": 45557, "new": True},
                 "buckets": [{"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[128]]}]}
         async with stack(tmp_path, nats_server.url, [*urls, pp_url]) as (svc, rollout_url, agent, agent_url, cfg):
@@ -160,8 +162,6 @@ async def test_the_agent_refuses_layouts_and_nccl_groups_that_cannot_work(tmp_pa
             assert r.status_code == 409 and r.json()["error"]["reason"] == "nccl_mismatch"
             assert "runs sglang 0.5.23, which pins torch 2.14.1" in r.json()["error"]["message"]
             assert agent.coordinator.records == [] and not svc.runner.paused  # refused before touching anything
-    finally:
-        pp_proc.stop()
 
 
 class SilentEngine:
@@ -199,7 +199,7 @@ class SilentEngine:
 
 
 async def test_a_member_that_never_joins_shows_at_group_formation(engines):
-    (_, url_a), _ = engines
+    url_a = engines[0].url
     async with SilentEngine() as silent:
         pub = DirectEnginePublisher([EngineClient(url_a), EngineClient(silent.url)], master_address="127.0.0.1",
                                     bucket_bytes=1 << 20, group_timeout_s=3, broadcast_timeout_s=120, control_timeout_s=10)

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import TIGHT_LIMITS, sandbox_pids
 
+from tests.tools.sandbox_helpers import TIGHT_LIMITS, sandbox_pids
 from tools.python_sandbox import PythonSandbox
 
 

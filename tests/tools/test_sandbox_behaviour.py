@@ -6,6 +6,7 @@ import asyncio
 import textwrap
 import time
 
+from tests.helpers.waiting import WAIT_S, wait_for
 from tools.python_sandbox import PythonSandbox, PythonSandboxConfig
 from tools.registry import ToolRegistry
 
@@ -73,10 +74,11 @@ async def test_max_concurrent_runs_queues_the_rest(make_sandbox) -> None:
     assert time.monotonic() - started >= 1.2
 
 
-async def test_queued_call_gives_up_within_its_timeout(make_sandbox) -> None:
+async def test_queued_call_gives_up_within_its_timeout(make_sandbox, work_root) -> None:
     sandbox = make_sandbox(max_concurrent_runs=1)
     holder = asyncio.create_task(run(sandbox, "import time\ntime.sleep(2)"))
-    await asyncio.sleep(0.2)
+    # a run's directory exists only while it holds a slot
+    await wait_for(lambda: any(work_root.iterdir()), WAIT_S, "the first run to hold the only slot")
     started = time.monotonic()
     result = await run(sandbox, "print(1)", timeout_s=0.5)
     assert result.is_error and result.metadata["failure"] == "busy"

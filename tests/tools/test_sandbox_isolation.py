@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import IS_ROOT, root_only, sandbox_pids
 
+from tests.helpers.waiting import WAIT_S, wait_for
+from tests.tools.sandbox_helpers import IS_ROOT, root_only, sandbox_pids
 from tools.python_sandbox import PythonSandbox
 
 CONNECT_PROGRAM = """
@@ -179,8 +180,8 @@ async def test_cancelled_call_kills_the_run_and_deletes_its_directory(
     make_sandbox, work_root
 ) -> None:
     call = asyncio.create_task(run(make_sandbox(), "import time\ntime.sleep(30)"))
-    await asyncio.sleep(0.5)  # let it start
-    assert list(work_root.iterdir()) != []
+    # as root the run's process is visible by its uid; otherwise its directory and program are
+    await wait_for(lambda: any(work_root.glob("*/main.py")) and (not IS_ROOT or sandbox_pids()), WAIT_S, "the run to start")
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(call, 5)
@@ -233,12 +234,12 @@ async def test_program_cannot_read_root_only_files(sandbox: PythonSandbox) -> No
 
 
 @root_only
-async def test_concurrent_runs_cannot_read_each_others_directories(make_sandbox) -> None:
+async def test_concurrent_runs_cannot_read_each_others_directories(make_sandbox, work_root) -> None:
     sandbox = make_sandbox()
     writer = asyncio.create_task(
         run(sandbox, "open('secret.txt', 'w').write('s')\nimport time\ntime.sleep(2)")
     )
-    await asyncio.sleep(0.5)
+    await wait_for(lambda: any(work_root.glob("*/secret.txt")), WAIT_S, "the writer's secret file")
     peek = """
         import os
         others = [d for d in os.listdir('..') if os.path.join('..', d) != os.path.join('..', os.path.basename(os.getcwd()))]

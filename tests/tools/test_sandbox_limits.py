@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import IS_ROOT, root_only, sandbox_pids
 
+from tests.tools.sandbox_helpers import IS_ROOT, root_only, sandbox_pids
 from tools.python_sandbox import PythonSandbox
 
 
@@ -89,7 +89,7 @@ async def test_fork_bomb_is_capped_and_fully_killed(make_sandbox) -> None:
     """
     call = asyncio.create_task(run(sandbox, bomb))
     peak = 0
-    while not call.done():  # sample the run's processes while the bomb is live
+    while not call.done():  # sample the run's processes while the bomb is live (bounded by the run's own timeout)
         peak = max(peak, len(sandbox_pids()))
         await asyncio.sleep(0.05)
     result = call.result()
@@ -190,7 +190,7 @@ async def test_child_that_leaves_the_process_group_is_killed_after_the_run(
             os.setsid()  # leave the process group that the parent kills
             os.execv("/bin/sleep", ["sleep", "{ESCAPED_SLEEPER_MARKER}"])
         import time
-        time.sleep(0.3)  # let the child reach exec
+        time.sleep(0.3)  # not a wait for a state: room for the child to reach exec (if not, the check is only weaker)
         print("parent exits")
     """
     result = await run(sandbox, code)

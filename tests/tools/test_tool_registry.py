@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.waiting import WAIT_S, wait_for
 from tools.base import Tool, ToolResult, validate_arguments
 from tools.calculator import Calculator
 from tools.registry import CLEANUP_GRACE_S, ToolRegistry
@@ -46,10 +47,12 @@ class HangingTool(EchoTool):
 
     def __init__(self) -> None:
         self.cancelled = False
+        self.started = asyncio.Event()
 
     async def call(self, arguments: dict[str, Any], *, timeout_s: float) -> ToolResult:
+        self.started.set()
         try:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # a hang, not a wait
         except asyncio.CancelledError:
             self.cancelled = True
             raise
@@ -60,7 +63,7 @@ class SleepingTool(EchoTool):
     name = "sleeping"
 
     async def call(self, arguments: dict[str, Any], *, timeout_s: float) -> ToolResult:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # a slow tool, not a wait
         return ToolResult.ok("slept")
 
 
@@ -169,9 +172,10 @@ async def test_invalid_timeout_is_an_error(registry: ToolRegistry, timeout_s: An
 
 
 async def test_caller_cancellation_propagates() -> None:
-    registry = ToolRegistry([HangingTool()])
+    tool = HangingTool()
+    registry = ToolRegistry([tool])
     call = asyncio.create_task(registry.execute("hanging", {"text": "x"}, timeout_s=60))
-    await asyncio.sleep(0.05)
+    await wait_for(tool.started.is_set, WAIT_S, "the tool to start")  # cancel the call while the tool runs
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

@@ -10,21 +10,23 @@ log-probability of ``GOOD`` after any prompt relative to ``BAD``.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import random
 import sys
-import time
 from pathlib import Path
 
 from asyncrl.jetstream import connect, ensure_stream
 from asyncrl.launch import ChildProcess
 from asyncrl.wire import NatsNames, Trajectory, encode_trajectory
+from tests.helpers.waiting import wait_for_sync
 
 GOOD = [101, 102, 103, 104]
 BAD = [201, 202, 203, 204]
 PROMPT_LEN = 6
 TRAINER_EXIT_S = 240.0  # torch + transformers import on 2 busy cores, plus the run itself
+NOT_YET = (OSError, ValueError, http.client.HTTPException)  # for waits: a file or endpoint the trainer is still writing or opening
 
 
 def make_group(rng: random.Random, gid: str, n: int, version: int = 0, logprob: float = -7.0) -> list[Trajectory]:
@@ -99,14 +101,13 @@ def start_trainer(run_dir: Path, overrides: list[str], nproc: int = 1, name: str
 
 
 def wait_exit(proc: ChildProcess, timeout_s: float = TRAINER_EXIT_S) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        code = proc.poll()
-        if code is not None:
-            return code
-        time.sleep(0.2)
-    proc.kill()
-    raise proc.failure(f"did not exit within {timeout_s:.0f} s")
+    """The trainer's exit code; killed and failed with its log tail if it runs past ``timeout_s``."""
+    try:
+        wait_for_sync(lambda: proc.poll() is not None, timeout_s, f"{proc.name} to exit")
+    except AssertionError:
+        proc.kill()
+        raise proc.failure(f"did not exit within {timeout_s:.0f} s") from None
+    return proc.poll()
 
 
 def metrics_lines(run_dir: Path) -> list[dict]:
@@ -144,38 +145,9 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
-def wait_for(predicate, timeout_s: float, what: str, proc: ChildProcess | None = None, interval_s: float = 0.2):
-    """Poll ``predicate()`` until truthy (returns its value); fail with the trainer's log tail."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise proc.failure(f"exited while waiting for {what}")
-        try:
-            value = predicate()
-        except Exception:  # noqa: BLE001 - not there yet
-            value = None
-        if value:
-            return value
-        time.sleep(interval_s)
-    if proc is not None:
-        raise proc.failure(f"no {what} within {timeout_s:.0f} s")
-    raise AssertionError(f"no {what} within {timeout_s:.0f} s")
-
-
 def latest_export(run_dir: Path) -> Path:
     from trainer_daemon.checkpoint import complete_checkpoints
 
     found = complete_checkpoints(Path(run_dir) / "checkpoints")
     assert found, f"no complete checkpoint in {run_dir}"
     return found[-1][1] / "hf"
-
-
-def teacher_forced_logprobs(model, prompt: list[int], output: list[int]) -> list[float]:
-    """log_softmax of each output token given the prompt and the outputs before it (T = 1)."""
-    import torch
-
-    with torch.no_grad():
-        ids = torch.tensor([prompt + output])
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) + len(output) - 1].float()
-        lp = torch.log_softmax(logits, dim=-1)
-        return lp.gather(1, torch.tensor(output).unsqueeze(1)).squeeze(1).tolist()

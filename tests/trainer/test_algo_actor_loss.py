@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from asyncrl.config.sections_infra import ActorConfig
 from trainer_daemon.algo.actor_loss import compute_actor_loss
 from trainer_daemon.algo.aggregation import count_tokens_and_seqs
-from trainer_daemon.algo.policy_loss import PolicyLossConfig
 
 RNG = np.random.default_rng(99)
 B, T = 5, 6
@@ -40,7 +40,7 @@ def t(x, grad=False):
 
 
 def test_total_loss_with_entropy_and_kl():
-    cfg = PolicyLossConfig(
+    cfg = ActorConfig(
         loss_agg_mode="seq-mean-token-mean",
         entropy_coeff=0.01,
         use_kl_loss=True,
@@ -62,7 +62,7 @@ def test_total_loss_with_entropy_and_kl():
 
 def test_entropy_gradient_sign_and_missing_inputs():
     ent = t(ENT, True)
-    cfg = PolicyLossConfig(entropy_coeff=0.5)
+    cfg = ActorConfig(entropy_coeff=0.5)
     loss, _ = compute_actor_loss(t(LOGP), t(OLD), t(ADV), t(MASK), cfg, entropy=ent)
     loss.backward()
     n = MASK.sum()
@@ -70,12 +70,12 @@ def test_entropy_gradient_sign_and_missing_inputs():
     with pytest.raises(ValueError):
         compute_actor_loss(t(LOGP), t(OLD), t(ADV), t(MASK), cfg)
     with pytest.raises(ValueError):
-        compute_actor_loss(t(LOGP), t(OLD), t(ADV), t(MASK), PolicyLossConfig(use_kl_loss=True))
+        compute_actor_loss(t(LOGP), t(OLD), t(ADV), t(MASK), ActorConfig(use_kl_loss=True))
 
 
 def test_entropy_reported_without_bonus():
     loss, m = compute_actor_loss(
-        t(LOGP), t(OLD), t(ADV), t(MASK), PolicyLossConfig(), entropy=t(ENT)
+        t(LOGP), t(OLD), t(ADV), t(MASK), ActorConfig(), entropy=t(ENT)
     )
     assert math.isclose(m["actor/entropy"], float((ENT * MASK).sum() / MASK.sum()), rel_tol=1e-12)
     assert math.isclose(loss.item(), m["actor/pg_loss"], rel_tol=1e-12)
@@ -85,7 +85,7 @@ def test_entropy_reported_without_bonus():
     "mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 )
 def test_micro_batch_split_gradient_equals_full(mode):
-    cfg = PolicyLossConfig(
+    cfg = ActorConfig(
         loss_agg_mode=mode,
         entropy_coeff=0.02,
         use_kl_loss=True,

@@ -10,7 +10,6 @@ import torch
 from asyncrl.config.sections_core import AsyncTrainingConfig
 from asyncrl.config.sections_infra import ActorConfig
 from trainer_daemon.algo.policy_loss import (
-    PolicyLossConfig,
     compute_policy_loss,
     resolve_log_probs,
     truncated_is_weight,
@@ -64,7 +63,7 @@ def expected(dual_c=C, weights=None, cap=2.0):
 
 def test_clipped_loss_value_gradient_and_metrics():
     logp, old, adv, mask, _ = tensors()
-    loss, m = compute_policy_loss(logp, old, adv, mask, PolicyLossConfig())
+    loss, m = compute_policy_loss(logp, old, adv, mask, ActorConfig())
     want, want_grad = expected()
     assert math.isclose(loss.item(), want, rel_tol=1e-12)
     loss.backward()
@@ -97,7 +96,7 @@ def test_clipped_loss_value_gradient_and_metrics():
 
 def test_dual_clip_off():
     logp, old, adv, mask, _ = tensors()
-    loss, m = compute_policy_loss(logp, old, adv, mask, PolicyLossConfig(clip_ratio_c=None))
+    loss, m = compute_policy_loss(logp, old, adv, mask, ActorConfig(clip_ratio_c=None))
     want, want_grad = expected(dual_c=None)
     assert math.isclose(loss.item(), want, rel_tol=1e-12)
     loss.backward()
@@ -108,7 +107,7 @@ def test_dual_clip_off():
 def test_truncated_importance_weight():
     logp, old, adv, mask, rollout = tensors()
     loss, m = compute_policy_loss(
-        logp, old, adv, mask, PolicyLossConfig(), rollout_log_prob=rollout
+        logp, old, adv, mask, ActorConfig(), rollout_log_prob=rollout
     )
     want, want_grad = expected(weights=RAW_W, cap=2.0)
     assert math.isclose(loss.item(), want, rel_tol=1e-12)
@@ -128,7 +127,7 @@ def test_truncated_importance_weight():
     assert math.isclose(m["actor/behav_kl"], sum(-math.log(w) for w in active_w) / 10, rel_tol=1e-9)
     # cap None switches the weight off entirely
     loss_off, m_off = compute_policy_loss(
-        logp, old, adv, mask, PolicyLossConfig(tis_imp_ratio_cap=None), rollout_log_prob=rollout
+        logp, old, adv, mask, ActorConfig(tis_imp_ratio_cap=None), rollout_log_prob=rollout
     )
     assert (
         math.isclose(loss_off.item(), expected()[0], rel_tol=1e-12)
@@ -146,7 +145,7 @@ def test_truncated_is_weight_function_is_detached():
 def test_seq_mean_token_mean_mode_passes_through():
     logp, old, adv, mask, _ = tensors()
     loss, _ = compute_policy_loss(
-        logp, old, adv, mask, PolicyLossConfig(loss_agg_mode="seq-mean-token-mean")
+        logp, old, adv, mask, ActorConfig(loss_agg_mode="seq-mean-token-mean")
     )
     per_row = []
     for row in TOKENS:
@@ -162,19 +161,19 @@ def test_log_ratio_clamp_in_ratio_and_ppo_kl():
         torch.zeros(1, 2, dtype=torch.float64),
         torch.ones(1, 2, dtype=torch.float64),
         torch.tensor([[1.0, 0.0]]),
-        PolicyLossConfig(),
+        ActorConfig(),
     )
     assert m["actor/ppo_kl"] == -20.0 and math.isclose(m["actor/ratio_max"], math.exp(20.0))
 
 
 def test_resolve_log_probs_modes():
     rollout, recomputed = torch.full((1, 2), -1.0), torch.full((1, 2), -2.0)
-    old, behav = resolve_log_probs(PolicyLossConfig(), rollout, recomputed)
+    old, behav = resolve_log_probs(AsyncTrainingConfig(), rollout, recomputed)
     assert old is rollout and behav is None
     for cfg in (
-        PolicyLossConfig(compute_prox_log_prob=True),
-        PolicyLossConfig(use_rollout_log_probs=False),
-        PolicyLossConfig(use_rollout_log_probs=False, compute_prox_log_prob=True),
+        AsyncTrainingConfig(compute_prox_log_prob=True),
+        AsyncTrainingConfig(use_rollout_log_probs=False),
+        AsyncTrainingConfig(use_rollout_log_probs=False, compute_prox_log_prob=True),
     ):
         old, behav = resolve_log_probs(cfg, rollout, recomputed)
         assert old is recomputed and behav is rollout
@@ -182,33 +181,24 @@ def test_resolve_log_probs_modes():
             resolve_log_probs(cfg, rollout, None)
 
 
-def test_config_from_asyncrl_sections_and_validation():
-    actor = ActorConfig(
-        clip_ratio_c=None, loss_agg_mode="seq-mean-token-sum", tis_imp_ratio_cap=None
-    )
-    cfg = PolicyLossConfig.from_configs(actor, AsyncTrainingConfig(compute_prox_log_prob=True))
-    assert (
-        cfg.clip_ratio_c is None
-        and cfg.loss_agg_mode == "seq-mean-token-sum"
-        and cfg.compute_prox_log_prob
-    )
-    assert PolicyLossConfig.from_configs(ActorConfig()) == PolicyLossConfig()  # defaults agree
+def test_the_actor_section_refuses_knobs_the_loss_cannot_use():
     for bad in (
         dict(clip_ratio_c=1.0),
         dict(loss_agg_mode="sum"),
         dict(tis_imp_ratio_cap=0.0),
         dict(kl_loss_type="full"),
         dict(clip_ratio_low=1.0),
+        dict(loss_scale_factor=0.0),
     ):
-        with pytest.raises(ValueError):
-            PolicyLossConfig(**bad)
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ActorConfig(**bad)
     with pytest.raises(ValueError):
         compute_policy_loss(
             torch.zeros(2, 3),
             torch.zeros(2, 3),
             torch.zeros(2, 3),
             torch.ones(3, 2),
-            PolicyLossConfig(),
+            ActorConfig(),
         )
 
 
@@ -219,7 +209,7 @@ def test_empty_mask_gives_zero_loss_and_metrics():
         z - 2.0,
         torch.ones(2, 3),
         z,
-        PolicyLossConfig(),
+        ActorConfig(),
         rollout_log_prob=z - 3.0,
     )
     assert loss.item() == 0.0

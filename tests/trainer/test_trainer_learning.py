@@ -25,9 +25,11 @@ from asyncrl.jetstream import connect
 from asyncrl.launch import free_port
 from asyncrl.models import load_model
 from asyncrl.wire import NatsNames
+from tests.helpers.waiting import wait_for_sync
 from tests.trainer.helpers import (
     BAD,
     GOOD,
+    NOT_YET,
     PROMPT_LEN,
     latest_export,
     listening_sockets,
@@ -37,7 +39,6 @@ from tests.trainer.helpers import (
     scrape,
     start_trainer,
     wait_exit,
-    wait_for,
 )
 from trainer_daemon.rank0 import metrics_endpoint
 
@@ -94,13 +95,13 @@ def run(module_nats, tmp_path_factory):
     proc = start_trainer(run_dir, overrides, nproc=2)
     out = {"run_dir": run_dir, "master_port": master_port}
     try:
-        url = wait_for(lambda: metrics_endpoint(run_dir), READY_S, "metrics endpoint", proc)
-        out["waiting"] = wait_for(lambda: scrape(url).get("asyncrl_trainer_waiting_for_data_s", 0) >= IDLE_SEEN_S and
-                                  scrape(url)["asyncrl_trainer_waiting_for_data_s"], 60, "idle report", proc)
+        url = wait_for_sync(lambda: metrics_endpoint(run_dir), READY_S, "metrics endpoint", procs=[proc], retry_on=NOT_YET)
+        out["waiting"] = wait_for_sync(lambda: scrape(url).get("asyncrl_trainer_waiting_for_data_s", 0) >= IDLE_SEEN_S and
+                                  scrape(url)["asyncrl_trainer_waiting_for_data_s"], 60, "idle report", procs=[proc], retry_on=NOT_YET)
         out["listeners"] = listening_sockets(proc.pid)
         out["metrics_port"] = int(url.rsplit(":", 1)[1].split("/")[0])
         publish(cfg, [t for g in groups[: (STEPS - 1) * GROUPS_PER_STEP] for t in g])
-        wait_for(lambda: len(metrics_lines(run_dir)) >= STEPS - 1, 120, f"{STEPS - 1} steps", proc)
+        wait_for_sync(lambda: len(metrics_lines(run_dir)) >= STEPS - 1, 120, f"{STEPS - 1} steps", procs=[proc], retry_on=NOT_YET)
         out["prometheus"] = scrape(url)
         publish(cfg, [t for g in groups[(STEPS - 1) * GROUPS_PER_STEP:] for t in g])
         out["exit"] = wait_exit(proc)

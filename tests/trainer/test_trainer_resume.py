@@ -23,7 +23,9 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.jetstream import connect
 from asyncrl.wire import NatsNames, encode_trajectory
+from tests.helpers.waiting import wait_for_sync
 from tests.trainer.helpers import (
+    NOT_YET,
     latest_export,
     make_group,
     metrics_lines,
@@ -31,7 +33,6 @@ from tests.trainer.helpers import (
     publish_raw,
     start_trainer,
     wait_exit,
-    wait_for,
 )
 from trainer_daemon.checkpoint import complete_checkpoints, read_state
 from trainer_daemon.ledger import read_lineage
@@ -105,6 +106,18 @@ def _kill(proc, mode: str) -> list[psutil.Process]:
     return tree
 
 
+def _alive(tree) -> list[int]:
+    """Pids of ``tree`` still running (zombies count as gone)."""
+    out = []
+    for p in tree:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 async def _stream_counts(url: str, cfg) -> int:
     nc = await connect(url, "test-inspect", persistent=False)
     try:
@@ -135,16 +148,13 @@ def test_sigkill_at_random_points_trains_every_trajectory_exactly_once(module_na
         before = len(metrics_lines(run_dir))
         proc = start_trainer(run_dir, ov, nproc=2, name=f"chaos-{i}")
         try:
-            wait_for(lambda b=before: len(metrics_lines(run_dir)) > b, STEP_WAIT_S, "a new step", proc, interval_s=0.05)
-            time.sleep(rng.uniform(0.0, 1.5))
+            wait_for_sync(lambda b=before: len(metrics_lines(run_dir)) > b, STEP_WAIT_S, "a new step", procs=[proc],
+                          retry_on=NOT_YET, interval_s=0.05)
+            time.sleep(rng.uniform(0.0, 1.5))  # not a wait for a state: a random kill point inside the next step
             if proc.poll() is not None:
                 pytest.fail(f"trainer exited before kill {i}: {proc.failure('exited')}")
             tree = _kill(proc, mode)
-            deadline = time.monotonic() + DEATH_WAIT_S
-            while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            alive = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-            assert not alive, f"kill {i} ({mode}): processes survived: {alive}"
+            wait_for_sync(lambda t=tree: not _alive(t), DEATH_WAIT_S, f"kill {i} ({mode}): every process of the trainer to die")
         finally:
             proc.kill()
 

@@ -38,7 +38,7 @@ async def _held_then_redelivered(cfg, heartbeat: bool) -> int:
         group = make_group(random.Random(0), f"h{int(heartbeat)}", 2)
         await _publish(js, cfg, group[:1])  # half a group: held, waiting for its other member
         assert await src.next_batch(1, 0, None, wait_s=0.5) is None
-        await asyncio.sleep(4 * ACK_WAIT_S)
+        await asyncio.sleep(4 * ACK_WAIT_S)  # not a wait for a state: time itself is the input (ack_wait expiring)
         assert await src.next_batch(1, 0, None, wait_s=1.0) is None  # a pull: an expired message comes back now
         if beats:
             beats.cancel()

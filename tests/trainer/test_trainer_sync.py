@@ -27,8 +27,11 @@ from asyncrl.models import load_model
 from asyncrl.wire import SCHEMA_TAG, NatsNames
 from asyncrl.wire.sync import SyncRequest
 from tests.helpers.processes import start_engine
+from tests.helpers.reference_model import teacher_forced_logprobs
+from tests.helpers.waiting import wait_for_sync
 from tests.trainer.fake_sync_agent import FakeSyncAgent
 from tests.trainer.helpers import (
+    NOT_YET,
     latest_export,
     listening_sockets,
     make_group,
@@ -38,9 +41,7 @@ from tests.trainer.helpers import (
     read_subject,
     scrape,
     start_trainer,
-    teacher_forced_logprobs,
     wait_exit,
-    wait_for,
 )
 from trainer_daemon.checkpoint import read_state
 from trainer_daemon.ledger import read_lineage
@@ -65,11 +66,8 @@ def base_overrides(run_dir, nats_url, run_id):
 
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory):
-    proc, url = start_engine(tmp_path_factory.mktemp("engine-logs"))
-    try:
-        yield url
-    finally:
-        proc.stop()
+    with start_engine(tmp_path_factory.mktemp("engine-logs")) as engine:
+        yield engine.url
 
 
 async def _engine_view(url: str) -> dict:
@@ -102,8 +100,8 @@ def direct_run(module_nats, engine_url, tmp_path_factory):
     proc = start_trainer(run_dir, overrides)
     out = {"run_dir": run_dir, "ids": {"a": [t.id for t in a], "b": [t.id for t in b], "c": [t.id for t in c]}}
     try:
-        url = wait_for(lambda: metrics_endpoint(run_dir), READY_S, "metrics endpoint", proc)
-        wait_for(lambda: scrape(url).get("asyncrl_trainer_weight_version") == 1, SYNC_S, "weight version 1", proc)
+        url = wait_for_sync(lambda: metrics_endpoint(run_dir), READY_S, "metrics endpoint", procs=[proc], retry_on=NOT_YET)
+        wait_for_sync(lambda: scrape(url).get("asyncrl_trainer_weight_version") == 1, SYNC_S, "weight version 1", procs=[proc], retry_on=NOT_YET)
         out["listeners"] = listening_sockets(proc.pid)
         publish(cfg, b + c)
         out["exit"] = wait_exit(proc)
@@ -167,7 +165,7 @@ def agent_run(module_nats, engine_url, tmp_path_factory, direct_run):
             code = wait_exit(proc)
         finally:
             proc.stop()
-        wait_for(lambda: all(s.state in ("succeeded", "failed") for s in agent.syncs.values()), 30, "agent syncs settled")
+        wait_for_sync(lambda: all(s.state in ("succeeded", "failed") for s in list(agent.syncs.values())), 30, "agent syncs settled")
         return {"exit": code, "run_dir": run_dir, "bodies": list(agent.bodies), "syncs": dict(agent.syncs),
                 "engine": engine_view(engine_url), "lines": metrics_lines(run_dir)}
 

@@ -103,7 +103,7 @@ def test_io_loop_keeps_the_coroutines_own_timeout_message():
         raise TimeoutError("NATS at nats://x did not accept connections")
 
     async def slow():
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # a call that hangs (not a wait): the loop's bound must end it
 
     io = IoLoop()
     try:
@@ -113,3 +113,18 @@ def test_io_loop_keeps_the_coroutines_own_timeout_message():
             io.run(slow(), 0.1)
     finally:
         io.close()
+
+
+@pytest.mark.parametrize(("overrides", "backend"), [
+    ([], "gloo"),
+    (["trainer.device=cuda"], "gloo"),  # local engines join gloo groups only, even with a CUDA trainer
+    (["trainer.device=cuda", "engines.urls=[\"http://a:1\"]"], "gloo"),  # local engines started elsewhere
+    (["trainer.device=cuda", "engines.backend=sglang"], "nccl"),
+    (["engines.backend=sglang"], "gloo"),  # a CPU trainer has no NCCL
+    (["trainer.device=cuda", "engines.backend=sglang", "trainer.weight_sync_backend=gloo"], "gloo"),
+    (["engines.backend=local", "trainer.weight_sync_backend=nccl"], "nccl"),  # explicit wins
+])
+def test_weight_sync_backend_default_follows_the_engines(overrides, backend):
+    from trainer_daemon.sync import weight_sync_backend
+
+    assert weight_sync_backend(load_config(overrides=overrides, environ={})) == backend

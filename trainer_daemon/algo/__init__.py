@@ -26,7 +26,6 @@ from trainer_daemon.algo.logprobs import (
     log_probs_from_logits,
 )
 from trainer_daemon.algo.policy_loss import (
-    PolicyLossConfig,
     compute_policy_loss,
     resolve_log_probs,
     truncated_is_weight,
@@ -42,7 +41,6 @@ from trainer_daemon.algo.staleness import (
 __all__ = [
     "KL_TYPES",
     "LOSS_AGG_MODES",
-    "PolicyLossConfig",
     "VersionInfo",
     "agg_loss",
     "balance_across_ranks",

@@ -20,11 +20,16 @@ Not covered: the value (critic) loss and reward-side KL penalties (``use_kl_in_r
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from trainer_daemon.algo.aggregation import agg_loss
 from trainer_daemon.algo.kl import kl_penalty
-from trainer_daemon.algo.policy_loss import PolicyLossConfig, compute_policy_loss
+from trainer_daemon.algo.policy_loss import compute_policy_loss
+
+if TYPE_CHECKING:
+    from asyncrl.config.sections_infra import ActorConfig
 
 
 def compute_actor_loss(
@@ -32,7 +37,7 @@ def compute_actor_loss(
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    config: PolicyLossConfig,
+    config: ActorConfig,
     *,
     rollout_log_prob: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
@@ -41,7 +46,9 @@ def compute_actor_loss(
     global_seqs: int | float | torch.Tensor | None = None,
     dp_size: int = 1,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Total actor loss (module doc) and its metrics; all tensors ``(B, T)``.
+    """Total actor loss (module doc) and its metrics; all tensors ``(B, T)``. ``config`` is the
+    run config's ``actor`` section (``entropy_coeff``, ``use_kl_loss``, ``kl_loss_coef``,
+    ``kl_loss_type`` and the policy-loss knobs).
 
     ``entropy`` is required when ``entropy_coeff != 0`` and ``ref_log_prob`` when ``use_kl_loss``.
     """

@@ -15,6 +15,10 @@ and, when a behaviour log-prob ``behav`` (the rollout engine's) is given and
 
     w = min(exp(clamp(old - behav, -20, 20)), tis_imp_ratio_cap),   l <- w * l.
 
+The knobs are read from the run config's sections themselves, not from a copy: ``actor``
+(``ActorConfig``: the clip ratios, ``tis_imp_ratio_cap``, ``loss_agg_mode``,
+``loss_scale_factor``) and ``async_training`` (which log-probs anchor the ratio).
+
 The loss is ``agg_loss(l, mask, loss_agg_mode, ...)`` (see ``aggregation``). This is verl's
 ``compute_policy_loss_vanilla`` with ``rollout_is_weights = w`` (token-level truncated IS).
 
@@ -44,90 +48,30 @@ Not covered: GSPO / sequence-level ratios, sequence-level IS or rejection sampli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from trainer_daemon.algo.aggregation import LOSS_AGG_MODES, agg_loss, masked_mean
-from trainer_daemon.algo.kl import KL_TYPES
+from trainer_daemon.algo.aggregation import agg_loss, masked_mean
+
+if TYPE_CHECKING:
+    from asyncrl.config.sections_core import AsyncTrainingConfig
+    from asyncrl.config.sections_infra import ActorConfig
 
 _LOG_RATIO_BOUND = 20.0
 
 
-@dataclass(frozen=True)
-class PolicyLossConfig:
-    """The actor-loss knobs, mirroring ``ActorConfig`` / ``AsyncTrainingConfig`` (same names, same defaults)."""
-
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    clip_ratio_c: float | None = 3.0
-    loss_agg_mode: str = "token-mean"
-    loss_scale_factor: float | None = None
-    """``C`` of seq-mean-token-sum-norm (None: the padded response length); not in ActorConfig yet."""
-    tis_imp_ratio_cap: float | None = 2.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    entropy_coeff: float = 0.0
-    use_rollout_log_probs: bool = True
-    compute_prox_log_prob: bool = False
-
-    def __post_init__(self) -> None:
-        if not (0.0 <= self.clip_ratio_low < 1.0) or self.clip_ratio_high < 0.0:
-            raise ValueError(
-                f"need 0 <= clip_ratio_low < 1 and clip_ratio_high >= 0, got {self.clip_ratio_low}, {self.clip_ratio_high}"
-            )
-        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1 (or None), got {self.clip_ratio_c}")
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"loss_agg_mode {self.loss_agg_mode!r} not in {LOSS_AGG_MODES}")
-        if self.tis_imp_ratio_cap is not None and not self.tis_imp_ratio_cap > 0.0:
-            raise ValueError(
-                f"tis_imp_ratio_cap must be > 0 (or None), got {self.tis_imp_ratio_cap}"
-            )
-        if self.kl_loss_type not in KL_TYPES:
-            raise ValueError(f"kl_loss_type {self.kl_loss_type!r} not in {KL_TYPES}")
-
-    @classmethod
-    def from_configs(
-        cls, actor: Any, async_training: Any = None, **overrides: Any
-    ) -> PolicyLossConfig:
-        """Build from an ``ActorConfig``-like and an ``AsyncTrainingConfig``-like object (read by attribute)."""
-        kwargs = {
-            name: getattr(actor, name)
-            for name in (
-                "clip_ratio_low",
-                "clip_ratio_high",
-                "clip_ratio_c",
-                "loss_agg_mode",
-                "tis_imp_ratio_cap",
-                "use_kl_loss",
-                "kl_loss_coef",
-                "kl_loss_type",
-                "entropy_coeff",
-                "loss_scale_factor",
-            )
-            if hasattr(actor, name)
-        }
-        if async_training is not None:
-            for name in ("use_rollout_log_probs", "compute_prox_log_prob"):
-                kwargs[name] = getattr(async_training, name)
-        kwargs.update(overrides)
-        return cls(**kwargs)
-
-
 def resolve_log_probs(
-    config: PolicyLossConfig,
+    async_training: AsyncTrainingConfig,
     rollout_log_prob: torch.Tensor,
     recomputed_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(old_log_prob, behav_log_prob or None)`` for :func:`compute_policy_loss` (see module doc).
 
     ``recomputed_log_prob`` is the trainer's no-grad forward pass before the update (``pi_prox``);
-    it is required unless ``use_rollout_log_probs`` is set and ``compute_prox_log_prob`` is not.
+    it is required when ``async_training.recomputes_log_probs``.
     """
-    if config.use_rollout_log_probs and not config.compute_prox_log_prob:
+    if not async_training.recomputes_log_probs:
         return rollout_log_prob, None
     if recomputed_log_prob is None:
         raise ValueError(
@@ -151,7 +95,7 @@ def compute_policy_loss(
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    config: PolicyLossConfig,
+    config: ActorConfig,
     *,
     rollout_log_prob: torch.Tensor | None = None,
     global_tokens: int | float | torch.Tensor | None = None,
@@ -165,7 +109,8 @@ def compute_policy_loss(
         old_log_prob: ``(B, T)`` anchor log-probs (treated as constants).
         advantages: ``(B, T)`` per-token advantages.
         response_mask: ``(B, T)`` 0/1 loss mask.
-        config: loss knobs.
+        config: the ``actor`` section (clip ratios, ``tis_imp_ratio_cap``, ``loss_agg_mode``,
+            ``loss_scale_factor``); its bounds are the loss's preconditions.
         rollout_log_prob: ``(B, T)`` behaviour log-probs for the truncated IS weight, or None.
         global_tokens, global_seqs, dp_size: mini-batch normalisers, see ``aggregation.agg_loss``.
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from asyncrl.config import secret
 from trainer_daemon.sync.base import SyncController, WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -14,8 +15,12 @@ __all__ = ["SyncController", "WeightPublisher", "build_publisher", "weight_sync_
 
 
 def weight_sync_backend(cfg) -> str:
-    """``trainer.weight_sync_backend``, or gloo on cpu / nccl on cuda."""
-    return cfg.trainer.weight_sync_backend or ("nccl" if cfg.trainer.device == "cuda" else "gloo")
+    """``trainer.weight_sync_backend`` when set; otherwise nccl only for SGLang engines
+    (``engines.backend == "sglang"``) with a CUDA trainer, gloo in every other case: a
+    local_engine joins weight-update groups with gloo only, whatever its device."""
+    if cfg.trainer.weight_sync_backend is not None:
+        return cfg.trainer.weight_sync_backend
+    return "nccl" if cfg.engines.backend == "sglang" and cfg.trainer.device == "cuda" else "gloo"
 
 
 def build_publisher(cfg) -> WeightPublisher | None:
@@ -25,7 +30,7 @@ def build_publisher(cfg) -> WeightPublisher | None:
     if s.url:
         from trainer_daemon.sync.agent import SyncAgentPublisher
 
-        token = cfg.security.sync_token.get_secret_value() if cfg.security.sync_token else None
+        token = secret(cfg.security.sync_token)
         return SyncAgentPublisher(
             s.url, token, master_address=t.master_addr, master_port=t.weight_sync_port, backend=backend,
             bucket_bytes=s.bucket_bytes,
@@ -37,9 +42,8 @@ def build_publisher(cfg) -> WeightPublisher | None:
         from trainer_daemon.sync.direct import DirectEnginePublisher
 
         e = cfg.engines
-        key = e.api_key.get_secret_value() if e.api_key else None
-        admin = e.admin_api_key.get_secret_value() if e.admin_api_key else None
-        engines = [EngineClient(u, api_key=key, admin_api_key=admin, control_timeout_s=e.control_timeout_s) for u in e.urls]
+        engines = [EngineClient(u, api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key),
+                                control_timeout_s=e.control_timeout_s) for u in e.urls]
         return DirectEnginePublisher(
             engines, master_address=t.master_addr, master_port=t.weight_sync_port, backend=backend,
             bucket_bytes=s.bucket_bytes,
