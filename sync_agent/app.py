@@ -2,7 +2,8 @@
 and ``/metrics``).
 
     POST /v1/syncs        asyncrl.wire.sync.SyncRequest → 202 SyncAccepted
-                          409 {"error": {"reason": "stale" | "regroup" | "layout" | "nccl_mismatch", ...}};
+                          409 {"error": {"reason": "stale" | "regroup" | "layout" | "nccl_mismatch", ...}}
+                          (stale also carries "current_version": the version to move past);
                           503 (reason "no_engines" | "recovering") without engines or while an unfinished sync is recovered
     GET  /v1/syncs/{id}   → SyncStatus: state (queued, pausing, awaiting_broadcast, loading, failing,
                             resuming, succeeded, failed), phase_seconds, bytes, gb_per_s, engines, error
@@ -64,7 +65,7 @@ def create_app(agent) -> FastAPI:
         try:
             rec, world = await co.submit(body)
         except SyncConflict as exc:
-            raise ApiError(exc.status, exc.message, param=exc.code, reason=exc.code) from None
+            raise ApiError(exc.status, exc.message, param=exc.code, reason=exc.code, **exc.extra) from None
         except RolloutAdminError as exc:
             raise ApiError(503, f"the rollout service is unreachable: {exc}") from None
         return SyncAccepted(id=rec.id, state=rec.state, world_size=world, join_group=rec.join_group)

@@ -53,9 +53,9 @@ AGENT_REASON = "sync-agent:"  # prefix of quarantine reasons set by the agent (o
 class SyncConflict(Exception):
     """A refused submit: HTTP status, the reason (``asyncrl.wire.sync.REFUSALS``), a message."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, **extra) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.extra = status, code, message, extra
 
 
 class SyncCoordinator:
@@ -134,9 +134,11 @@ class SyncCoordinator:
             raise SyncConflict(503, "recovering", f"still recovering sync {self.unfinished.id}, which the previous agent left "
                                                   "unfinished (waiting for the rollout service and the engines)")
         if version < self.version:
-            raise SyncConflict(409, "stale", f"version {version} is older than the engines' version {self.version}")
+            raise SyncConflict(409, "stale", f"version {version} is older than the engines' version {self.version}",
+                               current_version=self.version)
         if version < self.accepted_version and self.running is not None:
-            raise SyncConflict(409, "stale", f"a sync to version {self.accepted_version} is already under way")
+            raise SyncConflict(409, "stale", f"a sync to version {self.accepted_version} is already under way",
+                               current_version=self.accepted_version)
         views = [v for v in await self.engine_views() if v["alive"]]
         if not views:
             raise SyncConflict(503, "no_engines", "no live engine to update")

@@ -14,9 +14,11 @@ or ``stop`` (``trainer.total_training_steps`` reached, or SIGTERM/SIGINT). Then,
 4. every ``trainer.checkpoint.save_freq`` steps, and at the end: a checkpoint (collective);
 5. rank 0 emits the step's metrics.
 
-Weight version: the checkpoint's (0 fresh), +1 per successful publish. After a resume with
-version > 0 the restored weights are re-published under the same version first, since engines
-may hold newer weights from the lost steps (RELIABILITY.md §2).
+Weight version: the checkpoint's (0 fresh), +1 per successful publish. After a resume the
+restored weights are re-published first, since engines may hold newer weights from the lost
+steps (RELIABILITY.md §2): under the same version when the engines are not ahead, else as the
+engines' version + 1 (versions never go back; ``trainer_daemon.lineage`` keeps lags counting
+training steps across the jump).
 """
 
 from __future__ import annotations
@@ -103,12 +105,14 @@ class TrainerDaemon:
         at = cfg.async_training
         self.max_lag = max_version_lag(at.staleness_threshold, 1 if at.partial_rollout_active else 0)
         self.has_sync = bool(cfg.sync.url or cfg.engines.urls)
+        republish = None
         if self.ctx.is_rank0:
             from trainer_daemon.rank0 import Rank0Services
 
             self.r0 = Rank0Services(cfg, state)
             self.r0.start()
-        if self.has_sync and int(state.get("weight_version", 0)) > 0:
+            republish = b"1" if int(state.get("weight_version", 0)) > 0 or self.r0.jumped else b"0"
+        if self.has_sync and self.ctx.broadcast_bytes(republish) == b"1":
             self._publish(same_version=True)
         self._window_start = time.perf_counter()
         log.info("trainer ready at step %d (world size %d)", self.step, self.ctx.world_size)
@@ -246,7 +250,8 @@ class TrainerDaemon:
         state = segment = None
         if self.ctx.is_rank0:
             consumption, segment = self.r0.snapshot(self.step)
-            state = {"step": self.step, "weight_version": self.r0.version, "consumption": consumption,
+            state = {"step": self.step, "weight_version": self.r0.version, "version_jumps": self.r0.lineage.state_dict(),
+                     "consumption": consumption,
                      "scheduler": self.scheduler.state_dict(), "world_size": self.ctx.world_size,
                      "time": time.time(), "model": self.cfg.model.path}
         self.ckpt.save(self.step, self.model, self.optimizer, state, segment, export)

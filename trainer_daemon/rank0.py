@@ -19,6 +19,7 @@ from asyncrl.wire import NatsNames
 from trainer_daemon.consume import ConsumptionState, PendingGroup, TrajectorySource
 from trainer_daemon.io_loop import IoLoop
 from trainer_daemon.ledger import Ledger
+from trainer_daemon.lineage import Lineage
 from trainer_daemon.metrics import MetricsHub
 from trainer_daemon.sync import SyncController, build_publisher
 
@@ -40,12 +41,16 @@ class Rank0Services:
         self.metrics: MetricsHub | None = None
         self.sync: SyncController | None = None
         self._base_version = int(trainer_state.get("weight_version", 0))
+        self.lineage = Lineage.from_state(trainer_state.get("version_jumps"))
+        self.jumped = False
+        """At start the engines were ahead of the restored version: it jumped past them."""
         state = ConsumptionState()
         if trainer_state.get("consumption"):
             state.load_state_dict(trainer_state["consumption"])
         ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None)
         required = cfg.derived.required_samples * cfg.rollout.n
         self.source = TrajectorySource(self.names, state, ledger, required, in_flight=cfg.derived.max_concurrent_samples)
+        self.source.effective = self.lineage.effective
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -65,8 +70,17 @@ class Rank0Services:
         self.metrics = MetricsHub(cfg.run_dir, list(t.loggers), t.metrics_host, t.metrics_port, send=self._send_metrics)
         publisher = build_publisher(cfg)
         if publisher is not None:
-            self.sync = SyncController(publisher, self.io, self._base_version)
+            self.sync = SyncController(publisher, self.io, self._base_version, self.lineage)
+            self.jumped = self.sync.adopt(self._engines_version())
         self.metrics.live("trainer/weight_version", self.version)
+
+    def _engines_version(self) -> int | None:
+        """What the engines serve now (bounded; None when nobody answers)."""
+        try:
+            return self.io.run(self.sync.publisher.current_version(), IO_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - unknown: the first sync's answer will tell ("stale")
+            log.warning("could not ask for the engines' weight version: %s", exc)
+            return None
 
     def _send_metrics(self, payload: bytes) -> None:
         subject = self.names.metrics("trainer")

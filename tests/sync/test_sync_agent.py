@@ -87,6 +87,7 @@ async def test_stale_and_unauthenticated_requests_are_refused(tmp_path, nats_ser
             agent.coordinator.version = 5
             stale = await http.post(f"{agent_url}/v1/syncs", json=body, headers=auth)
             assert stale.status_code == 409 and stale.json()["error"]["reason"] == "stale"
+            assert stale.json()["error"]["current_version"] == 5  # what a restarted trainer must move past
             assert (await http.get(f"{agent_url}/health")).status_code == 200
             assert "asyncrl_sync_weight_version" in (await http.get(f"{agent_url}/metrics")).text
 

@@ -33,13 +33,17 @@ is ``c``; ``fully_async/partial/total_partial_num`` (partial trajectories in the
 ``partial_ratio`` (that / trajectories in the batch, 0 for an empty batch) and
 ``max_partial_span`` (max span in the batch, 0 if none) describe the batch alone.
 
+After a trainer restart that found the engines ahead, version *numbers* jumped (see
+``trainer_daemon.lineage``): pass ``effective`` (``Lineage.effective``) and every version —
+the tokens' and ``c`` — is mapped through it first, so lags count training steps.
+
 Not covered: the rollout-side sample budget itself (the rollout service enforces it).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -82,15 +86,21 @@ def max_version_lag(staleness_threshold: float, slack: int = 0) -> int:
     return math.ceil(staleness_threshold) + slack
 
 
+def _identity(v: int) -> int:
+    return v
+
+
 def version_info(
     weight_versions: Iterable[int],
     version_start: int,
     version_end: int,
     current_version: int,
     max_lag: int | None = None,
+    effective: Callable[[int], int] = _identity,
 ) -> VersionInfo:
     """Span, partial, lag, stale and drop of one trajectory (definitions in the module doc)."""
     v_min, v_max = model_version_range(weight_versions, version_start, version_end)
+    v_min, v_max, current_version = effective(v_min), effective(v_max), effective(current_version)
     lag, oldest = current_version - v_max, current_version - v_min
     return VersionInfo(
         v_min=v_min,
@@ -110,12 +120,15 @@ def batch_version_metrics(
     *,
     prev_stale_samples: int = 0,
     prev_stale_trajectories: int = 0,
+    effective: Callable[[int], int] = _identity,
 ) -> dict[str, float]:
     """verl's ``fully_async/count/*`` and ``fully_async/partial/*`` metrics for one batch (module doc)."""
     infos = [
-        version_info(t.weight_versions, t.version_start, t.version_end, current_version)
+        version_info(t.weight_versions, t.version_start, t.version_end, current_version, effective=effective)
         for t in trajectories
     ]
+    reported = current_version
+    current_version = effective(current_version)
     newest: dict[Hashable, int] = {}
     for t, info in zip(trajectories, infos, strict=True):
         newest[t.group_id] = max(newest.get(t.group_id, info.v_max), info.v_max)
@@ -125,7 +138,7 @@ def batch_version_metrics(
     return {
         "fully_async/count/stale_samples_processed": float(prev_stale_samples + stale_samples),
         "fully_async/count/stale_trajectory_processed": float(prev_stale_trajectories + stale_traj),
-        "fully_async/count/current_param_version": float(current_version),
+        "fully_async/count/current_param_version": float(reported),
         "fully_async/partial/total_partial_num": float(len(partial)),
         "fully_async/partial/partial_ratio": len(partial) / len(infos) if infos else 0.0,
         "fully_async/partial/max_partial_span": float(max((i.span for i in infos), default=0)),

@@ -26,6 +26,7 @@ Not covered: reweighting stale trajectories instead of dropping them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asyncrl.wire import Trajectory
@@ -108,7 +109,8 @@ class GroupAssembler:
     def num_ready(self, max_delivered: int) -> int:
         return sum(self._ready_seq(g, max_delivered) is not None for g in self._groups())
 
-    def take(self, k: int, max_delivered: int, version: int, max_lag: int | None) -> Taken:
+    def take(self, k: int, max_delivered: int, version: int, max_lag: int | None,
+             effective: Callable[[int], int] = lambda v: v) -> Taken:
         """Up to ``k`` non-empty ready groups (oldest first); groups whose members were all too stale come back in ``empty``."""
         ready = []
         for g in self._groups():
@@ -126,7 +128,8 @@ class GroupAssembler:
                 self._sealed.remove(g)
             pg = PendingGroup(kept=[], incomplete=g.complete_seq is None)
             for h in sorted(g.members.values(), key=lambda h: (h.traj.group_index, h.seq)):
-                info = version_info(h.traj.weight_versions, h.traj.version_start, h.traj.version_end, version, max_lag)
+                info = version_info(h.traj.weight_versions, h.traj.version_start, h.traj.version_end, version, max_lag,
+                                    effective)
                 (pg.dropped if info.drop else pg.kept).append(h)
             (out.groups if pg.kept else out.empty).append(pg)
         return out

@@ -79,6 +79,8 @@ class TrajectorySource:
         self._msgs: dict[int, object] = {}  # seq -> latest Msg of every held message
         self._held_ids: set[str] = set()
         self._pending: list[PendingGroup] = []
+        self.effective = lambda v: v
+        """Maps a weight version to training steps (``trainer_daemon.lineage.Lineage.effective``)."""
         self.redelivered_skipped = 0
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -171,7 +173,7 @@ class TrajectorySource:
         need = k - len(self._pending)
         if need <= 0 or not self.assembler.num_ready(self.state.max_delivered):
             return
-        taken = self.assembler.take(need, self.state.max_delivered, version, max_lag)
+        taken = self.assembler.take(need, self.state.max_delivered, version, max_lag, self.effective)
         self._pending.extend(taken.groups)
         for group in taken.empty:  # every member too stale: nothing to train, resolve now
             self._resolve_group(group)
@@ -216,7 +218,7 @@ class TrajectorySource:
         self.ledger.commit(step, version, [h.traj.id for h in trained])
         c = self.state.counters
         metrics = batch_version_metrics([h.traj for h in trained], version, prev_stale_samples=c["stale_samples"],
-                                        prev_stale_trajectories=c["stale_trajectories"])
+                                        prev_stale_trajectories=c["stale_trajectories"], effective=self.effective)
         c["stale_samples"] = int(metrics["fully_async/count/stale_samples_processed"])
         c["stale_trajectories"] = int(metrics["fully_async/count/stale_trajectory_processed"])
         await asyncio.gather(*(_quiet_ack(m) for m in msgs))

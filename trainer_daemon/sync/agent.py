@@ -28,6 +28,7 @@ weight-update sessions, the version on the engines, quarantining engines left mi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -45,7 +46,7 @@ from asyncrl.weight_sync import (
     reserve_listen_socket,
 )
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, GroupSpec, SyncAccepted, SyncRequest, SyncStatus
-from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions, weights_nbytes
+from trainer_daemon.sync.base import StaleVersion, WeightPublisher, trainer_nccl_versions, weights_nbytes
 from trainer_daemon.sync.flat import FlatBuffers, broadcast_flat, send_buckets
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,19 @@ SYNC_REQUEST_TIMEOUT_S = 30.0  # the agent answers 202 before doing any work
 WATCH_INTERVAL_S = 0.25  # while broadcasting: how soon an engine's refusal stops the trainer
 POLL_INTERVAL_S = 1.0  # after the broadcasts: the final state is for metrics only
 POLL_BUDGET_S = 600.0
+
+
+def _stale_version(status: int, text: str) -> int | None:
+    """The agent's ``current_version`` from a 409 "stale" answer, else None."""
+    if status != 409:
+        return None
+    try:
+        err = json.loads(text).get("error", {})
+    except (ValueError, AttributeError):
+        return None
+    if err.get("reason") != "stale" or not isinstance(err.get("current_version"), int):
+        return None
+    return int(err["current_version"])
 
 
 class SyncAgentPublisher(WeightPublisher):
@@ -100,6 +114,9 @@ class SyncAgentPublisher(WeightPublisher):
                 if resp.status != 202:
                     if resp.status == 409 and '"regroup"' in text:  # the agent's engines changed: new group, new port
                         self._reset_group()
+                    stale = _stale_version(resp.status, text)
+                    if stale is not None:
+                        raise StaleVersion(f"sync agent answered 409 stale: {text[:500]}", stale)
                     raise WeightSyncError(f"sync agent answered {resp.status}: {text[:500]}")
                 accepted = SyncAccepted.model_validate_json(text)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -111,6 +128,19 @@ class SyncAgentPublisher(WeightPublisher):
             raise WeightSyncError(f"sync agent answered join_group={accepted.join_group} for a group the trainer "
                                   f"{'forms' if request.group.new else 'already formed'}")
         return accepted
+
+    async def current_version(self) -> int | None:
+        """The agent's version (what the engines serve, or a sync it accepted); None if unreachable."""
+        try:
+            async with self._http().get(f"{self.url}/status", headers=self._headers(),
+                                        timeout=aiohttp.ClientTimeout(total=SYNC_REQUEST_TIMEOUT_S)) as resp:
+                body = await resp.json(content_type=None) if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("asking the sync agent for its version: %s", exc)
+            return None
+        if not isinstance(body, dict):
+            return None
+        return max(int(body.get("version") or 0), int(body.get("accepted_version") or 0))
 
     async def _status(self, sync_id: str) -> SyncStatus | None:
         try:

@@ -22,6 +22,8 @@ the outcome: the trainer's weight version is the checkpoint's (0 fresh) plus one
 that succeeded; a failed publish is logged and counted, training continues, and the next
 sync point tries again with the same version number. A publish still running at the next
 sync point is waited for (bounded); if it is still running then, that sync point is skipped.
+When the engines are ahead (a restart lost steps the engines had received, or the agent says
+"stale"), :meth:`SyncController.adopt` moves the version past theirs (trainer_daemon.lineage).
 """
 
 from __future__ import annotations
@@ -34,9 +36,20 @@ from collections.abc import Mapping
 
 import torch
 
+from asyncrl.weight_sync import WeightSyncError
 from trainer_daemon.io_loop import IoLoop
+from trainer_daemon.lineage import Lineage
 
 log = logging.getLogger(__name__)
+
+
+class StaleVersion(WeightSyncError):
+    """The engines already serve ``engines_version`` >= the version published (the sync agent's
+    409 "stale"): the trainer must move its version past it (SyncController.adopt)."""
+
+    def __init__(self, message: str, engines_version: int) -> None:
+        super().__init__(message)
+        self.engines_version = engines_version
 
 
 class WeightPublisher(ABC):
@@ -47,6 +60,11 @@ class WeightPublisher(ABC):
     @abstractmethod
     async def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """Push ``weights`` as ``version``; metrics on success, WeightSyncError on failure."""
+
+    async def current_version(self) -> int | None:
+        """The newest weight version the engines serve (or the sync agent has accepted), None
+        when it cannot be asked. A restored trainer moves past it (trainer_daemon.lineage)."""
+        return None
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release groups and connections (idempotent)."""
@@ -72,10 +90,11 @@ def trainer_nccl_versions() -> tuple[str | None, str]:
 class SyncController:
     """Runs publishes in the background on the I/O loop and tracks the trainer's weight version."""
 
-    def __init__(self, publisher: WeightPublisher, io: IoLoop, version: int) -> None:
+    def __init__(self, publisher: WeightPublisher, io: IoLoop, version: int, lineage: Lineage | None = None) -> None:
         self.publisher = publisher
         self.io = io
         self.version = version
+        self.lineage = lineage if lineage is not None else Lineage()
         self.failures = 0
         self.successes = 0
         self.last: dict[str, float] = {}
@@ -101,6 +120,18 @@ class SyncController:
         self._future.add_done_callback(lambda _f: setattr(self, "_finished", time.perf_counter()))
         return self._target
 
+    def adopt(self, engines_version: int | None) -> bool:
+        """The engines serve ``engines_version``: when that is ahead of this trainer's version,
+        jump past it (the trainer's current weights become ``engines_version + 1``, recorded in
+        the lineage so lags count steps, not numbers). True when it jumped."""
+        if engines_version is None or engines_version <= self.version:
+            return False
+        old = self.version
+        self.version = self._target = self.lineage.jump(old, engines_version)
+        log.warning("the engines serve weight version %d, ahead of this trainer's %d (steps lost with a restart): "
+                    "its weights are now version %d", engines_version, old, self.version)
+        return True
+
     def poll(self) -> bool:
         """Record the outcome if the publish finished; True when it did."""
         fut = self._future
@@ -114,6 +145,8 @@ class SyncController:
             self.failures += 1
             log.error("weight sync to version %d failed after %.1f s (%s); training continues, next sync retries",
                       self._target, elapsed, exc)
+            if isinstance(exc, StaleVersion):
+                self.adopt(exc.engines_version)
             self.last = {"trainer/sync_failures": float(self.failures)}
             self.fresh = True
             return True

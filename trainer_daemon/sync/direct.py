@@ -44,7 +44,7 @@ from asyncrl.weight_sync import (
 )
 from asyncrl.weight_sync.engine_update import EngineUpdate, Member
 from asyncrl.weight_sync.layout import check_nccl
-from asyncrl.wire.sync import DEFAULT_GROUP_NAME
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME, weight_version_number
 from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions, weights_nbytes
 from trainer_daemon.sync.flat import FlatBuffers, broadcast_flat, send_buckets
 
@@ -155,6 +155,13 @@ class DirectEnginePublisher(WeightPublisher):
             "trainer/sync_gb_per_s": nbytes / 1e9 / max(t3 - t2, 1e-9),
             "trainer/sync_collective_gb_per_s": nbytes / 1e9 / max(collective[0], 1e-9),
         }
+
+    async def current_version(self) -> int | None:
+        """The newest version any engine serves (None if none answers)."""
+        versions = await asyncio.gather(*(e.weight_version(timeout_s=self.control_timeout_s) for e in self.engines),
+                                        return_exceptions=True)
+        numbers = [weight_version_number(v) for v in versions if not isinstance(v, BaseException)]
+        return max(numbers) if numbers else None
 
     async def close(self) -> None:
         try:
