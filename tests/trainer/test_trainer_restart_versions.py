@@ -24,7 +24,14 @@ from asyncrl.models import load_model
 from tests.helpers.processes import start_engine
 from tests.helpers.reference_model import teacher_forced_logprobs
 from tests.helpers.waiting import wait_for_sync
-from tests.trainer.helpers import latest_export, make_group, metrics_lines, publish, start_trainer, wait_exit
+from tests.trainer.helpers import (
+    latest_export,
+    make_group,
+    metrics_lines,
+    publish,
+    start_trainer,
+    wait_exit,
+)
 from trainer_daemon.checkpoint import complete_checkpoints, read_state
 from trainer_daemon.ledger import read_lineage
 

@@ -46,7 +46,12 @@ from asyncrl.weight_sync import (
     reserve_listen_socket,
 )
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, GroupSpec, SyncAccepted, SyncRequest, SyncStatus
-from trainer_daemon.sync.base import StaleVersion, WeightPublisher, trainer_nccl_versions, weights_nbytes
+from trainer_daemon.sync.base import (
+    StaleVersion,
+    WeightPublisher,
+    trainer_nccl_versions,
+    weights_nbytes,
+)
 from trainer_daemon.sync.flat import FlatBuffers, broadcast_flat, send_buckets
 
 log = logging.getLogger(__name__)
