@@ -8,7 +8,8 @@ and ``/metrics``).
     GET  /v1/syncs/{id}   → SyncStatus: state (queued, pausing, awaiting_broadcast, loading, failing,
                             resuming, succeeded, failed), phase_seconds, bytes, gb_per_s, engines, error
     GET  /v1/syncs        → the last syncs
-    GET  /status          → current version, the group, every engine's version and state, the last syncs
+    GET  /status          → current version, the group, every engine's version and state, the last syncs,
+                            push_wanted (engines wait for the trainer's full weights: an idle trainer publishes)
     GET  /health, GET /metrics
 """
 
@@ -85,9 +86,11 @@ def create_app(agent) -> FastAPI:
     async def status():
         try:
             engines = await co.engine_views()
+            push = co.push_wanted(engines)
         except RolloutAdminError as exc:
-            engines = [{"error": str(exc)}]
+            engines, push = [{"error": str(exc)}], False
         return {"version": co.version, "accepted_version": co.accepted_version, "pause_mode": co.pause_mode,
+                "push_wanted": push,
                 "group": None if co.group is None else {**co.group.__dict__}, "running": co.running.id if co.running else None,
                 "queued": co.queue.qsize(), "needs_reload": sorted(co.needs_reload), "engines": engines,
                 "syncs": [r.public() for r in co.records[-10:]]}

@@ -103,6 +103,27 @@ class SyncCoordinator:
         self.last_views = views
         return views
 
+    def reload_source(self) -> tuple[str, int] | None:
+        """Where engines that may hold mixed weights reload from: the trainer's newest export named
+        in a sync request, else ``sync.reload_path`` (version 0), else None (a full push)."""
+        if self.reload_hint and self.reload_hint.get("path"):
+            return str(self.reload_hint["path"]), int(self.reload_hint.get("version", 0))
+        if self.cfg.sync.reload_path:
+            return self.cfg.sync.reload_path, 0
+        return None
+
+    def push_wanted(self, views: list[dict[str, Any]]) -> bool:
+        """Live engines wait for the trainer's full weights to serve again: marked for reload with
+        nothing to reload from, or quarantined here while serving another version. The trainer,
+        idle because no data comes, then publishes at once (``WeightPublisher.push_wanted``)."""
+        if self.running is not None or self.unfinished is not None or not self.queue.empty():
+            return False
+        no_source = self.reload_source() is None
+        return any(v["alive"] and ((v["id"] in self.needs_reload and no_source)
+                                   or (v["rollout_state"] == "quarantined" and (v.get("reason") or "").startswith(AGENT_REASON)
+                                       and v["version"] != self.version))
+                   for v in views)
+
     def _update(self, rec: SyncRecord) -> EngineUpdate:
         g = rec.group
         members = [Member(eid, self.client(eid, g["urls"][eid]), rank_offset=offset) for eid, offset in g["members"].items()]

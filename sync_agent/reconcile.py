@@ -34,14 +34,6 @@ from sync_agent.rollout_admin import RolloutAdminError
 log = logging.getLogger(__name__)
 
 
-def reload_source(co: SyncCoordinator) -> tuple[str, int] | None:
-    if co.reload_hint and co.reload_hint.get("path"):
-        return str(co.reload_hint["path"]), int(co.reload_hint.get("version", 0))
-    if co.cfg.sync.reload_path:
-        return co.cfg.sync.reload_path, 0
-    return None
-
-
 async def reconcile_once(co: SyncCoordinator) -> None:
     if co.running is not None:
         return  # a sync owns the engines right now
@@ -53,7 +45,7 @@ async def reconcile_once(co: SyncCoordinator) -> None:
     except RolloutAdminError as exc:
         log.debug("reconcile: rollout service unreachable: %s", exc)
         return
-    source = reload_source(co)
+    source = co.reload_source()
     for v in views:
         if not v["alive"]:
             continue

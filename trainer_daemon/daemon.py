@@ -3,7 +3,8 @@
 Each iteration rank 0 produces a *command* and broadcasts it to all ranks (msgpack bytes):
 ``train`` with the step batch (the wire bytes of whole groups, in order), ``idle`` when no
 batch arrived within ``IDLE_POLL_S`` (so no rank blocks in a collective for longer than that),
-or ``stop`` (``trainer.total_training_steps`` reached, or SIGTERM/SIGINT). Then, on every rank:
+``push`` (idle, and the sync agent says engines wait for a full push of the weights: every
+engine may be quarantined, so no data would ever come — publish now), or ``stop`` (``trainer.total_training_steps`` reached, or SIGTERM/SIGINT). Then, on every rank:
 
 1. the step (``TrainStep``) — all ranks decode the same batch;
 2. rank 0 commits it: messages resolved and acked, ledger entry, verl's ``fully_async/*``;
@@ -54,7 +55,7 @@ PG_TIMEOUT_SLACK_S = 60.0  # a collective may wait for rank 0 to finish waiting 
 
 
 class Command(msgspec.Struct):
-    kind: str  # "train" | "idle" | "stop"
+    kind: str  # "train" | "idle" | "push" | "stop"
     payloads: list[bytes] = []
     groups: list[list[int]] = []
 
@@ -159,7 +160,7 @@ class TrainerDaemon:
         self._idle_s += now - t0
         self.r0.metrics.live("trainer/waiting_for_data_s", 0.0 if groups else now - self._wait_started)
         if groups is None:
-            return Command("idle")
+            return Command("push") if self.r0.push_wanted() else Command("idle")
         self._wait_started = None
         self._pending = groups
         payloads, index = [], []
@@ -182,6 +183,9 @@ class TrainerDaemon:
             if cmd.kind == "stop":
                 break
             if cmd.kind == "idle":
+                continue
+            if cmd.kind == "push":  # engines wait for the weights; no step to wait for
+                self._publish()
                 continue
             trajs = [decode_trajectory(p) for p in cmd.payloads]
             t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from trainer_daemon.sync import SyncController, build_publisher
 
 log = logging.getLogger(__name__)
 
+PUSH_CHECK_S = 5.0  # an idle trainer asks the sync agent this often whether engines wait for a full push
 IO_TIMEOUT_S = 60.0  # slack on top of an I/O call's own wait: acks, purges, a JetStream API round trip
 CONNECT_TIMEOUT_S = 60.0  # NATS port poll (10 s) + connect + stream setup on a busy machine
 NATS_CLOSE_TIMEOUT_S = 10.0
@@ -44,6 +46,7 @@ class Rank0Services:
         self.lineage = Lineage.from_state(trainer_state.get("version_jumps"))
         self.jumped = False
         """At start the engines were ahead of the restored version: it jumped past them."""
+        self._push_checked = 0.0
         state = ConsumptionState()
         if trainer_state.get("consumption"):
             state.load_state_dict(trainer_state["consumption"])
@@ -73,6 +76,19 @@ class Rank0Services:
             self.sync = SyncController(publisher, self.io, self._base_version, self.lineage)
             self.jumped = self.sync.adopt(self._engines_version())
         self.metrics.live("trainer/weight_version", self.version)
+
+    def push_wanted(self) -> bool:
+        """Engines wait for a full push (bounded; asked at most every ``PUSH_CHECK_S``, never
+        while a sync is in flight)."""
+        now = time.monotonic()
+        if self.sync is None or self.sync.in_flight or now - self._push_checked < PUSH_CHECK_S:
+            return False
+        self._push_checked = now
+        try:
+            return bool(self.io.run(self.sync.publisher.push_wanted(), IO_TIMEOUT_S))
+        except Exception as exc:  # noqa: BLE001 - asked again later
+            log.warning("asking whether engines wait for a push: %s", exc)
+            return False
 
     def _engines_version(self) -> int | None:
         """What the engines serve now (bounded; None when nobody answers)."""

@@ -4,8 +4,9 @@ At the kill the rollout service is paused, the engines are paused and part-way t
 bucketed update (some parameters new, some old, and nothing told them so). The restarted
 agent must reconcile from its state file, the engines' ``/model_info`` and the rollout
 service: roll the sync back, quarantine the possibly-mixed engines, resume the rollout at
-the old version, reload the engines from ``sync.reload_path`` before they serve again, and
-accept the trainer's next sync (in a new group).
+the old version, and bring the engines back: reloaded from ``sync.reload_path`` before they
+serve again; or, with nothing to reload from, by asking the trainer for a full push
+(``/status`` ``push_wanted``) — the run must never sit with every engine out and no way back.
 """
 
 from __future__ import annotations
@@ -124,6 +125,70 @@ async def test_agent_killed_while_loading_rolls_back_and_never_serves_mixed_weig
             agent.stop()
             if restarted is not None:
                 restarted.stop()
+
+
+async def agent_status(agent_url: str) -> dict:
+    async with httpx.AsyncClient(timeout=30) as http:
+        return (await http.get(f"{agent_url}/status", headers=AUTH)).json()
+
+
+async def test_agent_killed_while_loading_with_nothing_to_reload_from_asks_for_a_push(tmp_path, nats_server, engines, monkeypatch):
+    sent = slow_link(monkeypatch, 0.1)
+    urls = [e.url for e in engines]
+    cfg0 = config(tmp_path, nats_server.url, urls, "sync.broadcast_timeout_s=5")
+    async with running_service(cfg0) as (svc, rollout_url):
+        port = free_port()
+        agent_url = f"http://127.0.0.1:{port}"
+        engine_urls = '["' + '","'.join(urls) + '"]'
+        overrides = [f"run.dir={cfg0.run_dir}", f"nats.url={nats_server.url}", f"engines.urls={engine_urls}",
+                     f"security.admin_token={ADMIN}", f"security.sync_token={SYNC_TOKEN}", "rollout.n=2", "actor.ppo_mini_batch_size=2",
+                     "sync.reconcile_interval_s=0.5", "sync.group_init_timeout_s=30", "sync.pause_timeout_s=30",
+                     "sync.broadcast_timeout_s=5", f"sync.rollout_url={rollout_url}"]
+        cfg = config(tmp_path, nats_server.url, urls, f"sync.rollout_url={rollout_url}", "sync.broadcast_timeout_s=5")
+        agent = agent_process(tmp_path, "agent-1", port, overrides)
+        pub = publisher(agent_url, cfg, bucket_bytes=8 * 1024)
+        restarted = None
+        try:
+            await asyncio.to_thread(agent.wait_ready, lambda: http_ok(f"{agent_url}/health"), 60)
+            _, weights1 = perturbed_weights(1)
+            publish = asyncio.create_task(pub.publish(1, weights1))
+            await wait_for(_state_is(agent_url, "loading"), 60, "the agent to start loading", interval_s=0.02)
+            await wait_for(lambda: sent[0] >= KILL_AFTER_BUCKETS, 60, f"{KILL_AFTER_BUCKETS} buckets broadcast")
+            agent.signal(signal.SIGKILL)
+            try:
+                await publish
+            except Exception:  # noqa: BLE001 - the trainer's broadcast breaks when the agent dies
+                pass
+            restarted = agent_process(tmp_path, "agent-2", port, overrides)
+            await asyncio.to_thread(restarted.wait_ready, lambda: http_ok(f"{agent_url}/health"), 60)
+            await wait_for(lambda: _state_is(agent_url, "failed")(), 30, "the recovery")
+            assert not svc.runner.paused, "the rollout is resumed whatever the engines' state"
+            status = await wait_for(lambda: _push_wanted(agent_url), 30, "the agent to ask for the trainer's weights")
+            assert sorted(status["needs_reload"]) == sorted(e["id"] for e in svc.pool.snapshot())
+            assert all(e["state"] == "quarantined" for e in svc.pool.snapshot()), "mixed engines never serve"
+            # the trainer (idle: no engine produces data) publishes as asked
+            decoded = sum(e["tokens_decoded"] for e in svc.pool.snapshot())
+            model2, weights2 = perturbed_weights(2)
+            await pub.publish(1, weights2)
+            done = await wait_for(_state_in(agent_url, ("succeeded", "failed")), 60, "the pushed sync")
+            assert done["state"] == "succeeded", done
+            await wait_for(lambda: all(e["state"] == "healthy" for e in svc.pool.snapshot()), 30, "engines released")
+            await wait_for(lambda: sum(e["tokens_decoded"] for e in svc.pool.snapshot()) > decoded + 50, 60,
+                           "the rollout decoding again")
+            assert (await agent_status(agent_url))["push_wanted"] is False
+            for url in urls:
+                ids, lps, wv = await engine_logprobs(url)
+                assert wv == "1" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
+        finally:
+            await pub.close()
+            agent.stop()
+            if restarted is not None:
+                restarted.stop()
+
+
+async def _push_wanted(agent_url: str) -> dict | None:
+    status = await agent_status(agent_url)
+    return status if status.get("push_wanted") else None
 
 
 def _state_is(agent_url: str, state: str):

@@ -9,6 +9,8 @@ agent pauses (the trainer's tests run none).
   ``/server_info``. ``ignore_next`` makes it accept a sync and fail it at once without touching
   the engines (the trainer's watcher must stop it).
 - ``GET /v1/syncs/{id}`` → ``SyncStatus``.
+- ``GET /status`` → ``{"version", "accepted_version", "push_wanted"}``: the last succeeded and
+  the last accepted version, and ``push_wanted`` (set by a test; cleared by a sync that succeeds).
 
 Runs its own event loop in a daemon thread so synchronous tests can use it.
 """
@@ -39,6 +41,9 @@ class FakeSyncAgent:
         self.bodies: list[dict] = []
         self.syncs: dict[str, SyncStatus] = {}
         self.ignore_next = 0
+        self.push_wanted = False
+        self.version = 0
+        self.accepted_version = 0
         self._group: tuple | None = None
         self._offsets: list[int] = []
         self._world = 0
@@ -62,6 +67,7 @@ class FakeSyncAgent:
         app = web.Application()
         app.router.add_post("/v1/syncs", self._post)
         app.router.add_get("/v1/syncs/{id}", self._get)
+        app.router.add_get("/status", self._status)
         runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port).start()
@@ -87,6 +93,7 @@ class FakeSyncAgent:
         except (ValueError, ValidationError) as exc:
             return web.json_response({"error": f"bad body: {exc}"}, status=400)
         self.bodies.append(body)
+        self.accepted_version = max(self.accepted_version, sync.version)
         sync_id = uuid.uuid4().hex
         join = sync.group.new or sync.group.key != self._group
         if join:
@@ -101,6 +108,12 @@ class FakeSyncAgent:
             asyncio.get_running_loop().create_task(self._run(status, sync, join))
         return web.json_response(SyncAccepted(id=sync_id, state=status.state, world_size=self._world, join_group=join).model_dump(),
                                  status=202)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return web.json_response({"version": self.version, "accepted_version": self.accepted_version,
+                                  "push_wanted": self.push_wanted})
 
     async def _get(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -126,6 +139,7 @@ class FakeSyncAgent:
                 await update.end()
                 await update.flush()
                 status.state = "succeeded"
+                self.version, self.push_wanted = sync.version, False
             except Exception as exc:  # noqa: BLE001 - reported through GET
                 self._group = None
                 status.state, status.error = "failed", f"{type(exc).__name__}: {exc}"

@@ -216,3 +216,24 @@ def test_export_loads_into_an_engine_from_disk(direct_run, agent_run, engine_url
     view = engine_view(engine_url)
     assert view["version"] == "disk"
     assert max_logprob_gap(load_model(str(export)), view["samples"]) < TOL
+
+
+def test_an_idle_trainer_publishes_when_the_agent_asks_for_a_push(module_nats, engine_url, tmp_path, agent_run):
+    """Every engine out (quarantined, nothing to reload from): no data comes, so the trainer
+    would never reach a sync point. It publishes from idle when the agent says so (runs after
+    the agent run: it rewrites the engine)."""
+    run_dir = tmp_path / "push" / "run"
+    with FakeSyncAgent([engine_url], TOKEN) as agent:
+        overrides = [*base_overrides(run_dir, module_nats.url, "push"), f"sync.url={agent.url}",
+                     f"security.sync_token={TOKEN}", "trainer.total_training_steps=1"]
+        proc = start_trainer(run_dir, overrides, name="trainer-push")
+        try:
+            wait_for_sync(lambda: metrics_endpoint(run_dir), READY_S, "the trainer to start", procs=[proc])
+            assert agent.bodies == [], "nothing to publish while no step ran and nobody asked"
+            agent.push_wanted = True
+            wait_for_sync(lambda: any(s.state == "succeeded" for s in agent.syncs.values()), SYNC_S,
+                          "a sync pushed from idle", procs=[proc])
+            assert [b["version"] for b in agent.bodies] == [1] and agent.version == 1  # the fresh trainer's weights
+            assert not metrics_lines(run_dir), "no training step happened"
+        finally:
+            proc.stop()

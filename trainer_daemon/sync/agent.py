@@ -134,18 +134,26 @@ class SyncAgentPublisher(WeightPublisher):
                                   f"{'forms' if request.group.new else 'already formed'}")
         return accepted
 
-    async def current_version(self) -> int | None:
-        """The agent's version (what the engines serve, or a sync it accepted); None if unreachable."""
+    async def _agent_status(self) -> dict | None:
         try:
             async with self._http().get(f"{self.url}/status", headers=self._headers(),
                                         timeout=aiohttp.ClientTimeout(total=SYNC_REQUEST_TIMEOUT_S)) as resp:
                 body = await resp.json(content_type=None) if resp.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("asking the sync agent for its version: %s", exc)
+            log.warning("asking the sync agent for its status: %s", exc)
             return None
-        if not isinstance(body, dict):
+        return body if isinstance(body, dict) else None
+
+    async def current_version(self) -> int | None:
+        """The agent's version (what the engines serve, or a sync it accepted); None if unreachable."""
+        body = await self._agent_status()
+        if body is None:
             return None
         return max(int(body.get("version") or 0), int(body.get("accepted_version") or 0))
+
+    async def push_wanted(self) -> bool:
+        body = await self._agent_status()
+        return bool(body and body.get("push_wanted"))
 
     async def _status(self, sync_id: str) -> SyncStatus | None:
         try:

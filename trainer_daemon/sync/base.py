@@ -66,6 +66,12 @@ class WeightPublisher(ABC):
         when it cannot be asked. A restored trainer moves past it (trainer_daemon.lineage)."""
         return None
 
+    async def push_wanted(self) -> bool:
+        """True when engines wait for a full push of the trainer's weights to serve again (the
+        sync agent quarantined them and has nothing to reload them from). An idle trainer then
+        publishes without waiting for its next step: with every engine out, no data would come."""
+        return False
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release groups and connections (idempotent)."""
 
