@@ -121,7 +121,8 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
         try:
             _, weights1 = perturbed_weights(1)
             publish = asyncio.create_task(pub.publish(1, weights1))
-            await wait_for(lambda: agent.coordinator.running is not None and agent.coordinator.running.state == "loading", 60, "loading")
+            await wait_for(lambda: agent.coordinator.running is not None and agent.coordinator.running.bytes > 0, 60,
+                           "both engines loading, a bucket applied")
             engine_b.proc.kill()
             try:
                 await publish
@@ -131,15 +132,23 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
             await wait_for(lambda: rec.done, 60, "the failed sync to finish")
             assert rec.state == "failed"
             states = {e["id"]: e["state"] for e in svc.pool.snapshot()}
+            a_id = next(e["id"] for e in svc.pool.snapshot() if e["url"] == url_a)
             b_id = next(e["id"] for e in svc.pool.snapshot() if e["url"] == url_b)
             assert states[b_id] == "quarantined"
+            # the survivor applied some buckets and not the rest: mixed, out before the rollout resumed,
+            # whatever it says about itself (it still reports the old version)
+            assert rec.engines[a_id] == "mixed" and states[a_id] == "quarantined" and a_id in agent.coordinator.needs_reload
+            decoded_a = svc.pool.engines[a_id].tokens_decoded
             assert not svc.runner.paused
+            seen = rounds[0]
+            await wait_for(lambda: rounds[0] >= seen + 2, 30, "two reconcile rounds with the engines out")
+            assert svc.pool.engines[a_id].tokens_decoded == decoded_a and svc.pool.engines[a_id].state == "quarantined", \
+                "nothing routed to the mixed engine"
             # the others carry on: the next sync forms a new group with the live engine
             model2, weights2 = perturbed_weights(2)
             await pub.publish(2, weights2)
             await wait_for(lambda: agent.coordinator.records[-1].done, 60, "sync 2")
             assert agent.coordinator.records[-1].state == "succeeded", agent.coordinator.records[-1].error
-            a_id = next(e["id"] for e in svc.pool.snapshot() if e["url"] == url_a)
             await wait_for(lambda: svc.pool.engines[a_id].state == "healthy", 30, "engine A back in rotation")
             ids, lps, wv = await engine_logprobs(url_a)
             assert wv == "2" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
