@@ -10,6 +10,7 @@ Subcommands import their component lazily, so ``asyncrl config show`` never impo
     asyncrl sync-agent [FILE] [k=v ...] [--insecure-dev]  run the sync agent
     asyncrl up [FILE] [k=v ...] [--max-minutes M]         the whole loop (no FILE: the built-in demo)
     asyncrl demo-stack [FILE] [k=v ...]                   start NATS + an engine and show them working
+    asyncrl audit RUN_DIR [--nats URL] [--json]           reconcile the stream with the trainer's ledger
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def _cmd_sync_agent(argv: Sequence[str]) -> int:
     return sync_main(argv)
 
 
+def _cmd_audit(argv: Sequence[str]) -> int:
+    from trainer_daemon.audit import main as audit_main
+
+    return audit_main(argv)
+
+
 def _cmd_up(argv: Sequence[str]) -> int:
     from asyncrl.up.main import main as up_main
 
@@ -74,6 +81,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "rollout": (_cmd_rollout, "run the rollout service (agents, publisher, admin API)"),
     "trainer": (_cmd_trainer, "run the trainer daemon under torchrun (FSDP2, JetStream consumer, weight sync)"),
     "sync-agent": (_cmd_sync_agent, "run the sync agent (pause → broadcast → resume)"),
+    "audit": (_cmd_audit, "reconcile the trajectory stream with the trainer's ledger: lost or trained twice?"),
     "up": (_cmd_up, "run the whole loop: NATS, engines, rollout, sync agent, trainer (no config: the demo)"),
     "demo-stack": (_cmd_demo_stack, "start embedded NATS and a local engine, and show them working"),
 }

@@ -13,7 +13,10 @@ completed (a crash in between) are not on any lineage and are ignored; a later t
 reaches the same step overwrites them.
 
 Entry shape: ``{"step": int, "version": int, "trained": [id], "dropped": [id],
-"duplicate": [id], "poison": [seq]}`` (empty lists omitted).
+"duplicate": [id], "poison": [seq], "dlq": [seq], "seqs": {"trained": [seq], "dropped": [seq],
+"duplicate": [seq]}}`` (empty lists omitted; ``seqs`` gives the stream sequence of each id, in
+the same order; ``dlq``: the sequences of the dead-letter copies the trainer published). With
+the stream, this is what ``asyncrl audit RUN_DIR`` reconciles (``trainer_daemon/audit.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any
 from asyncrl.files import atomic_write
 
 LEDGER_DIR = "ledger"
-KINDS = ("trained", "dropped", "duplicate", "poison")
+KINDS = ("trained", "dropped", "duplicate", "poison", "dlq")
+ID_KINDS = ("trained", "dropped", "duplicate")  # recorded as ids, with their sequences in "seqs"
 
 
 def segment_path(root: Path, step: int) -> Path:
@@ -39,17 +43,27 @@ class Ledger:
         self.parent = parent
         self.entries: list[dict[str, Any]] = []
         self._loose: dict[str, list] = {k: [] for k in KINDS}
+        self._loose_seqs: dict[str, list[int]] = {k: [] for k in ID_KINDS}
 
-    def note(self, kind: str, value: str | int) -> None:
-        """A message resolved outside a step (dropped, duplicate, poison) before the next commit."""
+    def note(self, kind: str, value: str | int, seq: int | None = None) -> None:
+        """A message resolved outside a step (dropped, duplicate: an id and its ``seq``; poison,
+        dlq: a sequence) before the next commit."""
         self._loose[kind].append(value)
+        if kind in ID_KINDS:
+            self._loose_seqs[kind].append(-1 if seq is None else int(seq))
 
-    def commit(self, step: int, version: int, trained: list[str]) -> None:
+    def commit(self, step: int, version: int, trained: list[str], trained_seqs: list[int] | None = None) -> None:
         """The entry of committed step ``step`` (takes the loose notes with it)."""
         entry: dict[str, Any] = {"step": step, "version": version, "trained": list(trained)}
         entry.update({k: v for k, v in self._loose.items() if v and k != "trained"})
+        seqs = {k: v for k, v in self._loose_seqs.items() if v and k != "trained"}
+        if trained:
+            seqs["trained"] = list(trained_seqs) if trained_seqs is not None else [-1] * len(trained)
+        if seqs:
+            entry["seqs"] = seqs
         self.entries.append(entry)
         self._loose = {k: [] for k in KINDS}
+        self._loose_seqs = {k: [] for k in ID_KINDS}
 
     def snapshot(self, step: int, version: int) -> dict[str, Any]:
         """The segment of a checkpoint at ``step``; starts a new segment whose parent is ``step``."""

@@ -34,6 +34,7 @@ from tests.trainer.helpers import (
     start_trainer,
     wait_exit,
 )
+from trainer_daemon.audit import audit_run
 from trainer_daemon.checkpoint import complete_checkpoints, read_state
 from trainer_daemon.ledger import read_lineage
 
@@ -172,3 +173,8 @@ def test_sigkill_at_random_points_trains_every_trajectory_exactly_once(module_na
     assert counters["trained"] == len(trajs) and counters["poison"] == 2 and counters["duplicate"] == 1
     remaining = asyncio.run(_stream_counts(module_nats.url, cfg))
     assert remaining < len(trajs) + 1, "the stream was never purged below the checkpoint cursor"
+    # the operator's check (asyncrl audit): every stream sequence accounted for, nothing twice
+    audit = asyncio.run(audit_run(run_dir, module_nats.url, "chaos"))
+    assert audit.ok and (audit.lost, audit.twice, audit.pending) == (0, 0, 0), audit
+    assert (audit.trained, audit.poison, audit.duplicate, audit.dlq) == (len(trajs), 2, 1, 2), audit
+    assert audit.published == len(trajs) + 3

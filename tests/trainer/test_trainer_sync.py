@@ -43,6 +43,7 @@ from tests.trainer.helpers import (
     start_trainer,
     wait_exit,
 )
+from trainer_daemon.audit import audit_run
 from trainer_daemon.checkpoint import read_state
 from trainer_daemon.ledger import read_lineage
 from trainer_daemon.rank0 import metrics_endpoint
@@ -139,6 +140,12 @@ def test_poison_is_terminated_counted_and_dead_lettered(direct_run):
     reasons = " ".join(m.headers["Asyncrl-Reason"] for m in dlq)
     assert "not a trajectory message" in reasons and "asyncrl.trajectory/9" in reasons and SCHEMA_TAG in reasons
     assert "poison message at stream sequence" in direct_run["log"]
+
+
+def test_audit_reconciles_the_stream_with_the_ledger(direct_run, module_nats):
+    audit = asyncio.run(audit_run(direct_run["run_dir"], module_nats.url, "direct"))
+    assert audit.ok and (audit.lost, audit.twice, audit.pending) == (0, 0, 0), audit
+    assert (audit.trained, audit.dropped, audit.poison, audit.dlq, audit.published) == (2 * N, N, 2, 2, 3 * N + 2), audit
 
 
 def test_weight_group_store_listens_on_loopback(direct_run):

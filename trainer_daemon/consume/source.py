@@ -133,7 +133,8 @@ class TrajectorySource:
         headers = {"Nats-Msg-Id": f"dlq-{seq}", "Asyncrl-Reason": reason[:DLQ_REASON_MAX].replace("\n", " "),
                    "Asyncrl-Stream-Seq": str(seq)}
         try:
-            await self._js.publish(self.names.dead_letters, msg.data, headers=headers, timeout=NATS_OP_TIMEOUT_S)
+            ack = await self._js.publish(self.names.dead_letters, msg.data, headers=headers, timeout=NATS_OP_TIMEOUT_S)
+            self.ledger.note("dlq", int(ack.seq))
         except Exception as exc:  # noqa: BLE001 - counted and logged either way
             log.error("copying sequence %d to %s failed: %s", seq, self.names.dead_letters, exc)
         self.state.resolve([(seq, "poison", "")])
@@ -161,7 +162,7 @@ class TrajectorySource:
                 await _quiet_ack(msg)
                 self.state.resolve([(seq, "duplicate", traj.id)])
                 self.state.count("duplicate")
-                self.ledger.note("duplicate", traj.id)
+                self.ledger.note("duplicate", traj.id, seq)
                 continue
             self.state.hold(seq)
             self._msgs[seq] = msg
@@ -199,7 +200,7 @@ class TrajectorySource:
         self.state.count("dropped", len(group.dropped))
         self.state.count("incomplete_groups", int(group.incomplete))
         for h in group.dropped:
-            self.ledger.note("dropped", h.traj.id)
+            self.ledger.note("dropped", h.traj.id, h.seq)
         msgs = []
         for h in group.kept + group.dropped:
             self._held_ids.discard(h.traj.id)
@@ -215,7 +216,7 @@ class TrajectorySource:
             msgs.extend(self._resolve_group(g))
         trained = [h for g in groups for h in g.kept]
         self.state.count("trained", len(trained))
-        self.ledger.commit(step, version, [h.traj.id for h in trained])
+        self.ledger.commit(step, version, [h.traj.id for h in trained], [h.seq for h in trained])
         c = self.state.counters
         metrics = batch_version_metrics([h.traj for h in trained], version, prev_stale_samples=c["stale_samples"],
                                         prev_stale_trajectories=c["stale_trajectories"], effective=self.effective)

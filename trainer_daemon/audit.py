@@ -1,0 +1,177 @@
+"""``asyncrl audit RUN_DIR``: reconcile the trajectory stream against the trainer's ledger (I1).
+
+    asyncrl audit runs/demo [--nats nats://127.0.0.1:4222] [--run-id demo] [--json]
+
+Reads the lineage of the newest complete checkpoint (``trainer_daemon.ledger``: per step, the
+ids and stream sequences trained, dropped as stale, skipped as duplicates, terminated as poison,
+and the sequences of the dead-letter copies) and every message still in the run's stream, then
+classifies every stream sequence from 1 to the last:
+
+- ``trained`` / ``dropped`` / ``duplicate`` / ``poison``: accounted for by the ledger;
+- ``dlq``: a dead-letter copy the trainer published (ledger, or the dead-letter subject);
+- ``pending``: still in the stream, not yet accounted for along the checkpoint lineage (trained
+  after the last checkpoint, or not yet consumed);
+- ``lost``: gone from the stream (purged or expired) without being accounted for — a violation;
+- ``twice``: trajectory ids trained more than once along the lineage — a violation.
+
+``published`` = every sequence that is not a dead-letter copy. The exit status is 1 when anything
+is lost or trained twice, else 0. NATS: ``--nats``, else the run's ``nats.url``, else its running
+embedded server, else an embedded server started on the run's store for the audit.
+
+Not covered: ledgers written before stream sequences were recorded (their ids are counted, but
+their sequences cannot be matched: they show as lost unless still in the stream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer_daemon.checkpoint import complete_checkpoints
+from trainer_daemon.ledger import ID_KINDS, read_lineage
+
+SHOW = 10  # ids/sequences listed per violation
+
+
+@dataclass
+class Audit:
+    published: int = 0
+    trained: int = 0
+    dropped: int = 0
+    duplicate: int = 0
+    poison: int = 0
+    dlq: int = 0
+    pending: int = 0
+    lost: int = 0
+    twice: int = 0
+    checkpoint_step: int | None = None
+    lost_seqs: list[int] = field(default_factory=list)
+    twice_ids: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.twice == 0
+
+
+def ledger_accounts(entries: list[dict[str, Any]]) -> tuple[dict[int, str], Counter]:
+    """Sequence → kind, and how often each id was trained, along the lineage."""
+    kinds: dict[int, str] = {}
+    trained_ids: Counter = Counter()
+    for e in entries:
+        trained_ids.update(e.get("trained", []))
+        for kind in ID_KINDS:
+            for seq in e.get("seqs", {}).get(kind, []):
+                if seq >= 0:
+                    kinds[int(seq)] = kind
+        for kind in ("poison", "dlq"):
+            for seq in e.get(kind, []):
+                kinds[int(seq)] = kind
+    return kinds, trained_ids
+
+
+def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: int, dlq_subject: str) -> Audit:
+    """The audit of a lineage's ``entries`` against ``stream`` (sequence → subject of every
+    message still stored) up to ``last_seq`` (module docstring)."""
+    kinds, trained_ids = ledger_accounts(entries)
+    out = Audit()
+    for seq in range(1, last_seq + 1):
+        kind = kinds.get(seq) or ("dlq" if stream.get(seq) == dlq_subject else None)
+        if kind is None:
+            kind = "pending" if seq in stream else "lost"
+            if kind == "lost" and len(out.lost_seqs) < SHOW:
+                out.lost_seqs.append(seq)
+        setattr(out, kind, getattr(out, kind) + 1)
+    out.published = last_seq - out.dlq
+    twice = [i for i, n in trained_ids.items() if n > 1]
+    out.twice, out.twice_ids = len(twice), sorted(twice)[:SHOW]
+    return out
+
+
+async def read_stream(url: str, stream: str, user: str | None = None, password: str | None = None) -> tuple[dict[int, str], int]:
+    """Subject of every stored message, and the stream's last sequence."""
+    from nats.js.errors import NotFoundError
+
+    from asyncrl.jetstream import connect
+
+    nc = await connect(url, "asyncrl-audit", user=user, password=password, persistent=False)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        first, last = int(info.state.first_seq), int(info.state.last_seq)
+        out: dict[int, str] = {}
+        for seq in range(max(first, 1), last + 1):
+            try:
+                msg = await js.get_msg(stream, seq)
+            except NotFoundError:
+                continue  # deleted inside the range
+            out[seq] = msg.subject
+        return out, last
+    finally:
+        await nc.close()
+
+
+def _run_config(run_dir: Path, run_id: str | None):
+    from asyncrl.config import load_config
+
+    files = [p for p in (run_dir / "config.yaml", run_dir / "config.json") if p.is_file()]
+    overrides = [f"run.dir={run_dir}"] + ([f"run.id={run_id}"] if run_id else [])
+    return load_config(files[0] if files else None, overrides=overrides, environ={})
+
+
+async def audit_run(run_dir: Path, nats_url: str | None, run_id: str | None) -> Audit:
+    from asyncrl.jetstream import EmbeddedNats, resolve_nats_url
+    from asyncrl.wire import NatsNames
+
+    cfg = _run_config(run_dir, run_id)
+    names = NatsNames(cfg.run.id)
+    found = complete_checkpoints(run_dir / "checkpoints")
+    step = found[-1][0] if found else None
+    entries = read_lineage(run_dir / "checkpoints", step) if step is not None else []
+    server = None
+    try:
+        url = nats_url or resolve_nats_url(cfg.nats.url, run_dir)
+    except LookupError:
+        server = EmbeddedNats(run_dir)
+        server.start()
+        url = server.url
+    from asyncrl.config import secret
+
+    try:
+        stream, last = await read_stream(url, names.stream, cfg.nats.user, secret(cfg.security.nats_password))
+    finally:
+        if server is not None:
+            server.stop()
+    out = reconcile(entries, stream, last, names.dead_letters)
+    out.checkpoint_step = step
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="asyncrl audit", description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--nats", default=None, help="NATS URL (default: the run's)")
+    p.add_argument("--run-id", default=None, help="run id (default: the run's config)")
+    p.add_argument("--json", action="store_true", help="print the audit as JSON")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.run_dir.is_dir():
+        print(f"asyncrl audit: {args.run_dir} is not a directory", file=sys.stderr)
+        return 2
+    result = asyncio.run(audit_run(args.run_dir, args.nats, args.run_id))
+    if args.json:
+        print(json.dumps(asdict(result) | {"ok": result.ok}))
+    else:
+        print(f"checkpoint lineage: step {result.checkpoint_step}")
+        for key in ("published", "trained", "dropped", "duplicate", "poison", "dlq", "pending", "lost", "twice"):
+            print(f"  {key:<10} {getattr(result, key)}")
+        if result.lost_seqs:
+            print(f"  lost sequences (first {SHOW}): {result.lost_seqs}")
+        if result.twice_ids:
+            print(f"  trained twice (first {SHOW}): {result.twice_ids}")
+        print("OK" if result.ok else "VIOLATION: trajectories lost or trained twice")
+    return 0 if result.ok else 1
