@@ -305,6 +305,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.environ.get("OUT") or "bench-out", help="where gpu.json goes")
     p.add_argument("--model-dir", default=None, help="converted SmolLM2-135M safetensors directory")
+    p.add_argument("--random-weights", action="store_true",
+                   help="--model-dir holds config.json and tokenizer files only: initialise the weights at random (seed 0)")
     p.add_argument("--phases", default="engine,trainer,up")
     p.add_argument("--gpu-tokens", type=int, default=256, help="new tokens per request on CUDA")
     p.add_argument("--cpu-tokens", type=int, default=64, help="new tokens per request on the CPU baseline")
@@ -328,8 +330,41 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def find_model_dir(given: str | None) -> tuple[Path | None, str]:
+def random_weights_dir(config_dir: Path, work: Path) -> Path:
+    """A safetensors copy of ``config_dir``'s architecture with random weights (seed 0), tokenizer files copied.
+
+    For a machine that cannot receive the real weights (the GPU machine takes 64 MiB per call;
+    SmolLM2-135M is 270 MB in bf16). The speed figures do not depend on the weights' values:
+    every request decodes exactly N tokens (``ignore_eos``) and a training step's work is set
+    by the token counts. The ``up`` phase's rewards would, but it uses builtin:tiny-arith.
+    """
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = work / f"{config_dir.name}-random"
+    if (out / "COMPLETE").is_file():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=torch.float32)
+    model.save_pretrained(out)
+    for f in config_dir.iterdir():
+        if f.is_file() and f.name != "config.json" and not f.name.endswith(".safetensors"):
+            shutil.copy2(f, out / f.name)
+    (out / "COMPLETE").write_text("random weights, seed 0\n")
+    return out
+
+
+def find_model_dir(given: str | None, random_weights: bool = False, work: Path | None = None) -> tuple[Path | None, str]:
     """The model directory and "" if usable, else (None, why)."""
+    if given and random_weights:
+        path = Path(given).expanduser()
+        if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
+            return None, f"--model-dir {given} holds no config.json and tokenizer.json (needed with --random-weights)"
+        return random_weights_dir(path.resolve(), work or ROOT / "runs" / "bench-gpu"), ""
     if given:
         path = Path(given).expanduser()
         if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
@@ -381,19 +416,20 @@ def main(argv=None) -> int:
     if unknown:
         print(f"bench/gpu.py: unknown phase(s) {', '.join(unknown)}; choose from engine, trainer, up", file=sys.stderr)
         return 2
-    model_dir, why = find_model_dir(args.model_dir)
+    work = Path(args.work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir, why = find_model_dir(args.model_dir, args.random_weights, work)
     if model_dir is None:
         print(f"bench/gpu.py: {why}", file=sys.stderr)
         return 2
     command = shlex.join(["python", "bench/gpu.py", *(sys.argv[1:] if argv is None else argv)])
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (plumbing check, --device cpu)"
-    print(f"$ {command}\nGPU: {name} (torch {torch.__version__}, CUDA {torch.version.cuda}); model {model_dir}", flush=True)
-    work = Path(args.work_dir).resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    print(f"$ {command}\nGPU: {name} (torch {torch.__version__}, CUDA {torch.version.cuda}); model {model_dir}"
+          f"{' (random weights)' if args.random_weights else ''}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"command": command, "gpu": name, "device": args.device, "torch": torch.__version__, "cuda": torch.version.cuda,
-                     "model_dir": str(model_dir), "peaks_tflops": {k: v for k, _, v in PEAKS}, "total_s": 0.0}
+                     "model_dir": str(model_dir), "random_weights": args.random_weights, "peaks_tflops": {k: v for k, _, v in PEAKS}, "total_s": 0.0}
     started = time.monotonic()
     runners = {"engine": lambda: asyncio.run(engine_phase(args, model_dir, work)),
                "trainer": lambda: trainer_phase(args, model_dir, work, name),
