@@ -57,8 +57,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# Every phase runs in a child process and is bounded. In brackets: estimated times on one H100 (not measured
-# yet), about 6 minutes in all; the limits are what a stuck phase may cost at worst.
+# Every phase runs in a child process and is bounded. In brackets: times on one H100 (estimates; measured
+# 2026-11-22: engine + trainer 142 s, up 98 s); the limits are what a stuck phase may cost at worst.
 ENGINE_START_TIMEOUT_S = 180.0  # import torch + transformers, CUDA context, 135M weights from a local dir [~20 s]
 MEASURE_TIMEOUT_S = 180.0  # one concurrency level, warm-up + rounds; the CPU baseline at 32 x 64 tokens is slowest [~30 s]
 TRAINER_TIMEOUT_S = 300.0  # the trainer child: CUDA + NCCL init, load, warm-up + timed steps of both loops [~60 s]
@@ -138,7 +138,8 @@ def trainer_phase(args, model_dir: Path, work: Path, device_name: str) -> dict:
     out.unlink(missing_ok=True)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "trainer", "--child-out", str(out),
            "--model-dir", str(model_dir), "--device", args.device, "--batch", str(args.batch), "--prompt", str(args.prompt),
-           "--response", str(args.response), "--micro", str(args.micro), "--steps", str(args.steps)]
+           "--response", str(args.response), "--micro", str(args.micro), "--steps", str(args.steps),
+           *(["--cudnn-attention"] if args.cudnn_attention else [])]
     child = ChildProcess("trainer", cmd, work / "trainer.log", cwd=ROOT).start()
     code = wait_child(child, TRAINER_TIMEOUT_S, "the trainer phase")
     if code != 0 or not out.is_file():
@@ -195,6 +196,7 @@ def trainer_child(args) -> int:
     import torch
 
     from asyncrl.config import load_config
+    from asyncrl.models.cuda_attention import avoid_cudnn_attention
     from bench.trainer import make_batch
     from trainer_daemon.distributed import init_distributed
     from trainer_daemon.model import build_optimizer, build_policy, build_scheduler
@@ -202,6 +204,8 @@ def trainer_child(args) -> int:
 
     ctx = init_distributed(args.device)
     dev = ctx.device
+    if not args.cudnn_attention:
+        avoid_cudnn_attention(dev)  # what the daemon does; both loops below run with it
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -323,6 +327,8 @@ def parse_args(argv):
     p.add_argument("--up-steps", type=int, default=8)
     p.add_argument("--up-minutes", type=float, default=3.0, help="asyncrl up --max-minutes")
     p.add_argument("--work-dir", default=str(ROOT / "runs" / "bench-gpu"), help="run directories and logs")
+    p.add_argument("--cudnn-attention", action="store_true",
+                   help="trainer phase: keep the cuDNN SDPA backend on (the daemon turns it off) to measure its cost")
     p.add_argument("--child", choices=["trainer"], help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",

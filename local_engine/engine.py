@@ -93,9 +93,11 @@ class Engine:
         """Load the model on ``settings.device`` (checked first: ``cuda`` without a usable GPU
         raises ValueError naming the device, before anything is loaded)."""
         from asyncrl.models import load_config, load_model, load_tokenizer
+        from asyncrl.models.cuda_attention import avoid_cudnn_attention
         from local_engine.runner import resolve_device
 
         device = resolve_device(settings.device)
+        avoid_cudnn_attention(device)
         config = load_config(settings.model)
         model = load_model(settings.model, dtype=settings.dtype, seed=settings.seed, device=str(device))
         tokenizer = load_tokenizer(settings.model)

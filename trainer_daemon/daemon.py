@@ -33,6 +33,7 @@ import msgspec
 import torch
 
 from asyncrl.models import load_tokenizer
+from asyncrl.models.cuda_attention import avoid_cudnn_attention
 from asyncrl.wire import decode_trajectory
 from trainer_daemon.algo import max_version_lag
 from trainer_daemon.checkpoint import CheckpointManager
@@ -89,6 +90,7 @@ class TrainerDaemon:
     def setup(self) -> None:
         cfg, t = self.cfg, self.cfg.trainer
         self.ctx = init_distributed(t.device, max(PROCESS_GROUP_TIMEOUT_S, self._sync_wait_s() + PG_TIMEOUT_SLACK_S))
+        avoid_cudnn_attention(self.ctx.device)
         torch.manual_seed(cfg.model.seed)
         tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
