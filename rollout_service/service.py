@@ -22,6 +22,7 @@ import orjson
 from asyncrl.config import RunConfig, secret
 from asyncrl.jetstream import connect, ensure_kv, ensure_stream, resolve_nats_url
 from asyncrl.models import load_tokenizer
+from asyncrl.progress import ProgressWindow
 from asyncrl.wire import NatsNames
 from asyncrl.wire.sync import weight_version_number
 from rollout_service.agent.chat import ChatTokenizer
@@ -85,6 +86,8 @@ class RolloutService:
                                admin_api_key=secret(cfg.engines.admin_api_key),
                                request_timeout_s=cfg.engines.request_timeout_s, control_timeout_s=cfg.engines.control_timeout_s,
                                paused=lambda: self.runner is not None and self.runner.paused)
+        self.progress = ProgressWindow(cfg.run.progress_window_s)
+        """Counters sampled for the ``health`` block of ``/admin/status`` (:mod:`rollout_service.api.run_health`)."""
         self._stop = asyncio.Event()
         self._loops: list[asyncio.Task] = []
         self.math_reward: MathReward | None = None
@@ -167,6 +170,16 @@ class RolloutService:
             except TimeoutError:
                 pass
 
+    async def _progress_loop(self) -> None:
+        from rollout_service.api.run_health import progress_counters
+
+        while not self._stop.is_set():
+            self.progress.observe(progress_counters(self.runner.snapshot()))
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.progress.interval_s)
+            except TimeoutError:
+                pass
+
     def _deps(self, runner: Runner) -> AgentDeps:
         cfg = self.cfg
 
@@ -214,6 +227,7 @@ class RolloutService:
         self._loops.append(asyncio.create_task(self._expiry_loop(), name="session-expiry"))
         self._loops.append(asyncio.create_task(self.pool.health_loop(self._stop), name=HEALTH_LOOP_NAME))
         self._loops.append(asyncio.create_task(self._metrics_loop(), name="metrics"))
+        self._loops.append(asyncio.create_task(self._progress_loop(), name="progress"))
 
     async def close(self) -> None:
         self._stop.set()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 from asyncrl.config import secret
+from asyncrl.progress import ProgressWindow
 from sync_agent.coordinator import SyncCoordinator
 from sync_agent.reconcile import reconcile_loop, recover
 from sync_agent.records import StateFile
@@ -27,6 +29,9 @@ class SyncAgent:
         self.cfg = cfg
         self.rollout = RolloutAdmin(rollout_url(cfg), secret(cfg.security.admin_token), timeout_s=cfg.sync.engine_timeout_s)
         self.coordinator = SyncCoordinator(cfg, StateFile(Path(cfg.run_dir) / "sync" / "state.json"), self.rollout)
+        self.progress = ProgressWindow(cfg.run.progress_window_s)
+        """The tally's counters sampled for the ``health`` block of ``/status`` (:mod:`sync_agent.health`)."""
+        self.started_at = time.time()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -38,7 +43,16 @@ class SyncAgent:
         except Exception:  # noqa: BLE001 - recovery is retried by the reconcile loop's rules
             log.exception("recovery at start failed")
         self._tasks = [asyncio.create_task(self.coordinator.run(self._stop), name="syncs"),
-                       asyncio.create_task(reconcile_loop(self.coordinator, self._stop), name="reconcile")]
+                       asyncio.create_task(reconcile_loop(self.coordinator, self._stop), name="reconcile"),
+                       asyncio.create_task(self._progress_loop(), name="progress")]
+
+    async def _progress_loop(self) -> None:
+        while not self._stop.is_set():
+            self.progress.observe(self.coordinator.tally.counters())
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.progress.interval_s)
+            except TimeoutError:
+                pass
 
     async def close(self) -> None:
         self._stop.set()

@@ -16,6 +16,7 @@ and ``/metrics``).
 from __future__ import annotations
 
 import hmac
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -26,6 +27,7 @@ from asyncrl.config import secret
 from asyncrl.http.errors import ApiError, BodySizeLimit, install_error_handlers
 from asyncrl.wire.sync import SyncAccepted, SyncRequest
 from sync_agent.coordinator import SyncConflict
+from sync_agent.health import agent_health
 from sync_agent.metrics import SyncCollector
 from sync_agent.rollout_admin import RolloutAdminError
 
@@ -66,6 +68,7 @@ def create_app(agent) -> FastAPI:
         try:
             rec, world = await co.submit(body)
         except SyncConflict as exc:
+            co.tally.refuse(exc.code, exc.message)
             raise ApiError(exc.status, exc.message, param=exc.code, reason=exc.code, **exc.extra) from None
         except RolloutAdminError as exc:
             raise ApiError(503, f"the rollout service is unreachable: {exc}") from None
@@ -84,13 +87,16 @@ def create_app(agent) -> FastAPI:
 
     @router.get("/status")
     async def status():
+        unreachable = None
         try:
             engines = await co.engine_views()
             push = co.push_wanted(engines)
         except RolloutAdminError as exc:
-            engines, push = [{"error": str(exc)}], False
+            engines, push, unreachable = [{"error": str(exc)}], False, str(exc)
+        health = agent_health(co, [] if unreachable else engines, push, agent.progress, time.time() - agent.started_at,
+                              rollout_error=unreachable)
         return {"version": co.version, "accepted_version": co.accepted_version, "pause_mode": co.pause_mode,
-                "push_wanted": push,
+                "push_wanted": push, "health": health,
                 "group": None if co.group is None else {**co.group.__dict__}, "running": co.running.id if co.running else None,
                 "queued": co.queue.qsize(), "needs_reload": sorted(co.needs_reload), "engines": engines,
                 "syncs": [r.public() for r in co.records[-10:]]}

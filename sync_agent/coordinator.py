@@ -40,7 +40,8 @@ from asyncrl.engine_client.errors import EngineError
 from asyncrl.weight_sync.engine_update import EngineUpdate, Member
 from asyncrl.weight_sync.layout import LayoutError, check_nccl
 from asyncrl.wire.sync import BucketSpec, SyncRequest, weight_version_number
-from sync_agent.records import AgentState, GroupInfo, StateFile, SyncRecord
+from sync_agent.health import SyncTally
+from sync_agent.records import KEEP_RECORDS, AgentState, GroupInfo, StateFile, SyncRecord
 from sync_agent.rollout_admin import RolloutAdmin, RolloutAdminError
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class SyncCoordinator:
         self.unfinished: SyncRecord | None = next((r for r in reversed(self.records) if not r.done), None)
         """A sync the previous agent process left unfinished; new syncs wait until it is recovered."""
         self.pause_mode = "partial" if cfg.async_training.partial_rollout_active else "drain"
+        self.tally = SyncTally()
+        """Outcomes since this process started (the records are bounded; these counts are not)."""
 
     # -- engines -------------------------------------------------------------------------
     def client(self, engine_id: str, url: str) -> EngineClient:
@@ -181,6 +184,7 @@ class SyncCoordinator:
                          reload=request.reload.model_dump() if request.reload else None, join_group=join)
         self.accepted_version = max(self.accepted_version, version)
         self.records.append(rec)
+        del self.records[:-KEEP_RECORDS]  # bounded: the state file keeps as many
         self.persist()
         await self.queue.put(rec)
         return rec, world
@@ -206,6 +210,8 @@ class SyncCoordinator:
 
     def _enter(self, rec: SyncRecord, phase: str) -> None:
         rec.enter(phase)
+        if rec.done:
+            self.tally.finished(rec.state, rec.error, rec.bytes)
         self.persist()
         log.info("sync %s (version %d): %s", rec.id, rec.version, phase)
 

@@ -3,6 +3,7 @@
 ``asyncrl_sync_weight_version``, ``asyncrl_sync_syncs_total{state}``,
 ``asyncrl_sync_phase_seconds{phase}`` (of the last finished sync),
 ``asyncrl_sync_bytes_total``, ``asyncrl_sync_last_gb_per_s``, ``asyncrl_sync_failures_total``,
+``asyncrl_sync_refused_total{reason}`` (counters since the agent started, from its tally),
 ``asyncrl_sync_engines_needing_reload``, ``asyncrl_sync_engine_weight_version{engine,url,state}``
 (from the agent's last look at the engines, every ``sync.reconcile_interval_s``).
 """
@@ -22,15 +23,21 @@ class SyncCollector:
         g = GaugeMetricFamily("asyncrl_sync_weight_version", "Weight version the engines were last synced to")
         g.add_metric([], co.version)
         yield g
-        states = CounterMetricFamily("asyncrl_sync_syncs", "Syncs by final state", labels=["state"])
-        for state in ("succeeded", "failed"):
-            states.add_metric([state], sum(1 for r in recs if r.state == state))
+        tally = co.tally
+        states = CounterMetricFamily("asyncrl_sync_syncs", "Syncs by final state (since the agent started)", labels=["state"])
+        states.add_metric(["succeeded"], tally.succeeded)
+        states.add_metric(["failed"], tally.failed)
         yield states
-        fails = CounterMetricFamily("asyncrl_sync_failures", "Failed syncs")
-        fails.add_metric([], sum(1 for r in recs if r.state == "failed"))
+        fails = CounterMetricFamily("asyncrl_sync_failures", "Failed syncs (since the agent started)")
+        fails.add_metric([], tally.failed)
         yield fails
-        total = CounterMetricFamily("asyncrl_sync_bytes", "Bytes of weights moved by finished syncs")
-        total.add_metric([], sum(r.bytes for r in recs if r.done))
+        refused = CounterMetricFamily("asyncrl_sync_refused", "Sync requests refused, by reason (stale, no_engines, ...)",
+                                      labels=["reason"])
+        for code, n in sorted(tally.refused.items()):
+            refused.add_metric([code], n)
+        yield refused
+        total = CounterMetricFamily("asyncrl_sync_bytes", "Bytes of weights moved by finished syncs (since the agent started)")
+        total.add_metric([], tally.bytes_moved)
         yield total
         last = next((r for r in reversed(recs) if r.done), None)
         phases = GaugeMetricFamily("asyncrl_sync_phase_seconds", "Phase durations of the last finished sync", labels=["phase"])

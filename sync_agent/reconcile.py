@@ -155,8 +155,7 @@ async def recover(co: SyncCoordinator) -> str | None:
         rec.error = f"the agent restarted during {rec.state}; rolled back to version {co.version}"
         rec.engines = {m["id"]: ("loaded" if m["version"] == rec.version else "unchanged") for m in members}
     await co._resume_rollout(rec)
-    rec.enter("succeeded" if complete else "failed")
     co.unfinished = None
-    co.persist()
+    co._enter(rec, "succeeded" if complete else "failed")
     log.warning("recovered sync %s after a restart: %s", rec.id, rec.state)
     return rec.state

@@ -191,3 +191,7 @@ class RunSection(Section):
     """Every component logs JSON lines to stderr, one object per record with ``time``,
     ``level``, ``logger``, ``message`` and, when there is one, ``exception`` (see
     ``asyncrl.logs``), instead of text lines."""
+    progress_window_s: float = Field(60.0, gt=0, le=3600)
+    """The window over which the rollout service's ``/admin/status`` and the sync agent's
+    ``/status`` count progress (tokens decoded, trajectories published, syncs succeeded) and
+    call the run ``stalled`` with a reason when nothing moved in it (``health`` in each)."""

@@ -7,17 +7,21 @@ import dataclasses
 import time
 from typing import Any
 
+from rollout_service.api.run_health import rollout_health
 from rollout_service.runner.snapshot import RunnerSnapshot
 
 
 def service_status(svc) -> dict[str, Any]:
     r = svc.runner.snapshot()
+    engines = svc.pool.snapshot()
     return {
         "run_id": svc.cfg.run.id,
         "version": r.version,
         "paused": r.paused,
         "pause_mode": r.pause_mode,
+        "paused_for_s": r.paused_for_s,
         "uptime_s": round(time.time() - svc.started_at, 3),
+        "health": rollout_health(r, engines, svc.progress, time.time() - svc.started_at),
         "counts": {
             "active": r.active,
             "parked": r.parked,
@@ -40,7 +44,7 @@ def service_status(svc) -> dict[str, Any]:
         "publisher": dataclasses.asdict(r.publisher),
         "counters": dataclasses.asdict(r.counters),
         "tools": dataclasses.asdict(svc.tools.stats),
-        "engines": svc.pool.snapshot(),
+        "engines": engines,
         "derived": svc.cfg.derived.model_dump(),
         "last_validation": r.last_validation,
     }

@@ -75,6 +75,8 @@ class Runner:
         self.queue_probe, self.abort_engines, self.rid_prefix = queue_probe, abort_engines, rid_prefix
         self.gate = Gate()
         self.paused = False
+        self.paused_at: float | None = None
+        """``time.monotonic()`` when the current pause began (None while running)."""
         self.pause_mode: str | None = None
         self.tokens = TokenAccounting()
         self.clock = VersionClock()
@@ -260,6 +262,8 @@ class Runner:
     async def pause(self, mode: str, timeout_s: float) -> None:
         """See the module docstring. ``mode`` is ``partial`` or ``drain``."""
         self.paused = True
+        if self.paused_at is None:
+            self.paused_at = time.monotonic()
         self.pause_mode = mode
         deadline = time.monotonic() + timeout_s
         if mode == "partial":
@@ -292,6 +296,7 @@ class Runner:
                 log.warning("queue depth unknown at resume (%s); using the last reading", exc)
         self.quota.on_version(version, self.in_flight_samples, self.queued_samples)
         self.paused = False
+        self.paused_at = None
         self.pause_mode = None
         self.gate.open()
         await self._save_state()
@@ -308,6 +313,7 @@ class Runner:
         partial = sum(1 for s in self.agents.values() if s.phase == Phase.GENERATING and s.segment > 0)
         return RunnerSnapshot(
             version=self.version, paused=self.paused, pause_mode=self.pause_mode,
+            paused_for_s=None if self.paused_at is None else round(time.monotonic() - self.paused_at, 3),
             admission_blocked=self.admission_blocker(), active=self.active_trajectories, parked=self.parked_trajectories,
             generating=self.calls.count, partial=partial, in_flight_samples=self.in_flight_samples, queued_samples=queued,
             queued_trajectories=self.queued_trajectories, max_concurrent_samples=self.max_concurrent,

@@ -45,6 +45,8 @@ class RunnerSnapshot:
     paused: bool
     pause_mode: str | None
     """``partial`` or ``drain`` while paused, else None."""
+    paused_for_s: float | None
+    """Seconds since the current pause began (None while running)."""
     admission_blocked: str | None
     """Why no new sample starts now (None: one may)."""
     active: int

@@ -14,17 +14,21 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import time
 
 import httpx
 
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from asyncrl.models import load_model
+from tests.helpers.run_health import wait_rollout_health, wait_run_healthy
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import ADMIN, running_service
 from tests.sync.conftest import SYNC_TOKEN, config, perturbed_weights, publisher
 from tests.sync.test_sync_agent import engine_logprobs, model_logprobs
 
 AUTH = {"Authorization": f"Bearer {SYNC_TOKEN}"}
+WINDOW_S = 4.0  # run.progress_window_s: a stall is reported after this long without progress
+F9_BOUND_S = 60.0  # RELIABILITY.md F9: progress again within 60 s of the agent's restart
 KILL_AFTER_BUCKETS = 10  # of the ~46 (one per parameter): the engines hold part new, part old weights
 
 
@@ -135,7 +139,7 @@ async def agent_status(agent_url: str) -> dict:
 async def test_agent_killed_while_loading_with_nothing_to_reload_from_asks_for_a_push(tmp_path, nats_server, engines, monkeypatch):
     sent = slow_link(monkeypatch, 0.1)
     urls = [e.url for e in engines]
-    cfg0 = config(tmp_path, nats_server.url, urls, "sync.broadcast_timeout_s=5")
+    cfg0 = config(tmp_path, nats_server.url, urls, "sync.broadcast_timeout_s=5", f"run.progress_window_s={WINDOW_S}")
     async with running_service(cfg0) as (svc, rollout_url):
         port = free_port()
         agent_url = f"http://127.0.0.1:{port}"
@@ -143,7 +147,7 @@ async def test_agent_killed_while_loading_with_nothing_to_reload_from_asks_for_a
         overrides = [f"run.dir={cfg0.run_dir}", f"nats.url={nats_server.url}", f"engines.urls={engine_urls}",
                      f"security.admin_token={ADMIN}", f"security.sync_token={SYNC_TOKEN}", "rollout.n=2", "actor.ppo_mini_batch_size=2",
                      "sync.reconcile_interval_s=0.5", "sync.group_init_timeout_s=30", "sync.pause_timeout_s=30",
-                     "sync.broadcast_timeout_s=5", f"sync.rollout_url={rollout_url}"]
+                     "sync.broadcast_timeout_s=5", f"sync.rollout_url={rollout_url}", f"run.progress_window_s={WINDOW_S}"]
         cfg = config(tmp_path, nats_server.url, urls, f"sync.rollout_url={rollout_url}", "sync.broadcast_timeout_s=5")
         agent = agent_process(tmp_path, "agent-1", port, overrides)
         pub = publisher(agent_url, cfg, bucket_bytes=8 * 1024)
@@ -161,11 +165,18 @@ async def test_agent_killed_while_loading_with_nothing_to_reload_from_asks_for_a
                 pass
             restarted = agent_process(tmp_path, "agent-2", port, overrides)
             await asyncio.to_thread(restarted.wait_ready, lambda: http_ok(f"{agent_url}/health"), 60)
+            back_at = time.monotonic()
             await wait_for(lambda: _state_is(agent_url, "failed")(), 30, "the recovery")
             assert not svc.runner.paused, "the rollout is resumed whatever the engines' state"
             status = await wait_for(lambda: _push_wanted(agent_url), 30, "the agent to ask for the trainer's weights")
             assert sorted(status["needs_reload"]) == sorted(e["id"] for e in svc.pool.snapshot())
             assert all(e["state"] == "quarantined" for e in svc.pool.snapshot()), "mixed engines never serve"
+            # both services say why nothing moves, and whom to look at
+            assert status["health"]["state"] == "stalled" and status["health"]["stuck"][0]["component"] == "trainer", status
+            rollout = await wait_rollout_health(rollout_url, ADMIN, ("stalled",), 30, "the rollout to report the stall")
+            stuck = rollout["health"]["stuck"]
+            assert stuck[0] == {"component": "engines", "reason": f"no routable engine: all {len(urls)} are out of rotation"}
+            assert [s["component"] for s in stuck[1:]] == ["sync_agent"] * len(urls), stuck
             # the trainer (idle: no engine produces data) publishes as asked
             decoded = sum(e["tokens_decoded"] for e in svc.pool.snapshot())
             model2, weights2 = perturbed_weights(2)
@@ -175,7 +186,10 @@ async def test_agent_killed_while_loading_with_nothing_to_reload_from_asks_for_a
             await wait_for(lambda: all(e["state"] == "healthy" for e in svc.pool.snapshot()), 30, "engines released")
             await wait_for(lambda: sum(e["tokens_decoded"] for e in svc.pool.snapshot()) > decoded + 50, 60,
                            "the rollout decoding again")
-            assert (await agent_status(agent_url))["push_wanted"] is False
+            recovered_s = time.monotonic() - back_at
+            assert recovered_s < F9_BOUND_S, f"decoding again {recovered_s:.0f} s after the agent came back"
+            _, agent_doc = await wait_run_healthy(rollout_url, ADMIN, 30, agent_url, SYNC_TOKEN)
+            assert agent_doc["version"] == 1
             for url in urls:
                 ids, lps, wv = await engine_logprobs(url)
                 assert wv == "1" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
