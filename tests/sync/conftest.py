@@ -34,10 +34,14 @@ def engines(tmp_path) -> list[Engine]:
             engine.stop()
 
 
+PROGRESS_WINDOW_S = 5.0  # the health blocks' window: "progressing" means tokens decoded in the last 5 s
+
+
 def config(tmp_path, nats_url, engine_urls, *extra):
     return service_config(tmp_path, nats_url, engine_urls, f"security.sync_token={SYNC_TOKEN}", "rollout.n=2",
                           "async_training.staleness_threshold=100", "sync.reconcile_interval_s=0.5",
-                          "sync.broadcast_timeout_s=30", "sync.group_init_timeout_s=30", "sync.pause_timeout_s=30", *extra)
+                          "sync.broadcast_timeout_s=30", "sync.group_init_timeout_s=30", "sync.pause_timeout_s=30",
+                          f"run.progress_window_s={PROGRESS_WINDOW_S}", *extra)
 
 
 @contextlib.asynccontextmanager

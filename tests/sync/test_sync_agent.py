@@ -4,13 +4,18 @@ of the protocol; logits compared against the trainer's model."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 
 from asyncrl.engine_client import EngineClient
 from tests.helpers.reference_model import teacher_forced_logprobs
+from tests.helpers.run_health import wait_run_healthy
 from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import ADMIN
 from tests.sync.conftest import ENGINE_ARGS, SYNC_TOKEN, perturbed_weights, publisher, stack
+
+F8_BOUND_S = 300.0  # RELIABILITY.md F8: an engine killed mid-sync is back, and the run healthy, within T_sync
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
 
@@ -124,6 +129,7 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
             await wait_for(lambda: agent.coordinator.running is not None and agent.coordinator.running.bytes > 0, 60,
                            "both engines loading, a bucket applied")
             engine_b.proc.kill()
+            killed_at = time.monotonic()
             try:
                 await publish
             except Exception:  # noqa: BLE001 - the trainer's side of a broken broadcast fails
@@ -152,6 +158,8 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
             await wait_for(lambda: svc.pool.engines[a_id].state == "healthy", 30, "engine A back in rotation")
             ids, lps, wv = await engine_logprobs(url_a)
             assert wv == "2" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
+            decoded_a = svc.pool.engines[a_id].tokens_decoded
+            await wait_for(lambda: svc.pool.engines[a_id].tokens_decoded > decoded_a + 50, 60, "engine A decoding again")
             # B restarts with its initial weights: it stays out until a sync brings it to the current version
             port_b = int(url_b.rsplit(":", 1)[1])
             with start_engine(tmp_path, *ENGINE_ARGS, port=port_b, name="engine-1-restarted"):
@@ -171,5 +179,10 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
                 await wait_for(lambda: svc.pool.engines[b_id].state == "healthy", 30, "engine B released")
                 ids, lps, wv = await engine_logprobs(url_b)
                 assert wv == "4" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model4, ids))) < 1e-4
+                decoded_b = svc.pool.engines[b_id].tokens_decoded
+                await wait_for(lambda: svc.pool.engines[b_id].tokens_decoded > decoded_b + 20, 60, "engine B decoding")
+                rollout, agent_doc = await wait_run_healthy(rollout_url, ADMIN, 30, agent_url, SYNC_TOKEN)
+                assert {e["weight_version"] for e in rollout["engines"]} == {"4"} and agent_doc["version"] == 4
+                assert time.monotonic() - killed_at < F8_BOUND_S, "RELIABILITY.md F8: back within T_sync"
         finally:
             await pub.close()

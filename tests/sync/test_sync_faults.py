@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 
 import pytest
 
+from tests.helpers.run_health import wait_rollout_health, wait_run_healthy
 from tests.helpers.waiting import wait_for
-from tests.sync.conftest import perturbed_weights, publisher, stack
+from tests.rollout.conftest import ADMIN
+from tests.sync.conftest import SYNC_TOKEN, perturbed_weights, publisher, stack
 from tests.sync.test_sync_agent import engine_logprobs, model_logprobs
+
+F16_BOUND_S = 60.0  # RELIABILITY.md F16: the engine back in the run within 60 s of SIGCONT
 
 
 def decoded(svc, eid: str) -> int:
@@ -54,9 +59,13 @@ async def test_an_engine_hung_mid_sync_is_contained_and_the_run_goes_on(tmp_path
             await wait_for(lambda: svc.pool.engines[a_id].state == "healthy", 30, "A back in rotation")
             before = decoded(svc, a_id)
             await wait_for(lambda: decoded(svc, a_id) > before + 50, 60, "the rollout decoding on A")
+            # the rollout progresses on A and says B is out, and why
+            rollout = await wait_rollout_health(rollout_url, ADMIN, ("progressing",), 30, "the rollout progressing on A")
+            assert [w["reason"].split(" (")[0] for w in rollout["health"]["warnings"]] == [f"engine {b_id}"], rollout["health"]
             # B comes back: quarantined until a sync gives it the current weights
             engine_b.proc.signal(signal.SIGCONT)
             stopped = False
+            cont_at = time.monotonic()
             model3, weights3 = perturbed_weights(3)
             # the trainer's next syncs: the first is refused (membership changed: a new group), and B
             # may still sit in the abandoned collective until its own timeout (15 s here)
@@ -71,6 +80,9 @@ async def test_an_engine_hung_mid_sync_is_contained_and_the_run_goes_on(tmp_path
             await wait_for(lambda: svc.pool.engines[b_id].state == "healthy", 60, "B back in rotation")
             before = decoded(svc, b_id)
             await wait_for(lambda: decoded(svc, b_id) > before + 50, 60, "the rollout decoding on B")
+            back_s = time.monotonic() - cont_at
+            assert back_s < F16_BOUND_S, f"B decoding again {back_s:.0f} s after SIGCONT"
+            await wait_run_healthy(rollout_url, ADMIN, 30, agent_url, SYNC_TOKEN)
             ids_, lps, wv = await engine_logprobs(engine_b.url)
             assert wv == str(agent.coordinator.version)
             assert max(abs(a - b) for a, b in zip(lps, model_logprobs(model3, ids_))) < 1e-4
