@@ -99,6 +99,7 @@ async def test_agent_killed_while_loading_rolls_back_and_never_serves_mixed_weig
 
             restarted = agent_process(tmp_path, "agent-2", port, overrides)
             await asyncio.to_thread(restarted.wait_ready, lambda: http_ok(f"{agent_url}/health"), 60)
+            back_at = time.monotonic()
             await wait_for(lambda: _state_is(agent_url, "failed")(), 30, "the recovery")
             async with httpx.AsyncClient(timeout=5) as http:
                 rec = (await http.get(f"{agent_url}/v1/syncs/{loading['id']}", headers=AUTH)).json()
@@ -108,6 +109,12 @@ async def test_agent_killed_while_loading_rolls_back_and_never_serves_mixed_weig
             await wait_for(lambda: all(e["state"] == "healthy" for e in svc.pool.snapshot()), 60, "engines reloaded and released")
             log = (tmp_path / "agent-2.log").read_text()
             assert log.count("reloaded from") == len(urls), log[-3000:]
+            decoded = sum(e["tokens_decoded"] for e in svc.pool.snapshot())
+            await wait_for(lambda: sum(e["tokens_decoded"] for e in svc.pool.snapshot()) > decoded + 50, 60,
+                           "the rollout decoding again")
+            recovered_s = time.monotonic() - back_at
+            assert recovered_s < F9_BOUND_S, f"decoding again {recovered_s:.0f} s after the agent came back"
+            await wait_run_healthy(rollout_url, ADMIN, 30, agent_url, SYNC_TOKEN)
             for url in urls:
                 ids, lps, wv = await engine_logprobs(url)
                 assert wv == "0"
@@ -124,6 +131,8 @@ async def test_agent_killed_while_loading_rolls_back_and_never_serves_mixed_weig
             for url in urls:
                 ids, lps, wv = await engine_logprobs(url)
                 assert wv == "1" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
+            rollout, _ = await wait_run_healthy(rollout_url, ADMIN, 60, agent_url, SYNC_TOKEN)
+            assert rollout["version"] == 1
         finally:
             await pub.close()
             agent.stop()
