@@ -6,14 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 
 import aiohttp
 
 from asyncrl.launch import ChildProcess, free_port, http_ok
+from rollout_service.api.status import service_status
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import ADMIN, admin, running_service, service_config
 from tests.rollout.test_service_episodes import fetch_all
+
+F1_BOUND_S = 30.0  # RELIABILITY.md F1: publishing again within 30 s of NATS being back
+F5_BOUND_S = 30.0  # RELIABILITY.md F5: a restarted rollout service decoding again within 30 s
 
 
 def outage_after_publishes(monkeypatch, nats_server, n: int) -> None:
@@ -51,11 +56,18 @@ async def test_nats_outage_mid_run_loses_and_duplicates_nothing(tmp_path, nats_s
         retries = svc.runner.publisher.stats.retries
         await wait_for(lambda: svc.runner.publisher.stats.retries > retries, 60, "a publish attempt to fail and be retried")
         assert len(svc.runner.outbox) > 0, "finished trajectories wait in the outbox while NATS is down"
+        published = svc.runner.publisher.stats.published
         nats_server.start()
+        up_at = time.monotonic()
+        await wait_for(lambda: svc.runner.publisher.stats.published > published, F1_BOUND_S, "publishing again after NATS is up")
+        assert time.monotonic() - up_at < F1_BOUND_S
         await wait_for(lambda: svc.runner.counters.trajectories_finished == samples * n, 180, "all trajectories finished")
         await wait_for(lambda: svc.runner.publisher.pending == 0 and len(svc.runner.outbox) == 0, 120, "outbox drained")
         assert svc.runner.publisher.stats.retries > 0
         await wait_for(lambda: svc.runner.agent_store.pending == 0, 30, "checkpoint deletes retried")
+        status = service_status(svc)
+        assert status["health"]["state"] in ("progressing", "finished") and not status["health"]["warnings"], status["health"]
+        assert not status["paused"] and status["admission_blocked"] == "prompt stream exhausted"
     trajs = await fetch_all(nats_server.url, cfg.run.id, samples * n)
     ids = [t.id for t in trajs]
     assert len(ids) == samples * n and len(set(ids)) == samples * n
@@ -109,12 +121,23 @@ async def test_sigkill_mid_episode_then_restart_publishes_each_trajectory_once(t
                 status = await _status(http, url)
                 assert status["counters"]["restored_agents"] + status["counters"]["dropped_already_finished"] >= 2
                 proxy.hold.set()  # the dead service's held requests are dropped, the new ones go through
+                ready_at, decoded = time.monotonic(), status["tokens"]["decoded"]
+
+                async def decoding():
+                    s = await _status(http, url)
+                    return s and s["tokens"]["decoded"] > decoded
+
+                await wait_for(decoding, F5_BOUND_S, "the restarted service decoding")
+                assert time.monotonic() - ready_at < F5_BOUND_S
 
                 async def done():
                     s = await _status(http, url)
                     return s and s["prompts"]["produced"] == samples and s["counts"]["active"] == 0 and s["counts"]["outbox"] == 0
 
                 await wait_for(done, 240, "the restarted service to finish every sample")
+                status = await _status(http, url)
+                assert status["health"]["state"] in ("progressing", "finished") and not status["health"]["warnings"]
+                assert not status["paused"] and all(e["state"] == "healthy" for e in status["engines"])
             finally:
                 second.stop()
     finally:
