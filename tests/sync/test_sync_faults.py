@@ -1,4 +1,4 @@
-"""F16 (RELIABILITY.md): an engine that hangs (SIGSTOP) while buckets load, and comes back.
+"""F16 and F10 (RELIABILITY.md). F16: an engine that hangs (SIGSTOP) while buckets load, and comes back.
 
 The failed sync is contained at once — every member that did not confirm every bucket is out
 of rotation before the rollout resumes — and the run makes progress again: the trainer's push
@@ -14,12 +14,14 @@ import time
 
 import pytest
 
+from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.run_health import wait_rollout_health, wait_run_healthy
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import ADMIN
 from tests.sync.conftest import SYNC_TOKEN, perturbed_weights, publisher, stack
 from tests.sync.test_sync_agent import engine_logprobs, model_logprobs
 
+T_PAUSE_S = 30.0  # sync.pause_timeout_s in tests/sync/conftest.py: F10's bound
 F16_BOUND_S = 60.0  # RELIABILITY.md F16: the engine back in the run within 60 s of SIGCONT
 
 
@@ -95,3 +97,54 @@ async def test_an_engine_hung_mid_sync_is_contained_and_the_run_goes_on(tmp_path
 async def _push_wanted(agent) -> bool:
     views = await agent.coordinator.engine_views()
     return agent.coordinator.push_wanted(views)
+
+
+async def test_one_engine_refusing_pause_fails_the_sync_and_leaves_nothing_paused(tmp_path, nats_server, engines):
+    """F10 (RELIABILITY.md): 1 of N ``/pause_generation`` answers 500. The sync fails before any
+    bucket; in its ``finally`` the engine that did pause is continued and the rollout resumed at
+    the old version, within T_pause; nothing is quarantined (no engine got a bucket); the next
+    sync goes through and the run is healthy."""
+    engine_a, engine_b = engines
+    proxy = await RecordingProxy(engine_b.url).start()
+    refusing = [True]
+
+    def refuse_pause(method, path, body):
+        if path == "/pause_generation" and refusing[0]:
+            return 500, {"error": {"message": "injected: pause failed", "type": "InternalServerError"}}
+        return None
+
+    proxy.intercept = refuse_pause
+    try:
+        async with stack(tmp_path, nats_server.url, [engine_a.url, proxy.url]) as (svc, rollout_url, agent, agent_url, cfg):
+            ids = {e["url"]: e["id"] for e in svc.pool.snapshot()}
+            a_id, b_id = ids[engine_a.url], ids[proxy.url]
+            await wait_for(lambda: decoded(svc, a_id) > 0 and decoded(svc, b_id) > 0, 60, "both engines decoding")
+            pub = publisher(agent_url, cfg, bucket_bytes=64 * 1024)
+            try:
+                _, weights1 = perturbed_weights(1)
+                started = time.monotonic()
+                with pytest.raises(Exception):  # noqa: B017 - the trainer's side of a failed sync
+                    await asyncio.wait_for(pub.publish(1, weights1), 90)
+                rec = agent.coordinator.records[-1]
+                await wait_for(lambda: rec.done, 60, "the failed sync to finish")
+                assert rec.state == "failed" and "pause_generation failed" in (rec.error or ""), rec.error
+                assert time.monotonic() - started < T_PAUSE_S, "F10: everything released within T_pause"
+                assert not svc.runner.paused and svc.runner.version == 0
+                assert {e["state"] for e in svc.pool.snapshot()} == {"healthy"} and not agent.coordinator.needs_reload
+                before = {eid: decoded(svc, eid) for eid in (a_id, b_id)}
+                await wait_for(lambda: all(decoded(svc, eid) > before[eid] + 20 for eid in before), 60,
+                               "both engines decoding again (the one that paused was continued)")
+                refusing[0] = False
+                model2, weights2 = perturbed_weights(2)
+                await pub.publish(1, weights2)
+                await wait_for(lambda: agent.coordinator.records[-1].done, 60, "the next sync")
+                assert agent.coordinator.records[-1].state == "succeeded", agent.coordinator.records[-1].error
+                _, agent_doc = await wait_run_healthy(rollout_url, ADMIN, 30, agent_url, SYNC_TOKEN)
+                assert agent_doc["health"]["consecutive_failures"] == 0 and agent_doc["version"] == 1
+                for url in (engine_a.url, engine_b.url):
+                    ids_, lps, wv = await engine_logprobs(url)
+                    assert wv == "1" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids_))) < 1e-4
+            finally:
+                await pub.close()
+    finally:
+        await proxy.stop()
