@@ -140,8 +140,9 @@ def build_openai_router(svc) -> APIRouter:
         sid = f"sess-{uuid.uuid4().hex[:20]}"
         group_id = body.group_id or f"g-{sid}"
         refused = svc.runner.admit_external(group_id, body.group_size)
-        if refused is not None:
-            raise ApiError(429, f"not admitting new episodes now: {refused}", headers={"Retry-After": "5"})
+        if refused is not None:  # NATS not taking trajectories is an outage (503); quota, pause and the like are backpressure (429)
+            status = 503 if refused.startswith("outbox full") else 429
+            raise ApiError(status, f"not admitting new episodes now: {refused}", headers={"Retry-After": "5"})
         token = new_token()
         now = time.time()
         agent = AgentState(id=sid, run_id=svc.cfg.run.id, group_id=group_id, group_size=body.group_size, group_index=body.group_index,

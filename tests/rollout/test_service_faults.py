@@ -1,5 +1,6 @@
-"""Faults: NATS stopped and restarted mid-run, and the rollout service SIGKILLed mid-episode
-and restarted — every trajectory is published exactly once either way."""
+"""Faults: NATS stopped and restarted mid-run (F1), the rollout service SIGKILLed mid-episode
+and restarted (F5), the rollout service partitioned from NATS (F12) — every trajectory is
+published exactly once either way, and the service is back within the stated bound."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import aiohttp
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from rollout_service.api.status import service_status
 from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.tcp_proxy import PartitionableTcpProxy
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import ADMIN, admin, running_service, service_config
 from tests.rollout.test_service_episodes import fetch_all
 
 F1_BOUND_S = 30.0  # RELIABILITY.md F1: publishing again within 30 s of NATS being back
+F12_DRAIN_S = 60.0  # RELIABILITY.md F12: the outbox drains within 60 s of the link coming back
 F5_BOUND_S = 30.0  # RELIABILITY.md F5: a restarted rollout service decoding again within 30 s
 
 
@@ -148,3 +151,43 @@ async def test_sigkill_mid_episode_then_restart_publishes_each_trajectory_once(t
     assert len(ids) == samples * n, f"expected {samples * n} trajectories, got {len(ids)}"
     assert len(set(ids)) == len(ids), "a trajectory was published twice"
     assert {t.group_id for t in trajs} == {f"s{i:08d}" for i in range(samples)}
+
+
+async def test_partition_from_nats_caps_the_outbox_refuses_with_503_and_drains(tmp_path, nats_server, warm_engine):
+    """F12 (RELIABILITY.md): the rollout service cut off from NATS (a partition, not a crash).
+    Finished trajectories wait in the disk outbox up to ``rollout.outbox_max_items``; then
+    admission stops, a new session is refused with 503 + Retry-After, and the health block
+    names NATS. Once the link is back the outbox drains within 60 s and every trajectory is
+    in the stream exactly once (replayed publishes deduplicated)."""
+    samples, n, cap = 24, 2, 4  # more samples than finish during the cut: admission is stopped by the cap, not the stream
+    proxy = PartitionableTcpProxy.for_url(nats_server.url).start()
+    cfg = service_config(tmp_path, proxy.url(), [warm_engine], f"rollout.n={n}", f"rollout.total_rollout_steps={samples}",
+                         "async_training.staleness_threshold=100", f"rollout.outbox_max_items={cap}", "run.progress_window_s=3")
+    try:
+        async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+            await wait_for(lambda: svc.runner.publisher.stats.published >= 2, 120, "first publishes")
+            proxy.partition()
+            await wait_for(lambda: (service_status(svc)["admission_blocked"] or "").startswith("outbox full"), 120,
+                           "admission stopped by the outbox cap")
+            assert len(svc.runner.outbox) >= cap
+            async with http.post(f"{url}/v1/sessions", json={}) as resp:
+                body = await resp.json()
+                assert resp.status == 503 and resp.headers["Retry-After"] == "5", body
+                assert "outbox full" in body["error"]["message"], body
+            await wait_for(lambda: svc.runner.publisher.stats.last_error, 30, "a publish to fail")
+            status = await wait_for(lambda: (s := service_status(svc))["health"]["state"] == "stalled" and s, 60,
+                                    "the health block to report the stall")
+            assert "nats" in [x["component"] for x in status["health"]["stuck"]], status["health"]
+            proxy.heal()
+            healed_at = time.monotonic()
+            await wait_for(lambda: len(svc.runner.outbox) == 0 and svc.runner.publisher.pending == 0, F12_DRAIN_S,
+                           "the outbox drained after the partition")
+            assert time.monotonic() - healed_at < F12_DRAIN_S
+            await wait_for(lambda: svc.runner.counters.trajectories_finished == samples * n and len(svc.runner.outbox) == 0,
+                           180, "every trajectory finished and published")
+            assert not service_status(svc)["health"]["warnings"]
+    finally:
+        proxy.stop()
+    trajs = await fetch_all(nats_server.url, cfg.run.id, samples * n)
+    ids = [t.id for t in trajs]
+    assert len(ids) == samples * n and len(set(ids)) == samples * n
