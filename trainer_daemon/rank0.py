@@ -52,7 +52,8 @@ class Rank0Services:
             state.load_state_dict(trainer_state["consumption"])
         ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None)
         required = cfg.derived.required_samples * cfg.rollout.n
-        self.source = TrajectorySource(self.names, state, ledger, required, in_flight=cfg.derived.max_concurrent_samples)
+        self.source = TrajectorySource(self.names, state, ledger, required, ack_wait_s=cfg.trainer.ack_wait_s,
+                                       in_flight=cfg.derived.max_concurrent_samples)
         self.source.effective = self.lineage.effective
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -66,7 +67,7 @@ class Rank0Services:
             js = self.nc.jetstream()
             await ensure_stream(js, cfg)
             await self.source.start(js)
-            asyncio.get_running_loop().create_task(self.source.heartbeat_loop(), name="heartbeats")
+            asyncio.get_running_loop().create_task(self.source.heartbeat_loop(cfg.trainer.ack_wait_s / 4), name="heartbeats")
 
         self.io.run(_start(), CONNECT_TIMEOUT_S)
         t = cfg.trainer
@@ -142,6 +143,7 @@ class Rank0Services:
             "trainer/incomplete_groups": float(c["incomplete_groups"]),
             "trainer/trained_trajectories": float(c["trained"]),
             "trainer/stream_cursor": float(self.source.state.cursor),
+            "trainer/redelivered_messages": float(self.source.redelivered_skipped + self.source.redelivered_held),
         })
         return metrics
 

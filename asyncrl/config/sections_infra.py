@@ -136,6 +136,11 @@ class TrainerConfig(Section):
     """Benchmarks only: pad every training step to at least this long (emulates a bigger model)."""
     weight_sync_port: int = Field(0, ge=0, le=65535)
     """Port of the weight-group rendezvous on trainer rank 0 (0: a free port)."""
+    ack_wait_s: float = Field(60.0, ge=1.0, le=3600.0)
+    """``ack_wait`` of the trainer's durable consumer: a message neither acked nor kept alive
+    (rank 0 sends "in progress" for every held message every quarter of this) for this long is
+    redelivered. A trainer that stops answering (SIGSTOP, a long GC pause) gets its held
+    messages redelivered; the ID check keeps each trained once (RELIABILITY.md F4)."""
 
 
 class SyncConfig(Section):

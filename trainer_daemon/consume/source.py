@@ -6,7 +6,8 @@ nothing here is touched from another thread).
 
 - ``start``: the durable consumer ``trainer`` is deleted and recreated at ``cursor + 1``
   (``DeliverPolicy.BY_START_SEQUENCE``), filtered on the trajectories subject, explicit acks,
-  ``max_deliver=-1`` (the server never gives up on a message), ``ack_wait=ACK_WAIT_S``.
+  ``max_deliver=-1`` (the server never gives up on a message), ``ack_wait`` (``trainer.ack_wait_s``,
+  default ``ACK_WAIT_S``).
   Acks are flow control only: correctness comes from the checkpointed cursor (``state.py``).
 - Each delivered message: already resolved (``seq`` or id) → ack, skip. Undecodable
   (``WireDecodeError``: garbage, unknown schema version, broken invariants) → ``term()``,
@@ -19,7 +20,8 @@ nothing here is touched from another thread).
 - ``commit`` resolves the step's messages, acks them at once (the rollout service reads the
   consumer's ``num_pending + num_ack_pending`` as its queue depth) and writes the ledger entry.
 - ``heartbeat_loop`` sends ``+WPI`` (in progress) for every held message every
-  ``HEARTBEAT_S`` so a long step or a slow group never lets ``ack_wait`` expire.
+  ``HEARTBEAT_S`` (the daemon: a quarter of ``ack_wait``) so a long step or a slow group
+  never lets ``ack_wait`` expire.
 - ``purge_through(seq)`` removes trajectory messages ``<= seq`` (the oldest kept checkpoint's
   cursor); dead letters stay.
 """
@@ -82,6 +84,9 @@ class TrajectorySource:
         self.effective = lambda v: v
         """Maps a weight version to training steps (``trainer_daemon.lineage.Lineage.effective``)."""
         self.redelivered_skipped = 0
+        """Redeliveries of messages already resolved (acked again, skipped)."""
+        self.redelivered_held = 0
+        """Redeliveries of messages still held (``ack_wait`` passed without a heartbeat: a frozen trainer)."""
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, js: JetStreamContext) -> None:
@@ -151,6 +156,7 @@ class TrajectorySource:
                 continue
             if seq in self.state.held:  # ack_wait redelivery: keep the newest reply subject
                 self._msgs[seq] = msg
+                self.redelivered_held += 1
                 continue
             try:
                 traj = decode_trajectory(msg.data)
