@@ -10,15 +10,24 @@ Names follow verl where verl has one, with ``/`` → ``_`` and an ``asyncrl_`` p
 | ``asyncrl_rollouter_max_required_samples`` | ``static/max_required_samples`` |
 | ``asyncrl_rollouter_partial_trajectories_total`` | trajectories whose tokens span > 1 version |
 
-plus throughput, tokens, tool calls, turns, queue and outbox gauges. Each app has its own
+plus throughput, tokens, tool calls, turns, queue and outbox gauges, engines by state
+(``asyncrl_rollout_engines{state}``) and the health block as ``asyncrl_rollout_health{state}``
+(1 for the current state) and ``asyncrl_rollout_idle_seconds`` (alert rules:
+docker/prometheus/alerts.yml). Each app has its own
 ``CollectorRegistry`` (no global state). The runner's numbers come from one
 :meth:`Runner.snapshot` per scrape.
 """
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from rollout_service.api.run_health import HEALTH_STATES, rollout_health
+
+ENGINE_STATES = ("healthy", "unhealthy", "quarantined")
 
 
 class RolloutCollector:
@@ -78,6 +87,18 @@ class RolloutCollector:
         for h in self.svc.pool.engines.values():
             eng.add_metric([h.id, h.state], h.inflight)
         yield eng
+        by_state = GaugeMetricFamily("asyncrl_rollout_engines", "Engines by state", labels=["state"])
+        for state in ENGINE_STATES:
+            by_state.add_metric([state], sum(1 for h in self.svc.pool.engines.values() if h.state == state))
+        yield by_state
+        health = rollout_health(r, self.svc.pool.snapshot(), self.svc.progress, time.time() - self.svc.started_at)
+        state = GaugeMetricFamily("asyncrl_rollout_health", "1 for the health block's current state (run_health.py)",
+                                  labels=["state"])
+        for name in HEALTH_STATES:
+            state.add_metric([name], int(health["state"] == name))
+        yield state
+        yield gauge("asyncrl_rollout_idle_seconds", "Seconds since a token was last decoded",
+                    health["idle_s"]["tokens_decoded"] or 0.0)
 
 
 def build_registry(svc) -> CollectorRegistry:

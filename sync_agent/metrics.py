@@ -4,11 +4,14 @@
 ``asyncrl_sync_phase_seconds{phase}`` (of the last finished sync),
 ``asyncrl_sync_bytes_total``, ``asyncrl_sync_last_gb_per_s``, ``asyncrl_sync_failures_total``,
 ``asyncrl_sync_refused_total{reason}`` (counters since the agent started, from its tally),
+``asyncrl_sync_consecutive_failures``, ``asyncrl_sync_seconds_since_success``,
 ``asyncrl_sync_engines_needing_reload``, ``asyncrl_sync_engine_weight_version{engine,url,state}``
 (from the agent's last look at the engines, every ``sync.reconcile_interval_s``).
 """
 
 from __future__ import annotations
+
+import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -57,3 +60,9 @@ class SyncCollector:
         reload = GaugeMetricFamily("asyncrl_sync_engines_needing_reload", "Engines waiting for a reload after a failed update")
         reload.add_metric([], len(co.needs_reload))
         yield reload
+        row = GaugeMetricFamily("asyncrl_sync_consecutive_failures", "Syncs failed in a row (0 after a success)")
+        row.add_metric([], tally.consecutive_failures)
+        yield row
+        since = GaugeMetricFamily("asyncrl_sync_seconds_since_success", "Seconds since a sync last succeeded (since start if none)")
+        since.add_metric([], time.time() - (tally.last_success_at or self.agent.started_at))
+        yield since

@@ -27,6 +27,7 @@ from typing import Any
 from asyncrl.progress import ProgressWindow
 from rollout_service.runner.snapshot import RunnerSnapshot
 
+HEALTH_STATES = ("progressing", "starting", "finished", "stalled")
 PAUSE_STUCK_S = 60.0  # a sync's pause longer than this is reported (sync.pause_timeout_s + a broadcast fit in it normally)
 
 

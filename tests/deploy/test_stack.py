@@ -250,6 +250,14 @@ def test_dashboard_queries_only_exported_metrics(stack, deploy_tools):
     assert {"sglang:num_running_reqs", "sglang:num_queue_reqs"} <= exported_series(pages["engine"])
 
 
+def test_alert_rules_use_only_exported_metrics(stack, deploy_tools):
+    pages = stack["pages"]
+    available = set().union(*(exported_series(text) for name, text in pages.items() if name != "engine"))
+    rules = yaml.safe_load((REPO / "docker" / "prometheus" / "alerts.yml").read_text())
+    missing = {r["alert"]: sorted(metric_names(r["expr"]) - available) for g in rules["groups"] for r in g["rules"]}
+    assert not any(missing.values()), f"alert rules on metrics no service exports: {missing}"
+
+
 def _jsonpath(doc, path: str):
     """The subset of Kubernetes JSONPath the json_exporter config uses: {.a}, {.a[*]}, {@}."""
     inner = path.strip()[1:-1].strip()

@@ -256,7 +256,8 @@ class TrajectorySource:
         except Exception as exc:  # noqa: BLE001 - metrics are best effort
             log.debug("consumer_info failed: %s", exc)
             return {}
-        return {"trainer/consumer_lag": float(info.num_pending), "trainer/consumer_ack_pending": float(info.num_ack_pending)}
+        return {"trainer/consumer_lag": float(info.num_pending), "trainer/consumer_ack_pending": float(info.num_ack_pending),
+                "trainer/consumer_max_ack_pending": float(self.max_ack_pending)}
 
 
 async def _quiet_ack(msg) -> None:
