@@ -85,6 +85,8 @@ class RolloutService:
         self.pool = EnginePool(api_key=secret(cfg.engines.api_key),
                                admin_api_key=secret(cfg.engines.admin_api_key),
                                request_timeout_s=cfg.engines.request_timeout_s, control_timeout_s=cfg.engines.control_timeout_s,
+                               request_timeout_floor_s=cfg.engines.request_timeout_floor_s,
+                               min_decode_tokens_per_s=cfg.engines.min_decode_tokens_per_s,
                                paused=lambda: self.runner is not None and self.runner.paused)
         self.progress = ProgressWindow(cfg.run.progress_window_s)
         """Counters sampled for the ``health`` block of ``/admin/status`` (:mod:`rollout_service.api.run_health`)."""

@@ -91,8 +91,17 @@ class EnginesConfig(Section):
     """Bearer token the engines require (SGLang ``--api-key``)."""
     admin_api_key: SecretStr | None = None
     """Bearer token of the engines' admin routes (SGLang ``--admin-api-key``: pause, abort, weights)."""
-    request_timeout_s: float = Field(600.0, gt=0.0)
-    """Upper bound of one /generate call."""
+    request_timeout_s: float | None = Field(None, gt=0.0)
+    """Upper bound of one /generate call. None: derived per call from what it asks for,
+    ``request_timeout_floor_s + max_new_tokens / min_decode_tokens_per_s`` (a short turn fails
+    fast on an engine that never finishes it; a 32k-token response is not cut at a fixed
+    10 minutes). A hung engine's calls do not wait for it either way: they are taken back
+    when its health probe fails (docs/rollout_service.md, Engines)."""
+    request_timeout_floor_s: float = Field(60.0, gt=0.0)
+    """The derived timeout's fixed part: queueing and prefill before the first token."""
+    min_decode_tokens_per_s: float = Field(2.0, gt=0.0)
+    """The slowest decode rate one request is allowed before its call times out (derived
+    timeout); set it well below what a loaded engine gives one request."""
     control_timeout_s: float = Field(60.0, gt=0.0)
     """Upper bound of control calls (pause, abort, flush, info)."""
 

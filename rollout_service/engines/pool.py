@@ -21,10 +21,20 @@ so a caller that must stop everything re-sends (the runner's pause does, every
 ``PAUSE_REABORT_S``). Rids are ``<prefix><trajectory id>.t<turn>.s<segment>`` with fixed-length
 ids, so no live rid is a prefix of another (SGLang's scheduler matches by prefix).
 
-Health: while the rollout is paused for a weight sync (``paused()``), engines are paused on
-purpose and SGLang's ``/health`` (a one-token generation) would wait behind the pause for up
-to 20 s and answer 503; the probe is then only "does the server answer" (``/model_info``).
-Otherwise it is ``/health_generate`` with a timeout above SGLang's 20 s.
+Health: every ``HEALTH_INTERVAL_S`` each engine must answer ``/model_info`` within
+``HEALTH_TIMEOUT_S`` — a hung or stopped server fails that at once, even while a slower
+generation probe is still waited for — and then generate (``/health_generate``, timeout above
+SGLang's own 20 s). While the rollout is paused for a weight sync (``paused()``) engines are
+paused on purpose and ``/health_generate`` would wait behind the pause and answer 503, so the
+probe is then only ``/model_info``.
+
+Leaving rotation takes the engine's calls back: when an engine becomes unhealthy or is
+quarantined, every generate call of this service waiting on it stops waiting (its
+``lost`` event), is aborted there by exact rid in the background, and raises
+:class:`EngineLost`; the turn loop retries it on another engine, keeping every token of
+earlier calls (the lost call's own tokens were never received). Bound: a hung engine's calls
+are elsewhere within ``HEALTH_INTERVAL_S + HEALTH_TIMEOUT_S`` (about 7 s) plus one interval
+of retry backoff, instead of the call's timeout (:meth:`EnginePool.call_timeout`).
 """
 
 from __future__ import annotations
@@ -54,6 +64,10 @@ class NoEngineAvailable(EngineError):
     """No healthy engine to route to."""
 
 
+class EngineLost(EngineError):
+    """The engine left rotation (health check failed, quarantined) while a call ran on it."""
+
+
 @dataclass
 class EngineHandle:
     id: str
@@ -70,14 +84,27 @@ class EngineHandle:
     weight_version: str | None = None
     last_checked: float = 0.0
     tokens_decoded: int = 0
+    evicted: int = 0
+    """Calls taken back from this engine because it went out of rotation while they ran."""
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the engine leaves rotation: calls in flight on it stop waiting (see the module doc)."""
 
     @property
     def inflight(self) -> int:
         return len(self.rids)
 
+    def set_state(self, state: str, reason: str | None) -> None:
+        """Move to ``state``; leaving ``healthy`` releases every call waiting on the engine."""
+        if state == "healthy" and self.state != "healthy":
+            self.lost = asyncio.Event()
+        self.state, self.reason = state, reason
+        if state != "healthy":
+            self.lost.set()
+
     def snapshot(self) -> dict[str, Any]:
         return {"id": self.id, "url": self.url, "state": self.state, "reason": self.reason, "inflight": self.inflight,
-                "routed": self.routed, "served": self.served, "weight_version": self.weight_version, "tokens_decoded": self.tokens_decoded}
+                "routed": self.routed, "served": self.served, "weight_version": self.weight_version, "tokens_decoded": self.tokens_decoded,
+                "evicted": self.evicted}
 
 
 def engine_id_for(url: str) -> str:
@@ -89,7 +116,10 @@ def engine_id_for(url: str) -> str:
 class EnginePool:
     api_key: str | None = None
     admin_api_key: str | None = None
-    request_timeout_s: float = 600.0
+    request_timeout_s: float | None = None
+    """Fixed bound of one generate call; None: :meth:`call_timeout` derives it per call."""
+    request_timeout_floor_s: float = 60.0
+    min_decode_tokens_per_s: float = 2.0
     control_timeout_s: float = 60.0
     engines: dict[str, EngineHandle] = field(default_factory=dict)
     paused: Callable[[], bool] = lambda: False
@@ -97,6 +127,7 @@ class EnginePool:
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Event()
+        self._aborts: set[asyncio.Task] = set()
 
     # -- membership ---------------------------------------------------------------------
     def add(self, url: str, engine_id: str | None = None) -> EngineHandle:
@@ -108,7 +139,7 @@ class EnginePool:
         eid = engine_id or engine_id_for(url)
         if eid in self.engines:
             raise ValueError(f"engine id {eid!r} is already used by {self.engines[eid].url}")
-        client = EngineClient(url, api_key=self.api_key, admin_api_key=self.admin_api_key, request_timeout_s=self.request_timeout_s,
+        client = EngineClient(url, api_key=self.api_key, admin_api_key=self.admin_api_key, request_timeout_s=self.request_timeout_s or self.request_timeout_floor_s,
                               control_timeout_s=self.control_timeout_s)
         handle = EngineHandle(id=eid, url=url, client=client)
         self.engines[eid] = handle
@@ -127,8 +158,7 @@ class EnginePool:
 
     def set_quarantine(self, engine_id: str, quarantined: bool, reason: str | None = None) -> EngineHandle:
         handle = self.engines[engine_id]
-        handle.state = "quarantined" if quarantined else "healthy"
-        handle.reason = reason if quarantined else None
+        handle.set_state("quarantined" if quarantined else "healthy", reason if quarantined else None)
         handle.consecutive_failures = 0
         self._changed.set()
         return handle
@@ -171,7 +201,8 @@ class EnginePool:
         handle.rids.add(rid)
         handle.routed += 1
         try:
-            res = await handle.client.generate(input_ids, sampling_params, rid=rid, extra=extra)
+            res = await self._unless_lost(handle, rid, handle.client.generate(input_ids, sampling_params, rid=rid, extra=extra,
+                                                                              timeout_s=self.call_timeout(sampling_params)))
         except EngineUnavailable:
             self._note_failure(handle, "connection failed")
             raise
@@ -196,8 +227,14 @@ class EnginePool:
         handle.rids.add(rid)
         handle.routed += 1
         last = None
+        stream = handle.client.generate_stream(input_ids, sampling_params, rid=rid, extra=extra,
+                                               timeout_s=self.call_timeout(sampling_params))
         try:
-            async for res in handle.client.generate_stream(input_ids, sampling_params, rid=rid, extra=extra):
+            while True:
+                try:
+                    res = await self._unless_lost(handle, rid, anext(stream))
+                except StopAsyncIteration:
+                    break
                 last = res
                 yield res
         except EngineUnavailable:
@@ -205,6 +242,7 @@ class EnginePool:
             raise
         finally:
             handle.rids.discard(rid)
+            await stream.aclose()
         handle.consecutive_failures = 0
         handle.served += 1
         if last is not None:
@@ -214,10 +252,48 @@ class EnginePool:
         if state is not None:
             state.engine_id = handle.id
 
+    def call_timeout(self, sampling_params: dict) -> float:
+        """Seconds one generate call may take: ``request_timeout_s`` when set, else the floor
+        plus ``max_new_tokens`` at ``min_decode_tokens_per_s`` (one token when not given)."""
+        if self.request_timeout_s is not None:
+            return self.request_timeout_s
+        max_new = int(sampling_params.get("max_new_tokens") or 1)
+        return self.request_timeout_floor_s + max_new / self.min_decode_tokens_per_s
+
+    async def _unless_lost(self, handle: EngineHandle, rid: str, call):
+        """Await ``call`` unless ``handle`` leaves rotation first: then cancel it, abort ``rid``
+        there in the background (a stuck engine may recover and should not go on with it) and
+        raise :class:`EngineLost`, which the turn loop retries on another engine."""
+        if handle.lost.is_set():
+            call.close()
+            raise EngineLost(f"engine {handle.id} is {handle.state}: {handle.reason}")
+        task = asyncio.ensure_future(call)
+        lost = asyncio.ensure_future(handle.lost.wait())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not task.done():
+                task.cancel()
+        if task.cancelled() or not task.done():
+            await asyncio.gather(task, return_exceptions=True)  # let the cancelled call unwind (a stream closes after it)
+            handle.evicted += 1
+            self._aborts.add(abort := asyncio.create_task(self._abort_quietly(handle, rid)))
+            abort.add_done_callback(self._aborts.discard)
+            log.warning("engine %s went %s (%s) with %s in flight: taken back", handle.id, handle.state, handle.reason, rid)
+            raise EngineLost(f"engine {handle.id} went {handle.state} ({handle.reason}) during the call")
+        return task.result()
+
+    async def _abort_quietly(self, handle: EngineHandle, rid: str) -> None:
+        try:
+            await handle.client.abort(rid=rid, timeout_s=HEALTH_TIMEOUT_S)
+        except EngineError as exc:
+            log.debug("abort of %s on the lost engine %s: %s", rid, handle.id, exc)
+
     def _note_failure(self, handle: EngineHandle, why: str) -> None:
         handle.consecutive_failures += 1
         if handle.state == "healthy" and handle.consecutive_failures >= UNHEALTHY_AFTER:
-            handle.state, handle.reason = "unhealthy", why
+            handle.set_state("unhealthy", why)
             log.warning("engine %s (%s) marked unhealthy: %s", handle.id, handle.url, why)
 
     async def abort_inflight(self, prefix: str = "") -> None:
@@ -240,36 +316,57 @@ class EnginePool:
     async def check_once(self) -> None:
         await asyncio.gather(*(self._check(h) for h in list(self.engines.values())))
 
-    async def _probe(self, handle: EngineHandle) -> bool:
+    async def _probe(self, handle: EngineHandle) -> str | None:
+        """None if the engine is fit to serve, else why not. A server that does not answer
+        ``/model_info`` within ``HEALTH_TIMEOUT_S`` (hung, stopped, gone) fails at once, also
+        while a slow ``/health_generate`` is waited for (asked again every
+        ``HEALTH_INTERVAL_S``); one that answers must also generate (``/health_generate``),
+        except while the rollout is paused for a sync (module docstring)."""
         c = handle.client
-        paused = self.paused()
+        why = await self._alive(c)
+        if why is not None or self.paused():
+            return why
+        gen = asyncio.ensure_future(c.health_generate(timeout_s=HEALTH_GENERATE_TIMEOUT_S))
         try:
-            if not paused and await c.health_generate(timeout_s=HEALTH_GENERATE_TIMEOUT_S):
-                return True
-        except EngineError:
-            pass
-        if not (paused or self.paused()):  # a pause that began during the probe explains a slow answer
-            return False
+            while True:
+                await asyncio.wait({gen}, timeout=HEALTH_INTERVAL_S)
+                if gen.done():
+                    break
+                why = await self._alive(c)
+                if why is not None:
+                    return why
+        finally:
+            if not gen.done():
+                gen.cancel()
+                await asyncio.gather(gen, return_exceptions=True)
+        ok = not gen.cancelled() and gen.exception() is None and gen.result()
+        return None if ok or self.paused() else "health check failed"  # a pause that began meanwhile explains a slow answer
+
+    @staticmethod
+    async def _alive(c: EngineClient) -> str | None:
         try:
-            return await c.alive(timeout_s=HEALTH_TIMEOUT_S)
-        except EngineError:
-            return False
+            return None if await c.alive(timeout_s=HEALTH_TIMEOUT_S) else "not answering"
+        except EngineError as exc:
+            return f"not answering: {exc}"
 
     async def _check(self, handle: EngineHandle) -> None:
         handle.last_checked = time.time()
-        ok = await self._probe(handle)
+        why = await self._probe(handle)
+        ok = why is None
         if ok:
             try:
                 handle.weight_version = await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S)
             except EngineError:
-                ok = False
+                ok, why = False, "no weight version"
         if ok and handle.state == "unhealthy":
-            handle.state, handle.reason, handle.consecutive_failures = "healthy", None, 0
+            handle.set_state("healthy", None)
+            handle.consecutive_failures = 0
             log.info("engine %s healthy again", handle.id)
             self._changed.set()
         elif not ok and handle.state == "healthy":
-            handle.state, handle.reason = "unhealthy", "health check failed"
-            log.warning("engine %s failed its health check", handle.id)
+            handle.set_state("unhealthy", why)
+            log.warning("engine %s failed its health check (%s): %d calls in flight on it go elsewhere",
+                        handle.id, why, handle.inflight)
 
     async def health_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
