@@ -15,8 +15,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
+
 GRACEFUL_SHUTDOWN_S = 5  # uvicorn waits this long for open requests after SIGTERM
-KEEP_ALIVE_S = 30  # idle connection lifetime; above clients' pools (EngineClient: 3 s) so they close first
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"asyncrl engine: cannot load model {settings.model!r}: {exc}", file=sys.stderr)
         return 2
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=KEEP_ALIVE_S, access_log=False)
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=SERVER_KEEP_ALIVE_S, access_log=False)
     return 0
 
 

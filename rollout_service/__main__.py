@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from asyncrl.cli_args import config_parser, resolve_config
 from asyncrl.config import secret
+from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from asyncrl.logs import configure_logging
 
 
@@ -44,7 +45,8 @@ async def _serve(cfg, host: str, port: int) -> int:
     from rollout_service.service import RolloutService
 
     svc = await RolloutService.create(cfg)
-    server = uvicorn.Server(uvicorn.Config(create_app(svc), host=host, port=port, log_level="warning", log_config=None, lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(create_app(svc), host=host, port=port, log_level="warning", log_config=None, lifespan="on",
+                                           timeout_keep_alive=SERVER_KEEP_ALIVE_S))
     await server.serve()
     return 0
 

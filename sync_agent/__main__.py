@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from asyncrl.cli_args import config_parser, resolve_config
 from asyncrl.config import secret
+from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from asyncrl.logs import configure_logging
 
 
@@ -36,7 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     host = ns.host or cfg.sync.host
     port = ns.port if ns.port is not None else cfg.sync.port
-    uvicorn.run(create_app(SyncAgent(cfg)), host=host, port=port, log_level="warning", log_config=None)
+    uvicorn.run(create_app(SyncAgent(cfg)), host=host, port=port, log_level="warning", log_config=None,
+                timeout_keep_alive=SERVER_KEEP_ALIVE_S)
     return 0
 
 

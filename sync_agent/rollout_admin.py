@@ -6,6 +6,8 @@ from typing import Any
 
 import aiohttp
 
+from asyncrl.http.keepalive import client_session
+
 
 class RolloutAdminError(RuntimeError):
     """The rollout service refused or did not answer an admin call."""
@@ -20,7 +22,7 @@ class RolloutAdmin:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = client_session()
         return self._session
 
     async def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> dict[str, Any]:

@@ -45,15 +45,12 @@ from asyncrl.engine_client.errors import (
     error_message,
 )
 from asyncrl.engine_client.types import GenerateResult
+from asyncrl.http.keepalive import client_session
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # a long agent turn on a slow engine; callers set their own
 DEFAULT_CONTROL_TIMEOUT_S = 120.0  # group init blocks until every rank joins (prime-rl PR #2673: 120 s)
 DEFAULT_MAX_CONNECTIONS = 1024  # concurrent requests per client; aiohttp's default of 100 throttles rollouts
-# Idle connections are dropped before the server's keep-alive (uvicorn, hence SGLang: 5 s)
-# closes them; aiohttp's default of 15 s let a POST race the server's close and fail with
-# ServerDisconnectedError (seen in this repo's tests).
-KEEPALIVE_S = 3.0
 FALLBACK_STATUSES = (400, 405, 415, 422)  # what an old server says to a body it does not take
 
 _NO_BODY = object()
@@ -93,10 +90,8 @@ class EngineClient:
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=KEEPALIVE_S),
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-            )
+            # idle connections dropped before the server closes them (asyncrl.http.keepalive)
+            self._session = client_session(limit=self.max_connections, json_serialize=lambda o: orjson.dumps(o).decode())
         return self._session
 
     # -- plumbing ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from asyncrl.config import ConfigError, load_config, secret
+from asyncrl.http.keepalive import client_session
 from asyncrl.launch import log_tail
 from asyncrl.logs import configure_logging
 
@@ -78,7 +79,7 @@ async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyn
     try:
         if live:
             live.start()
-        async with aiohttp.ClientSession() as http:
+        async with client_session() as http:
             while not stop.is_set():
                 if time.monotonic() - last_poll > SYNC_POLL_S:
                     last_poll = time.monotonic()

@@ -12,6 +12,7 @@ import pytest
 import uvicorn
 
 from asyncrl.config import load_config
+from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from asyncrl.launch import free_port
 from tests.helpers.processes import start_engine
 from tests.helpers.waiting import wait_for
@@ -46,7 +47,8 @@ async def running_service(cfg):
 
     svc = await RolloutService.create(cfg)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                                           timeout_keep_alive=SERVER_KEEP_ALIVE_S))
     task = asyncio.create_task(server.serve())
     await wait_for(lambda: server.started or task.done(), SERVER_START_S, "the rollout service's HTTP server to start")
     assert server.started, f"the rollout service's HTTP server exited during startup: {task}"

@@ -10,6 +10,7 @@ import pytest
 import torch
 import uvicorn
 
+from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from asyncrl.launch import free_port
 from asyncrl.models import load_model
 from tests.helpers.processes import Engine, start_engine
@@ -51,7 +52,8 @@ async def running_agent(cfg):
 
     agent = SyncAgent(cfg)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(agent), host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(create_app(agent), host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                                           timeout_keep_alive=SERVER_KEEP_ALIVE_S))
     task = asyncio.create_task(server.serve())
     await wait_for(lambda: server.started or task.done(), SERVER_START_S, "the sync agent's HTTP server to start")
     assert server.started, f"the sync agent's HTTP server exited during startup: {task}"

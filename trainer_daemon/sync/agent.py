@@ -38,6 +38,7 @@ import aiohttp
 import torch
 from pydantic import ValidationError
 
+from asyncrl.http.keepalive import client_session
 from asyncrl.weight_sync import (
     WeightGroup,
     WeightSyncError,
@@ -102,7 +103,7 @@ class SyncAgentPublisher(WeightPublisher):
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = client_session()
         return self._session
 
     def _reset_group(self) -> None:
