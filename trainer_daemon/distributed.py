@@ -83,8 +83,17 @@ class DistContext:
     def barrier(self) -> None:
         dist.barrier(group=self.cpu_group)
 
-    def destroy(self) -> None:
-        """Destroy every group (idempotent)."""
+    def destroy(self, meet_first: bool = True) -> None:
+        """Destroy every group (idempotent). With ``meet_first`` and more than one rank, the
+        ranks first meet at a gloo barrier bounded by ``DESTROY_BARRIER_S``: a rank tearing
+        down its gloo pairs while a peer is still in its last collective made the peer abort
+        ("terminate called without an active exception", seen under load). A peer that
+        never comes (it died) costs that bound, then the teardown goes on."""
+        if dist.is_initialized() and meet_first and self.world_size > 1:
+            try:
+                dist.monitored_barrier(group=self.cpu_group, timeout=timedelta(seconds=DESTROY_BARRIER_S))
+            except Exception as exc:  # noqa: BLE001 - a peer is gone: tear down anyway
+                log.warning("ranks did not meet before teardown: %s", exc)
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
@@ -95,6 +104,9 @@ class DistContext:
             if close is not None:
                 close()
         self._keep.clear()
+
+
+DESTROY_BARRIER_S = 10.0  # how long a rank waits for its peers before tearing the groups down
 
 
 def init_distributed(device: str = "cpu", timeout_s: float = PROCESS_GROUP_TIMEOUT_S) -> DistContext:
