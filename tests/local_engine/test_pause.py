@@ -11,6 +11,7 @@ from tests.local_engine.helpers import load, running_tokens
 
 PROMPT = [9, 10, 11, 12]
 LONG = {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}
+RETRACT_TOKENS = 1500
 HOLD_S = 1.0  # how long a blocked request must stay blocked to count as held
 
 
@@ -61,14 +62,18 @@ async def test_pause_in_place_keeps_requests_and_they_finish_after_continue(smal
 
 
 async def test_retract_mode_behaves_like_in_place(small_client):
-    task = asyncio.create_task(small_client.generate(PROMPT, {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}))
+    # long enough that it cannot finish between the first tokens and the pause, even on a loaded box
+    # (60 tokens once did, under two CPU hogs): the pause, not the request's length, must hold it
+    n = RETRACT_TOKENS
+    task = asyncio.create_task(small_client.generate(PROMPT, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}))
     await wait_for(lambda: _tokens_over(small_client, len(PROMPT) + 2), WAIT_S, "tokens before the pause")
     await small_client.pause("retract")
-    await asyncio.sleep(0.3)  # not a wait for a state: room for a wrong engine to finish the request while paused
-    assert not task.done()
+    before = await running_tokens(small_client)
+    await asyncio.sleep(0.3)  # not a wait for a state: room for a wrong engine to go on with the request while paused
+    assert not task.done() and await running_tokens(small_client) == before, "no steps while paused"
     await small_client.resume()
-    res = await asyncio.wait_for(task, 30)
-    assert res.finish_reason.type == "length" and len(res.output_ids) == 60
+    res = await asyncio.wait_for(task, 120)
+    assert res.finish_reason.type == "length" and len(res.output_ids) == n
 
 
 async def test_pause_and_continue_require_a_body_like_sglang(small_engine, small_client):
