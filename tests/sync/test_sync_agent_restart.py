@@ -37,6 +37,14 @@ def agent_process(tmp_path, name: str, port: int, overrides: list[str]) -> Child
                         tmp_path / f"{name}.log").start()
 
 
+def agent_overrides(cfg0, nats_url: str, urls: list[str], rollout_url: str, *extra: str) -> list[str]:
+    """``asyncrl sync-agent`` overrides for an agent process beside the in-process rollout service of ``cfg0``."""
+    engine_urls = '["' + '","'.join(urls) + '"]'
+    return [f"run.dir={cfg0.run_dir}", f"nats.url={nats_url}", f"engines.urls={engine_urls}", f"security.admin_token={ADMIN}",
+            f"security.sync_token={SYNC_TOKEN}", "rollout.n=2", "actor.ppo_mini_batch_size=2", "sync.reconcile_interval_s=0.5",
+            "sync.group_init_timeout_s=30", "sync.pause_timeout_s=30", f"sync.rollout_url={rollout_url}", *extra]
+
+
 async def latest_sync(agent_url: str) -> dict | None:
     async with httpx.AsyncClient(timeout=5) as http:
         syncs = (await http.get(f"{agent_url}/v1/syncs", headers=AUTH)).json()["syncs"]
@@ -74,11 +82,7 @@ async def test_agent_killed_while_loading_rolls_back_and_never_serves_mixed_weig
     async with running_service(cfg0) as (svc, rollout_url):
         port = free_port()
         agent_url = f"http://127.0.0.1:{port}"
-        engine_urls = '["' + '","'.join(urls) + '"]'
-        overrides = [f"run.dir={cfg0.run_dir}", f"nats.url={nats_server.url}", f"engines.urls={engine_urls}",
-                     f"security.admin_token={ADMIN}", f"security.sync_token={SYNC_TOKEN}", "rollout.n=2", "actor.ppo_mini_batch_size=2",
-                     "sync.reconcile_interval_s=0.5", "sync.group_init_timeout_s=30", "sync.pause_timeout_s=30",
-                     f"sync.rollout_url={rollout_url}", *extra]
+        overrides = agent_overrides(cfg0, nats_server.url, urls, rollout_url, *extra)
         cfg = config(tmp_path, nats_server.url, urls, f"sync.rollout_url={rollout_url}", *extra)
         agent = agent_process(tmp_path, "agent-1", port, overrides)
         pub = publisher(agent_url, cfg, bucket_bytes=8 * 1024)  # one bucket per parameter
@@ -152,11 +156,8 @@ async def test_agent_killed_while_loading_with_nothing_to_reload_from_asks_for_a
     async with running_service(cfg0) as (svc, rollout_url):
         port = free_port()
         agent_url = f"http://127.0.0.1:{port}"
-        engine_urls = '["' + '","'.join(urls) + '"]'
-        overrides = [f"run.dir={cfg0.run_dir}", f"nats.url={nats_server.url}", f"engines.urls={engine_urls}",
-                     f"security.admin_token={ADMIN}", f"security.sync_token={SYNC_TOKEN}", "rollout.n=2", "actor.ppo_mini_batch_size=2",
-                     "sync.reconcile_interval_s=0.5", "sync.group_init_timeout_s=30", "sync.pause_timeout_s=30",
-                     "sync.broadcast_timeout_s=5", f"sync.rollout_url={rollout_url}", f"run.progress_window_s={WINDOW_S}"]
+        overrides = agent_overrides(cfg0, nats_server.url, urls, rollout_url, "sync.broadcast_timeout_s=5",
+                                    f"run.progress_window_s={WINDOW_S}")
         cfg = config(tmp_path, nats_server.url, urls, f"sync.rollout_url={rollout_url}", "sync.broadcast_timeout_s=5")
         agent = agent_process(tmp_path, "agent-1", port, overrides)
         pub = publisher(agent_url, cfg, bucket_bytes=8 * 1024)
