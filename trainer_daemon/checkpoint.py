@@ -42,9 +42,11 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
+from asyncrl import failpoints
 from asyncrl.files import atomic_write
 from trainer_daemon.distributed import DistContext
 from trainer_daemon.ledger import write_segment
@@ -69,6 +71,16 @@ class ModelOptimState(Stateful):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+class CheckpointWriter(FileSystemWriter):
+    """DCP's file writer with failpoint ``checkpoint.write`` before the shards are written (with
+    ``async_save`` this runs in the background thread, so a fault test can kill the trainer while
+    the save's future is pending)."""
+
+    def write_data(self, plan, planner):
+        failpoints.hold("checkpoint.write")
+        return super().write_data(plan, planner)
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -152,10 +164,10 @@ class CheckpointManager:
         state = {"app": ModelOptimState(model, optimizer)}
         self._owed_barrier = True
         if self.async_save:
-            fut = dcp.async_save(state, checkpoint_id=str(tmp / "dcp"), process_group=self.ctx.checkpoint_group())
+            fut = dcp.async_save(state, storage_writer=CheckpointWriter(tmp / "dcp"), process_group=self.ctx.checkpoint_group())
             self._inflight = _InFlight(step, fut, tmp, trainer_state, segment)
         else:
-            dcp.save(state, checkpoint_id=str(tmp / "dcp"))
+            dcp.save(state, storage_writer=CheckpointWriter(tmp / "dcp"))
             self._inflight = _InFlight(step, None, tmp, trainer_state, segment)
             self.wait()
 

@@ -80,3 +80,28 @@ def start_engine(log_dir: Path | str, *extra: str, model: str = MODEL, port: int
         proc.stop()
         raise
     return Engine(url=url, port=port, proc=proc, api_key=api_key, admin_api_key=admin_api_key)
+
+
+def process_tree(pid: int) -> list:
+    """``pid`` and all its descendants as ``psutil.Process`` (empty once it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(tree: list) -> list[int]:
+    """Pids of ``tree`` still running (zombies count as gone)."""
+    import psutil
+
+    out = []
+    for p in tree:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

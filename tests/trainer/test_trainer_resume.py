@@ -23,6 +23,7 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.jetstream import connect
 from asyncrl.wire import NatsNames, encode_trajectory
+from tests.helpers.processes import alive, process_tree
 from tests.helpers.waiting import wait_for_sync
 from tests.trainer.helpers import (
     NOT_YET,
@@ -80,21 +81,13 @@ def test_resume_is_bitwise_identical_to_an_uninterrupted_run(module_nats, tmp_pa
     assert [x["actor/lr"] for x in la] == [x["actor/lr"] for x in lb]
 
 
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 def _workers(pid: int) -> list[psutil.Process]:
-    return [p for p in _tree(pid)[1:] if "trainer_daemon" in " ".join(p.cmdline()) and "torchrun" not in " ".join(p.cmdline())]
+    return [p for p in process_tree(pid)[1:] if "trainer_daemon" in " ".join(p.cmdline()) and "torchrun" not in " ".join(p.cmdline())]
 
 
 def _kill(proc, mode: str) -> list[psutil.Process]:
     """SIGKILL part of the trainer; returns every process of its tree (to check they all die)."""
-    tree = _tree(proc.pid)
+    tree = process_tree(proc.pid)
     workers = _workers(proc.pid)
     targets = {"agent": tree[:1], "all": tree, "rank0": [w for w in workers if "trainer_daemon" in " ".join(w.cmdline())][:1]}[mode]
     if mode == "rank0":
@@ -105,18 +98,6 @@ def _kill(proc, mode: str) -> list[psutil.Process]:
         except ProcessLookupError:
             pass
     return tree
-
-
-def _alive(tree) -> list[int]:
-    """Pids of ``tree`` still running (zombies count as gone)."""
-    out = []
-    for p in tree:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 async def _stream_counts(url: str, cfg) -> int:
@@ -155,7 +136,7 @@ def test_sigkill_at_random_points_trains_every_trajectory_exactly_once(module_na
             if proc.poll() is not None:
                 pytest.fail(f"trainer exited before kill {i}: {proc.failure('exited')}")
             tree = _kill(proc, mode)
-            wait_for_sync(lambda t=tree: not _alive(t), DEATH_WAIT_S, f"kill {i} ({mode}): every process of the trainer to die")
+            wait_for_sync(lambda t=tree: not alive(t), DEATH_WAIT_S, f"kill {i} ({mode}): every process of the trainer to die")
         finally:
             proc.kill()
 

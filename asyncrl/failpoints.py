@@ -1,0 +1,49 @@
+"""Failpoints: named places in the code where a fault test can hold a process, to kill it there.
+
+A fault that must strike inside a short window (a checkpoint's background write, a collective)
+cannot be hit reliably by timing a signal. A failpoint makes the window as long as the test
+needs: the process stops at :func:`hold` until the test releases it, or kills it there.
+
+Contract (all through files, so it works across ``torchrun`` and any number of processes):
+
+- The environment variable ``ASYNCRL_FAILPOINTS`` names a directory. Unset (production):
+  :func:`hold` returns at once, after one environment lookup.
+- :func:`hold` ``(name)`` acts only while ``<dir>/<name>.arm`` exists (the test creates it when
+  the run has reached the state it wants). Then it writes ``<dir>/<name>.reached.<pid>`` and
+  waits until ``<dir>/<name>.release`` exists, at most ``ASYNCRL_FAILPOINT_MAX_S`` seconds
+  (default 600; a forgotten failpoint cannot hang a process forever).
+- Names are dotted, ``<component>.<place>``; each call site documents its name.
+
+Failpoints in the product: ``checkpoint.write`` (trainer, inside the background write of a
+checkpoint, while ``dcp.async_save``'s future is pending).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+ENV_DIR = "ASYNCRL_FAILPOINTS"
+ENV_MAX_S = "ASYNCRL_FAILPOINT_MAX_S"
+POLL_S = 0.05
+
+
+def hold(name: str) -> bool:
+    """Stop here while failpoint ``name`` is armed (module docstring); True if it held."""
+    root = os.environ.get(ENV_DIR)
+    if not root:
+        return False
+    d = Path(root)
+    if not (d / f"{name}.arm").exists():
+        return False
+    (d / f"{name}.reached.{os.getpid()}").touch()
+    deadline = time.monotonic() + float(os.environ.get(ENV_MAX_S, "600"))
+    while not (d / f"{name}.release").exists() and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return True
+
+
+def reached(root: Path, name: str) -> list[int]:
+    """Pids of the processes that reached failpoint ``name`` (for the test's side)."""
+    return sorted(int(p.name.rsplit(".", 1)[1]) for p in Path(root).glob(f"{name}.reached.*"))
