@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from asyncrl.config import RunConfig, secret
-from asyncrl.jetstream import connect, ensure_kv, ensure_stream, resolve_nats_url
+from asyncrl.jetstream import connect, ensure_kv, ensure_stream, kv_forget, resolve_nats_url
 from asyncrl.models import load_tokenizer
 from asyncrl.progress import ProgressWindow
 from asyncrl.wire import NatsNames
@@ -126,7 +126,9 @@ class RolloutService:
         await ensure_stream(js, cfg)
         agents_kv = await ensure_kv(js, self.names.agents_bucket)
         state_kv = await ensure_kv(js, self.names.state_bucket)
-        self.sessions = SessionManager(await ensure_kv(js, self.names.sessions_bucket), cfg.api.session_ttl_s, cfg.api.max_sessions)
+        sessions_bucket = self.names.sessions_bucket
+        self.sessions = SessionManager(await ensure_kv(js, sessions_bucket), cfg.api.session_ttl_s, cfg.api.max_sessions,
+                                       cfg.api.closed_session_retention_s, lambda key: kv_forget(js, sessions_bucket, key))
         outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items)
         publisher = TrajectoryPublisher(outbox, self.names.trajectories, lambda s, p, h: js.publish(s, p, headers=h))
 
@@ -135,7 +137,7 @@ class RolloutService:
 
         self.runner = Runner(
             cfg, deps_factory=self._deps, stream=stream, outbox=outbox, publisher=publisher,
-            agent_store=AgentStore(agents_kv), state_store=RunnerStateStore(state_kv), queue_probe=queue_probe,
+            agent_store=AgentStore(agents_kv, js, self.names.agents_bucket), state_store=RunnerStateStore(state_kv), queue_probe=queue_probe,
             abort_engines=self.pool.abort_inflight, rid_prefix=self.rid_prefix,
         )
         self.val_records = await asyncio.to_thread(validation_records, cfg)
@@ -207,6 +209,7 @@ class RolloutService:
         while not self._stop.is_set():
             for rec in self.sessions.expire_idle():
                 await self.sessions.save(rec)
+            await self.sessions.forget_closed()
             try:
                 await asyncio.wait_for(self._stop.wait(), EXPIRY_SCAN_S)
             except TimeoutError:

@@ -53,7 +53,7 @@ class Rank0Services:
         ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None)
         required = cfg.derived.required_samples * cfg.rollout.n
         self.source = TrajectorySource(self.names, state, ledger, required, ack_wait_s=cfg.trainer.ack_wait_s,
-                                       in_flight=cfg.derived.max_concurrent_samples)
+                                       in_flight=cfg.derived.max_concurrent_samples, dead_letters_keep=cfg.nats.dead_letters_keep)
         self.source.effective = self.lineage.effective
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -180,6 +180,9 @@ class ApiConfig(Section):
     """Open sessions at once (429 above it)."""
     session_ttl_s: float = Field(1800.0, gt=0.0)
     """A session without activity for this long expires (reported, not published)."""
+    closed_session_retention_s: float = Field(3600.0, gt=0.0)
+    """A finished or expired session is kept this long (``GET``, a repeated ``finish``), then
+    forgotten (memory and the sessions KV bucket): 404 afterwards."""
     public_url: str | None = None
     """Base URL clients use to reach this service (for session ``base_url``). None: from the request."""
     model_name: str | None = None

@@ -83,6 +83,9 @@ class NatsConfig(Section):
     """Byte limit of the run's stream. With discard=new, a full stream rejects publishes."""
     duplicate_window_s: float = Field(1800.0, ge=1.0, le=7 * 86400.0)
     """``Nats-Msg-Id`` dedup window; must exceed how long the outbox may retry a publish."""
+    dead_letters_keep: int = Field(10_000, ge=0)
+    """Dead letters (undecodable messages the trainer copied aside) kept in the stream: the
+    newest this many; older ones are purged with each checkpoint's purge."""
     sync_always: bool = False
     """Embedded server: fsync every write (survives an OS crash, slower)."""
     user: str | None = None

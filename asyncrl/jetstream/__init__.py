@@ -6,6 +6,13 @@ from asyncrl.jetstream.embedded import (
     resolve_nats_url,
     write_endpoint,
 )
-from asyncrl.jetstream.setup import StreamMismatch, connect, ensure_kv, ensure_stream, stream_config
+from asyncrl.jetstream.setup import (
+    StreamMismatch,
+    connect,
+    ensure_kv,
+    ensure_stream,
+    kv_forget,
+    stream_config,
+)
 
-__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "connect", "ensure_kv", "ensure_stream", "find_nats_server", "stream_config"]
+__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "connect", "ensure_kv", "ensure_stream", "kv_forget", "find_nats_server", "stream_config"]

@@ -16,6 +16,11 @@ time. Contract:
   bucket and survive a restart of the service.
 - **Expiry.** A session idle for ``api.session_ttl_s`` expires: reported (status, metric,
   log), never published.
+- **Retention.** A finished or expired session is kept (``GET``, a repeated ``finish``
+  answering the same result) for ``api.closed_session_retention_s`` after it closed, then
+  forgotten: dropped from memory and its KV key purged (no delete marker), so memory and the
+  bucket hold the open sessions plus those closed within the retention, at any run length.
+  A request for a forgotten session answers 404.
 - **Auth.** Each session has its own bearer token (only its hash is stored).
 """
 
@@ -136,10 +141,15 @@ def prepare_turn(rec: SessionRecord, messages: list[dict[str, Any]], chat: ChatT
 class SessionManager:
     """The service's sessions (see the module docstring)."""
 
-    def __init__(self, kv, ttl_s: float, max_open: int) -> None:
+    def __init__(self, kv, ttl_s: float, max_open: int, retention_s: float = 3600.0, forget=None) -> None:
+        """``forget(key)``: removes a key from the bucket for good (``asyncrl.jetstream.kv_forget``)."""
         self.kv = kv
         self.ttl_s = ttl_s
         self.max_open = max_open
+        self.retention_s = retention_s
+        self._forget = forget
+        self._unforgotten: set[str] = set()  # keys whose purge failed (NATS down): retried
+        self.forgotten_total = 0
         self.sessions: dict[str, SessionRecord] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.expired_total = 0
@@ -180,6 +190,28 @@ class SessionManager:
                 rec = dec.decode(entry.value)
                 self.sessions[rec.id] = rec
         return len(self.sessions)
+
+    async def forget_closed(self, now: float | None = None) -> list[str]:
+        """Drop sessions closed more than ``retention_s`` ago (module docstring); their ids."""
+        now = time.time() if now is None else now
+        gone = []
+        for rec in list(self.sessions.values()):
+            closed_at = max(rec.last_activity, rec.finished_at or 0.0)
+            if rec.status != "open" and now - closed_at > self.retention_s and not self.lock(rec.id).locked():
+                del self.sessions[rec.id]
+                self.locks.pop(rec.id, None)
+                self._unforgotten.add(rec.id.replace(".", "_"))
+                gone.append(rec.id)
+        self.forgotten_total += len(gone)
+        if self._forget is not None:
+            for key in list(self._unforgotten):
+                try:
+                    await self._forget(key)
+                except Exception as exc:  # noqa: BLE001 - NATS down: retried at the next scan
+                    log.warning("session %s not purged from the bucket (will retry): %s", key, exc)
+                    break
+                self._unforgotten.discard(key)
+        return gone
 
     def expire_idle(self, now: float | None = None) -> list[SessionRecord]:
         now = time.time() if now is None else now

@@ -1,7 +1,9 @@
 """Checkpoints of agents and of the runner in the run's JetStream KV buckets.
 
 ``AgentStore`` keeps one key per live trajectory (its id, with ``.`` replaced) in the
-agents bucket, holding the MessagePack of its :class:`AgentState`; ``RunnerStateStore``
+agents bucket, holding the MessagePack of its :class:`AgentState`; a finished trajectory's
+key is forgotten (``asyncrl.jetstream.kv_forget``: no delete marker stays), so the bucket
+holds the live agents only, whatever the run's length; ``RunnerStateStore``
 keeps the prompt-stream cursor, the quota counters and the weight version in the state
 bucket. Writes are best effort with a timeout: while NATS is unreachable a failed write is
 remembered and the newest state is written at the next opportunity (``flush_dirty``), so an
@@ -16,8 +18,10 @@ import logging
 import re
 
 import msgspec
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from asyncrl.jetstream.setup import kv_forget
 from rollout_service.agent.state import AgentState, decode_state, encode_state
 
 log = logging.getLogger(__name__)
@@ -32,8 +36,9 @@ def kv_key(trajectory_id: str) -> str:
 
 
 class AgentStore:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, js: JetStreamContext, bucket: str) -> None:
         self.kv = kv
+        self.js, self.bucket = js, bucket
         self._dirty: dict[str, AgentState] = {}
         self._pending_deletes: set[str] = set()
         self.write_failures = 0
@@ -54,7 +59,7 @@ class AgentStore:
         """Forget a finished agent; a failed delete is retried by :meth:`flush_dirty`."""
         self._dirty.pop(trajectory_id, None)
         try:
-            await asyncio.wait_for(self.kv.delete(kv_key(trajectory_id)), KV_TIMEOUT_S)
+            await kv_forget(self.js, self.bucket, kv_key(trajectory_id), KV_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001
             self._pending_deletes.add(trajectory_id)
             log.warning("agent checkpoint %s not deleted (will retry): %s", trajectory_id, exc)

@@ -40,6 +40,14 @@ async def fetch_all(nats_url: str, run_id: str, expected: int, timeout_s: float 
     return out
 
 
+async def _is_empty(nats_url: str, bucket: str) -> bool:
+    nc = await connect(nats_url, "test-inspect", persistent=False)
+    try:
+        return (await nc.jetstream().stream_info(f"KV_{bucket}")).state.messages == 0
+    finally:
+        await nc.close()
+
+
 def model_segments(traj):
     """(start, end) of runs of loss-mask 1 in the response."""
     segs, start = [], None
@@ -62,6 +70,9 @@ async def test_group_with_tool_calls_is_published_once_and_exactly(tmp_path, nat
             await wait_for(lambda: svc.runner.counters.trajectories_finished >= 6, 240, "6 finished trajectories")
             await wait_for(lambda: svc.runner.publisher.stats.published >= 6, 60, "6 published trajectories")
             wasted = svc.runner.tokens.wasted
+            # finished agents leave nothing in the agents bucket (no KV delete markers)
+            bucket = NatsNames(cfg.run.id).agents_bucket
+            await wait_for(lambda: _is_empty(nats_server.url, bucket), 30, "the agents bucket empty", interval_s=0.2)
         trajs = await fetch_all(nats_server.url, cfg.run.id, 6)
     finally:
         await proxy.stop()

@@ -23,7 +23,7 @@ nothing here is touched from another thread).
   ``HEARTBEAT_S`` (the daemon: a quarter of ``ack_wait``) so a long step or a slow group
   never lets ``ack_wait`` expire.
 - ``purge_through(seq)`` removes trajectory messages ``<= seq`` (the oldest kept checkpoint's
-  cursor); dead letters stay.
+  cursor) and all but the newest ``dead_letters_keep`` dead letters.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ class TrajectorySource:
     """See the module docstring."""
 
     def __init__(self, names: NatsNames, state: ConsumptionState, ledger: Ledger, required_trajectories: int,
-                 ack_wait_s: float = ACK_WAIT_S, in_flight: int = 0) -> None:
+                 ack_wait_s: float = ACK_WAIT_S, in_flight: int = 0, dead_letters_keep: int = 10_000) -> None:
         self.names = names
+        self.dead_letters_keep = dead_letters_keep
         self.ack_wait_s = ack_wait_s
         self.state = state
         self.ledger = ledger
@@ -245,7 +246,10 @@ class TrajectorySource:
         if seq < 1 or self._js is None:
             return
         try:
-            await self._js.purge_stream(self.names.stream, seq=seq + 1, subject=self.names.trajectories)
+            await asyncio.wait_for(self._js.purge_stream(self.names.stream, seq=seq + 1, subject=self.names.trajectories),
+                                   NATS_OP_TIMEOUT_S)
+            await asyncio.wait_for(self._js.purge_stream(self.names.stream, subject=self.names.dead_letters,
+                                                         keep=self.dead_letters_keep), NATS_OP_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - retried after the next checkpoint
             log.warning("purging %s through sequence %d failed: %s", self.names.stream, seq, exc)
 
