@@ -5,6 +5,7 @@ Never exposes ``api_key`` / ``admin_api_key`` (sglang #30166 leaked them via /se
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 
@@ -128,6 +129,16 @@ async def list_models(engine: EngineDep) -> Response:
     card = {"id": name, "object": "model", "created": int(engine.started_at), "owned_by": "sglang", "root": name,
             "max_model_len": engine.max_model_len}
     return JSONResp({"object": "list", "data": [card]})
+
+
+@router.get("/weights_checksum")
+async def weights_checksum(engine: EngineDep) -> Response:
+    """local_engine only (SGLang has no such route): the checksum of the weights it serves and
+    their version, read under the weights lock so no update interleaves."""
+    async with engine.rwlock.read():
+        version = engine.weights.version
+        checksum = await asyncio.to_thread(engine.weights.checksum)
+    return JSONResp({"weight_version": version, "checksum": checksum, "parameters": engine.weights.parameter_count})
 
 
 @router.get("/get_weight_version")

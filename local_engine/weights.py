@@ -71,6 +71,17 @@ class WeightManager:
             self._canonical[name] = first_by_ptr.setdefault(key, name)
         self._all = set(first_by_ptr.values())
 
+    @property
+    def parameter_count(self) -> int:
+        """Distinct parameters (tied names once)."""
+        return len(self._all)
+
+    def checksum(self) -> str:
+        """``asyncrl.weight_sync.checksum.weights_checksum`` of the parameters (tied ones once)."""
+        from asyncrl.weight_sync.checksum import weights_checksum
+
+        return weights_checksum({n: self.params[n] for n in self._all})
+
     # -- groups --------------------------------------------------------------------------
     async def init_group(self, body: InitGroupBody, pp_size: int = 1) -> str:
         if body.backend != "gloo":

@@ -114,6 +114,7 @@ class _InFlight:
     tmp: Path
     trainer_state: dict[str, Any] | None
     segment: dict[str, Any] | None
+    label: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 class CheckpointManager:
@@ -144,11 +145,14 @@ class CheckpointManager:
 
     # -- save ------------------------------------------------------------------------------
     def save(self, step: int, model, optimizer, trainer_state: dict[str, Any] | None, segment: dict[str, Any] | None,
-             export: Callable[[Path], None] | None = None) -> None:
-        """*Collective.* Start checkpoint ``step`` (``trainer_state``/``segment``/``export``: rank 0 only).
+             export: Callable[[Path], None] | None = None,
+             label: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        """*Collective.* Start checkpoint ``step`` (``trainer_state``/``segment``/``export``/``label``: rank 0 only).
 
         ``export(dir)`` runs on rank 0 after every rank has called ``save`` (it may itself be
-        preceded by a collective gather done by the caller)."""
+        preceded by a collective gather done by the caller). ``label(trainer_state)`` runs on
+        rank 0 when the checkpoint is finalised and returns the state to write: what is only
+        known later (the version the weights were published as) is filled in then."""
         self.wait()
         tmp = self.root / f"step-{step:08d}{INCOMPLETE}"
         if self.ctx.is_rank0:
@@ -165,10 +169,10 @@ class CheckpointManager:
         self._owed_barrier = True
         if self.async_save:
             fut = dcp.async_save(state, storage_writer=CheckpointWriter(tmp / "dcp"), process_group=self.ctx.checkpoint_group())
-            self._inflight = _InFlight(step, fut, tmp, trainer_state, segment)
+            self._inflight = _InFlight(step, fut, tmp, trainer_state, segment, label)
         else:
             dcp.save(state, storage_writer=CheckpointWriter(tmp / "dcp"))
-            self._inflight = _InFlight(step, None, tmp, trainer_state, segment)
+            self._inflight = _InFlight(step, None, tmp, trainer_state, segment, label)
             self.wait()
 
     def poll(self) -> int | None:
@@ -203,7 +207,10 @@ class CheckpointManager:
             return self._forget()
         if f.segment is not None:
             write_segment(self.root, f.segment)
-        _write_json(f.tmp / STATE_FILE, f.trainer_state or {})
+        trainer_state = f.trainer_state or {}
+        if f.label is not None:
+            trainer_state = f.label(trainer_state)
+        _write_json(f.tmp / STATE_FILE, trainer_state)
         _write_json(f.tmp / MARKER, {"step": f.step, "time": time.time(), "world_size": self.ctx.world_size})
         final = step_dir(self.root, f.step)
         shutil.rmtree(final, ignore_errors=True)

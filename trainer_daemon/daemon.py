@@ -75,6 +75,7 @@ class TrainerDaemon:
         self.step = 0
         self.stop_requested = False
         self._last_saved = -1
+        self._publishing: tuple[int, int] | None = None  # (step, target version) of the last sync started
         self._idle_s = 0.0
         self._window_start = time.perf_counter()
         self._wait_started: float | None = None
@@ -242,7 +243,8 @@ class TrainerDaemon:
                 return full
             dtype = getattr(torch, self.cfg.model.dtype)
             weights = engine_weights(full, bool(getattr(self.model.config, "tie_word_embeddings", False)), dtype)
-            self.r0.sync.start(weights, version=self.r0.version if same_version else None)
+            target = self.r0.sync.start(weights, version=self.r0.version if same_version else None)
+            self._publishing = (self.step, target)
         return full
 
     def _save(self, full: dict[str, torch.Tensor] | None = None) -> None:
@@ -260,10 +262,25 @@ class TrainerDaemon:
                      "consumption": consumption,
                      "scheduler": self.scheduler.state_dict(), "world_size": self.ctx.world_size,
                      "time": time.time(), "model": self.cfg.model.path}
-        self.ckpt.save(self.step, self.model, self.optimizer, state, segment, export)
+        label = None
+        if self.ctx.is_rank0 and self._publishing is not None and self._publishing[0] == self.step:
+            label = self._version_label(self._publishing[1])
+        self.ckpt.save(self.step, self.model, self.optimizer, state, segment, export, label)
         self._last_saved = self.step
         if self.ctx.is_rank0 and not ck.async_save:
             self.r0.purge_through(self.ckpt.oldest_kept_cursor())
+
+    def _version_label(self, target: int):
+        """The checkpoint's weights are this step's, handed to the sync to ``target``: once that
+        sync has ended (waited for, bounded, when the checkpoint is finalised) they are labelled
+        ``weights_version = target`` and the version counter is ``target``; if it failed they
+        were never published (``weights_version`` null, the counter unchanged)."""
+        def label(state: dict[str, Any]) -> dict[str, Any]:
+            ok = self.r0.sync.published(target, self._sync_wait_s())
+            if ok:
+                return state | {"weight_version": max(int(state.get("weight_version", 0)), target), "weights_version": target}
+            return state | {"weights_version": None, "weights_publish": "failed" if ok is False else f"pending {target}"}
+        return label
 
     def _finish(self) -> None:
         """*Collective.* Wait for the last sync (so the final checkpoint records its version), save, settle."""

@@ -359,6 +359,16 @@ class EngineClient:
     async def model_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         return await self._get_with_alias("/model_info", "/get_model_info", timeout_s)
 
+    async def weights_checksum(self, *, timeout_s: float | None = None) -> dict[str, Any] | None:
+        """local_engine's ``{"weight_version", "checksum", "parameters"}`` (``asyncrl.weight_sync.checksum``);
+        None from an engine without the route (SGLang answers 404)."""
+        try:
+            return await self._call("GET", "/weights_checksum", timeout_s=timeout_s)
+        except EngineHTTPError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     async def weight_version(self, *, timeout_s: float | None = None) -> str | None:
         version = (await self.model_info(timeout_s=timeout_s)).get("weight_version")
         return None if version is None else str(version)

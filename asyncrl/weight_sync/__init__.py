@@ -6,6 +6,7 @@
   weight-update group; broadcasts with timeouts and cancellation.
 - :mod:`~asyncrl.weight_sync.layout`: what an engine's ``/server_info`` says about its ranks,
   and whether SGLang can update it over a group.
+- :mod:`~asyncrl.weight_sync.checksum`: a checksum of weights both sides compute alike.
 - :mod:`~asyncrl.weight_sync.engine_update`: the engine side of one update (pause → session →
   group → buckets → session end → resume), used by the sync agent and the direct publisher.
 

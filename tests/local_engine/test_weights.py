@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from asyncrl.engine_client import EngineHTTPError
+from asyncrl.weight_sync.checksum import canonical, weights_checksum
 from tests.helpers.processes import start_engine
 from tests.helpers.reference_model import greedy_continuation, teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for
@@ -82,6 +83,10 @@ async def assert_serves(client, model, version: str):
     assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < 1e-4
     assert res.weight_version == version
     assert (await client.model_info())["weight_version"] == version
+    # the engine's own checksum of what it holds equals the checksum of the model's weights
+    named = canonical({k: v for k, v in model.state_dict().items() if v.is_floating_point()})
+    got = await client.weights_checksum()
+    assert got == {"weight_version": version, "checksum": weights_checksum(named), "parameters": len(named)}
 
 
 @pytest.mark.parametrize("layout", [["--bucket-bytes", "200000"], ["--no-flatten", "--bucket-bytes", "1000000"]], ids=["flattened", "per-tensor"])

@@ -93,6 +93,9 @@ def trainer_nccl_versions() -> tuple[str | None, str]:
     return nccl, torch.__version__
 
 
+OUTCOMES_KEPT = 64
+
+
 class SyncController:
     """Runs publishes in the background on the I/O loop and tracks the trainer's weight version."""
 
@@ -109,6 +112,8 @@ class SyncController:
         self._target = version
         self._started = 0.0
         self._finished: float | None = None
+        self.outcomes: dict[int, bool] = {}
+        """Target version → whether that publish succeeded (the last ``OUTCOMES_KEPT``)."""
 
     @property
     def in_flight(self) -> bool:
@@ -151,6 +156,7 @@ class SyncController:
             self.failures += 1
             log.error("weight sync to version %d failed after %.1f s (%s); training continues, next sync retries",
                       self._target, elapsed, exc)
+            self._record(self._target, False)
             if isinstance(exc, StaleVersion):
                 self.adopt(exc.engines_version)
             self.last = {"trainer/sync_failures": float(self.failures)}
@@ -158,10 +164,23 @@ class SyncController:
             return True
         self.successes += 1
         self.version = self._target
+        self._record(self._target, True)
         self.last = dict(metrics) | {"timing_s/weight_sync": elapsed, "trainer/sync_failures": float(self.failures)}
         self.fresh = True
         log.info("weights version %d published in %.2f s", self.version, elapsed)
         return True
+
+    def _record(self, target: int, ok: bool) -> None:
+        self.outcomes[target] = ok
+        while len(self.outcomes) > OUTCOMES_KEPT:
+            del self.outcomes[next(iter(self.outcomes))]
+
+    def published(self, target: int, timeout_s: float | None) -> bool | None:
+        """Whether the publish to ``target`` succeeded, waiting (bounded) while it is the one in
+        flight; None when it is still running after ``timeout_s`` or unknown."""
+        if self._future is not None and self._target == target:
+            self.wait(timeout_s)
+        return self.outcomes.get(target)
 
     def wait(self, timeout_s: float | None) -> bool:
         """Block until the in-flight publish (if any) finished and record it; False if it is
