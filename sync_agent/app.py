@@ -68,7 +68,7 @@ def create_app(agent) -> FastAPI:
         try:
             rec, world = await co.submit(body)
         except SyncConflict as exc:
-            co.tally.refuse(exc.code, exc.message)
+            co.refused(exc, body.version)
             raise ApiError(exc.status, exc.message, param=exc.code, reason=exc.code, **exc.extra) from None
         except RolloutAdminError as exc:
             raise ApiError(503, f"the rollout service is unreachable: {exc}") from None

@@ -41,6 +41,7 @@ from asyncrl.weight_sync.engine_update import EngineUpdate, Member
 from asyncrl.weight_sync.layout import LayoutError, check_nccl
 from asyncrl.wire.sync import BucketSpec, SyncRequest, weight_version_number
 from sync_agent.health import SyncTally
+from sync_agent.history import SyncHistory
 from sync_agent.records import KEEP_RECORDS, AgentState, GroupInfo, StateFile, SyncRecord
 from sync_agent.rollout_admin import RolloutAdmin, RolloutAdminError
 
@@ -64,6 +65,7 @@ class SyncCoordinator:
         self.cfg = cfg
         self.state_file = state_file
         self.rollout = rollout
+        self.history = SyncHistory(state_file.path.parent, cfg.sync.history_max_bytes)
         state = state_file.load()
         self.version, self.group, self.records, self.needs_reload = state.version, state.group, state.records, state.needs_reload
         self.accepted_version = self.version
@@ -212,8 +214,14 @@ class SyncCoordinator:
         rec.enter(phase)
         if rec.done:
             self.tally.finished(rec.state, rec.error, rec.bytes)
+            self.history.append("finished", **rec.public())
         self.persist()
         log.info("sync %s (version %d): %s", rec.id, rec.version, phase)
+
+    def refused(self, exc: SyncConflict, version: int) -> None:
+        """A sync request answered with an error (counted, and kept in the history)."""
+        self.tally.refuse(exc.code, exc.message)
+        self.history.append("refused", code=exc.code, message=exc.message, version=version)
 
     def _failing(self, rec: SyncRecord, why: str) -> None:
         """Published at once: the trainer's watcher stops broadcasting when it sees it."""

@@ -151,6 +151,9 @@ class SyncConfig(Section):
     """Address the sync agent binds to."""
     port: int = Field(8100, ge=0, le=65535)
     """Port of the sync agent (0: a free port)."""
+    history_max_bytes: int = Field(16 * 2**20, ge=4096)
+    """The sync history file (``<run dir>/sync/history.jsonl``) rotates past this size; it
+    keeps one previous file, so it takes at most twice this on disk."""
     url: str | None = None
     """Where other components reach the sync agent. None: http://host:port."""
     bucket_bytes: int = Field(256 * 2**20, ge=2**16)

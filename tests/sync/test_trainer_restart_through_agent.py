@@ -19,6 +19,7 @@ import signal
 import httpx
 
 from asyncrl.models import load_model
+from sync_agent.history import SyncHistory
 from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.run_health import wait_run_healthy
@@ -105,6 +106,10 @@ async def test_restarted_trainer_adopts_the_agents_version_after_one_stale_refus
                 versions = [s["version"] for s in syncs]
                 assert versions == sorted(versions) and versions and versions[0] > 3, versions
                 assert versions[-1] == await agent_version(agent_url)
+                # the agent's history on disk keeps the refusal beside the syncs
+                history = SyncHistory(tmp_path / "run" / "sync", 2**20).read()
+                assert [(e["code"], e["version"]) for e in history if e["event"] == "refused"] == [("stale", 2)]
+                assert [e["version"] for e in history if e["event"] == "finished"][-len(versions):] == versions
                 log = (run_dir / "logs" / "trainer-2.log").read_text()
                 assert log.count("409 stale") == 1 and "the engines serve weight version 3, ahead of this trainer's" in log
                 ids, lps, wv = await engine_logprobs(engine.url)
