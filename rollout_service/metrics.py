@@ -12,7 +12,9 @@ Names follow verl where verl has one, with ``/`` → ``_`` and an ``asyncrl_`` p
 
 plus throughput, tokens, tool calls, turns, queue and outbox gauges, engines by state
 (``asyncrl_rollout_engines{state}``) and the health block as ``asyncrl_rollout_health{state}``
-(1 for the current state) and ``asyncrl_rollout_idle_seconds`` (alert rules:
+(1 for the current state), ``asyncrl_rollout_idle_seconds``, the seconds each engine spent
+quarantined at the current version (``asyncrl_rollout_engine_quarantined_current_seconds_total``)
+and the run's NATS stores (``asyncrl_nats_store_messages`` / ``_bytes{store}``) (alert rules:
 docker/prometheus/alerts.yml). Each app has its own
 ``CollectorRegistry`` (no global state). The runner's numbers come from one
 :meth:`Runner.snapshot` per scrape.
@@ -91,6 +93,19 @@ class RolloutCollector:
         for state in ENGINE_STATES:
             by_state.add_metric([state], sum(1 for h in self.svc.pool.engines.values() if h.state == state))
         yield by_state
+        wasted = CounterMetricFamily("asyncrl_rollout_engine_quarantined_current_seconds",
+                                     "Seconds an engine spent quarantined while holding the current weight version",
+                                     labels=["engine"])
+        for h in self.svc.pool.engines.values():
+            wasted.add_metric([h.id], h.quarantined_current_s)
+        yield wasted
+        msgs = GaugeMetricFamily("asyncrl_nats_store_messages", "Messages in the run's NATS stream and KV buckets", labels=["store"])
+        size = GaugeMetricFamily("asyncrl_nats_store_bytes", "Bytes in the run's NATS stream and KV buckets", labels=["store"])
+        for name, st in sorted(self.svc.store_sizes.items()):
+            msgs.add_metric([name], st["messages"])
+            size.add_metric([name], st["bytes"])
+        yield msgs
+        yield size
         health = rollout_health(r, self.svc.pool.snapshot(), self.svc.progress, time.time() - self.svc.started_at)
         state = GaugeMetricFamily("asyncrl_rollout_health", "1 for the health block's current state (run_health.py)",
                                   labels=["state"])

@@ -20,7 +20,14 @@ from typing import Any
 import orjson
 
 from asyncrl.config import RunConfig, secret
-from asyncrl.jetstream import connect, ensure_kv, ensure_stream, kv_forget, resolve_nats_url
+from asyncrl.jetstream import (
+    connect,
+    ensure_kv,
+    ensure_stream,
+    kv_forget,
+    resolve_nats_url,
+    store_sizes,
+)
 from asyncrl.models import load_tokenizer
 from asyncrl.progress import ProgressWindow
 from asyncrl.wire import NatsNames
@@ -87,7 +94,10 @@ class RolloutService:
                                request_timeout_s=cfg.engines.request_timeout_s, control_timeout_s=cfg.engines.control_timeout_s,
                                request_timeout_floor_s=cfg.engines.request_timeout_floor_s,
                                min_decode_tokens_per_s=cfg.engines.min_decode_tokens_per_s,
-                               paused=lambda: self.runner is not None and self.runner.paused)
+                               paused=lambda: self.runner is not None and self.runner.paused,
+                               current_version=lambda: None if self.runner is None else str(self.runner.version))
+        self.store_sizes: dict[str, dict[str, int]] = {}
+        """The run's NATS stream and KV buckets: messages and bytes (sampled with the metrics)."""
         self.progress = ProgressWindow(cfg.run.progress_window_s)
         """Counters sampled for the ``health`` block of ``/admin/status`` (:mod:`rollout_service.api.run_health`)."""
         self._stop = asyncio.Event()
@@ -169,6 +179,7 @@ class RolloutService:
         while not self._stop.is_set():
             snap = self.runner.snapshot()
             await self._publish_metrics({"kind": "rollout", "version": snap.version, "metrics": verl_metrics(snap)})
+            self.store_sizes = await store_sizes(self.nc.jetstream(), self.names)
             try:
                 await asyncio.wait_for(self._stop.wait(), METRICS_INTERVAL_S)
             except TimeoutError:

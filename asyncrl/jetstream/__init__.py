@@ -12,7 +12,8 @@ from asyncrl.jetstream.setup import (
     ensure_kv,
     ensure_stream,
     kv_forget,
+    store_sizes,
     stream_config,
 )
 
-__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "connect", "ensure_kv", "ensure_stream", "kv_forget", "find_nats_server", "stream_config"]
+__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "connect", "ensure_kv", "ensure_stream", "kv_forget", "store_sizes", "find_nats_server", "stream_config"]

@@ -136,6 +136,19 @@ async def ensure_stream(js: JetStreamContext, cfg: RunConfig) -> StreamConfig:
     return info.config
 
 
+async def store_sizes(js: JetStreamContext, names: NatsNames, timeout_s: float = 2.0) -> dict[str, dict[str, int]]:
+    """Messages and bytes of the run's stream and KV buckets (``{"ASYNCRL_X": {...}, "KV_...": {...}}``);
+    a store that does not exist (yet) or does not answer in time is left out."""
+    out = {}
+    for name in (names.stream, *(f"KV_{b}" for b in (names.agents_bucket, names.sessions_bucket, names.state_bucket))):
+        try:
+            info = await asyncio.wait_for(js.stream_info(name), timeout_s)
+        except Exception:  # noqa: BLE001 - sizes are best effort: missing store, NATS down
+            continue
+        out[name] = {"messages": int(info.state.messages), "bytes": int(info.state.bytes)}
+    return out
+
+
 async def kv_forget(js: JetStreamContext, bucket: str, key: str, timeout_s: float = 2.0) -> None:
     """Remove every message of ``key`` from KV ``bucket`` (no delete marker left behind).
     Raises on failure (callers retry)."""

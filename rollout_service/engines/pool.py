@@ -88,6 +88,18 @@ class EngineHandle:
     """Calls taken back from this engine because it went out of rotation while they ran."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the engine leaves rotation: calls in flight on it stop waiting (see the module doc)."""
+    quarantined_current_s: float = 0.0
+    """Seconds spent quarantined while holding the run's current weight version (capacity lost
+    to a release that has not come yet), measured at each health check."""
+    _accounted_at: float | None = None
+
+    def account(self, now: float, current_version: str | None) -> None:
+        """Add the time since the last call to :attr:`quarantined_current_s` if it was spent
+        quarantined at the current version (the state seen now is taken for the whole interval)."""
+        if self._accounted_at is not None and self.state == "quarantined" and current_version is not None \
+                and self.weight_version == current_version:
+            self.quarantined_current_s += now - self._accounted_at
+        self._accounted_at = now
 
     @property
     def inflight(self) -> int:
@@ -104,7 +116,7 @@ class EngineHandle:
     def snapshot(self) -> dict[str, Any]:
         return {"id": self.id, "url": self.url, "state": self.state, "reason": self.reason, "inflight": self.inflight,
                 "routed": self.routed, "served": self.served, "weight_version": self.weight_version, "tokens_decoded": self.tokens_decoded,
-                "evicted": self.evicted}
+                "evicted": self.evicted, "quarantined_current_s": round(self.quarantined_current_s, 3)}
 
 
 def engine_id_for(url: str) -> str:
@@ -124,6 +136,8 @@ class EnginePool:
     engines: dict[str, EngineHandle] = field(default_factory=dict)
     paused: Callable[[], bool] = lambda: False
     """True while the rollout is paused for a weight sync (engines are paused on purpose)."""
+    current_version: Callable[[], str | None] = lambda: None
+    """The run's current weight version (for :meth:`EngineHandle.account`)."""
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Event()
@@ -351,6 +365,7 @@ class EnginePool:
 
     async def _check(self, handle: EngineHandle) -> None:
         handle.last_checked = time.time()
+        handle.account(time.monotonic(), self.current_version())
         why = await self._probe(handle)
         ok = why is None
         if ok:

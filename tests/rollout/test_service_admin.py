@@ -105,6 +105,31 @@ async def test_metrics_use_verl_names(service):
     for name in ("asyncrl_rollouter_idle_ratio", "asyncrl_rollouter_staleness_samples", "asyncrl_rollout_trajectories_finished_total",
                  "asyncrl_rollout_tool_calls_total", "asyncrl_rollout_queued_samples", "asyncrl_rollout_tokens_decoded_total"):
         assert name in text, name
+    # operability: the run's NATS stores by size, and capacity lost to quarantined-but-current engines
+    await wait_for(lambda: svc.cfg and svc.store_sizes, 30, "the NATS stores sampled")
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+        lines = (await resp.text()).splitlines()
+    stream = svc.names.stream
+    assert any(line.startswith(f'asyncrl_nats_store_messages{{store="{stream}"}}') for line in lines), lines
+    assert any(line.startswith(f'asyncrl_nats_store_bytes{{store="KV_{svc.names.agents_bucket}"}}') for line in lines)
+    eid = next(iter(svc.pool.engines))
+    assert f'asyncrl_rollout_engine_quarantined_current_seconds_total{{engine="{eid}"}} 0.0' in lines
+
+
+def test_time_quarantined_at_the_current_version_is_counted():
+    from rollout_service.engines.pool import EngineHandle
+
+    h = EngineHandle(id="e", url="http://127.0.0.1:9", client=None)
+    h.weight_version = "3"
+    h.account(100.0, "3")  # first sight: nothing to add
+    h.set_state("quarantined", "sync failed")
+    h.account(105.0, "3")  # quarantined at the current version for 5 s
+    h.account(107.0, "4")  # the run moved on: the engine is behind, the wait is not wasted capacity
+    h.weight_version = "4"
+    h.account(110.0, "4")
+    h.set_state("healthy", None)
+    h.account(120.0, "4")
+    assert h.quarantined_current_s == 8.0
 
 
 @pytest.mark.parametrize("extra,fragment", [([], "admin_token is empty"), (["security.admin_token=changeme"], "admin_token is empty"),
