@@ -51,6 +51,25 @@ def row(title: str) -> dict:
 
 
 SECTIONS: list[tuple[str, list[dict]]] = [
+    ("Health (docs/operations.md)", [
+        panel("Run health", "The rollout service's health block: 1 for its current state (progressing, starting, "
+              "finished, stalled); /admin/status says why when stalled", [("asyncrl_rollout_health == 1", "{{state}}")],
+              w=6, minmax=(0, 1)),
+        panel("Engines by state", "healthy, unhealthy (failed health checks), quarantined (sync agent: mixed or behind)",
+              [("asyncrl_rollout_engines", "{{state}}")], w=6, stack=True),
+        panel("Stall signals", "Seconds since a token was decoded and since a sync succeeded; failed syncs in a row", [
+            ("asyncrl_rollout_idle_seconds", "idle (rollout)"), ("asyncrl_sync_seconds_since_success", "since last sync"),
+            ("asyncrl_sync_consecutive_failures", "failed syncs in a row")], w=6),
+        panel("Refused syncs and wasted capacity", "Sync requests refused per reason (1h; a stale loop shows here) and "
+              "engine-seconds per second spent quarantined while already current", [
+                  ("sum by (reason) (increase(asyncrl_sync_refused_total[1h]))", "refused {{reason}} (1h)"),
+                  (f"rate(asyncrl_rollout_engine_quarantined_current_seconds_total{RATE})", "quarantined at current {{engine}}")],
+              w=6),
+        panel("NATS stores", "Messages in the run's stream and KV buckets (bounded: docs/operations.md)",
+              [("asyncrl_nats_store_messages", "{{store}}")], w=12),
+        panel("NATS store bytes", "Bytes in the run's stream and KV buckets",
+              [("asyncrl_nats_store_bytes", "{{store}}")], "bytes", w=12),
+    ]),
     ("Run", [
         panel("Trainer step", "trainer/global_step of the last update", [("asyncrl_trainer_global_step", "step")],
               kind="stat", w=4, h=4),

@@ -30,6 +30,11 @@ TOPICS = {  # what the issue asks the dashboard to show → a metric that shows 
     "engine load": "sglang:num_running_reqs",
     "tool-call latency": "asyncrl_rollout_tool_seconds_total",
     "tool errors": "asyncrl_rollout_tool_errors_total",
+    "run health": "asyncrl_rollout_health",
+    "engines by state": "asyncrl_rollout_engines",
+    "refused syncs": "asyncrl_sync_refused_total",
+    "quarantined while current": "asyncrl_rollout_engine_quarantined_current_seconds_total",
+    "store sizes": "asyncrl_nats_store_bytes",
 }
 
 
