@@ -5,7 +5,8 @@ metrics there), appends every message to ``<run dir>/metrics/<component>.jsonl``
 also writes its own ``trainer.jsonl``; the tap's copy of its messages goes to
 ``trainer.nats.jsonl``) and keeps the latest values per component. ``render`` draws one rich
 table from them: version, step, reward, response length, samples/s, idle ratios, stale and
-partial counts, the last sync.
+partial counts, the last sync, and the run's health (the rollout service's ``health`` block:
+its state and, when stalled, why, naming the component to look at).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class MetricsTap:
         self.latest: dict[str, dict[str, Any]] = {}
         self.validation: dict[str, Any] | None = None
         self.sync: dict[str, Any] | None = None
+        self.health: dict[str, Any] | None = None
+        """The ``health`` block of the rollout service's ``/admin/status`` (polled by ``asyncrl up``)."""
         self._files: dict[str, Any] = {}
         self._sub = None
         self.started = time.time()
@@ -73,6 +76,14 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def health_line(health: dict[str, Any] | None) -> str | None:
+    """``state`` plus, when stalled, the first reason with its component (or the first warning)."""
+    if not health:
+        return None
+    first = (health.get("stuck") or health.get("warnings") or [None])[0]
+    return health["state"] if first is None else f"{health['state']}: {first['component']}: {first['reason']}"
+
+
 def render(tap: MetricsTap, run_id: str, state: str) -> Table:
     t = tap.value
     elapsed = time.time() - tap.started
@@ -96,4 +107,7 @@ def render(tap: MetricsTap, run_id: str, state: str) -> Table:
     ]
     for a, av, b, bv in rows:
         table.add_row(a, _fmt(av), b, _fmt(bv))
+    health = health_line(tap.health)
+    if health is not None:
+        table.add_row("run health", health[:120], "", "")
     return table

@@ -65,13 +65,16 @@ async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyn
     from rich.live import Live
 
     from asyncrl.jetstream import connect
-    from asyncrl.up.live import MetricsTap, render
+    from asyncrl.up.live import MetricsTap, health_line, render
 
     tap = MetricsTap(cfg.run.id, stack.run_dir)
     nc = await connect(stack.urls["nats"], "asyncrl-up")
     await tap.start(nc)
     token = secret(cfg.security.sync_token)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    admin = stack.doc["security"].get("admin_token") if getattr(stack, "doc", None) else None
+    admin_headers = {"Authorization": f"Bearer {admin}"} if admin else {}
+    shown_health = None
     console = Console()
     last_poll = 0.0
     reason, failed = "interrupted", False
@@ -89,6 +92,16 @@ async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyn
                             tap.sync = {"all": syncs, "last": next((s for s in reversed(syncs) if s["state"] in ("succeeded", "failed")), None)}
                     except (aiohttp.ClientError, TimeoutError, ValueError):
                         pass
+                    try:
+                        async with http.get(f"{stack.urls['rollout']}/admin/status", headers=admin_headers,
+                                            timeout=aiohttp.ClientTimeout(total=5)) as r:
+                            tap.health = (await r.json()).get("health")
+                    except (aiohttp.ClientError, TimeoutError, ValueError):
+                        pass
+                    line = health_line(tap.health)
+                    if not live and line is not None and line != shown_health:  # logs only: each change once
+                        console.print(f"run health: {line}")
+                    shown_health = line
                 for name, code in stack.exited():
                     if name == "trainer" and code == 0:
                         return "the trainer finished its steps (total_rollout_steps reached)", False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +88,7 @@ def test_up_runs_to_total_rollout_steps_and_writes_the_summary(tmp_path):
     rc, out, err = finish(start_up(run_dir, "rollout.total_rollout_steps=4"))
     assert rc == 0, f"{out[-3000:]}\n{err[-3000:]}"
     assert "the trainer finished its steps" in out
+    assert re.search(r"^run health: (starting|progressing|finished)", out, re.M), out[-3000:]  # the health block, shown
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["trainer_steps"] == 2 and summary["syncs"] >= 1 and summary["syncs_failed"] == 0, summary
     assert summary["reward_first"] is not None
