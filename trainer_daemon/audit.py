@@ -51,6 +51,10 @@ class Audit:
     lost: int = 0
     twice: int = 0
     checkpoint_step: int | None = None
+    lost_steps: int = 0
+    """Steps trained after a checkpoint and lost with a crash (recorded at the restart; their
+    data was trained again along the lineage: not a violation)."""
+    lost_step_trajectories: int = 0
     lost_seqs: list[int] = field(default_factory=list)
     twice_ids: list[str] = field(default_factory=list)
 
@@ -149,6 +153,8 @@ async def audit_run(run_dir: Path, nats_url: str | None, run_id: str | None) -> 
             server.stop()
     out = reconcile(entries, stream, last, names.dead_letters)
     out.checkpoint_step = step
+    lost = [s for e in entries for s in e.get("lost_steps", [])]
+    out.lost_steps, out.lost_step_trajectories = len(lost), sum(len(s.get("trained", [])) for s in lost)
     return out
 
 
@@ -169,6 +175,8 @@ def main(argv=None) -> int:
         print(f"checkpoint lineage: step {result.checkpoint_step}")
         for key in ("published", "trained", "dropped", "duplicate", "poison", "dlq", "pending", "lost", "twice"):
             print(f"  {key:<10} {getattr(result, key)}")
+        if result.lost_steps:
+            print(f"  steps lost with a crash and retrained: {result.lost_steps} ({result.lost_step_trajectories} trajectories)")
         if result.lost_seqs:
             print(f"  lost sequences (first {SHOW}): {result.lost_seqs}")
         if result.twice_ids:

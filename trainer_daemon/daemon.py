@@ -175,8 +175,9 @@ class TrainerDaemon:
     def _background(self) -> None:
         """Rank 0 between steps: record a finished sync, finalise an async checkpoint, purge."""
         self._sync_metrics.update(self.r0.poll_sync())
-        if self.ckpt.poll() is not None:
-            self.r0.purge_through(self.ckpt.oldest_kept_cursor())
+        done = self.ckpt.poll()
+        if done is not None:
+            self.r0.checkpointed(done, self.ckpt.oldest_kept_cursor())
 
     def run(self) -> None:
         t = self.cfg.trainer
@@ -268,7 +269,7 @@ class TrainerDaemon:
         self.ckpt.save(self.step, self.model, self.optimizer, state, segment, export, label)
         self._last_saved = self.step
         if self.ctx.is_rank0 and not ck.async_save:
-            self.r0.purge_through(self.ckpt.oldest_kept_cursor())
+            self.r0.checkpointed(self.step, self.ckpt.oldest_kept_cursor())
 
     def _version_label(self, target: int):
         """The checkpoint's weights are this step's, handed to the sync to ``target``: once that
@@ -288,8 +289,9 @@ class TrainerDaemon:
             log.error("exiting with a weight sync still running; the engines may be left paused or half-updated")
         if self.step != self._last_saved:
             self._save()
-        if self.ckpt.wait() is not None and self.ctx.is_rank0:
-            self.r0.purge_through(self.ckpt.oldest_kept_cursor())
+        done = self.ckpt.wait()
+        if done is not None and self.ctx.is_rank0:
+            self.r0.checkpointed(done, self.ckpt.oldest_kept_cursor())
         log.info("trainer finished at step %d", self.step)
 
     def close(self) -> None:

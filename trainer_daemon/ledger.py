@@ -14,20 +14,33 @@ reaches the same step overwrites them.
 
 Entry shape: ``{"step": int, "version": int, "trained": [id], "dropped": [id],
 "duplicate": [id], "poison": [seq], "dlq": [seq], "seqs": {"trained": [seq], "dropped": [seq],
-"duplicate": [seq]}}`` (empty lists omitted; ``seqs`` gives the stream sequence of each id, in
-the same order; ``dlq``: the sequences of the dead-letter copies the trainer published). With
-the stream, this is what ``asyncrl audit RUN_DIR`` reconciles (``trainer_daemon/audit.py``).
+"duplicate": [seq]}, "generated_by": [[version_start, version_end]]}`` (empty lists omitted;
+``seqs`` gives the stream sequence of each id, in the same order; ``generated_by`` the weight
+versions that generated each trained trajectory, in the same order; ``dlq``: the sequences of
+the dead-letter copies the trainer published). With the stream, this is what ``asyncrl audit
+RUN_DIR`` reconciles (``trainer_daemon/audit.py``).
+
+**Lost steps.** Each committed entry is also appended to ``<checkpoints>/ledger/journal.jsonl``
+(flushed and fsynced with the step), and the journal is cut back to the entries after a
+checkpoint once that checkpoint is complete (:meth:`Ledger.trim_journal`), so it holds at most
+the steps since the last complete checkpoint. A trainer restarted after a crash finds there the
+steps trained after its checkpoint and lost with the crash (:func:`lost_steps`); the first
+entry of its new segment records them as ``{"lost_steps": [{"step", "version", "trained",
+"seqs"}], "between_steps": true}`` — off the lineage's count of trained trajectories (their
+data is trained again), on the record for an audit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from asyncrl.files import atomic_write
 
 LEDGER_DIR = "ledger"
+JOURNAL = "journal.jsonl"
 KINDS = ("trained", "dropped", "duplicate", "poison", "dlq")
 ID_KINDS = ("trained", "dropped", "duplicate")  # recorded as ids, with their sequences in "seqs"
 
@@ -39,8 +52,9 @@ def segment_path(root: Path, step: int) -> Path:
 class Ledger:
     """Entries since the last checkpoint of this lineage (rank 0)."""
 
-    def __init__(self, parent: int | None = None) -> None:
+    def __init__(self, parent: int | None = None, journal: Path | None = None) -> None:
         self.parent = parent
+        self.journal = journal
         self.entries: list[dict[str, Any]] = []
         self._loose: dict[str, list] = {k: [] for k in KINDS}
         self._loose_seqs: dict[str, list[int]] = {k: [] for k in ID_KINDS}
@@ -52,9 +66,18 @@ class Ledger:
         if kind in ID_KINDS:
             self._loose_seqs[kind].append(-1 if seq is None else int(seq))
 
-    def commit(self, step: int, version: int, trained: list[str], trained_seqs: list[int] | None = None) -> None:
+    def record_lost(self, lost: list[dict[str, Any]]) -> None:
+        """Steps trained after the restored checkpoint and lost with a crash (module docstring)."""
+        if lost:
+            self.entries.append({"step": self.parent or 0, "version": -1, "trained": [], "between_steps": True,
+                                 "lost_steps": [{k: e[k] for k in ("step", "version", "trained", "seqs") if k in e} for e in lost]})
+
+    def commit(self, step: int, version: int, trained: list[str], trained_seqs: list[int] | None = None,
+               generated_by: list[tuple[int, int]] | None = None) -> None:
         """The entry of committed step ``step`` (takes the loose notes with it)."""
         entry: dict[str, Any] = {"step": step, "version": version, "trained": list(trained)}
+        if trained and generated_by is not None:
+            entry["generated_by"] = [[int(a), int(b)] for a, b in generated_by]
         entry.update({k: v for k, v in self._loose.items() if v and k != "trained"})
         seqs = {k: v for k, v in self._loose_seqs.items() if v and k != "trained"}
         if trained:
@@ -64,6 +87,27 @@ class Ledger:
         self.entries.append(entry)
         self._loose = {k: [] for k in KINDS}
         self._loose_seqs = {k: [] for k in ID_KINDS}
+        if self.journal is not None and trained:
+            self.journal.parent.mkdir(parents=True, exist_ok=True)
+            with self.journal.open("a") as f:
+                f.write(json.dumps(entry) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def trim_journal(self, checkpoint_step: int) -> None:
+        """Checkpoint ``checkpoint_step`` is complete (its segment holds the recorded lost steps):
+        keep only the journal's later steps."""
+        if self.journal is None or not self.journal.is_file():
+            return
+        keep = [e for e in _read_journal(self.journal) if not e.get("lost") and e["step"] > checkpoint_step]
+        atomic_write(self.journal, "".join(json.dumps(e) + "\n" for e in keep))
+
+    def adopt_lost(self, lost: list[dict[str, Any]]) -> None:
+        """At a restart: record ``lost`` (:func:`lost_steps`) in this segment and mark them lost in
+        the journal, so a second crash before the next checkpoint still finds them, once."""
+        self.record_lost(lost)
+        if self.journal is not None and self.journal.parent.is_dir():
+            atomic_write(self.journal, "".join(json.dumps(e | {"lost": True}) + "\n" for e in lost))
 
     def snapshot(self, step: int, version: int) -> dict[str, Any]:
         """The segment of a checkpoint at ``step``; starts a new segment whose parent is ``step``."""
@@ -73,6 +117,25 @@ class Ledger:
         segment = {"step": step, "parent": self.parent, "entries": self.entries}
         self.parent, self.entries = step, []
         return segment
+
+
+def _read_journal(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break  # a line cut by the crash: everything before it was fsynced whole
+    return out
+
+
+def lost_steps(root: Path, restored_step: int) -> list[dict[str, Any]]:
+    """Journal entries of steps after ``restored_step`` (trained, then lost with a crash), and
+    those an earlier restart marked lost that no complete checkpoint has recorded yet."""
+    path = Path(root) / LEDGER_DIR / JOURNAL
+    if not path.is_file():
+        return []
+    return [{k: v for k, v in e.items() if k != "lost"} for e in _read_journal(path) if e.get("lost") or e["step"] > restored_step]
 
 
 def write_segment(root: Path, segment: dict[str, Any]) -> Path:

@@ -19,7 +19,7 @@ from asyncrl.jetstream import connect, ensure_stream, resolve_nats_url
 from asyncrl.wire import NatsNames
 from trainer_daemon.consume import ConsumptionState, PendingGroup, TrajectorySource
 from trainer_daemon.io_loop import IoLoop
-from trainer_daemon.ledger import Ledger
+from trainer_daemon.ledger import JOURNAL, LEDGER_DIR, Ledger, lost_steps
 from trainer_daemon.lineage import Lineage
 from trainer_daemon.metrics import MetricsHub
 from trainer_daemon.sync import SyncController, build_publisher
@@ -50,7 +50,14 @@ class Rank0Services:
         state = ConsumptionState()
         if trainer_state.get("consumption"):
             state.load_state_dict(trainer_state["consumption"])
-        ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None)
+        ckpts = Path(cfg.run_dir) / "checkpoints"
+        ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None, journal=ckpts / LEDGER_DIR / JOURNAL)
+        lost = lost_steps(ckpts, int(trainer_state.get("step", 0)) if trainer_state else 0)
+        if lost:
+            log.warning("steps %s were trained after the restored checkpoint and lost with a crash (%d trajectories); "
+                        "recorded in the ledger, their data is trained again", [e["step"] for e in lost],
+                        sum(len(e.get("trained", [])) for e in lost))
+        ledger.adopt_lost(lost)
         required = cfg.derived.required_samples * cfg.rollout.n
         self.source = TrajectorySource(self.names, state, ledger, required, ack_wait_s=cfg.trainer.ack_wait_s,
                                        in_flight=cfg.derived.max_concurrent_samples, dead_letters_keep=cfg.nats.dead_letters_keep)
@@ -155,8 +162,11 @@ class Rank0Services:
 
         return self.io.run(_snap(), IO_TIMEOUT_S)
 
-    def purge_through(self, seq: int) -> None:
-        self.io.run(self.source.purge_through(seq), IO_TIMEOUT_S)
+    def checkpointed(self, step: int, oldest_kept_cursor: int) -> None:
+        """Checkpoint ``step`` is complete: trim the ledger's journal, purge the stream up to the
+        oldest kept checkpoint's cursor."""
+        self.source.ledger.trim_journal(step)
+        self.io.run(self.source.purge_through(oldest_kept_cursor), IO_TIMEOUT_S)
 
     # -- weights ---------------------------------------------------------------------------
     def poll_sync(self) -> dict[str, float]:

@@ -86,8 +86,15 @@ def test_sigkill_while_async_save_pending_resumes_from_the_previous_checkpoint(m
 
     final_step, final_dir = complete_checkpoints(ckpts)[-1]
     assert final_step == STEPS and read_state(final_dir)["step"] == STEPS
-    trained = [i for e in read_lineage(ckpts, final_step) for i in e["trained"]]
+    entries = read_lineage(ckpts, final_step)
+    # the step trained before the kill (and lost with it) is on the record, with its trajectories
+    lost = [s for e in entries for s in e.get("lost_steps", [])]
+    assert HELD_AT in [s["step"] for s in lost], entries
+    assert {i for s in lost for i in s["trained"]} <= {t.id for t in trajs}
+    assert all(e["generated_by"] == [[0, 0]] * len(e["trained"]) for e in entries if e["trained"])
+    assert (ckpts / "ledger" / "journal.jsonl").read_text() == "", "the journal is trimmed at the last checkpoint"
+    trained = [i for e in entries for i in e["trained"]]
     assert sorted(trained) == sorted(t.id for t in trajs), "along the lineage, not every trajectory trained exactly once"
     audit = asyncio.run(audit_run(run_dir, module_nats.url, "f7"))
     assert audit.ok and (audit.lost, audit.twice, audit.pending) == (0, 0, 0), audit
-    assert audit.trained == len(trajs), audit
+    assert audit.trained == len(trajs) and audit.lost_steps == len(lost) >= 1, audit

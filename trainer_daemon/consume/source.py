@@ -223,7 +223,8 @@ class TrajectorySource:
             msgs.extend(self._resolve_group(g))
         trained = [h for g in groups for h in g.kept]
         self.state.count("trained", len(trained))
-        self.ledger.commit(step, version, [h.traj.id for h in trained], [h.seq for h in trained])
+        self.ledger.commit(step, version, [h.traj.id for h in trained], [h.seq for h in trained],
+                           [(h.traj.version_start, h.traj.version_end) for h in trained])
         c = self.state.counters
         metrics = batch_version_metrics([h.traj for h in trained], version, prev_stale_samples=c["stale_samples"],
                                         prev_stale_trajectories=c["stale_trajectories"], effective=self.effective)
