@@ -28,6 +28,7 @@ from asyncrl.jetstream import (
     resolve_nats_url,
     store_sizes,
 )
+from asyncrl.jsonl_log import BoundedJsonl
 from asyncrl.models import load_tokenizer
 from asyncrl.progress import ProgressWindow
 from asyncrl.wire import NatsNames
@@ -140,7 +141,8 @@ class RolloutService:
         self.sessions = SessionManager(await ensure_kv(js, sessions_bucket), cfg.api.session_ttl_s, cfg.api.max_sessions,
                                        cfg.api.closed_session_retention_s, lambda key: kv_forget(js, sessions_bucket, key))
         outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items)
-        publisher = TrajectoryPublisher(outbox, self.names.trajectories, lambda s, p, h: js.publish(s, p, headers=h))
+        record = BoundedJsonl(Path(cfg.run_dir) / "rollout" / "published.jsonl", cfg.rollout.published_record_max_bytes)
+        publisher = TrajectoryPublisher(outbox, self.names.trajectories, lambda s, p, h: js.publish(s, p, headers=h), record)
 
         async def queue_probe() -> int:
             return await self._unconsumed_trajectories(js)

@@ -125,6 +125,9 @@ class RolloutConfig(Section):
     """Port of the rollout service (0: pick a free one)."""
     outbox_max_items: int = Field(10_000, ge=1)
     """Finished trajectories held on disk while NATS is unreachable; past it admission stops."""
+    published_record_max_bytes: int = Field(64 * 2**20, ge=4096)
+    """The published record (``<run dir>/rollout/published.jsonl``: id and stream sequence of
+    every PubAck) rotates past this size, one previous file kept."""
     tools: list[str] = Field(default_factory=lambda: ["calculator"])
     """Builtin tools the agents may call (``calculator``, ``python``); their schemas go into the prompt."""
     external_tools: list[ExternalToolConfig] = Field(default_factory=list)

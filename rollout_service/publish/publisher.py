@@ -9,6 +9,13 @@ not the publisher, is what eventually stops admission. A trajectory the server r
 for good (too large) is first retried without its debug ``messages``, then moved to the
 outbox's ``rejected/`` directory and counted — never silently dropped.
 
+Every PubAck is also written to the *published record* (``<run dir>/rollout/published.jsonl``,
+``{"id", "seq", "duplicate", "time"}`` per line, before the entry leaves the outbox), which
+outlives restarts of the service: what it published, with the stream sequences, for an audit
+beside the trainer's ledger. Bounded by ``rollout.published_record_max_bytes`` (one rotated
+file kept, ``asyncrl.jsonl_log``). A trajectory re-published after a crash between its PubAck
+and the outbox removal appears again with ``duplicate: true`` and the same sequence.
+
 The dedup window (``nats.duplicate_window_s``) must exceed how long an entry can sit in the
 outbox between a lost PubAck and its retry; with the default 30 min and the 5 s backoff cap
 that holds unless NATS is down for longer than the window (then a duplicate is possible
@@ -27,6 +34,7 @@ import msgspec
 from nats.errors import MaxPayloadError
 from nats.js.errors import APIError
 
+from asyncrl.jsonl_log import BoundedJsonl
 from asyncrl.wire import decode_trajectory, encode_trajectory
 from rollout_service.publish.outbox import Outbox, OutboxEntry
 
@@ -61,8 +69,9 @@ class TrajectoryPublisher:
     Passing the function rather than a connection lets the service swap connections.
     """
 
-    def __init__(self, outbox: Outbox, subject: str, publish: PublishFn) -> None:
+    def __init__(self, outbox: Outbox, subject: str, publish: PublishFn, record: BoundedJsonl | None = None) -> None:
         self.outbox = outbox
+        self.record = record
         self.subject = subject
         self._publish = publish
         self._wakeup = asyncio.Event()
@@ -131,6 +140,9 @@ class TrajectoryPublisher:
                 else:
                     self.stats.published += 1
                 self.stats.last_publish_at = time.time()
+                if self.record is not None:
+                    self.record.append({"id": entry.trajectory_id, "seq": int(getattr(ack, "seq", -1)),
+                                        "duplicate": bool(getattr(ack, "duplicate", False)), "time": self.stats.last_publish_at})
                 self.outbox.ack(entry)
                 return
             await asyncio.sleep(backoff)

@@ -11,6 +11,7 @@ import time
 
 import aiohttp
 
+from asyncrl.jsonl_log import BoundedJsonl
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from rollout_service.api.status import service_status
 from tests.helpers.recording_proxy import RecordingProxy
@@ -151,6 +152,13 @@ async def test_sigkill_mid_episode_then_restart_publishes_each_trajectory_once(t
     assert len(ids) == samples * n, f"expected {samples * n} trajectories, got {len(ids)}"
     assert len(set(ids)) == len(ids), "a trajectory was published twice"
     assert {t.group_id for t in trajs} == {f"s{i:08d}" for i in range(samples)}
+    # the service's durable record of what it published spans both processes
+    record = BoundedJsonl(tmp_path / "run" / "rollout" / "published.jsonl", 2**20).read()
+    seqs: dict[str, set[int]] = {}
+    for r in record:
+        seqs.setdefault(r["id"], set()).add(r["seq"])
+    assert set(seqs) == set(ids), "the published record misses (or invents) a trajectory"
+    assert all(len(s) == 1 for s in seqs.values()) and len({next(iter(s)) for s in seqs.values()}) == len(ids)
 
 
 async def test_partition_from_nats_caps_the_outbox_refuses_with_503_and_drains(tmp_path, nats_server, warm_engine):

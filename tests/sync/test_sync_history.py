@@ -22,7 +22,6 @@ def test_history_rotates_within_twice_its_bound_and_keeps_the_newest(tmp_path):
 
 def test_an_unwritable_history_never_raises(tmp_path):
     (tmp_path / "sync").write_text("a file where the directory should be")
-    h = SyncHistory.__new__(SyncHistory)
-    h.path, h.max_bytes = tmp_path / "sync" / FILE, MAX
+    h = SyncHistory(tmp_path / "sync", MAX)
     h.append("finished", version=1)  # logged and dropped
     assert h.read() == []
