@@ -93,8 +93,20 @@ def dirs(run_dir: Path) -> dict[str, float]:
     return out
 
 
-async def streams(url: str) -> dict[str, float]:
-    nc = await connect(url, "soak", persistent=False)
+def nats_credentials(run_dir: Path) -> tuple[str | None, str | None]:
+    """The run's NATS user and password, from the config ``asyncrl up`` wrote (None, None without)."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None, None
+    doc = yaml.safe_load(path.read_text())
+    return (doc.get("nats") or {}).get("user"), (doc.get("security") or {}).get("nats_password")
+
+
+async def streams(url: str, run_dir: Path) -> dict[str, float]:
+    user, password = nats_credentials(run_dir)
+    nc = await connect(url, "soak", user=user, password=password, persistent=False)
     try:
         jsm = nc.jsm()
         out = {}
@@ -137,7 +149,7 @@ def main() -> int:
             time.sleep(a.sample_s)
             row = {"t_s": time.monotonic() - start, **rss_by_role(root), **dirs(run_dir)}
             try:
-                row.update(asyncio.run(streams(resolve_nats_url(None, run_dir))))
+                row.update(asyncio.run(streams(resolve_nats_url(None, run_dir), run_dir)))
             except Exception as exc:  # noqa: BLE001 - NATS not up yet, or gone at the end
                 row["nats_error"] = 1.0
                 print(f"  (no stream sample: {exc})", flush=True)
