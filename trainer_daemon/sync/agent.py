@@ -17,9 +17,12 @@ Per publish, on the trainer's I/O loop:
    it broadcasts the buckets in order (the packed bytes of each). The first broadcast waits up
    to ``sync.pause_timeout_s`` more (the agent pauses the rollout first); with a new group the
    first bucket is the smallest tensor alone, under ``sync.group_init_timeout_s``.
-4. ``publish`` returns after the last broadcast; the watcher goes on (every
-   ``POLL_INTERVAL_S``, at most ``POLL_BUDGET_S``) to record the final state for metrics
-   (``trainer/sync_agent_failures``) and logs.
+4. After the last broadcast ``publish`` waits for the sync's *outcome*, the agent's final state
+   (bounded by ``sync.pause_timeout_s + sync.broadcast_timeout_s``: ending the engines' update
+   sessions, setting their version, resuming): it returns only when the agent reports
+   ``succeeded``, and raises :class:`WeightSyncError` when the agent rolled the sync back or
+   gave no outcome in time. So the trainer's weight version (and its staleness accounting) is
+   the version the engines reached, never one a broadcast merely delivered.
 
 The agent owns everything else: pausing and resuming the rollout service and the engines,
 weight-update sessions, the version on the engines, quarantining engines left mixed.
@@ -165,7 +168,9 @@ class SyncAgentPublisher(WeightPublisher):
             log.debug("polling sync %s: %s", sync_id, exc)
             return None
 
-    async def _watch(self, sync_id: str, version: int, cancel: threading.Event, why: list[str], publishing: asyncio.Event) -> None:
+    async def _watch(self, sync_id: str, version: int, cancel: threading.Event, why: list[str],
+                     publishing: asyncio.Event) -> SyncStatus | None:
+        """Poll the sync until it is final; its final status (None: no answer within the budget)."""
         deadline = time.monotonic() + POLL_BUDGET_S
         while time.monotonic() < deadline:
             await asyncio.sleep(WATCH_INTERVAL_S if publishing.is_set() else POLL_INTERVAL_S)
@@ -181,8 +186,9 @@ class SyncAgentPublisher(WeightPublisher):
                     self.agent_failures += 1
                     self._group_dropped = True
                     log.error("sync agent reports sync %s (version %d) failed: %s", sync_id, version, status.error)
-                return
+                return status
         log.warning("sync %s (version %d): no final state from the agent within %.0f s", sync_id, version, POLL_BUDGET_S)
+        return None
 
     async def _host(self, port: int, world: int, sock, cancel: threading.Event) -> WeightGroup:
         """Host the group in a thread; stop waiting (the thread finishes on its own timeout and
@@ -235,6 +241,16 @@ class SyncAgentPublisher(WeightPublisher):
 
             await send_buckets(buckets, weights, self.buffers, send)
             t3 = time.perf_counter()
+            outcome_s = self.pause_timeout_s + self.broadcast_timeout_s
+            try:
+                final = await asyncio.wait_for(asyncio.shield(watcher), outcome_s)
+            except TimeoutError:
+                raise WeightSyncError(f"broadcast done, but the sync agent gave no outcome for sync {accepted.id} within "
+                                      f"{outcome_s:.0f} s: counted as failed") from None
+            if final is None or final.state != "succeeded":
+                raise WeightSyncError(f"broadcast done, but the sync agent did not complete sync {accepted.id}: "
+                                      f"{final.error if final is not None else 'no final state'}")
+            t4 = time.perf_counter()
         except BaseException as exc:
             if sock is not None:
                 sock.close()
@@ -253,6 +269,7 @@ class SyncAgentPublisher(WeightPublisher):
         return {
             "trainer/sync_bytes": float(nbytes), "trainer/sync_buckets": float(len(buckets)),
             "timing_s/sync_request": t1 - t0, "timing_s/sync_group": t2 - t1, "timing_s/sync_broadcast": t3 - t2,
+            "timing_s/sync_outcome": t4 - t3,
             "trainer/sync_gb_per_s": nbytes / 1e9 / max(t3 - t2, 1e-9),
             "trainer/sync_agent_failures": float(self.agent_failures),
         }
