@@ -2,7 +2,7 @@
 
 Every rank receives the whole step batch (the same list of trajectories in the same order),
 so everything that depends on the batch alone is computed identically everywhere, without
-collectives: GRPO advantages (``actor.norm_adv_by_std_in_grpo``), the zero-variance filter
+collectives: the outcome advantages (``actor.adv_estimator``, ``actor.norm_adv_by_std_in_grpo``), the zero-variance filter
 (``actor.filter_zero_variance_groups``), the split into mini-batches of
 ``ppo_mini_batch_size`` groups, the per-rank plan (``algo.plan_mini_batch``: whole groups per
 rank, token-balanced, equal micro-batch counts) and the mini-batch's global loss normalisers.
@@ -41,8 +41,8 @@ from asyncrl.wire import Trajectory
 from trainer_daemon.algo import (
     compute_actor_loss,
     entropy_from_logits,
-    grpo_advantages,
     log_probs_from_logits,
+    outcome_advantages,
     plan_mini_batch,
     resolve_log_probs,
     zero_variance_mask,
@@ -118,7 +118,7 @@ class TrainStep:
         t0 = time.perf_counter()
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
         gids = [t.group_id for t in trajs]
-        adv = grpo_advantages(rewards, gids, norm_by_std=self.s.actor.norm_adv_by_std_in_grpo).tolist()
+        adv = outcome_advantages(rewards, gids, self.s.actor.adv_estimator, norm_by_std=self.s.actor.norm_adv_by_std_in_grpo).tolist()
         keep = [True] * len(trajs)
         if self.s.actor.filter_zero_variance_groups:
             keep = (~zero_variance_mask(rewards, gids)).tolist()

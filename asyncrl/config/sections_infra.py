@@ -60,8 +60,27 @@ class ActorConfig(Section):
     filter_zero_variance_groups: bool = False
     """Drop groups whose rewards are all equal (no learning signal; DAPO's dynamic sampling)."""
     tis_imp_ratio_cap: float | None = Field(2.0, gt=0.0)
-    """Truncated importance sampling: weight each token by min(pi_old/pi_rollout, cap) to
-    correct the rollout/trainer probability mismatch. None disables."""
+    """Truncated importance sampling (TIS): weight by min(pi_old/pi_rollout, cap), at
+    ``rollout_is_level``, to correct the rollout/trainer mismatch. None: no truncation (with
+    ``rollout_rs`` set, the raw ratio weights the kept tokens: MIS/IcePop), and no weight at
+    all when ``rollout_rs`` is None too. Applies when the ratio is anchored at recomputed
+    log-probs (``async_training.compute_prox_log_prob`` or ``use_rollout_log_probs=false``)."""
+    rollout_is_level: Literal["token", "sequence"] = "token"
+    """Level of the IS weight: per token, or one weight per sequence (product of its token ratios)."""
+    rollout_rs: Literal["token", "sequence", "geometric"] | None = None
+    """Masked IS / rejection: weight 0 for tokens (or whole sequences; ``geometric``: by the
+    sequence's mean log-ratio) whose ratio lies outside [rollout_rs_threshold_lower,
+    rollout_rs_threshold]. ``token`` with both bounds is IcePop. None: no masking."""
+    rollout_rs_threshold: float = Field(2.0, gt=1.0)
+    """Upper bound of the ratio kept by ``rollout_rs``."""
+    rollout_rs_threshold_lower: float | None = Field(None, gt=0.0, lt=1.0)
+    """Lower bound kept by ``rollout_rs``. None: 1 / rollout_rs_threshold."""
+    loss_mode: Literal["vanilla", "gspo", "cispo"] = "vanilla"
+    """Policy loss (verl's ``policy_loss.loss_mode``): PPO clip, GSPO (sequence ratios), CISPO
+    (clipped, detached IS weight on log-probs). docs/algorithms.md."""
+    adv_estimator: Literal["grpo", "rloo"] = "grpo"
+    """Outcome advantage (verl's ``algorithm.adv_estimator``): GRPO (group mean baseline, std
+    normalisation by ``norm_adv_by_std_in_grpo``) or RLOO (leave-one-out mean baseline)."""
     use_kl_loss: bool = False
     """Add a KL penalty to a frozen reference model."""
     kl_loss_coef: float = Field(0.001, ge=0.0)

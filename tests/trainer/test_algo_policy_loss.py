@@ -12,8 +12,8 @@ from asyncrl.config.sections_infra import ActorConfig
 from trainer_daemon.algo.policy_loss import (
     compute_policy_loss,
     resolve_log_probs,
-    truncated_is_weight,
 )
+from trainer_daemon.algo.rollout_correction import correction_weights
 
 EL, EH, C = 0.2, 0.28, 3.0
 # (advantage, ratio, mask) per token; two rows of six.
@@ -135,11 +135,11 @@ def test_truncated_importance_weight():
     )
 
 
-def test_truncated_is_weight_function_is_detached():
-    old = torch.tensor([0.0, -1.0, -2.0], requires_grad=True)
-    w = truncated_is_weight(old, torch.tensor([-1.0, -1.0, 30.0]), cap=2.0)
+def test_truncated_is_weight_is_detached_and_bounded():
+    old = torch.tensor([[0.0, -1.0, -2.0]], requires_grad=True)
+    w, _ = correction_weights(old, torch.tensor([[-1.0, -1.0, 30.0]]), torch.ones(1, 3), ActorConfig())
     assert not w.requires_grad
-    torch.testing.assert_close(w, torch.tensor([2.0, 1.0, math.exp(-20.0)]))
+    torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, math.exp(-20.0)]]))
 
 
 def test_seq_mean_token_mean_mode_passes_through():

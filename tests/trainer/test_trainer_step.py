@@ -39,12 +39,19 @@ MODES = ["actor.loss_agg_mode=token-mean", "actor.loss_agg_mode=seq-mean-token-m
 OPTIONAL = ",".join(["actor.use_kl_loss=true", "actor.kl_loss_coef=0.1", "actor.entropy_coeff=0.01",
                      "async_training.compute_prox_log_prob=true", "trainer.mixed_precision=bf16",
                      "actor.activation_checkpointing=true", "actor.filter_zero_variance_groups=true"])
+# the other objectives and corrections of docs/algorithms.md, each through a whole step (proximal
+# log-probs, so the rollout log-probs enter through the correction weight)
+OBJECTIVES = [",".join(["actor.loss_mode=gspo", "actor.clip_ratio_low=0.0003", "actor.clip_ratio_high=0.0004",
+                        "actor.loss_agg_mode=seq-mean-token-mean", "actor.adv_estimator=rloo",
+                        "async_training.compute_prox_log_prob=true", "actor.rollout_is_level=sequence"]),
+              ",".join(["actor.loss_mode=cispo", "async_training.compute_prox_log_prob=true", "actor.tis_imp_ratio_cap=null",
+                        "actor.rollout_rs=token", "actor.rollout_rs_threshold=1.5", "actor.rollout_rs_threshold_lower=0.5"])]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("step")
-    return {"one": _run(d / "one.pt", 1, *MODES, OPTIONAL), "two": _run(d / "two.pt", 2, *MODES)}
+    return {"one": _run(d / "one.pt", 1, *MODES, OPTIONAL, *OBJECTIVES), "two": _run(d / "two.pt", 2, *MODES)}
 
 
 @pytest.mark.parametrize("variant", range(len(MODES)), ids=MODES)
@@ -67,3 +74,17 @@ def test_optional_loss_paths_run_and_report(results):
         assert key in m and m[key] == m[key], key  # present and not NaN
     assert m["trainer/zero_variance_filtered"] == 2 and m["timing_s/old_log_prob"] > 0 and m["timing_s/ref"] > 0
     assert all(torch.isfinite(t).all() for t in res["weights"].values())
+
+
+@pytest.mark.parametrize("variant", range(len(OBJECTIVES)), ids=["gspo-rloo-seq-tis", "cispo-icepop"])
+def test_other_objectives_and_corrections_train(results, variant):
+    from asyncrl.models import load_model
+
+    res = results["one"][len(MODES) + 1 + variant]
+    m = res["metrics"]
+    assert all(torch.isfinite(t).all() for t in res["weights"].values())
+    base = load_model("builtin:tiny", seed=0).state_dict()
+    assert max((res["weights"][n] - base[n]).abs().max().item() for n in base) > 1e-6, "the step did not change the weights"
+    assert m["actor/pg_loss"] == m["actor/pg_loss"] and "actor/is_weight_mean" in m and "actor/behav_kl" in m
+    if variant == 1:
+        assert 0.0 <= m["actor/rs_masked_frac"] <= 1.0

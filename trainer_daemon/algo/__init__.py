@@ -9,6 +9,8 @@ from trainer_daemon.algo.actor_loss import compute_actor_loss
 from trainer_daemon.algo.advantages import (
     grpo_advantages,
     grpo_token_advantages,
+    outcome_advantages,
+    rloo_advantages,
     zero_variance_groups,
     zero_variance_mask,
 )
@@ -28,7 +30,6 @@ from trainer_daemon.algo.logprobs import (
 from trainer_daemon.algo.policy_loss import (
     compute_policy_loss,
     resolve_log_probs,
-    truncated_is_weight,
 )
 from trainer_daemon.algo.staleness import (
     VersionInfo,
@@ -50,6 +51,8 @@ __all__ = [
     "count_tokens_and_seqs",
     "entropy_from_logits",
     "grpo_advantages",
+    "outcome_advantages",
+    "rloo_advantages",
     "grpo_token_advantages",
     "kl_penalty",
     "log_probs_and_entropy",
@@ -60,7 +63,6 @@ __all__ = [
     "plan_mini_batch",
     "resolve_log_probs",
     "split_micro_batches",
-    "truncated_is_weight",
     "version_info",
     "zero_variance_groups",
     "zero_variance_mask",

@@ -1,4 +1,4 @@
-"""GRPO outcome advantages and zero-variance group detection.
+"""Outcome advantages (GRPO, Dr. GRPO, RLOO) and zero-variance group detection.
 
 Each trajectory ``i`` has one scalar reward ``r_i`` and a group id ``g(i)`` (all trajectories
 generated for one prompt share it). For a group ``G`` of size ``n >= 2``:
@@ -8,7 +8,14 @@ generated for one prompt share it). For a group ``G`` of size ``n >= 2``:
     A_i    = (r_i - mean_G) / (std_G + epsilon)    if norm_by_std   (GRPO)
     A_i    =  r_i - mean_G                         otherwise        (Dr. GRPO)
 
-and every response token ``t`` of trajectory ``i`` gets ``A[i, t] = A_i * response_mask[i, t]``.
+RLOO (``actor.adv_estimator="rloo"``; Kool et al. 2019, Ahmadian et al. 2024): each
+trajectory's baseline is the mean of the *other* members of its group,
+
+    A_i    = r_i - (1/(n-1)) sum_{j in G, j != i} r_j  =  n/(n-1) (r_i - mean_G)
+
+(unbiased: the baseline does not depend on the trajectory's own sample; no std normalisation).
+
+Every response token ``t`` of trajectory ``i`` gets ``A[i, t] = A_i * response_mask[i, t]``.
 
 Conventions (knobs: ``actor.norm_adv_by_std_in_grpo``, ``actor.filter_zero_variance_groups``):
 
@@ -21,7 +28,7 @@ Conventions (knobs: ``actor.norm_adv_by_std_in_grpo``, ``actor.filter_zero_varia
 Computation is in float64 and returned in ``response_mask``'s float dtype (float32 for an
 integer/bool mask). No gradient flows (advantages are constants of the loss).
 
-Not covered: process (per-token) rewards, GAE/critic baselines, RLOO, pass@k variants.
+Not covered: process (per-token) rewards, GAE/critic baselines, pass@k variants.
 """
 
 from __future__ import annotations
@@ -81,6 +88,26 @@ def grpo_advantages(
         adv = adv / (std[idx] + epsilon)
     zero = (count[idx] < 2) | constant[idx]
     return torch.where(zero, torch.zeros_like(adv), adv)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor) -> torch.Tensor:
+    """Per-trajectory RLOO advantages (module doc); ``(B,)`` -> ``(B,)`` float64. Groups of
+    size 1 and constant groups get 0, as in GRPO."""
+    r, idx, count, mean, _std, constant = _group_stats(rewards, group_ids)
+    n = count[idx]
+    adv = (r - mean[idx]) * n / (n - 1).clamp(min=1.0)
+    zero = (n < 2) | constant[idx]
+    return torch.where(zero, torch.zeros_like(adv), adv)
+
+
+def outcome_advantages(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor, estimator: str = "grpo",
+                       *, norm_by_std: bool = True, epsilon: float = DEFAULT_EPSILON) -> torch.Tensor:
+    """``actor.adv_estimator``'s per-trajectory advantages (``grpo`` honours ``norm_by_std``)."""
+    if estimator == "rloo":
+        return rloo_advantages(rewards, group_ids)
+    if estimator == "grpo":
+        return grpo_advantages(rewards, group_ids, norm_by_std=norm_by_std, epsilon=epsilon)
+    raise ValueError(f"unknown advantage estimator {estimator!r}")
 
 
 def grpo_token_advantages(

@@ -1,7 +1,8 @@
-"""PPO clipped policy loss with asymmetric clip, dual clip and truncated importance sampling.
+"""The policy loss: PPO clip (asymmetric, dual clip), GSPO or CISPO (``actor.loss_mode``), times
+the off-policy correction weight of :mod:`.rollout_correction`.
 
-Per token, with ``logp`` the current policy's log-prob (gradient flows here), ``old`` the
-*anchor* log-prob (``pi_old``; ``pi_prox`` in decoupled PPO), ``A`` the advantage:
+``vanilla`` (default). Per token, with ``logp`` the current policy's log-prob (gradient flows
+here), ``old`` the *anchor* log-prob (``pi_old``; ``pi_prox`` in decoupled PPO), ``A`` the advantage:
 
     r      = exp(clamp(logp - old, -20, 20))
     l_1    = -A * r
@@ -10,10 +11,24 @@ Per token, with ``logp`` the current policy's log-prob (gradient flows here), ``
     l      = min(l_clip, -A * clip_ratio_c)  if A < 0 and clip_ratio_c is not None   (dual clip)
            = l_clip                          otherwise
 
-and, when a behaviour log-prob ``behav`` (the rollout engine's) is given and
-``tis_imp_ratio_cap`` is not None, a constant (detached) truncated importance weight
+``gspo`` (Zheng et al. 2025, Group Sequence Policy Optimization): one ratio per sequence, the
+geometric mean of its token ratios, clipped as a whole (no dual clip):
 
-    w = min(exp(clamp(old - behav, -20, 20)), tis_imp_ratio_cap),   l <- w * l.
+    s_i    = exp( sum_t m_t (logp_t - old_t) / sum_t m_t )
+    s_i,t  = exp( sg(log s_i) + logp_t - sg(logp_t) )        (value s_i; gradient s_i * grad logp_t)
+    l_t    = max(-A * s_i,t, -A * clamp(s_i,t, 1 - clip_ratio_low, 1 + clip_ratio_high))
+
+GSPO's clip ranges are ~1e3 times smaller than PPO's (its paper: 3e-4 and 4e-4) and it
+aggregates with ``seq-mean-token-mean``; set both (docs/algorithms.md).
+
+``cispo`` (MiniMax-M1, 2025): the importance ratio is clipped and treated as a constant, the
+gradient flows through ``logp`` alone, so no token's gradient is ever dropped by the clip:
+
+    l_t = -sg(clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high)) * A * logp_t
+
+In every mode, when a behaviour log-prob ``behav`` (the rollout engine's) is given and a
+correction is configured, ``l <- w * l`` with ``w`` from :func:`.rollout_correction.correction_weights`
+(TIS, MIS, IcePop; token or sequence level).
 
 The knobs are read from the run config's sections themselves, not from a copy: ``actor``
 (``ActorConfig``: the clip ratios, ``tis_imp_ratio_cap``, ``loss_agg_mode``,
@@ -43,7 +58,8 @@ Diagnostics (local masked means over the given tokens, Python floats):
 ``actor/is_truncated_frac`` and ``actor/behav_kl`` (``mean(behav - old)``, the k1 estimate of
 KL(pi_behav || pi_old)). ``pg_clipfrac == pg_clipfrac_high + pg_clipfrac_low``.
 
-Not covered: GSPO / sequence-level ratios, sequence-level IS or rejection sampling, value loss.
+``actor/pg_clipfrac*`` count the clipped *values* in every mode (GSPO: sequences' ratios; CISPO:
+the clipped weights). Not covered: value loss.
 """
 
 from __future__ import annotations
@@ -53,12 +69,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer_daemon.algo.aggregation import agg_loss, masked_mean
+from trainer_daemon.algo.rollout_correction import LOG_RATIO_BOUND, active, correction_weights
 
 if TYPE_CHECKING:
     from asyncrl.config.sections_core import AsyncTrainingConfig
     from asyncrl.config.sections_infra import ActorConfig
 
-_LOG_RATIO_BOUND = 20.0
+_LOG_RATIO_BOUND = LOG_RATIO_BOUND
 
 
 def resolve_log_probs(
@@ -78,16 +95,6 @@ def resolve_log_probs(
             "compute_prox_log_prob (or use_rollout_log_probs=False) needs the recomputed log-probs"
         )
     return recomputed_log_prob, rollout_log_prob
-
-
-def truncated_is_weight(
-    old_log_prob: torch.Tensor, behav_log_prob: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """Detached ``min(exp(clamp(old - behav, -20, 20)), cap)``, same shape as the inputs."""
-    log_w = torch.clamp(
-        old_log_prob.detach() - behav_log_prob.detach(), -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND
-    )
-    return torch.exp(log_w).clamp(max=cap)
 
 
 def compute_policy_loss(
@@ -123,27 +130,40 @@ def compute_policy_loss(
         )
     old = old_log_prob.detach()
     adv = advantages.detach().to(log_prob.dtype)
-    log_ratio = torch.clamp(log_prob - old, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
-    ratio = torch.exp(log_ratio)
     lo, hi = 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high
-    l1 = -adv * ratio
-    l2 = -adv * torch.clamp(ratio, lo, hi)
-    l_clip = torch.maximum(l1, l2)
     negative = adv < 0
-    if config.clip_ratio_c is not None:
-        l3 = -adv * config.clip_ratio_c
-        losses = torch.where(negative, torch.minimum(l_clip, l3), l_clip)
-        dual = (l_clip > l3) & negative
+    dual = torch.zeros_like(negative)
+    if config.loss_mode == "gspo":
+        m = response_mask.to(log_prob.dtype)
+        seq_log = ((log_prob - old) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+        log_ratio = torch.clamp(seq_log.detach() + log_prob - log_prob.detach(), -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+        ratio = torch.exp(log_ratio)
+        l1 = -adv * ratio
+        l2 = -adv * torch.clamp(ratio, lo, hi)
+        losses = torch.maximum(l1, l2)
+    elif config.loss_mode == "cispo":
+        log_ratio = torch.clamp(log_prob - old, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+        ratio = torch.exp(log_ratio)
+        l1 = -adv * ratio.detach()
+        l2 = -adv * torch.clamp(ratio.detach(), lo, hi)
+        losses = -torch.clamp(ratio, lo, hi).detach() * adv * log_prob
     else:
-        losses = l_clip
-        dual = torch.zeros_like(negative)
+        log_ratio = torch.clamp(log_prob - old, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+        ratio = torch.exp(log_ratio)
+        l1 = -adv * ratio
+        l2 = -adv * torch.clamp(ratio, lo, hi)
+        l_clip = torch.maximum(l1, l2)
+        if config.clip_ratio_c is not None:
+            l3 = -adv * config.clip_ratio_c
+            losses = torch.where(negative, torch.minimum(l_clip, l3), l_clip)
+            dual = (l_clip > l3) & negative
+        else:
+            losses = l_clip
 
-    weight = None
-    if rollout_log_prob is not None and config.tis_imp_ratio_cap is not None:
-        weight = truncated_is_weight(old, rollout_log_prob, config.tis_imp_ratio_cap).to(
-            losses.dtype
-        )
-        losses = losses * weight
+    weight, is_stats = None, {}
+    if rollout_log_prob is not None and active(config):
+        weight, is_stats = correction_weights(old, rollout_log_prob, response_mask, config)
+        losses = losses * weight.to(losses.dtype)
 
     loss = agg_loss(
         losses,
@@ -169,19 +189,7 @@ def compute_policy_loss(
             "actor/ratio_max": _masked_extreme(r, mask, largest=True),
             "actor/ratio_min": _masked_extreme(r, mask, largest=False),
         }
-        if weight is not None:
-            raw_log_w = (
-                (old - rollout_log_prob.detach())
-                .clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
-                .double()
-            )
-            w = weight.double()
-            stats["actor/is_weight_mean"] = masked_mean(w, mask)
-            stats["actor/is_weight_max"] = _masked_extreme(w, mask, largest=True)
-            stats["actor/is_truncated_frac"] = masked_mean(
-                (raw_log_w.exp() > config.tis_imp_ratio_cap).double(), mask
-            )
-            stats["actor/behav_kl"] = masked_mean(-raw_log_w, mask)
+        stats.update(is_stats)
         values = torch.stack(list(stats.values())).cpu().tolist()
     return loss, dict(zip(stats, values, strict=True))
 
