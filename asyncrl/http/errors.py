@@ -18,13 +18,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-          409: "conflict_error", 413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit_error",
-          503: "service_unavailable", 504: "timeout"}
+_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def error_type(status: int) -> str:
+    """OpenAI's ``error.type`` for an HTTP status: the four specific ones, ``server_error`` for
+    every 5xx, ``invalid_request_error`` for every other 4xx (409, 413, 415, 422 included)."""
+    if status >= 500:
+        return "server_error"
+    return _TYPES.get(status, "invalid_request_error")
 
 
 def error_body(status: int, message: str, param: str | None = None, **extra) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": status, **extra}}
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": status, **extra}}
 
 
 def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None, **extra) -> JSONResponse:
@@ -66,17 +72,45 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 class BodySizeLimit:
-    """ASGI middleware: 413 for bodies above ``max_bytes`` (by Content-Length, or while reading)."""
+    """ASGI middleware: 413 for bodies above ``max_bytes``, whatever the framing.
+
+    With a ``Content-Length`` above the limit: 413 before reading. Without one (chunked
+    transfer encoding) the body is read here first, at most ``max_bytes`` (413 as soon as it
+    passes the limit), then handed to the app whole: a framework that turns any error raised
+    while it reads the body into a 400 ("error parsing the body") never sees the overflow.
+    Memory per request is bounded by ``max_bytes`` either way."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
 
+    def _too_large(self) -> ASGIApp:
+        return error_response(413, f"request body larger than {self.max_bytes} bytes")
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                return await error_response(413, f"request body larger than {self.max_bytes} bytes")(scope, receive, send)
+        length = next((v for n, v in scope.get("headers", []) if n == b"content-length"), None)
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self._too_large()(scope, receive, send)
+        if length is None and scope.get("method") not in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            chunks, seen = [], 0
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return  # the client went away
+                body = message.get("body", b"")
+                seen += len(body)
+                if seen > self.max_bytes:
+                    return await self._too_large()(scope, receive, send)
+                chunks.append(body)
+                if not message.get("more_body", False):
+                    break
+            replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+            async def replayed() -> dict:
+                return replay.pop() if replay else await receive()
+
+            return await self.app(scope, replayed, send)
         seen = 0
 
         async def limited() -> dict:
@@ -91,7 +125,7 @@ class BodySizeLimit:
         try:
             await self.app(scope, limited, send)
         except _TooLarge:
-            await error_response(413, f"request body larger than {self.max_bytes} bytes")(scope, receive, send)
+            await self._too_large()(scope, receive, send)
 
 
 class _TooLarge(Exception):
