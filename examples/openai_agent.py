@@ -51,9 +51,10 @@ def run_episode(url: str, api_token: str | None, question: str, answer: str | No
     headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
     session = httpx.post(f"{url}/v1/sessions", json={"data_source": "example/openai-agent"}, headers=headers, timeout=30).json()
     client = OpenAI(base_url=session["base_url"], api_key=session["token"], timeout=300)
+    model = client.models.list().data[0].id  # the served name (an unknown model is a 404, as with OpenAI)
     messages = [{"role": "user", "content": question}]
     for _ in range(max_turns):
-        resp = client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR], temperature=0,
+        resp = client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], temperature=0,
                                               max_tokens=64, logprobs=True)
         msg = resp.choices[0].message
         messages.append(msg.model_dump(exclude_none=True))

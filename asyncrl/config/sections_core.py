@@ -190,5 +190,10 @@ class ApiConfig(Section):
     """Base URL clients use to reach this service (for session ``base_url``). None: from the request."""
     model_name: str | None = None
     """Model id shown by ``/v1/models``. None: ``model.path``."""
+    model_aliases: list[str] = Field(default_factory=list)
+    """More ids a request's ``model`` may name (listed by ``/v1/models`` too)."""
+    accept_any_model: bool = False
+    """Serve a request whatever its ``model`` says (the permissive behaviour). Off: an unknown
+    ``model`` gets OpenAI's 404 ``model_not_found``."""
     poll_max_wait_s: float = Field(30.0, gt=0.0, le=600.0)
     """Longest long-poll ``wait`` on tool-call routes."""

@@ -35,6 +35,19 @@ class ChatCache:
         return chat
 
 
+def served_models(svc) -> list[str]:
+    """The ids this service answers to: ``api.model_name`` (or ``model.path``) and the aliases."""
+    return [svc.model_name, *(a for a in svc.cfg.api.model_aliases if a != svc.model_name)]
+
+
+def check_model(svc, model: str | None) -> None:
+    """OpenAI's answer to an unknown model: 404 ``model_not_found`` (unless ``api.accept_any_model``)."""
+    if model is None or svc.cfg.api.accept_any_model or model in served_models(svc):
+        return
+    raise ApiError(404, f"The model `{model}` does not exist; this service serves {', '.join(served_models(svc))}",
+                   param="model", code="model_not_found")
+
+
 def check_chat_limits(svc, req: ChatCompletionRequest) -> None:
     """Bounds checked before any tokenisation."""
     api = svc.cfg.api

@@ -34,7 +34,9 @@ from rollout_service.openai.handlers import (
     answer_completion,
     chat_spec,
     check_chat_limits,
+    check_model,
     ephemeral_state,
+    served_models,
 )
 from rollout_service.openai.schemas import (
     ChatCompletionRequest,
@@ -71,9 +73,9 @@ def build_openai_router(svc) -> APIRouter:
         require_token(request, api_token, "API")
 
     def models_body() -> dict:
-        return {"object": "list", "data": [{"id": svc.model_name, "object": "model", "created": int(svc.started_at),
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": int(svc.started_at),
                                             "owned_by": "asyncrl", "root": svc.cfg.model.path,
-                                            "max_model_len": svc.cfg.model.max_model_len}]}
+                                            "max_model_len": svc.cfg.model.max_model_len} for name in served_models(svc)]}
 
     def chat_for(req: ChatCompletionRequest):
         tools = [t.model_dump() for t in req.tools] if req.tools else None
@@ -89,6 +91,7 @@ def build_openai_router(svc) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request, req: ChatCompletionRequest):
         data_plane(request)
+        check_model(svc, req.model)
         check_chat_limits(svc, req)
         messages = [m.to_template() for m in req.messages]
         chat, _ = chat_for(req)
@@ -105,6 +108,7 @@ def build_openai_router(svc) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request, req: CompletionRequest):
         data_plane(request)
+        check_model(svc, req.model)
         chat = svc.chats.get("", None)
         ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode_text(req.prompt)
         if not ids:
@@ -167,6 +171,7 @@ def build_openai_router(svc) -> APIRouter:
     @router.post("/v1/sessions/{sid}/v1/chat/completions")
     async def session_chat(request: Request, sid: str, req: ChatCompletionRequest):
         rec = open_session(request, sid)
+        check_model(svc, req.model)
         check_chat_limits(svc, req)
         messages = [m.to_template() for m in req.messages]
         chat, key = chat_for(req)
@@ -207,6 +212,7 @@ def build_openai_router(svc) -> APIRouter:
     @router.post("/v1/sessions/{sid}/v1/completions")
     async def session_completion(request: Request, sid: str, req: CompletionRequest):
         rec = open_session(request, sid)
+        check_model(svc, req.model)
         chat = svc.chats.get("", None)
         ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode_text(req.prompt)
         a = rec.agent

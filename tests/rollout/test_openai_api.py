@@ -27,7 +27,8 @@ QUESTION = "What is 778 + 913 - 432? Use the calculator tool, then answer with \
 def idle_cfg(tmp_path, nats_url, engine_url, *extra):
     """A service that runs no internal agents of its own (one sample, then the quota is free)."""
     return service_config(tmp_path, nats_url, [engine_url], "rollout.total_rollout_steps=1", "rollout.n=1",
-                          "async_training.staleness_threshold=50", f"security.api_token={API}", *extra)
+                          "async_training.staleness_threshold=50", f"security.api_token={API}", "api.model_name=policy",
+                          'api.model_aliases=["p"]', *extra)
 
 
 async def new_session(url: str, **body) -> dict:

@@ -61,12 +61,19 @@ async def test_bad_requests_get_json_4xx_and_never_500(tmp_path, nats_server, wa
                 ("POST", f"{url}/v1/sessions", {"json": {"group_id": "has space"}}, api, 400, "group_id"),
                 ("POST", f"{url}/v1/sessions/{sess['id']}/tool_results", {"json": {"tool_call_id": "c", "content": "x"}}, sauth, 404, "no session"),
                 ("GET", f"{url}/v1/environments/arith/tool_calls?wait=-1", {}, api, 400, "wait"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"model": "gpt-4o", "messages": msg}}, api, 404, "does not exist"),
+                ("POST", f"{url}/v1/completions", {"json": {"model": "gpt-4o", "prompt": "x"}}, api, 404, "does not exist"),
+                ("POST", chat, {"json": {"model": "gpt-4o", "messages": msg}}, sauth, 404, "does not exist"),
+                ("POST", f"{url}/v1/completions", {"json": {"model": svc.model_name, "prompt": [1, 2], "max_tokens": 1}}, api, 200, None),
             ]
             for method, target, kwargs, headers, expected, fragment in cases:
                 r = await http.request(method, target, headers=headers, **kwargs)
                 assert r.status_code == expected, (target, kwargs, r.status_code, r.text)
                 body = r.json()
-                if fragment is not None:
+                if expected == 404 and "does not exist" == fragment:  # OpenAI's envelope for an unknown model
+                    assert body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model", body
+                    assert body["error"]["type"] == "not_found_error"
+                elif fragment is not None:
                     assert body["error"]["code"] == expected and fragment in body["error"]["message"], (target, body)
                     assert body["error"]["type"] != "server_error", (target, body)  # OpenAI's types; server_error is 5xx only
 

@@ -1,0 +1,29 @@
+"""Which ``model`` a request may name: the served name and its aliases; anything else is
+OpenAI's 404 ``model_not_found``, unless ``api.accept_any_model`` keeps the permissive behaviour."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from asyncrl.config import load_config
+from asyncrl.http.errors import ApiError
+from rollout_service.openai.handlers import check_model, served_models
+
+
+def svc(*overrides: str):
+    cfg = load_config(overrides=["model.path=builtin:tiny", *overrides], environ={})
+    return SimpleNamespace(cfg=cfg, model_name=cfg.api.model_name or cfg.model.path)
+
+
+def test_served_name_and_aliases_only():
+    s = svc("api.model_name=policy", 'api.model_aliases=["p", "policy"]')
+    assert served_models(s) == ["policy", "p"]
+    for ok in ("policy", "p", None):
+        check_model(s, ok)
+    with pytest.raises(ApiError) as err:
+        check_model(s, "gpt-4o")
+    assert err.value.status == 404 and err.value.extra == {"code": "model_not_found"} and err.value.param == "model"
+    check_model(svc("api.accept_any_model=true"), "gpt-4o")
+    check_model(svc(), "builtin:tiny")  # no api.model_name: model.path is the served name
