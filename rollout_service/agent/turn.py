@@ -15,7 +15,9 @@ turn's remaining token budget → name the request (rid ``<prefix><id>.t<turn>.s
   turn's budget — no decoded token is lost;
 - engine failures (connection lost, 5xx, timeouts: :class:`EngineError`) are retried with
   backoff, on another engine when one is routable, up to ``ENGINE_RETRIES`` times per turn;
-  then the agent is DONE with ``finish_reason="error"``;
+  then the agent is DONE with ``finish_reason="error"``. A 4xx from an engine (other than 408
+  and 429) is the request's fault and deterministic: never retried, the agent is DONE with
+  ``"error"`` at once and ``reward_details["engine_status"]`` holds the status;
 - with ``on_chunk`` the engine is asked to stream and ``on_chunk`` is awaited with every
   cumulative result *before* its tokens are appended (so ``state.token_ids`` + the result's
   ``output_ids`` is the sequence so far). If a stream breaks after yielding tokens, the
@@ -34,7 +36,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from asyncrl.engine_client.errors import EngineError
+from asyncrl.engine_client.errors import EngineError, EngineHTTPError
 from asyncrl.engine_client.types import GenerateResult
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.state import AgentState, Phase
@@ -103,7 +105,13 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
                 _keep(state, exc.partial, deps, kept)
                 state.segment += 1
             failures += 1
+            refused = isinstance(exc, EngineHTTPError) and 400 <= exc.status < 500 and exc.status not in (408, 429)
             log.warning("agent %s: engine error %d/%d: %s", state.id, failures, ENGINE_RETRIES, exc)
+            if refused:
+                finish(state, "error")
+                state.reward_details["error"] = f"engine refused the request: {exc}"
+                state.reward_details["engine_status"] = exc.status
+                return None, kept
             if failures >= ENGINE_RETRIES:
                 finish(state, "error")
                 state.reward_details["error"] = f"engine: {exc}"

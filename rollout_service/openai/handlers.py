@@ -84,6 +84,32 @@ def ephemeral_state(svc, messages: list[dict]) -> AgentState:
                       prompt_id="api", data_source="api", messages=messages, phase=Phase.GENERATING)
 
 
+def raise_if_failed(details: dict[str, Any], out: TurnOutcome) -> None:
+    """A failed turn is never a 200: the engine's own 4xx (the request's fault) is a 400 with its
+    message; anything else (the engines kept failing) a 503 with Retry-After. ``details``: the
+    state's ``reward_details`` as the turn left them."""
+    if out.finish_reason != "error":
+        return
+    if details.get("engine_status") is not None:
+        raise ApiError(400, str(details.get("error", "the engine refused the request")))
+    raise ApiError(503, "the engines failed to generate; try again", headers={"Retry-After": "5"})
+
+
+def check_completion(svc, chat: ChatTokenizer, req: CompletionRequest, prompt_ids: list[int]) -> None:
+    """Everything about a text completion that can be refused before a token is generated (or a
+    session's recorded tokens are touched)."""
+    api = svc.cfg.api
+    if not prompt_ids:
+        raise ApiError(400, "prompt must not be empty", param="prompt")
+    if req.max_tokens and req.max_tokens > api.max_tokens:
+        raise ApiError(400, f"max_tokens {req.max_tokens} exceeds the limit of {api.max_tokens}", param="max_tokens")
+    vocab = len(chat.tok)
+    if any(t >= vocab for t in prompt_ids):
+        raise ApiError(400, f"prompt token ids must be < vocabulary size {vocab}", param="prompt")
+    if svc.cfg.model.max_model_len - len(prompt_ids) - 1 <= 0:
+        raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; the context limit is {svc.cfg.model.max_model_len}", param="prompt")
+
+
 async def answer_chat(svc, state: AgentState, chat: ChatTokenizer, req: ChatCompletionRequest, spec: TurnSpec,
                       on_done, extra_meta: dict[str, Any] | None = None):
     """Run the turn (streaming or not) and answer; ``on_done(outcome)`` runs after the turn."""
@@ -96,22 +122,15 @@ async def answer_chat(svc, state: AgentState, chat: ChatTokenizer, req: ChatComp
                           include_usage=include, on_done=on_done)
         return StreamingResponse(gen, media_type="text/event-stream")
     out: TurnOutcome = await run_turn(state, deps, chat, spec, budget)
+    details = dict(state.reward_details)
     await on_done(out)
-    if out.finish_reason == "error":
-        raise ApiError(503, "the engines failed to generate; try again", headers={"Retry-After": "5"})
+    raise_if_failed(details, out)
     return JSONResponse(chat_completion(chat.tok, model, out, bool(req.logprobs), extra_meta))
 
 
 async def answer_completion(svc, state: AgentState, chat: ChatTokenizer, req: CompletionRequest, prompt_ids: list[int], on_done):
-    api = svc.cfg.api
-    if req.max_tokens and req.max_tokens > api.max_tokens:
-        raise ApiError(400, f"max_tokens {req.max_tokens} exceeds the limit of {api.max_tokens}", param="max_tokens")
-    vocab = len(chat.tok)
-    if any(t >= vocab for t in prompt_ids):
-        raise ApiError(400, f"prompt token ids must be < vocabulary size {vocab}", param="prompt")
+    check_completion(svc, chat, req, prompt_ids)
     room = svc.cfg.model.max_model_len - len(prompt_ids) - 1
-    if room <= 0:
-        raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; the context limit is {svc.cfg.model.max_model_len}", param="prompt")
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     spec = TurnSpec(temperature=1.0 if req.temperature is None else req.temperature, top_p=req.top_p or 1.0,
                     max_new_tokens=min(req.max_tokens or 16, room), stop=stops, seed=req.seed,
@@ -122,5 +141,7 @@ async def answer_completion(svc, state: AgentState, chat: ChatTokenizer, req: Co
                           want_logprobs=False, include_usage=include, on_done=on_done, kind="text")
         return StreamingResponse(gen, media_type="text/event-stream")
     out = await run_turn(state, svc.runner.deps, chat, spec, svc.cfg.model.max_model_len)
+    details = dict(state.reward_details)
     await on_done(out)
+    raise_if_failed(details, out)
     return JSONResponse(text_completion(chat.tok, svc.model_name, out, req.logprobs))

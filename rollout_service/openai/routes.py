@@ -34,6 +34,7 @@ from rollout_service.openai.handlers import (
     answer_completion,
     chat_spec,
     check_chat_limits,
+    check_completion,
     check_model,
     ephemeral_state,
     served_models,
@@ -215,8 +216,14 @@ def build_openai_router(svc) -> APIRouter:
         check_model(svc, req.model)
         chat = svc.chats.get("", None)
         ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode_text(req.prompt)
+        if req.stream:
+            raise ApiError(400, "stream is not supported on session text completions", param="stream")
+        check_completion(svc, chat, req, ids)  # refused before the session's tokens are touched
         a = rec.agent
         async with sessions.lock(sid):
+            before = (list(a.token_ids), list(a.loss_mask), list(a.logprobs), list(a.versions), a.prompt_length, a.turn_start,
+                      a.segment, a.assistant_turns, rec.segments, list(rec.divergences), dict(a.reward_details), a.phase,
+                      a.finish_reason)
             if a.token_ids and ids[: len(a.token_ids)] == a.token_ids and len(ids) > len(a.token_ids):
                 extra = ids[len(a.token_ids):]
                 a.token_ids.extend(extra)
@@ -235,10 +242,11 @@ def build_openai_router(svc) -> APIRouter:
 
             async def done(out) -> None:
                 rec.last_activity = time.time()
+                if out.finish_reason == "error":  # a failed request leaves the recorded tokens as they were
+                    (a.token_ids, a.loss_mask, a.logprobs, a.versions, a.prompt_length, a.turn_start, a.segment, a.assistant_turns,
+                     rec.segments, rec.divergences, a.reward_details, a.phase, a.finish_reason) = before
                 await sessions.save(rec)
 
-            if req.stream:
-                raise ApiError(400, "stream is not supported on session text completions", param="stream")
             return await answer_completion(svc, a, chat, req, ids, done)
 
     @router.post("/v1/sessions/{sid}/reward")

@@ -28,6 +28,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from asyncrl.engine_client.types import GenerateResult
+from asyncrl.http.errors import error_type
 from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.state import AgentState
@@ -123,9 +124,13 @@ async def stream_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, s
             with contextlib.suppress(asyncio.CancelledError):
                 await turn
     sent = deltas.sent
-    if out.finish_reason == "error":
+    if out.finish_reason == "error":  # an error event ends the stream: no finish chunk ("error" is not OpenAI's)
         detail = str(state.reward_details.get("error", "the engines failed")).removeprefix("engine: ")
-        yield sse({"error": {"message": f"engine error: {detail}", "type": "server_error", "code": 502}})
+        status = int(state.reward_details.get("engine_status", 502))
+        yield sse({"error": {"message": f"engine error: {detail}", "type": error_type(status), "code": status}})
+        await on_done(out)
+        yield b"data: [DONE]\n\n"
+        return
     if text_mode:
         if len(out.text) > sent:
             yield sse(_text_chunk(cid, model, out.text[sent:]))

@@ -3,6 +3,8 @@ enforced before tokenisation; backpressure is 429 with Retry-After; idle session
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from tests.helpers.waiting import wait_for
@@ -76,6 +78,19 @@ async def test_bad_requests_get_json_4xx_and_never_500(tmp_path, nats_server, wa
                 elif fragment is not None:
                     assert body["error"]["code"] == expected and fragment in body["error"]["message"], (target, body)
                     assert body["error"]["type"] != "server_error", (target, body)  # OpenAI's types; server_error is 5xx only
+            # a session's text completion refused at once, its recorded tokens untouched
+            comp = f"{sess['base_url']}/completions"
+            ok = await http.post(comp, json={"prompt": [5, 6, 7], "max_tokens": 2, "temperature": 0}, headers=sauth)
+            assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] in ("stop", "length"), ok.text
+            before = (await http.get(f"{url}/v1/sessions/{sess['id']}", headers=sauth)).json()
+            for bad, fragment in (({"prompt": ""}, "empty"), ({"prompt": [10**9]}, "vocabulary"), ({"prompt": [5], "max_tokens": 65}, "limit")):
+                started = time.monotonic()
+                r = await http.post(comp, json=bad, headers=sauth)
+                assert r.status_code == 400 and fragment in r.json()["error"]["message"], (bad, r.text)
+                assert time.monotonic() - started < 2.0, "validated first, never retried against the engine"
+            after = (await http.get(f"{url}/v1/sessions/{sess['id']}", headers=sauth)).json()
+            assert {k: after[k] for k in ("tokens", "prompt_length", "turns", "segments")} == \
+                {k: before[k] for k in ("tokens", "prompt_length", "turns", "segments")}
 
 
 async def test_quota_backpressure_is_429_with_retry_after_and_open_sessions_keep_working(tmp_path, nats_server, warm_engine):

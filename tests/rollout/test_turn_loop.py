@@ -11,7 +11,7 @@ import json
 import pytest
 
 from asyncrl.config.sections_core import MultiTurnConfig, SamplingConfig
-from asyncrl.engine_client.errors import EngineUnavailable
+from asyncrl.engine_client.errors import EngineHTTPError, EngineUnavailable
 from asyncrl.engine_client.types import GenerateResult
 from asyncrl.models import load_tokenizer
 from rollout_service.agent import turn as turn_mod
@@ -174,7 +174,20 @@ async def test_a_streamed_turn_reports_an_error_only_when_the_retries_run_out(ch
     assert len(errors) == 1 and errors[0]["code"] == 502 and "scripted" in errors[0]["message"]
     assert outcomes[0].finish_reason == "error" and outcomes[0].model_ids == answer[:2], "tokens already sent are kept"
     finishes = [e["choices"][0]["finish_reason"] for e in events if e.get("choices") and e["choices"][0]["finish_reason"]]
-    assert finishes == ["error"]
+    assert finishes == [], "the error event ends the stream: no finish_reason outside OpenAI's values"
+
+
+async def test_an_engine_4xx_is_never_retried(chat):
+    class Refusing(ScriptedEngines):
+        async def generate(self, state, input_ids, sampling_params, rid, extra=None):
+            self.calls.append({"rid": rid})
+            raise EngineHTTPError(400, "input_ids is empty (scripted)")
+
+    engines = Refusing([], chat.eos_token_id)
+    state = _state(chat)
+    ended, kept = await asyncio.wait_for(generate_turn_tokens(state, _deps(chat, engines)), WAIT_S)
+    assert ended is None and kept == [] and len(engines.calls) == 1, "a deterministic refusal is not retried"
+    assert state.finish_reason == "error" and state.reward_details["engine_status"] == 400
 
 
 async def test_openai_turns_continue_after_a_pause_without_checkpointing_but_agents_checkpoint(chat):
