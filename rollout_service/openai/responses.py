@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from rollout_service.openai.token_bytes import token_bytes
 from rollout_service.openai.turns import TurnOutcome
 
 
@@ -23,9 +24,9 @@ def chat_logprobs(tok, out: TurnOutcome) -> dict[str, Any]:
     content = []
     for i, (tid, lp) in enumerate(zip(out.model_ids, out.model_logprobs)):
         text = token_text(tok, tid)
-        entry: dict[str, Any] = {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+        entry: dict[str, Any] = {"token": text, "logprob": lp, "bytes": token_bytes(tok, tid), "top_logprobs": []}
         if out.top_logprobs is not None and i < len(out.top_logprobs):
-            entry["top_logprobs"] = [{"token": (t := token_text(tok, a)), "logprob": b, "bytes": list(t.encode("utf-8"))}
+            entry["top_logprobs"] = [{"token": token_text(tok, a), "logprob": b, "bytes": token_bytes(tok, a)}
                                      for a, b in out.top_logprobs[i]]
         content.append(entry)
     return {"content": content, "refusal": None}
