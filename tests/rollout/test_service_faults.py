@@ -34,7 +34,7 @@ def outage_after_publishes(monkeypatch, nats_server, n: int) -> None:
     real = service.TrajectoryPublisher
 
     class OutageAfter(real):
-        def __init__(self, outbox, subject, publish) -> None:
+        def __init__(self, outbox, subject, publish, *rest) -> None:
             acks = [0]
 
             async def publish_then_outage(subject, payload, headers):
@@ -44,7 +44,7 @@ def outage_after_publishes(monkeypatch, nats_server, n: int) -> None:
                     nats_server.kill()
                 return ack
 
-            super().__init__(outbox, subject, publish_then_outage)
+            super().__init__(outbox, subject, publish_then_outage, *rest)
 
     monkeypatch.setattr(service, "TrajectoryPublisher", OutageAfter)
 
