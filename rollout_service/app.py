@@ -12,7 +12,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from asyncrl.http.errors import BodySizeLimit, install_error_handlers
+from asyncrl.http.errors import BodySizeLimit, error_response, install_error_handlers
+from rollout_service.agent.chat import TemplateError
 from rollout_service.api.admin import build_admin_router
 from rollout_service.metrics import build_registry, render
 from rollout_service.openai.routes import build_openai_router
@@ -33,6 +34,10 @@ def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
 
     app = FastAPI(title="asyncrl rollout service", lifespan=lifespan)
     install_error_handlers(app)
+
+    @app.exception_handler(TemplateError)
+    async def _template(request, exc: TemplateError):  # user input the chat template cannot render: the request's fault
+        return error_response(400, str(exc), param="messages")
     app.add_middleware(BodySizeLimit, max_bytes=svc.cfg.api.max_body_bytes)
     registry = build_registry(svc)
 

@@ -44,9 +44,16 @@ class ChatTokenizer:
 
     # -- rendering ----------------------------------------------------------------------
     def _render(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
-        return self.tok.apply_chat_template(
-            list(messages), tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        """The template's text; any failure inside the template (a tool schema or message it
+        cannot handle) is a :class:`TemplateError` naming the reason."""
+        try:
+            return self.tok.apply_chat_template(
+                list(messages), tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        except TemplateError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - jinja2 errors, TypeError, ... from user-shaped input
+            raise TemplateError(f"the chat template could not render the request: {type(exc).__name__}: {exc}") from None
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of a piece of template text (special tokens recognised, none added)."""

@@ -108,11 +108,30 @@ class Message(BaseModel):
 
 
 class FunctionDef(BaseModel):
+    """A function tool. ``parameters`` must be a valid JSON Schema (checked against the 2020-12
+    metaschema with ``jsonschema``) describing an object, so a malformed schema is a 400 naming
+    the field instead of an error inside the chat template."""
+
     model_config = ConfigDict(extra="ignore")
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _a_json_schema_of_an_object(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
+        try:
+            Draft202012Validator.check_schema(v)
+        except SchemaError as exc:
+            where = ".".join(str(p) for p in exc.absolute_path) or "parameters"
+            raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+        if v.get("type", "object") != "object":
+            raise ValueError(f"must describe an object (type 'object'), not {v.get('type')!r}")
+        return v
 
 
 class ToolDef(BaseModel):

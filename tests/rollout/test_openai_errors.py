@@ -63,6 +63,10 @@ async def test_bad_requests_get_json_4xx_and_never_500(tmp_path, nats_server, wa
                 ("POST", f"{url}/v1/sessions", {"json": {"group_id": "has space"}}, api, 400, "group_id"),
                 ("POST", f"{url}/v1/sessions/{sess['id']}/tool_results", {"json": {"tool_call_id": "c", "content": "x"}}, sauth, 404, "no session"),
                 ("GET", f"{url}/v1/environments/arith/tool_calls?wait=-1", {}, api, 400, "wait"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": msg, "tools": [{"type": "function", "function": {
+                    "name": "f", "parameters": {"type": "object", "properties": "x"}}}]}}, api, 400, "not a valid JSON Schema at properties"),
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": msg, "tools": [{"type": "function", "function": {
+                    "name": "f", "parameters": {"type": "string"}}}]}}, api, 400, "must describe an object"),
                 ("POST", f"{url}/v1/chat/completions", {"json": {"model": "gpt-4o", "messages": msg}}, api, 404, "does not exist"),
                 ("POST", f"{url}/v1/completions", {"json": {"model": "gpt-4o", "prompt": "x"}}, api, 404, "does not exist"),
                 ("POST", chat, {"json": {"model": "gpt-4o", "messages": msg}}, sauth, 404, "does not exist"),

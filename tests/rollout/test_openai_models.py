@@ -27,3 +27,12 @@ def test_served_name_and_aliases_only():
     assert err.value.status == 404 and err.value.extra == {"code": "model_not_found"} and err.value.param == "model"
     check_model(svc("api.accept_any_model=true"), "gpt-4o")
     check_model(svc(), "builtin:tiny")  # no api.model_name: model.path is the served name
+
+
+def test_a_template_failure_is_a_template_error_naming_the_reason():
+    from asyncrl.models import load_tokenizer
+    from rollout_service.agent.chat import ChatTokenizer, TemplateError
+
+    bad = [{"type": "function", "function": {"name": "f", "description": "", "parameters": {"type": "object", "properties": "x"}}}]
+    with pytest.raises(TemplateError, match="could not render the request: UndefinedError"):
+        ChatTokenizer(load_tokenizer("builtin:tiny"), bad)  # the app answers it with a 400 (rollout_service/app.py)
