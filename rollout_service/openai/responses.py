@@ -45,8 +45,15 @@ def chat_completion(tok, model: str, out: TurnOutcome, want_logprobs: bool, extr
         "id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "message": message, "finish_reason": out.finish_reason,
                      "logprobs": chat_logprobs(tok, out) if want_logprobs else None}],
-        "usage": usage(out), "metadata": {"weight_version": out.weight_version, **(extra or {})},
+        "usage": usage(out), **extension({"weight_version": out.weight_version, **(extra or {})}),
     }
+
+
+def extension(facts: dict[str, Any]) -> dict[str, Any]:
+    """asyncrl's facts about an answer, where OpenAI's client accepts them: ``metadata`` (typed
+    string → string by the official client: every value as a string, None left out) and
+    ``asyncrl`` (an extension field with the native types)."""
+    return {"metadata": {k: str(v) for k, v in facts.items() if v is not None}, "asyncrl": dict(facts)}
 
 
 def sse(obj: Any) -> bytes:
@@ -73,5 +80,5 @@ def text_completion(tok, model: str, out: TurnOutcome, logprobs_k: int | None) -
     return {
         "id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "text": out.text, "logprobs": lp, "finish_reason": out.finish_reason if out.finish_reason != "tool_calls" else "stop"}],
-        "usage": usage(out), "metadata": {"weight_version": out.weight_version},
+        "usage": usage(out), **extension({"weight_version": out.weight_version}),
     }

@@ -69,12 +69,15 @@ async def test_sync_client_tool_round_trip_and_streamed_final_turn(tmp_path, nat
             sess = await new_session(url, data_source="external/arith", group_size=1)
             assert sess["base_url"].endswith(f"/v1/sessions/{sess['id']}/v1")
             client = OpenAI(base_url=sess["base_url"], api_key=sess["token"], timeout=120)
-            assert [m.id for m in (await _in_thread(client.models.list)).data] == [svc.model_name]
+            assert [m.id for m in (await _in_thread(client.models.list)).data] == [svc.model_name, "p"]  # name and alias
             messages = [{"role": "user", "content": QUESTION}]
             first = await _in_thread(lambda: client.chat.completions.create(
                 model="policy", messages=messages, tools=CALC, temperature=0, max_tokens=64, logprobs=True))
             choice = first.choices[0]
             assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+            first.model_dump(warnings="error")  # asyncrl's extras fit the official client's types
+            assert all(isinstance(v, str) for v in first.metadata.values()) and first.metadata["session_id"] == sess["id"]
+            assert first.model_extra["asyncrl"]["session_id"] == sess["id"] and isinstance(first.model_extra["asyncrl"]["segments"], int)
             call = choice.message.tool_calls[0]
             assert call.function.name == "calculator" and first.usage.completion_tokens > 0
             lp1 = [c.logprob for c in choice.logprobs.content]
