@@ -15,10 +15,13 @@ The run's stream (names from :class:`asyncrl.wire.NatsNames`):
 existing one, and refuses (``StreamMismatch``) when an existing stream differs in a way that
 cannot be updated in place (retention, storage).
 
-KV buckets keep history 1. A key that is done with is *forgotten* (:func:`kv_forget`: its
-subject purged from the bucket's stream), not deleted: a KV delete leaves a marker message per
-key for ever (measured: one per finished trajectory, 4.8 k after 4.8 k trajectories, the
-server's memory growing with them); a purge of the subject leaves nothing.
+KV buckets keep history 1 and allow per-message TTLs (``allow_msg_ttl``, nats-server 2.11+). A
+key that is done with is *forgotten* (:func:`kv_forget`), not deleted: a KV delete leaves a
+marker message per key for ever (measured: one per finished trajectory, 4.8 k after 4.8 k
+trajectories, the server's memory growing with them). Forgetting publishes a KV purge (a
+rollup: every earlier message of the key goes) whose marker carries ``Nats-TTL`` and expires
+``FORGET_MARKER_TTL_S`` later, so nothing of the key is left. It needs only publish rights on
+``$KV.<bucket>.>`` (the rollout service's NATS user may not purge streams).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 CONNECT_PORT_WAIT_S = 10.0  # poll the TCP port first: nats.connect() to a closed port costs ~2 s of backoff
 RECONNECT_WAIT_S = 0.5  # between reconnect attempts during an outage
 KV_HISTORY = 1  # agent checkpoints: only the latest state matters
+FORGET_MARKER_TTL_S = 5  # a forgotten key's purge marker expires this long after (Nats-TTL, whole seconds)
 
 
 class StreamMismatch(RuntimeError):
@@ -149,17 +153,25 @@ async def store_sizes(js: JetStreamContext, names: NatsNames, timeout_s: float =
     return out
 
 
-async def kv_forget(js: JetStreamContext, bucket: str, key: str, timeout_s: float = 2.0) -> None:
-    """Remove every message of ``key`` from KV ``bucket`` (no delete marker left behind).
-    Raises on failure (callers retry)."""
-    await asyncio.wait_for(js.purge_stream(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}"), timeout_s)
+async def kv_forget(js: JetStreamContext, bucket: str, key: str, timeout_s: float = 2.0,
+                    marker_ttl_s: int = FORGET_MARKER_TTL_S) -> None:
+    """Remove every message of ``key`` from KV ``bucket``; the purge marker itself expires after
+    ``marker_ttl_s`` (module docstring). Raises on failure (callers retry)."""
+    headers = {"KV-Operation": "PURGE", "Nats-Rollup": "sub", "Nats-TTL": f"{max(1, int(marker_ttl_s))}s"}
+    await js.publish(f"$KV.{bucket}.{key}", b"", headers=headers, timeout=timeout_s)
 
 
 async def ensure_kv(js: JetStreamContext, bucket: str, max_value_size: int = -1):
-    """Open a KV bucket, creating it (file storage, history 1) when missing."""
+    """Open a KV bucket, creating it (file storage, history 1) when missing, with per-message
+    TTLs allowed on its stream (for :func:`kv_forget`'s expiring markers)."""
     try:
-        return await js.key_value(bucket)
+        kv = await js.key_value(bucket)
     except (BucketNotFoundError, NotFoundError):
-        return await js.create_key_value(
+        kv = await js.create_key_value(
             KeyValueConfig(bucket=bucket, history=KV_HISTORY, storage=StorageType.FILE, max_value_size=max_value_size)
         )
+    info = await js.stream_info(f"KV_{bucket}")
+    if not info.config.allow_msg_ttl:
+        info.config.allow_msg_ttl = True
+        await js.update_stream(info.config)
+    return kv

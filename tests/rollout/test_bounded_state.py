@@ -1,9 +1,9 @@
 """Durable state that does not grow with the run's length (issue: bounded state), on a real
 nats-server:
 
-- the agents KV bucket: a finished trajectory's key is purged, not deleted, so the bucket's
-  stream holds the live agents only (a plain KV delete leaves one marker per key for ever:
-  measured here too, so the test shows why);
+- the agents KV bucket: a finished trajectory's key is purged, not deleted, and the purge
+  marker expires, so the bucket's stream holds the live agents only (a plain KV delete leaves
+  one marker per key for ever: measured here too, so the test shows why);
 - sessions: a closed session is forgotten after ``api.closed_session_retention_s`` (memory and
   bucket); open and recently closed ones stay;
 - dead letters: each checkpoint's purge keeps the newest ``nats.dead_letters_keep``.
@@ -12,15 +12,22 @@ nats-server:
 from __future__ import annotations
 
 from asyncrl.jetstream import connect, ensure_kv, ensure_stream, kv_forget
+from asyncrl.jetstream.setup import FORGET_MARKER_TTL_S
 from asyncrl.wire import NatsNames
 from rollout_service.agent.state import AgentState, Phase
 from rollout_service.openai.sessions import SessionManager, SessionRecord
-from rollout_service.runner.store import AgentStore
+from rollout_service.runner.store import AgentStore, kv_key
+from tests.helpers.waiting import wait_for
 from trainer_daemon.consume.source import TrajectorySource
 from trainer_daemon.consume.state import ConsumptionState
 from trainer_daemon.ledger import Ledger
 
 N = 20
+MARKER_WAIT_S = FORGET_MARKER_TTL_S + 25.0  # the markers' TTL, and the server's expiry scan on a busy box
+
+
+async def messages_are(js, stream: str, n: int) -> bool:
+    return await messages(js, stream) == n
 
 
 def agent(i: int) -> AgentState:
@@ -54,7 +61,9 @@ async def test_finished_agents_leave_nothing_in_the_bucket(nats_server):
         assert await messages(js, f"KV_{bucket}") == N
         for i in range(N - 2):
             assert await store.delete(agent(i).id)
-        assert await messages(js, f"KV_{bucket}") == 2, "finished agents must leave nothing behind"
+        assert sorted(await store.kv.keys()) == sorted(kv_key(agent(i).id) for i in (N - 2, N - 1))
+        # the purge markers expire (FORGET_MARKER_TTL_S): finished agents leave nothing behind
+        await wait_for(lambda: messages_are(js, f"KV_{bucket}", 2), MARKER_WAIT_S, "the purge markers to expire")
         assert sorted(s.id for s in await store.load_all()) == sorted(agent(i).id for i in (N - 2, N - 1))
         assert store.pending == 0
     finally:
@@ -79,7 +88,7 @@ async def test_closed_sessions_are_forgotten_after_the_retention(nats_server):
         gone = await mgr.forget_closed(now)
         assert sorted(gone) == ["expired-old", "finished-old"]
         assert sorted(mgr.sessions) == ["finished-recent", "open-old"]
-        assert await messages(js, f"KV_{bucket}") == 2
+        await wait_for(lambda: messages_are(js, f"KV_{bucket}", 2), MARKER_WAIT_S, "the purge markers to expire")
         assert mgr.forgotten_total == 2
         again = SessionManager(kv, ttl_s=100.0, max_open=10)
         assert await again.restore() == 2  # a restarted service does not bring them back
