@@ -51,7 +51,9 @@ class Rank0Services:
         if trainer_state.get("consumption"):
             state.load_state_dict(trainer_state["consumption"])
         ckpts = Path(cfg.run_dir) / "checkpoints"
-        ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None, journal=ckpts / LEDGER_DIR / JOURNAL)
+        self.periodic_checkpoints = cfg.trainer.checkpoint.save_freq > 0
+        journal = ckpts / LEDGER_DIR / JOURNAL if self.periodic_checkpoints else None  # without checkpoints nothing is "lost"
+        ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None, journal=journal)
         lost = lost_steps(ckpts, int(trainer_state.get("step", 0)) if trainer_state else 0)
         if lost:
             log.warning("steps %s were trained after the restored checkpoint and lost with a crash (%d trajectories); "
@@ -140,7 +142,13 @@ class Rank0Services:
         return self.io.run(self.source.next_batch(k, self.version, max_lag, wait_s), wait_s + IO_TIMEOUT_S)
 
     def commit(self, groups: list[PendingGroup], step: int) -> dict[str, float]:
+        """Resolve, ack and record a trained step. Without periodic checkpoints
+        (``save_freq = 0``) there is no checkpoint to resume from, so the stream is purged
+        through the committed cursor at once (else checkpoints purge it: ``checkpointed``);
+        either way the stream holds only what may still be trained, at any run length."""
         metrics = self.io.run(self.source.commit(groups, step, self.version), IO_TIMEOUT_S)
+        if not self.periodic_checkpoints:
+            self.io.run(self.source.purge_through(self.source.state.cursor), IO_TIMEOUT_S)
         metrics.update(self.io.run(self.source.lag(), IO_TIMEOUT_S))
         c = self.source.state.counters
         metrics.update({

@@ -12,15 +12,28 @@ backlog is still there, nothing is redelivered, and every step trains. The alert
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from asyncrl.config import load_config
+from asyncrl.jetstream import connect
+from asyncrl.wire import NatsNames
 from tests.trainer.helpers import make_group, metrics_lines, publish, start_trainer, wait_exit
 from trainer_daemon.consume.source import FETCH_BATCH_MAX, consumer_limits
 
 N = 2
 GROUPS_PER_STEP = 2
 STEPS = 4
+
+
+async def _trajectories_in_stream(cfg) -> int:
+    nc = await connect(cfg.nats.url, "test-inspect", persistent=False)
+    try:
+        names = NatsNames(cfg.run.id)
+        info = await nc.jetstream().stream_info(names.stream, subjects_filter=names.trajectories)
+        return int((info.state.subjects or {}).get(names.trajectories, 0))
+    finally:
+        await nc.close()
 
 
 def test_a_backlog_twice_max_ack_pending_never_stalls_the_consumer(module_nats, tmp_path):
@@ -42,6 +55,10 @@ def test_a_backlog_twice_max_ack_pending_never_stalls_the_consumer(module_nats, 
         proc.stop()
     lines = metrics_lines(run_dir)
     assert [int(m["trainer/global_step"]) for m in lines] == list(range(1, STEPS + 1))
+    # without periodic checkpoints the stream is purged through the committed cursor at every step
+    remaining = asyncio.run(_trajectories_in_stream(cfg))
+    assert remaining == len(backlog) - int(lines[-1]["trainer/stream_cursor"]), (remaining, lines[-1]["trainer/stream_cursor"])
+    assert remaining < len(backlog)
     for m in lines:
         assert m["trainer/consumer_max_ack_pending"] == max_ack
         assert m["trainer/consumer_ack_pending"] <= required + FETCH_BATCH_MAX < max_ack - required, m
