@@ -14,8 +14,13 @@ classifies every stream sequence from 1 to the last:
 - ``lost``: gone from the stream (purged or expired) without being accounted for — a violation;
 - ``twice``: trajectory ids trained more than once along the lineage — a violation.
 
-``published`` = every sequence that is not a dead-letter copy. The exit status is 1 when anything
-is lost or trained twice, else 0. NATS: ``--nats``, else the run's ``nats.url``, else its running
+``published`` = every sequence that is not a dead-letter copy. The stream's own sequences cannot
+show messages the server lost after acknowledging them (a NATS host crash with unflushed pages,
+RELIABILITY F3: the stream restarts shorter and reuses the lost sequences). The rollout
+service's *published record* (``<run dir>/rollout/published.jsonl``: the id of every PubAck)
+can: ``lost_after_ack`` counts the ids it holds that are neither accounted for by the ledger nor
+stored in the stream (by ``Nats-Msg-Id``) — a violation. The exit status is 1 when anything
+is lost (either way) or trained twice, else 0. NATS: ``--nats``, else the run's ``nats.url``, else its running
 embedded server, else an embedded server started on the run's store for the audit.
 
 Not covered: ledgers written before stream sequences were recorded (their ids are counted, but
@@ -50,6 +55,9 @@ class Audit:
     pending: int = 0
     lost: int = 0
     twice: int = 0
+    lost_after_ack: int = 0
+    """Ids the rollout service had a PubAck for, neither in the ledger nor in the stream now."""
+    lost_after_ack_ids: list[str] = field(default_factory=list)
     checkpoint_step: int | None = None
     lost_steps: int = 0
     """Steps trained after a checkpoint and lost with a crash (recorded at the restart; their
@@ -60,7 +68,7 @@ class Audit:
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.twice == 0
+        return self.lost == 0 and self.twice == 0 and self.lost_after_ack == 0
 
 
 def ledger_accounts(entries: list[dict[str, Any]]) -> tuple[dict[int, str], Counter]:
@@ -97,8 +105,19 @@ def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: i
     return out
 
 
-async def read_stream(url: str, stream: str, user: str | None = None, password: str | None = None) -> tuple[dict[int, str], int]:
-    """Subject of every stored message, and the stream's last sequence."""
+def lost_after_ack(published: list[dict[str, Any]], entries: list[dict[str, Any]], stored_ids: set[str]) -> list[str]:
+    """Ids of ``published`` (the rollout's record) neither in the ledger's ``entries`` nor stored."""
+    accounted = {i for e in entries for kind in ID_KINDS for i in e.get(kind, [])}
+    seen: dict[str, None] = {}
+    for r in published:
+        seen.setdefault(r["id"], None)
+    return [i for i in seen if i not in accounted and i not in stored_ids]
+
+
+async def read_stream(url: str, stream: str, user: str | None = None, password: str | None = None,
+                      ids: set[str] | None = None) -> tuple[dict[int, str], int]:
+    """Subject of every stored message, and the stream's last sequence; ``ids`` (if given) gets
+    every stored message's ``Nats-Msg-Id``."""
     from nats.js.errors import NotFoundError
 
     from asyncrl.jetstream import connect
@@ -115,6 +134,8 @@ async def read_stream(url: str, stream: str, user: str | None = None, password: 
             except NotFoundError:
                 continue  # deleted inside the range
             out[seq] = msg.subject
+            if ids is not None and msg.headers and msg.headers.get("Nats-Msg-Id"):
+                ids.add(msg.headers["Nats-Msg-Id"])
         return out, last
     finally:
         await nc.close()
@@ -147,12 +168,18 @@ async def audit_run(run_dir: Path, nats_url: str | None, run_id: str | None) -> 
     from asyncrl.config import secret
 
     try:
-        stream, last = await read_stream(url, names.stream, cfg.nats.user, secret(cfg.security.nats_password))
+        stored_ids: set[str] = set()
+        stream, last = await read_stream(url, names.stream, cfg.nats.user, secret(cfg.security.nats_password), stored_ids)
     finally:
         if server is not None:
             server.stop()
     out = reconcile(entries, stream, last, names.dead_letters)
     out.checkpoint_step = step
+    from asyncrl.jsonl_log import BoundedJsonl
+
+    published = BoundedJsonl(run_dir / "rollout" / "published.jsonl", 1).read()
+    gone = lost_after_ack(published, entries, stored_ids)
+    out.lost_after_ack, out.lost_after_ack_ids = len(gone), gone[:SHOW]
     lost = [s for e in entries for s in e.get("lost_steps", [])]
     out.lost_steps, out.lost_step_trajectories = len(lost), sum(len(s.get("trained", [])) for s in lost)
     return out
@@ -173,12 +200,14 @@ def main(argv=None) -> int:
         print(json.dumps(asdict(result) | {"ok": result.ok}))
     else:
         print(f"checkpoint lineage: step {result.checkpoint_step}")
-        for key in ("published", "trained", "dropped", "duplicate", "poison", "dlq", "pending", "lost", "twice"):
+        for key in ("published", "trained", "dropped", "duplicate", "poison", "dlq", "pending", "lost", "twice", "lost_after_ack"):
             print(f"  {key:<10} {getattr(result, key)}")
         if result.lost_steps:
             print(f"  steps lost with a crash and retrained: {result.lost_steps} ({result.lost_step_trajectories} trajectories)")
         if result.lost_seqs:
             print(f"  lost sequences (first {SHOW}): {result.lost_seqs}")
+        if result.lost_after_ack_ids:
+            print(f"  acknowledged by NATS, then lost (first {SHOW}): {result.lost_after_ack_ids}")
         if result.twice_ids:
             print(f"  trained twice (first {SHOW}): {result.twice_ids}")
         print("OK" if result.ok else "VIOLATION: trajectories lost or trained twice")
