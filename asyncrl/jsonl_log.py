@@ -34,6 +34,17 @@ class BoundedJsonl:
         except OSError as exc:
             log.warning("%s not written: %s", self.path, exc)
 
+    def last(self) -> dict[str, Any] | None:
+        """The newest record (the current file's last whole line; the rotated file's if it is empty)."""
+        for p in (self.path, self.previous):
+            if p.is_file():
+                for line in reversed(p.read_bytes().splitlines()):
+                    try:
+                        return json.loads(line)
+                    except ValueError:
+                        continue
+        return None
+
     def read(self) -> list[dict[str, Any]]:
         """Every record kept, oldest first (the rotated file, then the current one)."""
         out = []

@@ -140,7 +140,8 @@ class RolloutService:
         sessions_bucket = self.names.sessions_bucket
         self.sessions = SessionManager(await ensure_kv(js, sessions_bucket), cfg.api.session_ttl_s, cfg.api.max_sessions,
                                        cfg.api.closed_session_retention_s, lambda key: kv_forget(js, sessions_bucket, key))
-        outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items)
+        keep = 0.0 if cfg.nats.sync_always else cfg.rollout.outbox_keep_acked_s
+        outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items, keep)
         record = BoundedJsonl(Path(cfg.run_dir) / "rollout" / "published.jsonl", cfg.rollout.published_record_max_bytes)
         publisher = TrajectoryPublisher(outbox, self.names.trajectories, lambda s, p, h: js.publish(s, p, headers=h), record)
 

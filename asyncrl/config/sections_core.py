@@ -125,6 +125,10 @@ class RolloutConfig(Section):
     """Port of the rollout service (0: pick a free one)."""
     outbox_max_items: int = Field(10_000, ge=1)
     """Finished trajectories held on disk while NATS is unreachable; past it admission stops."""
+    outbox_keep_acked_s: float = Field(150.0, ge=0.0)
+    """Acknowledged trajectories stay in the outbox this long, to be published again if NATS
+    loses them in a host crash before its fsync (its sync interval is 2 min by default; 0 with
+    ``nats.sync_always``). They do not count against ``outbox_max_items``."""
     published_record_max_bytes: int = Field(64 * 2**20, ge=4096)
     """The published record (``<run dir>/rollout/published.jsonl``: id and stream sequence of
     every PubAck) rotates past this size, one previous file kept."""

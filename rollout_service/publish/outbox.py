@@ -12,6 +12,11 @@ Layout under the outbox directory::
                                           (``publish_unit = "group"``)
     rejected/<trajectory id>.traj      refused by the server for good (e.g. too large);
                                        kept and counted, never silently dropped
+    acked/<stream seq>-<trajectory id>.traj
+                                       acknowledged by JetStream, kept ``keep_acked_s``
+                                       (``rollout.outbox_keep_acked_s``) in case the server
+                                       loses them (a host crash before its fsync, RELIABILITY
+                                       F3): :meth:`requeue_acked` puts them back in ``ready``
 
 The outbox is bounded by ``max_items`` (ready + held). ``has_room`` turning False is the
 runner's signal to stop admitting new work (backpressure). Single-process, single event
@@ -23,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,13 +45,15 @@ class OutboxEntry:
 
 
 class Outbox:
-    def __init__(self, root: Path | str, max_items: int) -> None:
+    def __init__(self, root: Path | str, max_items: int, keep_acked_s: float = 0.0) -> None:
         self.root = Path(root)
         self.max_items = max_items
+        self.keep_acked_s = keep_acked_s
         self.ready_dir = self.root / "ready"
         self.held_dir = self.root / "held"
         self.rejected_dir = self.root / "rejected"
-        for d in (self.ready_dir, self.held_dir, self.rejected_dir):
+        self.acked_dir = self.root / "acked"
+        for d in (self.ready_dir, self.held_dir, self.rejected_dir, self.acked_dir):
             d.mkdir(parents=True, exist_ok=True)
         for leftover in self.root.rglob("*.tmp"):
             leftover.unlink()
@@ -117,11 +125,43 @@ class Outbox:
     def read(self, entry: OutboxEntry) -> bytes:
         return entry.path.read_bytes()
 
-    def ack(self, entry: OutboxEntry) -> None:
-        """The server stored it (or already had it): forget it."""
-        if entry.path.exists():
+    def ack(self, entry: OutboxEntry, seq: int | None = None) -> None:
+        """The server stored it (or already had it) at stream sequence ``seq``: out of the queue
+        (kept in ``acked/`` for ``keep_acked_s`` when that is > 0 and ``seq`` is known)."""
+        if not entry.path.exists():
+            return
+        if self.keep_acked_s > 0 and seq is not None:
+            os.replace(entry.path, self.acked_dir / f"{seq:012d}-{entry.trajectory_id}.traj")
+        else:
             entry.path.unlink()
-            self._count -= 1
+        self._count -= 1
+
+    def prune_acked(self, now: float | None = None) -> int:
+        """Drop acknowledged entries older than ``keep_acked_s``; how many were dropped."""
+        now = time.time() if now is None else now
+        dropped = 0
+        for p in self.acked_dir.iterdir():
+            try:
+                if now - p.stat().st_mtime > self.keep_acked_s:
+                    p.unlink()
+                    dropped += 1
+            except FileNotFoundError:
+                pass
+        return dropped
+
+    def requeue_acked(self) -> int:
+        """Put every kept acknowledged entry back in ``ready`` (oldest first): the server lost
+        some of them. Those it still has are answered as duplicates. Returns how many."""
+        moved = 0
+        for p in sorted(self.acked_dir.iterdir()):
+            m = _READY_NAME.match(p.name)
+            if not m:
+                continue
+            os.replace(p, self.ready_dir / f"{self._next_seq:012d}-{m.group(2)}.traj")
+            self._next_seq += 1
+            self._count += 1
+            moved += 1
+        return moved
 
     def reject(self, entry: OutboxEntry, reason: str) -> Path:
         """The server refused it for good: keep it aside with the reason, out of the queue."""

@@ -16,6 +16,14 @@ beside the trainer's ledger. Bounded by ``rollout.published_record_max_bytes`` (
 file kept, ``asyncrl.jsonl_log``). A trajectory re-published after a crash between its PubAck
 and the outbox removal appears again with ``duplicate: true`` and the same sequence.
 
+A NATS host crash can lose messages it had acknowledged (RELIABILITY F3: unflushed pages); the
+stream then restarts shorter and hands out the lost sequences again. The publisher notices when
+a new (non-duplicate) PubAck's sequence is not above the highest it has seen (from this process,
+or the published record's last line after a restart) and puts every acknowledged entry the
+outbox still keeps (``rollout.outbox_keep_acked_s``, default longer than NATS's 2-minute sync
+interval) back in the queue: the lost ones are stored again, the others answer as duplicates
+(``stats.requeued_after_loss``). Older losses are only recorded (``asyncrl audit``).
+
 The dedup window (``nats.duplicate_window_s``) must exceed how long an entry can sit in the
 outbox between a lost PubAck and its retry; with the default 30 min and the 5 s backoff cap
 that holds unless NATS is down for longer than the window (then a duplicate is possible
@@ -43,7 +51,8 @@ log = logging.getLogger(__name__)
 PUBLISH_TIMEOUT_S = 5.0  # one publish request; a healthy server answers in ~1 ms
 BACKOFF_START_S = 0.1
 BACKOFF_MAX_S = 5.0  # keeps a recovered NATS reached within seconds, far below the dedup window
-IDLE_WAIT_S = 1.0  # re-scan the outbox at least this often even without a notification
+IDLE_WAIT_S = 1.0
+PRUNE_EVERY_S = 5.0  # how often acknowledged entries past the keep window are dropped  # re-scan the outbox at least this often even without a notification
 JS_ERR_MESSAGE_TOO_LARGE = 10054  # JSStreamMessageExceedsMaximumErr
 
 
@@ -57,6 +66,8 @@ class PublisherStats:
     last_error: str | None = None
     last_error_at: float | None = None
     last_publish_at: float | None = None
+    requeued_after_loss: int = 0
+    """Acknowledged entries put back in the queue because the stream went back (F3)."""
 
 
 PublishFn = Callable[[str, bytes, dict[str, str]], Awaitable[object]]
@@ -76,6 +87,10 @@ class TrajectoryPublisher:
         self._publish = publish
         self._wakeup = asyncio.Event()
         self.stats = PublisherStats()
+        last = record.last() if record is not None else None
+        self.highest_seq = int(last.get("seq", 0)) if last else 0
+        """The highest stream sequence acknowledged so far (a new one at or below it: the server lost messages)."""
+        self._pruned_at = 0.0
 
     def notify(self) -> None:
         """New entries are ready: wake the loop now."""
@@ -135,18 +150,33 @@ class TrajectoryPublisher:
             except Exception as exc:  # noqa: BLE001 - every other failure is transient here
                 self._note_retry(exc)
             else:
-                if getattr(ack, "duplicate", False):
+                seq = int(getattr(ack, "seq", 0) or 0)
+                duplicate = bool(getattr(ack, "duplicate", False))
+                if duplicate:
                     self.stats.duplicates += 1
                 else:
                     self.stats.published += 1
                 self.stats.last_publish_at = time.time()
                 if self.record is not None:
-                    self.record.append({"id": entry.trajectory_id, "seq": int(getattr(ack, "seq", -1)),
-                                        "duplicate": bool(getattr(ack, "duplicate", False)), "time": self.stats.last_publish_at})
-                self.outbox.ack(entry)
+                    self.record.append({"id": entry.trajectory_id, "seq": seq, "duplicate": duplicate, "time": self.stats.last_publish_at})
+                self.outbox.ack(entry, seq or None)
+                self._after_ack(seq, duplicate)
                 return
             await asyncio.sleep(backoff)
             backoff = min(BACKOFF_MAX_S, backoff * 2)
+
+    def _after_ack(self, seq: int, duplicate: bool) -> None:
+        if not duplicate and 0 < seq <= self.highest_seq:
+            moved = self.outbox.requeue_acked()
+            self.stats.requeued_after_loss += moved
+            log.error("the stream went back (sequence %d after %d): NATS lost acknowledged messages (a host crash?); "
+                      "%d kept entries queued again", seq, self.highest_seq, moved)
+            self.notify()
+        self.highest_seq = max(self.highest_seq, seq) if not (0 < seq <= self.highest_seq) else seq
+        now = time.monotonic()
+        if self.outbox.keep_acked_s > 0 and now - self._pruned_at > PRUNE_EVERY_S:
+            self._pruned_at = now
+            self.outbox.prune_acked()
 
     def _note_retry(self, exc: Exception) -> None:
         self.stats.retries += 1
