@@ -1,7 +1,7 @@
 """A streamed chat completion survives an engine connection dropped mid-stream, end to end
 (real service, real engine behind a proxy that cuts the first streamed /generate after a few
-events): the engine retry continues after the tokens the client was already sent, and the
-session records exactly the tokens of both engine answers."""
+events): the engine retry continues after the tokens the service had received (the ones it
+already streamed to its client), and the session records exactly those tokens and the retry's."""
 
 from __future__ import annotations
 
@@ -96,6 +96,10 @@ async def test_a_streamed_turn_survives_a_connection_dropped_mid_stream(tmp_path
     finally:
         await proxy.stop()
     (first_in, first_out), (second_in, second_out) = proxy.streams
-    assert first_out, "the client got tokens before the cut"
-    assert second_in == first_in + first_out, "the retry continues after the tokens already streamed"
-    assert state["turns"] == 1 and state["model_tokens"] == len(first_out) + len(second_out)
+    assert first_out, "the proxy sent tokens before the cut"
+    # The service continues after the tokens it received: the event written just before the
+    # connection was cut may not have reached it (the cut races its delivery), so the retry
+    # starts from a non-empty prefix of what the proxy sent, never more and never a gap.
+    got = second_in[len(first_in):]
+    assert second_in[:len(first_in)] == first_in and got and got == first_out[:len(got)], (first_out, got)
+    assert state["turns"] == 1 and state["model_tokens"] == len(got) + len(second_out)
