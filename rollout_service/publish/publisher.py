@@ -166,13 +166,15 @@ class TrajectoryPublisher:
             backoff = min(BACKOFF_MAX_S, backoff * 2)
 
     def _after_ack(self, seq: int, duplicate: bool) -> None:
-        if not duplicate and 0 < seq <= self.highest_seq:
+        if not duplicate and 0 < seq <= self.highest_seq:  # the stream went back: it lost acknowledged messages
             moved = self.outbox.requeue_acked()
             self.stats.requeued_after_loss += moved
             log.error("the stream went back (sequence %d after %d): NATS lost acknowledged messages (a host crash?); "
                       "%d kept entries queued again", seq, self.highest_seq, moved)
             self.notify()
-        self.highest_seq = max(self.highest_seq, seq) if not (0 < seq <= self.highest_seq) else seq
+            self.highest_seq = seq
+        else:  # a duplicate answers with its original (lower) sequence: it never lowers the mark
+            self.highest_seq = max(self.highest_seq, seq)
         now = time.monotonic()
         if self.outbox.keep_acked_s > 0 and now - self._pruned_at > PRUNE_EVERY_S:
             self._pruned_at = now
