@@ -74,6 +74,12 @@ class RolloutCollector:
         for reason, n in sorted(c.finish_reasons.items()):
             reasons.add_metric([reason], n)
         yield reasons
+        failures = CounterMetricFamily("asyncrl_rollout_infra_failures",
+                                       "Trajectories spoiled by an infrastructure failure (never trained), by reason",
+                                       labels=["reason"])
+        for reason, n in sorted(c.failures.items()):
+            failures.add_metric([reason], n)
+        yield failures
         stats = self.svc.tools.stats
         calls = CounterMetricFamily("asyncrl_rollout_tool_calls", "Tool calls by tool", labels=["tool"])
         errors = CounterMetricFamily("asyncrl_rollout_tool_errors", "Tool calls that returned an error", labels=["tool"])

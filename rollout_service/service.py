@@ -203,6 +203,8 @@ class RolloutService:
 
         async def reward(state) -> tuple[float, dict]:
             res = await self.rewards.score(state.data_source, model_text(state, self.chat), state.ground_truth, state.extra_info)
+            if res.failed:  # the function crashed: not the model's doing, never a learning signal
+                state.failure = "reward_error"
             return res.score, dict(res.details)
 
         return AgentDeps(

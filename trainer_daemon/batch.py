@@ -8,8 +8,9 @@ before. The model is asked only for logits from ``first_pos`` on (``logits_to_ke
 kept positions. Per response token (``R`` = longest response, at least 1) the micro-batch holds
 ``labels``, the loss ``mask`` (the trajectory's ``loss_mask``, 0 on padding),
 ``rollout_logp``, and ``advantages`` (the trajectory's scalar advantage on masked tokens).
-``temperature`` ``(B,)`` is each trajectory's sampling temperature: logits are divided by it
-before the log-softmax, as the engine did when sampling.
+``temperature`` ``(B, R)`` is the temperature each response token's rollout logprob refers
+to (``Trajectory.token_temperatures``: per sampling span, 1 for greedy; 1 on padding): the
+logits that score a token are divided by it before the log-softmax, as the engine did.
 
 :func:`dummy_micro_batch` is the all-masked stand-in a rank runs when the plan gives it an empty
 micro-batch: FSDP's collectives need the same number of forward/backward passes everywhere.
@@ -90,7 +91,10 @@ def collate(
         pos = torch.arange(resp) + (p - 1)
         index[r] = pos.clamp(max=width - 2 if width > 1 else 0) - first
     rollout = torch.where(mask.bool(), rollout, torch.zeros_like(rollout))
-    temps = torch.tensor([t.temperature if t.temperature > 0 else 1.0 for t in rows], dtype=torch.float32)
+    temps = torch.ones((b, resp), dtype=torch.float32)
+    for r, t in enumerate(rows):
+        if t.response_length:
+            temps[r, :t.response_length] = torch.tensor(t.token_temperatures(), dtype=torch.float32)
     return MicroBatch(
         input_ids=input_ids, attention_mask=attn, logits_to_keep=width - first, resp_index=index,
         labels=labels, mask=mask, rollout_logp=rollout, advantages=adv, temperature=temps,
@@ -104,5 +108,5 @@ def dummy_micro_batch(pad_id: int) -> MicroBatch:
     return MicroBatch(
         input_ids=torch.full((1, 2), pad_id, dtype=torch.long), attention_mask=torch.ones((1, 2), dtype=torch.long),
         logits_to_keep=2, resp_index=torch.zeros((1, 1), dtype=torch.long), labels=torch.full((1, 1), pad_id, dtype=torch.long),
-        mask=z, rollout_logp=z.clone(), advantages=z.clone(), temperature=torch.ones(1), indices=[], resp_lens=[],
+        mask=z, rollout_logp=z.clone(), advantages=z.clone(), temperature=torch.ones((1, 1)), indices=[], resp_lens=[],
     )

@@ -35,7 +35,7 @@ import torch
 from asyncrl.models import load_tokenizer
 from asyncrl.models.cuda_attention import avoid_cudnn_attention
 from asyncrl.wire import decode_trajectory
-from trainer_daemon.algo import max_version_lag
+from trainer_daemon.algo import StalenessBound
 from trainer_daemon.checkpoint import CheckpointManager
 from trainer_daemon.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
 from trainer_daemon.export import export_hf
@@ -59,6 +59,8 @@ class Command(msgspec.Struct):
     kind: str  # "train" | "idle" | "push" | "stop"
     payloads: list[bytes] = []
     groups: list[list[int]] = []
+    weights: list[float] = []
+    """Per payload: the staleness weight of its advantage (``PendingGroup.weights``)."""
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -106,8 +108,7 @@ class TrainerDaemon:
         self.ckpt = CheckpointManager(cfg.run_dir / "checkpoints", self.ctx, t.checkpoint.keep_last, t.checkpoint.async_save)
         state = self._resume()
         self.step = self._last_saved = int(state.get("step", 0))
-        at = cfg.async_training
-        self.max_lag = max_version_lag(at.staleness_threshold, 1 if at.partial_rollout_active else 0)
+        self.staleness = StalenessBound.from_config(cfg.async_training)
         self.has_sync = bool(cfg.sync.url or cfg.engines.urls)
         republish = None
         if self.ctx.is_rank0:
@@ -158,7 +159,7 @@ class TrainerDaemon:
         k = self.cfg.derived.required_samples
         t0 = time.perf_counter()
         self._wait_started = self._wait_started or t0
-        groups = self.r0.next_batch(k, self.max_lag, IDLE_POLL_S)
+        groups = self.r0.next_batch(k, self.staleness, IDLE_POLL_S)
         now = time.perf_counter()
         self._idle_s += now - t0
         self.r0.metrics.live("trainer/waiting_for_data_s", 0.0 if groups else now - self._wait_started)
@@ -166,11 +167,12 @@ class TrainerDaemon:
             return Command("push") if self.r0.push_wanted() else Command("idle")
         self._wait_started = None
         self._pending = groups
-        payloads, index = [], []
+        payloads, index, weights = [], [], []
         for g in groups:
             index.append(list(range(len(payloads), len(payloads) + len(g.kept))))
             payloads.extend(h.payload for h in g.kept)
-        return Command("train", payloads, index)
+            weights.extend(g.weights.get(h.traj.id, 1.0) for h in g.kept)
+        return Command("train", payloads, index, weights)
 
     def _background(self) -> None:
         """Rank 0 between steps: record a finished sync, finalise an async checkpoint, purge."""
@@ -193,7 +195,7 @@ class TrainerDaemon:
                 continue
             trajs = [decode_trajectory(p) for p in cmd.payloads]
             t0 = time.perf_counter()
-            metrics = self.step_fn.run(trajs, cmd.groups)
+            metrics = self.step_fn.run(trajs, cmd.groups, cmd.weights or None)
             floor = t.step_time_floor_s - (time.perf_counter() - t0)
             if floor > 0:  # benchmarks: emulate a bigger model's step (bench/modes.py)
                 time.sleep(floor)

@@ -17,7 +17,9 @@ from typing import Any
 from asyncrl.config import secret
 from asyncrl.jetstream import connect, ensure_stream, resolve_nats_url
 from asyncrl.wire import NatsNames
+from trainer_daemon.algo import StalenessBound
 from trainer_daemon.consume import ConsumptionState, PendingGroup, TrajectorySource
+from trainer_daemon.consume.exclusion import excluder
 from trainer_daemon.io_loop import IoLoop
 from trainer_daemon.ledger import JOURNAL, LEDGER_DIR, Ledger, lost_steps
 from trainer_daemon.lineage import Lineage
@@ -64,6 +66,7 @@ class Rank0Services:
         self.source = TrajectorySource(self.names, state, ledger, required, ack_wait_s=cfg.trainer.ack_wait_s,
                                        in_flight=cfg.derived.max_concurrent_samples, dead_letters_keep=cfg.nats.dead_letters_keep)
         self.source.effective = self.lineage.effective
+        self.source.exclude = excluder(cfg.actor.truncated_sampling)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -138,8 +141,8 @@ class Rank0Services:
     def version(self) -> int:
         return self.sync.version if self.sync is not None else self._base_version
 
-    def next_batch(self, k: int, max_lag: int | None, wait_s: float) -> list[PendingGroup] | None:
-        return self.io.run(self.source.next_batch(k, self.version, max_lag, wait_s), wait_s + IO_TIMEOUT_S)
+    def next_batch(self, k: int, bound: StalenessBound, wait_s: float) -> list[PendingGroup] | None:
+        return self.io.run(self.source.next_batch(k, self.version, bound, wait_s), wait_s + IO_TIMEOUT_S)
 
     def commit(self, groups: list[PendingGroup], step: int) -> dict[str, float]:
         """Resolve, ack and record a trained step. Without periodic checkpoints
@@ -157,6 +160,10 @@ class Rank0Services:
             "trainer/duplicate_trajectories": float(c["duplicate"]),
             "trainer/incomplete_groups": float(c["incomplete_groups"]),
             "trainer/trained_trajectories": float(c["trained"]),
+            "trainer/excluded_trajectories": float(c.get("excluded", 0)),
+            **{f"trainer/excluded_trajectories/{k.removeprefix('excluded/')}": float(v)
+               for k, v in c.items() if k.startswith("excluded/")},
+            "trainer/truncated_sampling_trajectories": float(c.get("truncated_sampling_trained", 0)),
             "trainer/stream_cursor": float(self.source.state.cursor),
             "trainer/redelivered_messages": float(self.source.redelivered_skipped + self.source.redelivered_held),
         })

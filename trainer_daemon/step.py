@@ -85,7 +85,7 @@ class TrainStep:
         idx = mb.resp_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
         z = logits.gather(1, idx).float()
         if bool((mb.temperature != 1.0).any()):  # skip a (B, R, V) pass in the common T = 1 case
-            z = z / mb.temperature[:, None, None]
+            z = z / mb.temperature[:, :, None]
         logp = log_probs_from_logits(z, mb.labels)
         if need_entropy_grad:
             ent = entropy_from_logits(z)
@@ -113,12 +113,20 @@ class TrainStep:
         return out
 
     # -- the step --------------------------------------------------------------------------
-    def run(self, trajs: Sequence[Trajectory], groups: Sequence[Sequence[int]]) -> dict[str, float]:
-        """Train on ``trajs`` (``groups``: indices per sample, in batch order); returns metrics."""
+    def run(self, trajs: Sequence[Trajectory], groups: Sequence[Sequence[int]],
+            weights: Sequence[float] | None = None) -> dict[str, float]:
+        """Train on ``trajs`` (``groups``: indices per sample, in batch order); returns metrics.
+        ``weights`` (per trajectory, default 1) scale each trajectory's advantage after the
+        group baseline: the staleness down-weighting of ``algo.StalenessBound``."""
         t0 = time.perf_counter()
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
         gids = [t.group_id for t in trajs]
         adv = outcome_advantages(rewards, gids, self.s.actor.adv_estimator, norm_by_std=self.s.actor.norm_adv_by_std_in_grpo).tolist()
+        stale_weights = list(weights) if weights is not None else []
+        if stale_weights:
+            if len(stale_weights) != len(trajs):
+                raise ValueError(f"{len(stale_weights)} weights for {len(trajs)} trajectories")
+            adv = [a * w for a, w in zip(adv, stale_weights, strict=True)]
         keep = [True] * len(trajs)
         if self.s.actor.filter_zero_variance_groups:
             keep = (~zero_variance_mask(rewards, gids)).tolist()
@@ -169,6 +177,8 @@ class TrainStep:
             "response_length/max": float(max(resp, default=0)),
             "response_length/min": float(min(resp, default=0)),
             "trainer/zero_variance_filtered": float(keep.count(False)),
+            "fully_async/staleness/downweighted_trajectories": float(sum(w < 1.0 for w in stale_weights)),
+            "fully_async/staleness/weight_mean": sum(stale_weights) / len(stale_weights) if stale_weights else 1.0,
             "trainer/trajectories": float(len(trajs)),
             "trainer/samples": float(len(groups)),
             "perf/total_num_tokens": float(tokens),

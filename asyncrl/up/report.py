@@ -72,6 +72,11 @@ def merge_rollout(rows: list[dict], rollout_rows: list[dict]) -> None:
             rows[i]["rollouter/idle_ratio"] = m["rollouter/idle_ratio"]
 
 
+def _excluded(last: dict[str, Any]) -> dict[str, int]:
+    prefix = "trainer/excluded_trajectories/"
+    return {k.removeprefix(prefix): int(v) for k, v in sorted(last.items()) if k.startswith(prefix) and v}
+
+
 def summarize(run_dir: Path, run_id: str, reason: str, elapsed_s: float, syncs: list[dict] | None = None) -> dict[str, Any]:
     rows = read_jsonl(run_dir / "metrics" / "trainer.jsonl")
     merge_rollout(rows, read_jsonl(run_dir / "metrics" / "rollout.jsonl"))
@@ -83,6 +88,9 @@ def summarize(run_dir: Path, run_id: str, reason: str, elapsed_s: float, syncs: 
         "reward_last": round(sum(rewards[-k:]) / k, 4) if rewards else None,
         "syncs": int(rows[-1].get("trainer/sync_successes", 0)) if rows else 0,
         "syncs_failed": int(rows[-1].get("trainer/sync_failures", 0)) if rows else 0,
+        # Trajectories never trained because an infrastructure failure spoiled them (or the
+        # truncated-sampling rule dropped them), by reason: consume/exclusion.py.
+        "trajectories_excluded": _excluded(rows[-1]) if rows else {},
     }
     png = plot(rows, run_dir / "summary.png", f"asyncrl run {run_id}")
     summary["plot"] = str(png) if png else None

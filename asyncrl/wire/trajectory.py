@@ -15,9 +15,23 @@ tool results, environment text). The per-token arrays ``loss_mask``,
 - ``rollout_logprobs``: the engine's logprob of each model token (0.0 where mask is 0);
 - ``weight_versions``: the weight version that produced each model token, -1 where mask is 0.
 
+``sampling`` records the sampling parameters the logprobs refer to, as spans: span ``k``
+applies from response offset ``sampling[k].start`` up to the next span's start (the first
+span starts at 0). The rollout service starts a span wherever a turn (or a session request)
+changed them. Logprobs are those of ``log_softmax(logits / T)`` *before* top-k / top-p /
+min-p truncation (SGLang's and local_engine's rule), with ``T = 1`` for greedy (T = 0):
+the trainer reproduces them by dividing its logits by each token's ``T``. An empty list
+means one span of ``temperature`` with no truncation (publishers before ``sampling``).
+
+``failure`` names an infrastructure failure that ended or spoiled the episode (the engine
+failed, the reward function crashed, an environment call expired, the agent crashed): such
+a trajectory is never trained (docs/algorithms.md, "What is trained"); "" for a genuine
+episode, whatever its reward.
+
 Invariants checked on construction and decode: the arrays have equal lengths, masks are 0/1,
 versions are -1 exactly where the mask is 0, model-token logprobs are finite and <= 0,
-``0 <= group_index < group_size``, ``version_start <= version_end``.
+``0 <= group_index < group_size``, ``version_start <= version_end``, sampling spans start at
+0, increase strictly, stay within the response and hold valid parameters.
 
 Not covered: multimodal inputs, per-token top-k logprobs.
 """
@@ -35,10 +49,36 @@ SCHEMA_TAG = "asyncrl.trajectory/1"
 SCHEMA_PREFIX = "asyncrl.trajectory/"
 
 FinishReason = Literal["stop", "length", "abort", "tool_limit", "turn_limit", "error", "expired"]
+Failure = Literal["", "engine_error", "reward_error", "environment_expired", "agent_crash"]
+GREEDY_TEMPERATURE = 1e-6
+"""Below this a temperature means greedy (SGLang's rule); its logprobs are at T = 1."""
 
 
 class WireDecodeError(ValueError):
     """A payload is not a valid Trajectory of a version this code understands."""
+
+
+class SamplingSpan(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Sampling parameters of the model tokens from response offset ``start`` on (module doc)."""
+
+    start: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the reported logprobs are scaled by (1 for greedy)."""
+        return 1.0 if self.temperature < GREEDY_TEMPERATURE else self.temperature
+
+    @property
+    def truncated(self) -> bool:
+        """True when the sampled distribution was cut (top-p / top-k / min-p) while the
+        logprobs describe the uncut one; greedy is not counted (it is not a sample)."""
+        if self.temperature < GREEDY_TEMPERATURE:
+            return False
+        return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
 
 
 class Trajectory(msgspec.Struct, kw_only=True, tag_field="schema", tag=SCHEMA_TAG, omit_defaults=True):
@@ -68,7 +108,11 @@ class Trajectory(msgspec.Struct, kw_only=True, tag_field="schema", tag=SCHEMA_TA
     version_end: int = 0
     """Weight version of its last generated token (verl's param_version_end)."""
     temperature: float = 1.0
-    """Sampling temperature the logprobs refer to (the trainer scales its logits by it)."""
+    """Sampling temperature of the first turn; ``sampling`` has every turn's (module doc)."""
+    sampling: list[SamplingSpan] = msgspec.field(default_factory=list)
+    """Sampling parameters per span of the response (module doc)."""
+    failure: Failure = ""
+    """Infrastructure failure that makes it untrainable; "" for a genuine episode (module doc)."""
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     """Seconds: ``generate``, ``tools``, ``wait``, ``total`` (and others, by name)."""
     created_at: float = 0.0
@@ -95,6 +139,24 @@ class Trajectory(msgspec.Struct, kw_only=True, tag_field="schema", tag=SCHEMA_TA
     @property
     def num_model_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    def sampling_spans(self) -> list[SamplingSpan]:
+        """``sampling``, or the single span ``temperature`` implies when it is empty."""
+        return self.sampling or [SamplingSpan(start=0, temperature=self.temperature)]
+
+    def token_temperatures(self) -> list[float]:
+        """The logprob temperature of every response token (module doc)."""
+        spans = self.sampling_spans()
+        out: list[float] = []
+        for k, span in enumerate(spans):
+            end = spans[k + 1].start if k + 1 < len(spans) else self.response_length
+            out.extend([span.logprob_temperature] * (end - span.start))
+        return out
+
+    @property
+    def sampling_truncated(self) -> bool:
+        """True when any span sampled from a truncated distribution (:attr:`SamplingSpan.truncated`)."""
+        return any(span.truncated for span in self.sampling_spans())
 
     @property
     def is_partial(self) -> bool:
@@ -136,6 +198,22 @@ def _invariant_errors(t: Trajectory) -> list[str]:
         errors.append(f"version_start {t.version_start} > version_end {t.version_end}")
     if not t.id:
         errors.append("id must be non-empty")
+    errors.extend(_sampling_errors(t.sampling, n))
+    return errors
+
+
+def _sampling_errors(spans: list[SamplingSpan], n: int) -> list[str]:
+    if not spans:
+        return []
+    errors = []
+    starts = [s.start for s in spans]
+    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] > n:
+        errors.append(f"sampling span starts must begin at 0, increase strictly and stay <= {n}, got {starts[:5]}")
+    for s in spans:
+        if not (s.temperature >= 0.0 and math.isfinite(s.temperature)) or not 0.0 < s.top_p <= 1.0 \
+                or s.top_k < -1 or s.top_k == 0 or not 0.0 <= s.min_p <= 1.0:
+            errors.append(f"sampling span at {s.start} has invalid parameters {s}")
+            break
     return errors
 
 

@@ -159,6 +159,8 @@ SECTIONS: list[tuple[str, list[dict]]] = [
             (f"rate(asyncrl_rollout_tool_errors_total{RATE})", "errors {{tool}}")], "ops"),
         panel("Finish reasons", "Finished trajectories per second by finish reason",
               [(f"sum by (reason) (rate(asyncrl_rollout_finish_reasons_total{RATE}))", "{{reason}}")], "ops", stack=True),
+        panel("Infrastructure failures", "Trajectories spoiled by an infrastructure failure (never trained), per second by reason",
+              [(f"sum by (reason) (rate(asyncrl_rollout_infra_failures_total{RATE}))", "{{reason}}")], "ops", stack=True),
     ]),
 ]
 

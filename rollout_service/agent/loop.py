@@ -126,7 +126,7 @@ async def _run_tools(state: AgentState, deps: AgentDeps) -> None:
         await asyncio.gather(*(one(c) for c in todo))
     except EpisodeExpired as exc:
         state.reward_details["expired"] = str(exc)
-        return finish(state, "expired")
+        return finish(state, "expired", "environment_expired")
 
     state.add_timing("tools", time.monotonic() - t0)
     state.num_tool_calls += len(state.pending_calls)

@@ -24,6 +24,8 @@ from typing import Any
 
 import msgspec
 
+from asyncrl.wire import SamplingSpan
+
 
 class Phase(str, enum.Enum):
     PENDING = "pending"
@@ -86,6 +88,11 @@ class AgentState(msgspec.Struct, kw_only=True):
     reward: float = 0.0
     reward_details: dict[str, Any] = msgspec.field(default_factory=dict)
     temperature: float = 1.0
+    sampling: list[SamplingSpan] = msgspec.field(default_factory=list)
+    """Sampling parameters per span of the response (``asyncrl.wire.trajectory``): a span
+    starts wherever a generate call used different ones than the span before."""
+    failure: str = ""
+    """Infrastructure failure that spoiled the episode (``Trajectory.failure``); "" if none."""
     created_at: float = 0.0
     timings: dict[str, float] = msgspec.field(default_factory=dict)
 

@@ -17,7 +17,11 @@ turn's remaining token budget → name the request (rid ``<prefix><id>.t<turn>.s
   backoff, on another engine when one is routable, up to ``ENGINE_RETRIES`` times per turn;
   then the agent is DONE with ``finish_reason="error"``. A 4xx from an engine (other than 408
   and 429) is the request's fault and deterministic: never retried, the agent is DONE with
-  ``"error"`` at once and ``reward_details["engine_status"]`` holds the status;
+  ``"error"`` at once and ``reward_details["engine_status"]`` holds the status; either way
+  ``state.failure`` is ``"engine_error"`` (an infrastructure failure: never trained);
+- the sampling parameters each call sent (temperature, top_p, top_k, min_p, after
+  ``deps.extra_sampling``) are recorded in ``state.sampling`` for the tokens it produced: a
+  new span whenever they differ from the last span's;
 - with ``on_chunk`` the engine is asked to stream and ``on_chunk`` is awaited with every
   cumulative result *before* its tokens are appended (so ``state.token_ids`` + the result's
   ``output_ids`` is the sequence so far). If a stream breaks after yielding tokens, the
@@ -38,6 +42,7 @@ from collections.abc import Awaitable, Callable
 
 from asyncrl.engine_client.errors import EngineError, EngineHTTPError
 from asyncrl.engine_client.types import GenerateResult
+from asyncrl.wire import SamplingSpan
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.state import AgentState, Phase
 
@@ -57,11 +62,14 @@ class StreamBroken(EngineError):
         self.partial = partial
 
 
-def finish(state: AgentState, reason: str) -> None:
-    """End the agent: DONE with ``reason``, no calls pending."""
+def finish(state: AgentState, reason: str, failure: str = "") -> None:
+    """End the agent: DONE with ``reason``, no calls pending; ``failure`` names an
+    infrastructure failure (``Trajectory.failure``)."""
     state.phase = Phase.DONE
     state.finish_reason = reason
     state.pending_calls = []
+    if failure:
+        state.failure = failure
 
 
 def turn_budget(state: AgentState, deps: AgentDeps) -> int:
@@ -98,22 +106,23 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
             return False, kept
         rid = f"{deps.rid_prefix}{state.id}.t{state.assistant_turns}.s{state.segment}"
         t0 = time.monotonic()
+        params = sampling_params(deps, max_new)
         try:
-            res = await _generate(state, deps, sampling_params(deps, max_new), rid, extra, on_chunk)
+            res = await _generate(state, deps, params, rid, extra, on_chunk)
         except EngineError as exc:
             if isinstance(exc, StreamBroken) and exc.partial.output_ids:
-                _keep(state, exc.partial, deps, kept)
+                _keep(state, exc.partial, deps, kept, params)
                 state.segment += 1
             failures += 1
             refused = isinstance(exc, EngineHTTPError) and 400 <= exc.status < 500 and exc.status not in (408, 429)
             log.warning("agent %s: engine error %d/%d: %s", state.id, failures, ENGINE_RETRIES, exc)
             if refused:
-                finish(state, "error")
+                finish(state, "error", "engine_error")
                 state.reward_details["error"] = f"engine refused the request: {exc}"
                 state.reward_details["engine_status"] = exc.status
                 return None, kept
             if failures >= ENGINE_RETRIES:
-                finish(state, "error")
+                finish(state, "error", "engine_error")
                 state.reward_details["error"] = f"engine: {exc}"
                 return None, kept
             state.engine_id = None  # let the router pick another engine
@@ -121,7 +130,7 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
             continue
         finally:
             state.add_timing("generate", time.monotonic() - t0)
-        _keep(state, res, deps, kept)
+        _keep(state, res, deps, kept, params)
         if res.aborted:
             state.segment += 1
             state.resumed_after_abort += 1
@@ -152,9 +161,28 @@ async def _generate(state: AgentState, deps: AgentDeps, params: dict, rid: str, 
     return last
 
 
-def _keep(state: AgentState, res: GenerateResult, deps: AgentDeps, kept: list[GenerateResult]) -> None:
+def _keep(state: AgentState, res: GenerateResult, deps: AgentDeps, kept: list[GenerateResult], params: dict) -> None:
+    if res.output_ids:
+        note_sampling(state, params)
     append_model_tokens(state, res, deps)
     kept.append(res)
+
+
+def note_sampling(state: AgentState, params: dict) -> None:
+    """Record that the next model tokens were sampled with ``params`` (module docstring).
+    The first span starts at offset 0 whatever precedes the first model token (tokens
+    before it are not the model's: their parameters are never used)."""
+    span = SamplingSpan(start=state.response_length if state.sampling else 0, temperature=float(params.get("temperature", 1.0)),
+                        top_p=float(params.get("top_p", 1.0)), top_k=int(params.get("top_k", -1)),
+                        min_p=float(params.get("min_p", 0.0)))
+    last = state.sampling[-1] if state.sampling else None
+    if last is not None and (last.temperature, last.top_p, last.top_k, last.min_p) == \
+            (span.temperature, span.top_p, span.top_k, span.min_p):
+        return
+    if last is not None and last.start == span.start:
+        state.sampling[-1] = span
+    else:
+        state.sampling.append(span)
 
 
 def append_model_tokens(state: AgentState, res: GenerateResult, deps: AgentDeps) -> None:

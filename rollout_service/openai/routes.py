@@ -50,6 +50,8 @@ from rollout_service.openai.sessions import (
     SessionRecord,
     normalize_message,
     prepare_turn,
+    roll_back,
+    snapshot,
     tools_key,
 )
 from rollout_service.runner.finish import to_trajectory
@@ -187,16 +189,20 @@ def build_openai_router(svc) -> APIRouter:
                 lock.release()
 
         async def done(out) -> None:
-            assistant = {"role": "assistant", "content": out.content or ""}
-            if out.tool_calls:
-                assistant["tool_calls"] = out.tool_calls
-            rec.known_messages.append(normalize_message(assistant))
-            rec.agent.messages = [*messages, assistant]
-            rec.last_turn_ended = out.ended_by_eos
+            if out.finish_reason == "error":  # a failed request leaves the session as it was
+                roll_back(rec, before)
+            else:
+                assistant = {"role": "assistant", "content": out.content or ""}
+                if out.tool_calls:
+                    assistant["tool_calls"] = out.tool_calls
+                rec.known_messages.append(normalize_message(assistant))
+                rec.agent.messages = [*messages, assistant]
+                rec.last_turn_ended = out.ended_by_eos
             rec.last_activity = time.time()
             await sessions.save(rec)
 
         streaming = False
+        before = snapshot(rec)
         try:
             rec.last_activity = time.time()
             prepare_turn(rec, messages, chat, key)
@@ -221,9 +227,7 @@ def build_openai_router(svc) -> APIRouter:
         check_completion(svc, chat, req, ids)  # refused before the session's tokens are touched
         a = rec.agent
         async with sessions.lock(sid):
-            before = (list(a.token_ids), list(a.loss_mask), list(a.logprobs), list(a.versions), a.prompt_length, a.turn_start,
-                      a.segment, a.assistant_turns, rec.segments, list(rec.divergences), dict(a.reward_details), a.phase,
-                      a.finish_reason)
+            before = snapshot(rec)
             if a.token_ids and ids[: len(a.token_ids)] == a.token_ids and len(ids) > len(a.token_ids):
                 extra = ids[len(a.token_ids):]
                 a.token_ids.extend(extra)
@@ -241,10 +245,9 @@ def build_openai_router(svc) -> APIRouter:
             rec.last_activity = time.time()
 
             async def done(out) -> None:
+                if out.finish_reason == "error":  # a failed request leaves the session as it was
+                    roll_back(rec, before)
                 rec.last_activity = time.time()
-                if out.finish_reason == "error":  # a failed request leaves the recorded tokens as they were
-                    (a.token_ids, a.loss_mask, a.logprobs, a.versions, a.prompt_length, a.turn_start, a.segment, a.assistant_turns,
-                     rec.segments, rec.divergences, a.reward_details, a.phase, a.finish_reason) = before
                 await sessions.save(rec)
 
             return await answer_completion(svc, a, chat, req, ids, done)

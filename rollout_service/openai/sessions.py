@@ -21,6 +21,10 @@ time. Contract:
   forgotten: dropped from memory and its KV key purged (no delete marker), so memory and the
   bucket hold the open sessions plus those closed within the retention, at any run length.
   A request for a forgotten session answers 404.
+- **Failed requests change nothing.** A request the engines failed (``finish_reason``
+  ``error``: 400 or 503 to the client) leaves the session exactly as it was before it
+  (:func:`snapshot` / :func:`roll_back`): no tokens, no divergence, no failure mark, so a
+  retry continues the same episode.
 - **Auth.** Each session has its own bearer token (only its hash is stored).
 """
 
@@ -69,6 +73,23 @@ class SessionRecord(msgspec.Struct, kw_only=True):
                 "reward": a.reward if self.reward_set else None, "reward_details": a.reward_details,
                 "version_start": a.version_start, "version_end": a.version_end, "metadata": self.metadata,
                 "finished_at": self.finished_at}
+
+
+_record_encoder = msgspec.msgpack.Encoder()
+_record_decoder = msgspec.msgpack.Decoder(SessionRecord)
+
+
+def snapshot(rec: SessionRecord) -> bytes:
+    """A deep copy of ``rec`` to :func:`roll_back` to (module doc, "Failed requests")."""
+    return _record_encoder.encode(rec)
+
+
+def roll_back(rec: SessionRecord, snap: bytes) -> None:
+    """Put every field of ``rec`` back as :func:`snapshot` saw it (in place: ``rec`` stays
+    the object the session table holds)."""
+    old = _record_decoder.decode(snap)
+    for name in rec.__struct_fields__:
+        setattr(rec, name, getattr(old, name))
 
 
 def normalize_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +147,7 @@ def prepare_turn(rec: SessionRecord, messages: list[dict[str, Any]], chat: ChatT
         if a.token_ids:
             rec.segments += 1
             rec.divergences.append({"turn": a.assistant_turns, "reason": reason, "at": time.time()})
-            a.loss_mask, a.logprobs, a.versions = [], [], []
+            a.loss_mask, a.logprobs, a.versions, a.sampling = [], [], [], []
             a.version_start = a.version_end = None
         a.token_ids = chat.prompt_ids(messages)
         a.prompt_length = len(a.token_ids)

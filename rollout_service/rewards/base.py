@@ -8,7 +8,8 @@ Contracts:
   the same arguments (:class:`AsyncRewardFn`); :func:`score_async` prefers it and otherwise
   runs the sync call in a worker thread, so the event loop is never blocked.
 - :func:`score_async` and :meth:`RewardRegistry.score` never raise for a bad sample: an
-  exception inside a reward function becomes ``score=0.0`` with ``details["error"]``.
+  exception inside a reward function becomes ``score=0.0`` with ``details["error"]`` and
+  ``failed=True`` (the trajectory is then never trained: ``Trajectory.failure``).
   (A data source with no reward function is a configuration error and does raise
   ``LookupError``.)
 - ``response_text`` is the text the policy produced for the episode (all assistant turns,
@@ -38,6 +39,9 @@ class RewardResult:
 
     score: float
     details: Mapping[str, Detail] = field(default_factory=dict)
+    failed: bool = False
+    """True when the reward function crashed (the score is then a placeholder 0.0): an
+    infrastructure failure, so the trajectory is marked ``reward_error`` and never trained."""
 
     def __post_init__(self) -> None:
         score = float(self.score)
@@ -70,7 +74,7 @@ class AsyncRewardFn(Protocol):
 
 
 def _error_result(exc: BaseException) -> RewardResult:
-    return RewardResult(0.0, {"error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+    return RewardResult(0.0, {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}, failed=True)
 
 
 async def score_async(fn: Any, response_text: str, ground_truth: Any, extra_info: Mapping[str, Any]) -> RewardResult:

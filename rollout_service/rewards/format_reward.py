@@ -87,7 +87,7 @@ class CombinedReward:
                                    "score_correct": s_correct, "score_format": s_format}
         details.update({f"math.{k}": v for k, v in math_result.details.items()})
         details.update({f"format.{k}": v for k, v in fmt_details.items()})
-        return RewardResult(s_correct + s_format, details)
+        return RewardResult(s_correct + s_format, details, failed=math_result.failed)
 
     def __call__(self, response_text: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> RewardResult:
         return self._combine(self.math(response_text, ground_truth, extra_info), self.format.check(response_text))

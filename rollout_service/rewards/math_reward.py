@@ -141,7 +141,9 @@ class MathReward:
         else:
             details["reason"] = "worker_crashed" if outcome.status == "crashed" else "error"
             details["error"] = outcome.error[:200]
-        return RewardResult(1.0 if details["correct"] else 0.0, details)
+        # The pool itself failing (closed, no worker could start) says nothing about the
+        # answer: an infrastructure failure. A timeout or a worker dying on this answer does.
+        return RewardResult(1.0 if details["correct"] else 0.0, details, failed=outcome.status == "error")
 
     def __call__(self, response_text: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> RewardResult:
         """Blocking; bounded by the pool's timeout (plus the wait for a free worker)."""

@@ -1,8 +1,9 @@
 """Counters of the runner: what it started and finished, decoded vs kept tokens, and the
 rollouter's idle ratio per weight version (verl's names where verl has them).
 
-``RunnerCounters``: samples started, trajectories finished (failed, partial, by finish
-reason), agents restored or dropped at start. Only grow.
+``RunnerCounters``: samples started, trajectories finished (partial, by finish reason, by
+infrastructure failure: ``Trajectory.failure``, never trained), agents restored or dropped
+at start. Only grow.
 
 ``TokenAccounting``: every generate call reports how many tokens the engine decoded and how
 many the agent kept; a pause with partial rollout must waste none (``wasted == 0``).
@@ -22,14 +23,19 @@ from dataclasses import dataclass, field, replace
 class RunnerCounters:
     samples_started: int = 0
     trajectories_finished: int = 0
-    trajectories_failed: int = 0
     partial_trajectories: int = 0
     restored_agents: int = 0
     dropped_already_finished: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def trajectories_failed(self) -> int:
+        """Trajectories spoiled by an infrastructure failure (any reason)."""
+        return sum(self.failures.values())
 
     def copy(self) -> RunnerCounters:
-        return replace(self, finish_reasons=dict(self.finish_reasons))
+        return replace(self, finish_reasons=dict(self.finish_reasons), failures=dict(self.failures))
 
 
 @dataclass

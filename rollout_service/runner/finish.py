@@ -44,7 +44,9 @@ def to_trajectory(state: AgentState, run_version: int) -> Trajectory:
         rollout_logprobs=state.logprobs, weight_versions=state.versions, reward=float(state.reward),
         reward_details=details, finish_reason=state.finish_reason or "error",  # type: ignore[arg-type]
         num_turns=state.assistant_turns, num_tool_calls=state.num_tool_calls, version_start=start,
-        version_end=max(start, end), temperature=state.temperature, timings=dict(state.timings),
+        version_end=max(start, end), timings=dict(state.timings),
+        temperature=state.sampling[0].logprob_temperature if state.sampling else state.temperature,
+        sampling=list(state.sampling), failure=state.failure or "",  # type: ignore[arg-type]
         created_at=time.time(), attempt=state.attempt, messages=state.messages,
         metadata={"decoded_tokens": state.decoded_tokens, "resumed_after_abort": state.resumed_after_abort,
                   "invalid_tool_calls": state.invalid_tool_calls, "user_turns": state.user_turns},

@@ -210,7 +210,7 @@ class Runner:
             raise
         except Exception as exc:  # noqa: BLE001 - one broken episode must not stop the service
             log.exception("agent %s failed", state.id)
-            state.phase, state.finish_reason = Phase.DONE, "error"
+            state.phase, state.finish_reason, state.failure = Phase.DONE, "error", "agent_crash"
             state.reward_details["error"] = f"{type(exc).__name__}: {exc}"[:300]
         await self._finish(state)
 
@@ -253,7 +253,10 @@ class Runner:
         self.agents.pop(state.id, None)
         c = self.counters
         c.trajectories_finished += 1
-        c.trajectories_failed += state.finish_reason == "error"
+        if traj.failure:
+            c.failures[traj.failure] = c.failures.get(traj.failure, 0) + 1
+            log.warning("trajectory %s: %s (%s); it will not be trained", traj.id, traj.failure,
+                        str(traj.reward_details.get("error") or traj.reward_details.get("expired") or "")[:200])
         c.partial_trajectories += traj.is_partial
         c.finish_reasons[traj.finish_reason] = c.finish_reasons.get(traj.finish_reason, 0) + 1
         self._wake.set()

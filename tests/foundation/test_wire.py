@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from asyncrl.wire import (
     NatsNames,
+    SamplingSpan,
     Trajectory,
     WireDecodeError,
     decode_trajectory,
@@ -72,6 +73,13 @@ def _mutated(**changes) -> bytes:
     ({"token_ids": [1, 2, 3, -4, 5, 6]}, "non-negative"),
     ({"finish_reason": "exploded"}, "finish_reason"),
     ({"prompt_length": 0}, "prompt_length"),
+    ({"sampling": [{"start": 1, "temperature": 0.5}]}, "sampling span starts must begin at 0"),
+    ({"sampling": [{"start": 0}, {"start": 2}, {"start": 2}]}, "increase strictly"),
+    ({"sampling": [{"start": 0}, {"start": 5}]}, "stay <= 4"),
+    ({"sampling": [{"start": 0, "top_p": 0.0}]}, "invalid parameters"),
+    ({"sampling": [{"start": 0, "top_k": 0}]}, "invalid parameters"),
+    ({"sampling": [{"start": 0, "temperature": -1.0}]}, "invalid parameters"),
+    ({"failure": "gremlins"}, "failure"),
 ])
 def test_malformed_payloads_are_rejected_with_the_reason(changes, fragment):
     with pytest.raises(WireDecodeError) as err:
@@ -100,6 +108,19 @@ def test_constructor_enforces_invariants():
 def test_derived_properties():
     t = make()
     assert t.response_length == 4 and t.response_ids == [7, 8, 9, 10] and t.num_model_tokens == 3 and t.is_partial
+
+
+def test_sampling_spans_give_each_response_token_its_logprob_temperature():
+    spans = [SamplingSpan(start=0, temperature=0.7), SamplingSpan(start=2, temperature=0.0, top_k=1),
+             SamplingSpan(start=3, temperature=1.3, top_p=0.9)]
+    t = make(sampling=spans, failure="reward_error")
+    assert decode_trajectory(encode_trajectory(t)) == t
+    # greedy (T = 0) logprobs are of the raw logits: T = 1 (SGLang's rule)
+    assert t.token_temperatures() == [0.7, 0.7, 1.0, 1.3]
+    assert t.sampling_truncated  # top_p 0.9 at offset 3; the greedy span's top_k does not count
+    assert not make(sampling=spans[:2]).sampling_truncated
+    legacy = make()  # no spans: one span of ``temperature`` for the whole response
+    assert legacy.token_temperatures() == [0.9] * 4 and not legacy.sampling_truncated and legacy.failure == ""
 
 
 def test_nats_names_derive_from_run_id():

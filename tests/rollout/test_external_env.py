@@ -119,6 +119,13 @@ async def test_deadline_gives_an_error_result_or_ends_the_episode(tmp_path, nats
     async with running_service(cfg2) as (svc, url):
         await wait_for(lambda: svc.runner.counters.trajectories_finished == 4, 120, "episodes ended at the deadline")
         assert svc.runner.counters.finish_reasons == {"expired": 4}
+        assert svc.runner.counters.failures == {"environment_expired": 4}
+        async with httpx.AsyncClient(timeout=30) as http:
+            metrics = (await http.get(f"{url}/metrics")).text
+        assert 'asyncrl_rollout_infra_failures_total{reason="environment_expired"} 4.0' in metrics
+    expired = await fetch_all(nats_server.url, cfg2.run.id, 4)
+    assert {t.failure for t in expired} == {"environment_expired"}, "an aborted episode is never trained"
+    assert {t.failure for t in trajs} == {""}, "a deadline shown to the model as a tool error is the model's episode"
 
 
 async def test_parked_calls_survive_a_restart_of_the_service(tmp_path, nats_server, warm_engine):

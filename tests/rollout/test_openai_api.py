@@ -103,6 +103,34 @@ async def test_sync_client_tool_round_trip_and_streamed_final_turn(tmp_path, nat
     check_trajectory(traj, proxy, [lp1, lp2], chat, messages[:1])
 
 
+async def test_each_turns_sampling_parameters_reach_the_trajectory(tmp_path, nats_server, warm_engine):
+    """Turns at different temperatures / top_p: the trajectory records, per span of model
+    tokens, the parameters the engine sampled (and reported logprobs) with, so the trainer
+    scales each token's logits by its own temperature. The text generated is irrelevant."""
+    proxy = await RecordingProxy(warm_engine).start()
+    try:
+        async with running_service(idle_cfg(tmp_path, nats_server.url, proxy.url)) as (svc, url):
+            sess = await new_session(url, data_source="external/sampling", group_size=1)
+            client = AsyncOpenAI(base_url=sess["base_url"], api_key=sess["token"], timeout=120)
+            messages = [{"role": "user", "content": "Say something."}]
+            first = await client.chat.completions.create(model="policy", messages=messages, temperature=0.7, top_p=0.9, max_tokens=8)
+            messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
+                         {"role": "user", "content": "And again."}]
+            await client.chat.completions.create(model="policy", messages=messages, temperature=1.3, max_tokens=8)
+            await finish(url, sess, reward=0.5)
+        trajs = await fetch_all(nats_server.url, "demo", 2)
+    finally:
+        await proxy.stop()
+    traj = next(t for t in trajs if t.id == sess["id"])
+    sent = [req["sampling_params"] for req, _ in proxy.exchanges if f".{traj.id}." in req["rid"]]
+    assert [(p["temperature"], p["top_p"]) for p in sent] == [(0.7, 0.9), (1.3, 1.0)]
+    second_turn = model_segments(traj)[1][0]
+    assert [(s.start, s.temperature, s.top_p) for s in traj.sampling] == [(0, 0.7, 0.9), (second_turn, 1.3, 1.0)]
+    assert traj.temperature == 0.7 and traj.sampling_truncated and traj.failure == ""
+    temps = traj.token_temperatures()
+    assert set(temps[:second_turn]) == {0.7} and set(temps[second_turn:]) == {1.3}
+
+
 async def test_async_client_streaming_and_divergent_history(tmp_path, nats_server, warm_engine):
     async with running_service(idle_cfg(tmp_path, nats_server.url, warm_engine)) as (svc, url):
         sess = await new_session(url)

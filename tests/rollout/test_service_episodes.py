@@ -152,3 +152,30 @@ async def test_validation_runs_greedy_on_the_val_set_and_publishes_metrics(tmp_p
     finally:
         await sub.unsubscribe()
         await nc.close()
+
+
+async def test_a_crashing_reward_function_marks_the_trajectories_untrainable(tmp_path, nats_server, warm_engine, monkeypatch):
+    """A reward function that raises is an infrastructure failure, not a zero reward: the
+    trajectories are published (exactly once, as always) with ``failure="reward_error"`` and
+    the error in their details, counted per reason; the trainer never trains them."""
+    import rollout_service.service as service_mod
+    from rollout_service.rewards import ARITH_DATA_SOURCE
+
+    def crashing(response_text, ground_truth, extra_info):
+        raise RuntimeError("the grader's database is down")
+
+    def registry_with_crash(math, **kwargs):
+        registry = default_registry(math, **kwargs)
+        registry.register(ARITH_DATA_SOURCE, crashing, replace=True)
+        return registry
+
+    default_registry = service_mod.default_registry
+    monkeypatch.setattr(service_mod, "default_registry", registry_with_crash)
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.total_rollout_steps=1", "rollout.n=2",
+                         "rollout.sampling.temperature=0", "rollout.sampling.max_new_tokens=16")
+    async with running_service(cfg) as (svc, url):
+        await wait_for(lambda: svc.runner.counters.trajectories_finished == 2, 180, "the group to finish")
+        assert svc.runner.counters.failures == {"reward_error": 2}
+    trajs = await fetch_all(nats_server.url, cfg.run.id, 2)
+    assert len(trajs) == 2 and {t.failure for t in trajs} == {"reward_error"}
+    assert all("database is down" in t.reward_details["error"] and t.reward == 0.0 for t in trajs)

@@ -188,6 +188,42 @@ async def test_an_engine_4xx_is_never_retried(chat):
     ended, kept = await asyncio.wait_for(generate_turn_tokens(state, _deps(chat, engines)), WAIT_S)
     assert ended is None and kept == [] and len(engines.calls) == 1, "a deterministic refusal is not retried"
     assert state.finish_reason == "error" and state.reward_details["engine_status"] == 400
+    assert state.failure == "engine_error", "an engine failure is never a learning signal"
+
+
+async def test_sampling_spans_follow_the_parameters_each_call_sent(chat):
+    """A turn at T=0.7 (cut by a pause and resumed with the same parameters: one span), tool
+    tokens, then a turn at T=1.0 with top_p 0.9 (a new span at its first model token)."""
+    answer = chat.encode_text(ANSWER) + [chat.eos_token_id]
+    gate = Gate()
+
+    class PausingOnce(ScriptedEngines):
+        async def generate(self, state, input_ids, sampling_params, rid, extra=None):
+            self.sent.append(dict(sampling_params))
+            if len(self.calls) == 0:
+                self._next(state, input_ids, rid, stream=False)
+                gate.open.clear()
+                asyncio.get_running_loop().call_later(0.01, gate.open.set)
+                return _result(answer[:3], [-0.5] * 3, {"type": "abort", "message": "paused"})
+            return await super().generate(state, input_ids, sampling_params, rid, extra)
+
+    engines = PausingOnce([(answer[:3], False), (answer[3:], False), (answer, False)], chat.eos_token_id)
+    engines.sent = []
+    state = _state(chat)
+    deps = _deps(chat, engines, gate)
+    deps.sampling = SamplingConfig(temperature=0.7)
+    await asyncio.wait_for(generate_turn_tokens(state, deps), WAIT_S)
+    env = chat.environment_segment([{"role": "user", "content": "again"}])
+    state.token_ids += env
+    state.loss_mask += [0] * len(env)
+    state.logprobs += [0.0] * len(env)
+    state.versions += [-1] * len(env)
+    state.assistant_turns, state.turn_start = 1, len(state.token_ids)
+    second = state.response_length
+    deps.sampling = SamplingConfig(temperature=1.0, top_p=0.9)
+    await asyncio.wait_for(generate_turn_tokens(state, deps), WAIT_S)
+    assert [p["temperature"] for p in engines.sent] == [0.7, 0.7, 1.0]
+    assert [(s.start, s.temperature, s.top_p, s.top_k) for s in state.sampling] == [(0, 0.7, 1.0, -1), (second, 1.0, 0.9, -1)]
 
 
 async def test_openai_turns_continue_after_a_pause_without_checkpointing_but_agents_checkpoint(chat):

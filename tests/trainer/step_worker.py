@@ -19,6 +19,7 @@ import sys
 import torch
 
 from asyncrl.config import load_config
+from asyncrl.wire import SamplingSpan
 from tests.trainer.helpers import make_group
 from trainer_daemon.distributed import init_distributed
 from trainer_daemon.model import build_policy, build_reference, build_scheduler, full_state_dict
@@ -35,11 +36,12 @@ def run_variant(ctx, overrides: list[str]) -> dict:
     sched = build_scheduler(opt, cfg.actor.optim, None)
     rng = random.Random(5)
     groups = [make_group(rng, f"q{i}", 2, logprob=-6.5) for i in range(3)]
-    odd = groups[1][1]  # a longer trajectory with environment tokens (mask 0) and its own temperature
+    odd = groups[1][1]  # a longer trajectory with environment tokens (mask 0) and two turns' temperatures
     groups[1][1] = odd.__class__(**{**{f: getattr(odd, f) for f in odd.__struct_fields__},
                                    "token_ids": odd.token_ids + [7, 8, 9], "loss_mask": [1, 1, 0, 0, 0, 1, 1],
                                    "rollout_logprobs": [-6.5, -6.5, 0, 0, 0, -6.5, -6.5],
-                                   "weight_versions": [0, 0, -1, -1, -1, 0, 0], "temperature": 0.7})
+                                   "weight_versions": [0, 0, -1, -1, -1, 0, 0], "temperature": 0.7,
+                                   "sampling": [SamplingSpan(start=0, temperature=0.7), SamplingSpan(start=5, temperature=1.2)]})
     groups[2] = [t.__class__(**{**{f: getattr(t, f) for f in t.__struct_fields__}, "reward": 1.0}) for t in groups[2]]
     trajs = [t for g in groups for t in g]  # group q2 has equal rewards: zero variance
     step = TrainStep(model, opt, sched, StepSettings.from_config(cfg, 0), ctx, ref)

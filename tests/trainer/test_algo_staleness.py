@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from trainer_daemon.algo.staleness import (
+    StalenessBound,
     batch_version_metrics,
     max_version_lag,
     model_version_range,
@@ -64,6 +65,35 @@ def test_batch_metrics_match_hand_count():
     assert m["fully_async/partial/total_partial_num"] == 3
     assert m["fully_async/partial/partial_ratio"] == 0.5
     assert m["fully_async/partial/max_partial_span"] == 3
+    # oldest lags 0 2 1 3 2 4; token ages by hand (mean of 5 - v over model tokens)
+    ages = [0.0, (2 + 2 + 1 + 0) / 4, 1.0, (3 + 1) / 2, 2.0, (4 + 3 + 2 + 1) / 4]
+    assert m["fully_async/staleness/oldest_lag_mean"] == pytest.approx(12 / 6)
+    assert m["fully_async/staleness/oldest_lag_max"] == 4
+    assert m["fully_async/staleness/token_age_mean"] == pytest.approx(sum(ages) / 6)
+    assert m["fully_async/staleness/token_age_max"] == pytest.approx(2.5)
+
+
+def test_token_mean_age_and_down_weighting():
+    """Bound 1 version. A partial trajectory [1, 4, 4, 4] at version 5: oldest lag 4, token age
+    (4 + 1 + 1 + 1) / 4 = 1.75. By oldest lag it is dropped; by token age it is 0.75 over the
+    bound: dropped, or weighted 0.5 ** 0.75 when down-weighting."""
+    versions = [1, 4, -1, 4, 4]
+    by_oldest = version_info(versions, 1, 4, 5, bound=StalenessBound(1))
+    assert by_oldest.oldest_lag == 4 and by_oldest.age == 4.0 and by_oldest.drop and by_oldest.weight == 0.0
+    by_tokens = version_info(versions, 1, 4, 5, bound=StalenessBound(1, age="token_mean"))
+    assert by_tokens.token_age == pytest.approx(1.75) and by_tokens.drop
+    soft = version_info(versions, 1, 4, 5, bound=StalenessBound(1, age="token_mean", policy="downweight", decay=0.5))
+    assert not soft.drop and soft.weight == pytest.approx(0.5 ** 0.75)
+    soft_oldest = version_info(versions, 1, 4, 5, bound=StalenessBound(1, policy="downweight", decay=0.8))
+    assert soft_oldest.weight == pytest.approx(0.8 ** 3)
+    fresh = version_info([4, 5], 4, 5, 5, bound=StalenessBound(1, age="token_mean", policy="downweight"))
+    assert fresh.weight == 1.0 and fresh.token_age == pytest.approx(0.5)
+    unbounded = version_info(versions, 1, 4, 5, bound=StalenessBound(None, policy="downweight"))
+    assert unbounded.weight == 1.0 and not unbounded.drop
+    with pytest.raises(ValueError):
+        StalenessBound(1, age="newest")
+    with pytest.raises(ValueError):
+        StalenessBound(1, decay=0.0)
 
 
 def test_partial_metrics_agree_with_verl_start_end_rule():

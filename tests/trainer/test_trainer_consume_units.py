@@ -7,8 +7,11 @@ import random
 
 import pytest
 
+from asyncrl.wire import SamplingSpan
 from tests.trainer.helpers import make_group
+from trainer_daemon.algo import StalenessBound
 from trainer_daemon.consume import ConsumptionState, GroupAssembler, Held
+from trainer_daemon.consume.exclusion import excluder, exclusion_reason
 from trainer_daemon.ledger import Ledger, read_lineage, write_segment
 
 
@@ -78,7 +81,7 @@ def test_groups_wait_until_complete_then_leave_in_completion_order():
         asm.add(h)
     assert asm.num_ready(3) == 1
     asm.add(items[3])
-    taken = asm.take(2, 4, version=0, max_lag=None)
+    taken = asm.take(2, 4, version=0, bound=None)
     assert [[h.traj.id for h in g.kept] for g in taken.groups] == [["b-0", "b-1"], ["a-0", "a-1"]]
 
 
@@ -88,7 +91,7 @@ def test_incomplete_group_is_released_after_patience():
     asm = GroupAssembler(patience=5)
     asm.add(Held(1, a[0], b""))
     assert asm.num_ready(6) == 0 and asm.num_ready(7) == 1
-    taken = asm.take(1, 7, version=0, max_lag=None)
+    taken = asm.take(1, 7, version=0, bound=None)
     assert taken.groups[0].incomplete and len(taken.groups[0].kept) == 1
 
 
@@ -126,8 +129,49 @@ def test_stale_members_are_dropped_at_take_time():
     asm = GroupAssembler(patience=100)
     for h in _held(old):
         asm.add(h)
-    taken = asm.take(1, 2, version=2, max_lag=1)
+    taken = asm.take(1, 2, version=2, bound=StalenessBound(1))
     assert taken.groups == [] and [h.traj.id for h in taken.empty[0].dropped] == ["old-0", "old-1"]
+
+
+def _with(t, **over):
+    return t.__class__(**{**{f: getattr(t, f) for f in t.__struct_fields__}, **over})
+
+
+def test_infrastructure_failures_are_excluded_and_the_group_trains_the_rest():
+    group = make_group(random.Random(0), "g", 4)
+    group[1] = _with(group[1], failure="reward_error")
+    group[2] = _with(group[2], finish_reason="expired")  # a publisher from before the failure field
+    group[3] = _with(group[3], finish_reason="length")  # a genuine task outcome: trained
+    asm = GroupAssembler(patience=100)
+    for h in _held(group):
+        asm.add(h)
+    taken = asm.take(1, 4, version=0, bound=None, exclude=excluder("train"))
+    (pg,) = taken.groups
+    assert [h.traj.id for h in pg.kept] == ["g-0", "g-3"]
+    assert [(h.traj.id, why) for h, why in pg.excluded] == [("g-1", "reward_error"), ("g-2", "environment_expired")]
+    assert [h.traj.id for h in pg.unused] == ["g-1", "g-2"]
+
+
+def test_a_group_of_failures_only_trains_nothing():
+    group = [_with(t, failure="engine_error") for t in make_group(random.Random(1), "f", 2)]
+    asm = GroupAssembler(patience=100)
+    for h in _held(group):
+        asm.add(h)
+    taken = asm.take(1, 2, version=0, bound=None, exclude=excluder("train"))
+    assert taken.groups == [] and len(taken.empty[0].excluded) == 2
+
+
+@pytest.mark.parametrize("span,rule,want", [
+    (SamplingSpan(start=0, temperature=0.7, top_p=0.9), "train", ""),
+    (SamplingSpan(start=0, temperature=0.7, top_p=0.9), "drop", "truncated_sampling"),
+    (SamplingSpan(start=0, temperature=0.7, top_k=20), "drop", "truncated_sampling"),
+    (SamplingSpan(start=0, temperature=0.7, min_p=0.05), "drop", "truncated_sampling"),
+    (SamplingSpan(start=0, temperature=0.0, top_k=1), "drop", ""),  # greedy is not a truncated sample
+    (SamplingSpan(start=0, temperature=0.7), "drop", ""),
+])
+def test_truncated_sampling_rule(span, rule, want):
+    t = _with(make_group(random.Random(2), "s", 2)[0], sampling=[span])
+    assert exclusion_reason(t, rule) == want
 
 
 def test_ledger_lineage_ignores_abandoned_segments(tmp_path):

@@ -40,6 +40,7 @@ from tests.trainer.helpers import (
     start_trainer,
     wait_exit,
 )
+from trainer_daemon.ledger import read_lineage
 from trainer_daemon.rank0 import metrics_endpoint
 
 STEPS = 6
@@ -92,8 +93,16 @@ def run(module_nats, tmp_path_factory):
     sub = MetricsSubscriber(module_nats.url, NatsNames("learn").metrics("trainer"))
     rng = random.Random(0)
     groups = [make_group(rng, f"g{i}", N) for i in range(STEPS * GROUPS_PER_STEP)]
+    # Two members of the last group were spoiled by infrastructure failures: never trained.
+    # (One GOOD with reward 1, one BAD with 0, so the batch's mean reward is 0.5 either way:
+    # the exclusion shows in the counters and the ledger, not by luck in the rewards.)
+    last = groups[-1]
+    last[0] = last[0].__class__(**{**{f: getattr(last[0], f) for f in last[0].__struct_fields__}, "failure": "reward_error"})
+    last[1] = last[1].__class__(**{**{f: getattr(last[1], f) for f in last[1].__struct_fields__}, "failure": "engine_error",
+                                  "finish_reason": "error"})
+    out_failed = [last[0].id, last[1].id]
     proc = start_trainer(run_dir, overrides, nproc=2)
-    out = {"run_dir": run_dir, "master_port": master_port}
+    out = {"run_dir": run_dir, "master_port": master_port, "failed": out_failed}
     try:
         url = wait_for_sync(lambda: metrics_endpoint(run_dir), READY_S, "metrics endpoint", procs=[proc], retry_on=NOT_YET)
         out["waiting"] = wait_for_sync(lambda: scrape(url).get("asyncrl_trainer_waiting_for_data_s", 0) >= IDLE_SEEN_S and
@@ -138,6 +147,18 @@ def test_rewarded_responses_become_more_likely(run):
     assert after > before, f"GOOD-vs-BAD log-prob margin did not grow: {before:.3f} -> {after:.3f}"
     rewards = [line["critic/rewards/mean"] for line in run["lines"]]
     assert rewards == [0.5] * STEPS  # the data is fixed; the model is what changes
+
+
+def test_infrastructure_failures_are_not_trained(run):
+    last = run["lines"][-1]
+    assert last["trainer/excluded_trajectories"] == 2
+    assert last["trainer/excluded_trajectories/reward_error"] == 1 and last["trainer/excluded_trajectories/engine_error"] == 1
+    assert last["trainer/trained_trajectories"] == STEPS * GROUPS_PER_STEP * N - 2
+    assert run["lines"][-2]["trainer/excluded_trajectories"] == 0
+    ledger = read_lineage(run["run_dir"] / "checkpoints", STEPS)
+    trained = {i for e in ledger for i in e.get("trained", [])}
+    dropped = {i for e in ledger for i in e.get("dropped", [])}
+    assert set(run["failed"]) <= dropped and not set(run["failed"]) & trained
 
 
 def test_idle_time_reported_while_stream_empty(run):

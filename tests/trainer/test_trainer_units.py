@@ -11,12 +11,16 @@ import pytest
 import torch
 
 from asyncrl.config import load_config
+from asyncrl.models import load_model
+from asyncrl.wire import SamplingSpan
 from tests.trainer.helpers import GOOD, make_group
 from trainer_daemon.batch import collate, dummy_micro_batch
 from trainer_daemon.checkpoint import MARKER, complete_checkpoints
+from trainer_daemon.distributed import DistContext
 from trainer_daemon.launch import torchrun_argv
 from trainer_daemon.metrics import MetricsHub, prometheus_name
 from trainer_daemon.model import engine_weights, lr_factor
+from trainer_daemon.step import StepSettings, TrainStep
 
 
 def test_collate_aligns_logits_with_response_tokens():
@@ -30,7 +34,32 @@ def test_collate_aligns_logits_with_response_tokens():
     for row in range(2):
         pos = mb.resp_index[row] + first  # absolute position of the logits scoring each response token
         assert torch.equal(mb.input_ids[row, pos + 1], mb.labels[row]) and mb.labels[row].tolist() == GOOD
-    assert mb.advantages[0].tolist() == [1.5] * 4 and mb.temperature.tolist() == [1.0, 0.5]
+    assert mb.advantages[0].tolist() == [1.5] * 4 and mb.temperature.tolist() == [[1.0] * 4, [0.5] * 4]
+
+
+def test_trainer_log_probs_use_each_tokens_sampling_temperature():
+    """A trajectory whose turns sampled at different temperatures (and one greedy span): the
+    trainer's log-probs must equal log_softmax(logits / T_t) of each token's own T_t, computed
+    here from the plain model's logits."""
+    model = load_model("builtin:tiny", seed=0)
+    base = make_group(random.Random(3), "t", 2)[0]
+    resp = [101, 102, 103, 104, 105, 106]
+    spans = [SamplingSpan(start=0, temperature=0.5), SamplingSpan(start=2, temperature=0.0),
+             SamplingSpan(start=4, temperature=1.7, top_p=0.95)]
+    t = base.__class__(**{**{f: getattr(base, f) for f in base.__struct_fields__}, "token_ids": base.token_ids[:base.prompt_length] + resp,
+                          "loss_mask": [1] * 6, "rollout_logprobs": [-1.0] * 6, "weight_versions": [0] * 6, "sampling": spans})
+    mb = collate([t], [0], [1.0], pad_id=0)
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    step = TrainStep(model, None, None, StepSettings.from_config(load_config(environ={}), 0), ctx)
+    got = step._log_probs(model, mb)[0]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([t.token_ids])).logits[0].double()
+    p = t.prompt_length
+    temps = [0.5, 0.5, 1.0, 1.0, 1.7, 1.7]
+    want = [torch.log_softmax(logits[p + i - 1] / temps[i], -1)[tok].item() for i, tok in enumerate(resp)]
+    assert got.tolist() == pytest.approx(want, abs=1e-4)
+    flat = [torch.log_softmax(logits[p + i - 1], -1)[tok].item() for i, tok in enumerate(resp)]
+    assert abs(got[0].item() - flat[0]) > 1e-3, "the test must be able to tell temperatures apart"
 
 
 def test_dummy_micro_batch_has_no_loss_tokens():
@@ -128,3 +157,37 @@ def test_weight_sync_backend_default_follows_the_engines(overrides, backend):
     from trainer_daemon.sync import weight_sync_backend
 
     assert weight_sync_backend(load_config(overrides=overrides, environ={})) == backend
+
+
+def _one_step_delta(cfg, trajs, groups, weights) -> torch.Tensor:
+    """The weight change of one SGD (lr 1) step of TrainStep on a fresh builtin:tiny."""
+    from trainer_daemon.model import build_scheduler
+
+    torch.manual_seed(0)
+    model = load_model("builtin:tiny", seed=0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    step = TrainStep(model, opt, build_scheduler(opt, cfg.actor.optim, None), StepSettings.from_config(cfg, 0), ctx)
+    metrics = step.run(trajs, groups, weights)
+    assert metrics["fully_async/staleness/downweighted_trajectories"] == sum(w < 1 for w in weights or [])
+    return torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
+
+
+def test_staleness_weights_scale_each_trajectorys_policy_gradient():
+    """Down-weighting multiplies a trajectory's advantage: weights of 0.5 everywhere halve the
+    update (the PPO objective is positively homogeneous in the advantage), and weights 0 on one
+    group give the update of a batch where that group carries no signal (equal rewards)."""
+    cfg = load_config(overrides=["rollout.n=2", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=4",
+                                 "actor.optim.grad_clip=1000"], environ={})
+    rng = random.Random(4)
+    trajs = [t for i in range(2) for t in make_group(rng, f"w{i}", 2, logprob=-6.5)]
+    groups = [[0, 1], [2, 3]]
+    full = _one_step_delta(cfg, trajs, groups, None)
+    assert full.abs().max() > 1e-4
+    half = _one_step_delta(cfg, trajs, groups, [0.5] * 4)
+    assert torch.allclose(half, 0.5 * full, rtol=1e-4, atol=1e-7)
+    silenced = _one_step_delta(cfg, trajs, groups, [1.0, 1.0, 0.0, 0.0])
+    flat = [t.__class__(**{**{f: getattr(t, f) for f in t.__struct_fields__}, "reward": 1.0}) if i >= 2 else t
+            for i, t in enumerate(trajs)]
+    assert torch.allclose(silenced, _one_step_delta(cfg, flat, groups, None), rtol=1e-4, atol=1e-7)

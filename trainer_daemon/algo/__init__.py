@@ -32,6 +32,7 @@ from trainer_daemon.algo.policy_loss import (
     resolve_log_probs,
 )
 from trainer_daemon.algo.staleness import (
+    StalenessBound,
     VersionInfo,
     batch_version_metrics,
     max_version_lag,
@@ -42,6 +43,7 @@ from trainer_daemon.algo.staleness import (
 __all__ = [
     "KL_TYPES",
     "LOSS_AGG_MODES",
+    "StalenessBound",
     "VersionInfo",
     "agg_loss",
     "balance_across_ranks",

@@ -14,9 +14,16 @@ Definitions:
 - *lag* = ``c - v_max``; the trajectory is *stale* when ``lag >= 1``, i.e. even its newest
   token came from older weights (verl's rule on ``param_version_end``). A partial trajectory
   that finished under the current weights is therefore not stale.
-- *oldest lag* = ``c - v_min``. It is *dropped* when ``max_lag`` is given and
-  ``oldest lag > max_lag``. This is asyncrl's rule (verl drops only on a full queue): it bounds
-  how off-policy any token can be, which partial rollouts would otherwise leave unbounded.
+- *oldest lag* = ``c - v_min``; *token age* = the mean of ``c - v`` over its model tokens
+  (``v_min`` when it has none): a partial trajectory whose tokens are mostly fresh is young by
+  token age and old by oldest lag.
+- *age* is one of the two (``async_training.staleness_age``: ``oldest``, the default, or
+  ``token_mean``). Beyond the bound (``max_lag`` given and ``age > max_lag``) the trajectory
+  is *dropped* (``stale_policy = "drop"``, the default) or *down-weighted*
+  (``"downweight"``): its advantage is multiplied by ``weight = decay ** (age - max_lag)``
+  (``async_training.stale_decay``); within the bound ``weight = 1``. Dropping is asyncrl's
+  rule (verl drops only on a full queue): it bounds how off-policy any token can be, which
+  partial rollouts would otherwise leave unbounded.
 - A *sample* (group) is stale when its newest token over all trajectories is older than ``c``
   (verl stamps a sample with the rollout version when its last trajectory finished).
 
@@ -31,7 +38,9 @@ Metrics of one training batch (:func:`batch_version_metrics`, verl's names):
 *running totals* (verl's; pass the previous totals), ``fully_async/count/current_param_version``
 is ``c``; ``fully_async/partial/total_partial_num`` (partial trajectories in the batch),
 ``partial_ratio`` (that / trajectories in the batch, 0 for an empty batch) and
-``max_partial_span`` (max span in the batch, 0 if none) describe the batch alone.
+``max_partial_span`` (max span in the batch, 0 if none) describe the batch alone; asyncrl
+adds ``fully_async/staleness/oldest_lag_mean`` / ``_max`` and ``token_age_mean`` / ``_max`` of
+the trained trajectories (their age by either measure).
 
 After a trainer restart that found the engines ahead, version *numbers* jumped (see
 ``trainer_daemon.lineage``): pass ``effective`` (``Lineage.effective``) and every version —
@@ -67,6 +76,35 @@ class VersionInfo:
     oldest_lag: int
     stale: bool
     drop: bool
+    token_age: float = 0.0
+    age: float = 0.0
+    weight: float = 1.0
+    """1 within the bound; ``decay ** (age - max_lag)`` beyond it when down-weighting; 0 when dropped."""
+
+
+@dataclass(frozen=True)
+class StalenessBound:
+    """How old a trained trajectory may be (module doc): ``max_lag`` (None: unbounded) versions
+    of ``age`` (``oldest`` | ``token_mean``); beyond it ``policy`` ``drop`` or ``downweight``
+    by ``decay`` per version over the bound."""
+
+    max_lag: int | None = None
+    age: str = "oldest"
+    policy: str = "drop"
+    decay: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.age not in ("oldest", "token_mean") or self.policy not in ("drop", "downweight"):
+            raise ValueError(f"unknown staleness age {self.age!r} or policy {self.policy!r}")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+
+    @classmethod
+    def from_config(cls, at) -> StalenessBound:
+        """From ``AsyncTrainingConfig``: ``max_lag = max_version_lag(staleness_threshold, 1 if
+        partial rollout is active else 0)``."""
+        lag = max_version_lag(at.staleness_threshold, 1 if at.partial_rollout_active else 0)
+        return cls(lag, at.staleness_age, at.stale_policy, at.stale_decay)
 
 
 def model_version_range(
@@ -97,11 +135,21 @@ def version_info(
     current_version: int,
     max_lag: int | None = None,
     effective: Callable[[int], int] = _identity,
+    bound: StalenessBound | None = None,
 ) -> VersionInfo:
-    """Span, partial, lag, stale and drop of one trajectory (definitions in the module doc)."""
-    v_min, v_max = model_version_range(weight_versions, version_start, version_end)
-    v_min, v_max, current_version = effective(v_min), effective(v_max), effective(current_version)
+    """Span, partial, lag, stale, ages, drop and weight of one trajectory (definitions in the
+    module doc). ``bound`` overrides ``max_lag`` and sets the age measure and policy."""
+    bound = bound or StalenessBound(max_lag)
+    versions = [int(v) for v in weight_versions if int(v) >= 0]
+    v_min, v_max = (min(versions), max(versions)) if versions else (int(version_start), int(version_end))
+    c = effective(current_version)
+    token_age = sum(c - effective(v) for v in versions) / len(versions) if versions else float(c - effective(v_min))
+    v_min, v_max, current_version = effective(v_min), effective(v_max), c
     lag, oldest = current_version - v_max, current_version - v_min
+    age = float(oldest) if bound.age == "oldest" else token_age
+    beyond = bound.max_lag is not None and age > bound.max_lag
+    drop = beyond and bound.policy == "drop"
+    weight = 0.0 if drop else (bound.decay ** (age - bound.max_lag) if beyond else 1.0)
     return VersionInfo(
         v_min=v_min,
         v_max=v_max,
@@ -110,7 +158,10 @@ def version_info(
         lag=lag,
         oldest_lag=oldest,
         stale=lag >= 1,
-        drop=max_lag is not None and oldest > max_lag,
+        drop=drop,
+        token_age=token_age,
+        age=age,
+        weight=weight,
     )
 
 
@@ -142,4 +193,8 @@ def batch_version_metrics(
         "fully_async/partial/total_partial_num": float(len(partial)),
         "fully_async/partial/partial_ratio": len(partial) / len(infos) if infos else 0.0,
         "fully_async/partial/max_partial_span": float(max((i.span for i in infos), default=0)),
+        "fully_async/staleness/oldest_lag_mean": sum(i.oldest_lag for i in infos) / len(infos) if infos else 0.0,
+        "fully_async/staleness/oldest_lag_max": float(max((i.oldest_lag for i in infos), default=0)),
+        "fully_async/staleness/token_age_mean": sum(i.token_age for i in infos) / len(infos) if infos else 0.0,
+        "fully_async/staleness/token_age_max": float(max((i.token_age for i in infos), default=0.0)),
     }

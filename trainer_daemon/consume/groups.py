@@ -17,9 +17,15 @@ that replays the same messages builds the same batches):
   once the stream was read up to ``D`` are exactly those with ``ready_seq <= D``: taking them
   in ``ready_seq`` order gives the same sequence however the reads were chunked.
 - ``take(k, ...)`` returns the ``k`` ready groups with the smallest ``(ready_seq, first_seq)``.
-  Staleness is judged there, against the trainer's version at that moment: a trajectory whose
-  oldest model token is more than ``max_lag`` versions behind is dropped (``algo.version_info``);
-  a group left empty does not count towards ``k``.
+  Staleness is judged there, against the trainer's version at that moment, by the run's
+  :class:`~trainer_daemon.algo.StalenessBound`: a trajectory older than ``max_lag`` versions
+  (by its oldest token, or its mean token age) is dropped, or kept with a weight < 1
+  (``PendingGroup.weights``) when the bound down-weights (``algo.version_info``); a group left
+  empty does not count towards ``k``.
+- Untrainable members are set aside there too (``exclude(traj)`` names a reason, e.g. an
+  infrastructure failure, ``trainer_daemon.consume.exclusion``): they go to ``excluded`` with
+  their reason. The group trains the members left (their advantages are relative to each
+  other; one member left gets advantage 0); a group left with none is ``empty``.
 
 Not covered: reweighting stale trajectories instead of dropping them.
 """
@@ -30,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from asyncrl.wire import Trajectory
-from trainer_daemon.algo import version_info
+from trainer_daemon.algo import StalenessBound, version_info
 
 
 @dataclass
@@ -59,6 +65,15 @@ class PendingGroup:
     kept: list[Held]
     dropped: list[Held] = field(default_factory=list)
     incomplete: bool = False
+    excluded: list[tuple[Held, str]] = field(default_factory=list)
+    """Members set aside as untrainable, with the reason (module docstring)."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """Loss weight of kept members older than the bound (down-weighting); absent = 1."""
+
+    @property
+    def unused(self) -> list[Held]:
+        """Members resolved without training: too stale, or excluded."""
+        return self.dropped + [h for h, _ in self.excluded]
 
 
 @dataclass
@@ -109,8 +124,8 @@ class GroupAssembler:
     def num_ready(self, max_delivered: int) -> int:
         return sum(self._ready_seq(g, max_delivered) is not None for g in self._groups())
 
-    def take(self, k: int, max_delivered: int, version: int, max_lag: int | None,
-             effective: Callable[[int], int] = lambda v: v) -> Taken:
+    def take(self, k: int, max_delivered: int, version: int, bound: StalenessBound | None,
+             effective: Callable[[int], int] = lambda v: v, exclude: Callable[[Trajectory], str] = lambda t: "") -> Taken:
         """Up to ``k`` non-empty ready groups (oldest first); groups whose members were all too stale come back in ``empty``."""
         ready = []
         for g in self._groups():
@@ -128,8 +143,14 @@ class GroupAssembler:
                 self._sealed.remove(g)
             pg = PendingGroup(kept=[], incomplete=g.complete_seq is None)
             for h in sorted(g.members.values(), key=lambda h: (h.traj.group_index, h.seq)):
-                info = version_info(h.traj.weight_versions, h.traj.version_start, h.traj.version_end, version, max_lag,
-                                    effective)
+                reason = exclude(h.traj)
+                if reason:
+                    pg.excluded.append((h, reason))
+                    continue
+                info = version_info(h.traj.weight_versions, h.traj.version_start, h.traj.version_end, version,
+                                    effective=effective, bound=bound)
                 (pg.dropped if info.drop else pg.kept).append(h)
+                if not info.drop and info.weight < 1.0:
+                    pg.weights[h.traj.id] = info.weight
             (out.groups if pg.kept else out.empty).append(pg)
         return out

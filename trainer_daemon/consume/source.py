@@ -14,9 +14,9 @@ nothing here is touched from another thread).
   copied to the run's dead-letter subject (headers ``Asyncrl-Reason``, ``Asyncrl-Stream-Seq``,
   ``Nats-Msg-Id: dlq-<seq>`` so a replay after a crash does not copy it twice), counted,
   logged; never an exception. A trajectory id already held → ``duplicate``. Otherwise held.
-- ``next_batch(k, ...)`` waits up to ``wait_s`` for ``k`` groups (``groups.py``); stale
-  trajectories travel with their group and are resolved with it at commit, so a checkpoint
-  never separates them.
+- ``next_batch(k, ...)`` waits up to ``wait_s`` for ``k`` groups (``groups.py``); stale and
+  excluded (``exclusion.py``) trajectories travel with their group and are resolved with it
+  at commit, so a checkpoint never separates them.
 - ``commit`` resolves the step's messages, acks them at once (the rollout service reads the
   consumer's ``num_pending + num_ack_pending`` as its queue depth) and writes the ledger entry.
 - ``heartbeat_loop`` sends ``+WPI`` (in progress) for every held message every
@@ -37,7 +37,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from asyncrl.wire import NatsNames, WireDecodeError, decode_trajectory
-from trainer_daemon.algo import batch_version_metrics
+from trainer_daemon.algo import StalenessBound, batch_version_metrics
+from trainer_daemon.consume.exclusion import excluder
 from trainer_daemon.consume.groups import GroupAssembler, Held, PendingGroup
 from trainer_daemon.consume.state import ConsumptionState
 from trainer_daemon.ledger import Ledger
@@ -84,6 +85,8 @@ class TrajectorySource:
         self._pending: list[PendingGroup] = []
         self.effective = lambda v: v
         """Maps a weight version to training steps (``trainer_daemon.lineage.Lineage.effective``)."""
+        self.exclude = excluder("train")
+        """Names why a trajectory must not be trained (``exclusion.py``); set from the run's config."""
         self.redelivered_skipped = 0
         """Redeliveries of messages already resolved (acked again, skipped)."""
         self.redelivered_held = 0
@@ -177,21 +180,21 @@ class TrajectorySource:
             self.assembler.add(Held(seq, traj, bytes(msg.data)))
         self.state.resolve([])  # advance over skipped sequences
 
-    def _take(self, k: int, version: int, max_lag: int | None) -> None:
+    def _take(self, k: int, version: int, bound: StalenessBound | None) -> None:
         need = k - len(self._pending)
         if need <= 0 or not self.assembler.num_ready(self.state.max_delivered):
             return
-        taken = self.assembler.take(need, self.state.max_delivered, version, max_lag, self.effective)
+        taken = self.assembler.take(need, self.state.max_delivered, version, bound, self.effective, self.exclude)
         self._pending.extend(taken.groups)
         for group in taken.empty:  # every member too stale: nothing to train, resolve now
             self._resolve_group(group)
 
-    async def next_batch(self, k: int, version: int, max_lag: int | None, wait_s: float) -> list[PendingGroup] | None:
+    async def next_batch(self, k: int, version: int, bound: StalenessBound | None, wait_s: float) -> list[PendingGroup] | None:
         """``k`` groups to train, or None when they did not arrive within ``wait_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
-            self._take(k, version, max_lag)
+            self._take(k, version, bound)
             if len(self._pending) >= k:
                 batch, self._pending = self._pending[:k], self._pending[k:]
                 return batch
@@ -202,14 +205,19 @@ class TrajectorySource:
 
     # -- commit ----------------------------------------------------------------------------
     def _resolve_group(self, group: PendingGroup) -> list:
-        items = [(h.seq, "trained", h.traj.id) for h in group.kept] + [(h.seq, "dropped", h.traj.id) for h in group.dropped]
+        unused = group.unused
+        items = [(h.seq, "trained", h.traj.id) for h in group.kept] + [(h.seq, "dropped", h.traj.id) for h in unused]
         self.state.resolve(items)
         self.state.count("dropped", len(group.dropped))
         self.state.count("incomplete_groups", int(group.incomplete))
-        for h in group.dropped:
+        for h, reason in group.excluded:
+            self.state.count("excluded")
+            self.state.count(f"excluded/{reason}")
+            log.info("trajectory %s not trained: %s", h.traj.id, reason)
+        for h in unused:
             self.ledger.note("dropped", h.traj.id, h.seq)
         msgs = []
-        for h in group.kept + group.dropped:
+        for h in group.kept + unused:
             self._held_ids.discard(h.traj.id)
             msg = self._msgs.pop(h.seq, None)
             if msg is not None:
@@ -223,6 +231,7 @@ class TrajectorySource:
             msgs.extend(self._resolve_group(g))
         trained = [h for g in groups for h in g.kept]
         self.state.count("trained", len(trained))
+        self.state.count("truncated_sampling_trained", sum(h.traj.sampling_truncated for h in trained))
         self.ledger.commit(step, version, [h.traj.id for h in trained], [h.seq for h in trained],
                            [(h.traj.version_start, h.traj.version_end) for h in trained])
         c = self.state.counters
