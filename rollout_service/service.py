@@ -45,7 +45,7 @@ from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.rewards import MathReward, default_registry
 from rollout_service.runner.finish import model_text
 from rollout_service.runner.runner import Runner
-from rollout_service.runner.store import AgentStore, RunnerStateStore
+from rollout_service.runner.store import AgentStore, KvRecords, RunnerStateStore
 from rollout_service.runner.validation import run_validation
 from tools.registry import ToolRegistry
 
@@ -122,7 +122,8 @@ class RolloutService:
         clash = {t.name for t in cfg.rollout.external_tools} & set(self.tools.registry.names)
         if clash:
             raise ValueError(f"external tools {sorted(clash)} have the names of builtin tools")
-        self.broker = ExternalBroker({t.name: t for t in cfg.rollout.external_tools}, self._announce)
+        self.broker = ExternalBroker({t.name: t for t in cfg.rollout.external_tools}, self._announce,
+                                     retention_s=cfg.api.tool_call_retention_s)
         self.chat = ChatTokenizer(tokenizer, self.tools.registry.schemas() + self.broker.schemas())
         self.chats = ChatCache(tokenizer)
         self.model_name = cfg.api.model_name or cfg.model.path
@@ -138,6 +139,9 @@ class RolloutService:
         agents_kv = await ensure_kv(js, self.names.agents_bucket)
         state_kv = await ensure_kv(js, self.names.state_bucket)
         sessions_bucket = self.names.sessions_bucket
+        if self.broker.tools:
+            calls_bucket = self.names.calls_bucket
+            self.broker.store = KvRecords(await ensure_kv(js, calls_bucket), js, calls_bucket)
         self.sessions = SessionManager(await ensure_kv(js, sessions_bucket), cfg.api.session_ttl_s, cfg.api.max_sessions,
                                        cfg.api.closed_session_retention_s, lambda key: kv_forget(js, sessions_bucket, key))
         keep = 0.0 if cfg.nats.sync_always else cfg.rollout.outbox_keep_acked_s
@@ -202,7 +206,10 @@ class RolloutService:
         cfg = self.cfg
 
         async def reward(state) -> tuple[float, dict]:
-            res = await self.rewards.score(state.data_source, model_text(state, self.chat), state.ground_truth, state.extra_info)
+            tool_results = [{"name": m.get("name"), "is_error": bool(m.get("is_error"))}
+                            for m in state.messages if m.get("role") == "tool"]
+            extra = {**state.extra_info, "tool_results": tool_results}
+            res = await self.rewards.score(state.data_source, model_text(state, self.chat), state.ground_truth, extra)
             if res.failed:  # the function crashed: not the model's doing, never a learning signal
                 state.failure = "reward_error"
             return res.score, dict(res.details)
@@ -226,6 +233,7 @@ class RolloutService:
             for rec in self.sessions.expire_idle():
                 await self.sessions.save(rec)
             await self.sessions.forget_closed()
+            await self.broker.sweep()
             try:
                 await asyncio.wait_for(self._stop.wait(), EXPIRY_SCAN_S)
             except TimeoutError:
@@ -244,6 +252,7 @@ class RolloutService:
         assert self.runner is not None
         await self.pool.check_once()
         await self.sessions.restore()
+        await self.broker.restore()
         await self.runner.start()
         self._loops.append(asyncio.create_task(self._expiry_loop(), name="session-expiry"))
         self._loops.append(asyncio.create_task(self.pool.health_loop(self._stop), name=HEALTH_LOOP_NAME))

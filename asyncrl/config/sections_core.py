@@ -200,6 +200,11 @@ class ApiConfig(Section):
     closed_session_retention_s: float = Field(3600.0, gt=0.0)
     """A finished or expired session is kept this long (``GET``, a repeated ``finish``), then
     forgotten (memory and the sessions KV bucket): 404 afterwards."""
+    tool_call_retention_s: float = Field(600.0, gt=0.0)
+    """An external tool call's record (its result, or that its deadline passed) is kept this
+    long after the later of its deadline and its answer, in memory and the calls KV bucket, so
+    an environment's retry gets the same answer (duplicate 200 / 409) across agent ends and
+    service restarts; then forgotten (404)."""
     public_url: str | None = None
     """Base URL clients use to reach this service (for session ``base_url``). None: from the request."""
     model_name: str | None = None

@@ -1,7 +1,8 @@
 """One error envelope for every route, OpenAI-shaped:
 ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}``.
 
-Malformed JSON and schema violations are 400/422 with the offending field named; an
+Malformed JSON and schema violations are 400 on every route (data plane and admin alike, as
+OpenAI answers invalid parameters) with the offending field named; an
 unexpected exception is a 500 with a generic message (logged, never a traceback in the
 body). Request bodies above the configured size get 413 before they are read whole.
 """
@@ -58,8 +59,7 @@ def install_error_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return error_response(400, f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}")
         where = ".".join(loc) or "body"
-        status = 400 if request.url.path.startswith("/v1/") else 422  # OpenAI answers 400 to invalid parameters
-        return error_response(status, f"{where}: {first.get('msg', 'invalid value')}", param=where or None)
+        return error_response(400, f"{where}: {first.get('msg', 'invalid value')}", param=where or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

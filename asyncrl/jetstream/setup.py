@@ -144,7 +144,7 @@ async def store_sizes(js: JetStreamContext, names: NatsNames, timeout_s: float =
     """Messages and bytes of the run's stream and KV buckets (``{"ASYNCRL_X": {...}, "KV_...": {...}}``);
     a store that does not exist (yet) or does not answer in time is left out."""
     out = {}
-    for name in (names.stream, *(f"KV_{b}" for b in (names.agents_bucket, names.sessions_bucket, names.state_bucket))):
+    for name in (names.stream, *(f"KV_{b}" for b in names.kv_buckets)):
         try:
             info = await asyncio.wait_for(js.stream_info(name), timeout_s)
         except Exception:  # noqa: BLE001 - sizes are best effort: missing store, NATS down

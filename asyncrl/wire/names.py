@@ -10,6 +10,7 @@ For run id ``demo``::
     KV: agents         ASYNCRL_DEMO_AGENTS     (checkpointed rollout agents)
     KV: sessions       ASYNCRL_DEMO_SESSIONS   (OpenAI-API sessions)
     KV: state          ASYNCRL_DEMO_STATE      (versions, sync records)
+    KV: calls          ASYNCRL_DEMO_CALLS      (external tool calls and their results)
     trainer consumer   trainer
 
 Run ids are validated by the config (``[a-z0-9][a-z0-9_-]*``), so every name is a legal
@@ -75,6 +76,15 @@ class NatsNames:
     @property
     def state_bucket(self) -> str:
         return f"{self.stream}_STATE"
+
+    @property
+    def calls_bucket(self) -> str:
+        return f"{self.stream}_CALLS"
+
+    @property
+    def kv_buckets(self) -> list[str]:
+        """Every KV bucket of the run."""
+        return [self.agents_bucket, self.sessions_bucket, self.state_bucket, self.calls_bucket]
 
     @property
     def trainer_consumer(self) -> str:

@@ -131,7 +131,7 @@ async def _run_tools(state: AgentState, deps: AgentDeps) -> None:
     state.add_timing("tools", time.monotonic() - t0)
     state.num_tool_calls += len(state.pending_calls)
     limit = deps.multi_turn.max_tool_response_length
-    tool_messages = [{"role": "tool", "tool_call_id": c.id, "name": c.name,
+    tool_messages = [{"role": "tool", "tool_call_id": c.id, "name": c.name, "is_error": c.is_error,
                       "content": deps.chat.truncate_text_to_tokens(c.result or "", limit)} for c in state.pending_calls]
     segment = deps.chat.environment_segment(tool_messages)
     state.pending_calls = []

@@ -84,15 +84,17 @@ def ephemeral_state(svc, messages: list[dict]) -> AgentState:
                       prompt_id="api", data_source="api", messages=messages, phase=Phase.GENERATING)
 
 
-def raise_if_failed(details: dict[str, Any], out: TurnOutcome) -> None:
+def raise_if_failed(out: TurnOutcome) -> None:
     """A failed turn is never a 200: the engine's own 4xx (the request's fault) is a 400 with its
-    message; anything else (the engines kept failing) a 503 with Retry-After. ``details``: the
-    state's ``reward_details`` as the turn left them."""
-    if out.finish_reason != "error":
+    message; an unmet ``tool_choice`` a 422 ``tool_choice_not_satisfied``; the engines failing
+    a 503 with Retry-After."""
+    err = out.error
+    if out.finish_reason != "error" or err is None:
         return
-    if details.get("engine_status") is not None:
-        raise ApiError(400, str(details.get("error", "the engine refused the request")))
-    raise ApiError(503, "the engines failed to generate; try again", headers={"Retry-After": "5"})
+    if err.status is None:
+        raise ApiError(503, "the engines failed to generate; try again", headers={"Retry-After": "5"})
+    extra = {"code": err.code} if err.code else {}
+    raise ApiError(400 if 400 <= err.status < 500 and err.status != 422 else err.status, err.message, param=err.param, **extra)
 
 
 def check_completion(svc, chat: ChatTokenizer, req: CompletionRequest, prompt_ids: list[int]) -> None:
@@ -122,9 +124,8 @@ async def answer_chat(svc, state: AgentState, chat: ChatTokenizer, req: ChatComp
                           include_usage=include, on_done=on_done)
         return StreamingResponse(gen, media_type="text/event-stream")
     out: TurnOutcome = await run_turn(state, deps, chat, spec, budget)
-    details = dict(state.reward_details)
     await on_done(out)
-    raise_if_failed(details, out)
+    raise_if_failed(out)
     return JSONResponse(chat_completion(chat.tok, model, out, bool(req.logprobs), extra_meta))
 
 
@@ -141,7 +142,6 @@ async def answer_completion(svc, state: AgentState, chat: ChatTokenizer, req: Co
                           want_logprobs=False, include_usage=include, on_done=on_done, kind="text")
         return StreamingResponse(gen, media_type="text/event-stream")
     out = await run_turn(state, svc.runner.deps, chat, spec, svc.cfg.model.max_model_len)
-    details = dict(state.reward_details)
     await on_done(out)
-    raise_if_failed(details, out)
+    raise_if_failed(out)
     return JSONResponse(text_completion(chat.tok, svc.model_name, out, req.logprobs))

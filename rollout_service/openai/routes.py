@@ -49,6 +49,7 @@ from rollout_service.openai.schemas import (
 from rollout_service.openai.sessions import (
     SessionRecord,
     normalize_message,
+    prepare_text_turn,
     prepare_turn,
     roll_back,
     snapshot,
@@ -57,14 +58,17 @@ from rollout_service.openai.sessions import (
 from rollout_service.runner.finish import to_trajectory
 
 
-async def _released_after(body, release):
+async def _released_after(body, release, abandoned=None):
     """A streaming body that releases the session lock however the stream ends (after the
-    turn under way has been closed: the body is closed first)."""
+    turn under way has been closed: the body is closed first). ``abandoned()`` runs first when
+    the client went away before the turn was done (it undoes the partial turn)."""
     try:
         async with contextlib.aclosing(body) as pieces:
             async for piece in pieces:
                 yield piece
     finally:
+        if abandoned is not None:
+            abandoned()
         release()
 
 
@@ -171,16 +175,16 @@ def build_openai_router(svc) -> APIRouter:
         session_for(request, sid)
         return models_body()
 
-    @router.post("/v1/sessions/{sid}/v1/chat/completions")
-    async def session_chat(request: Request, sid: str, req: ChatCompletionRequest):
-        rec = open_session(request, sid)
-        check_model(svc, req.model)
-        check_chat_limits(svc, req)
-        messages = [m.to_template() for m in req.messages]
-        chat, key = chat_for(req)
+    async def session_turn(sid: str, rec: SessionRecord, prepare, answer, on_success=None):
+        """One session request under the session's lock (module doc of ``sessions``):
+        ``prepare()`` extends the recorded tokens, ``answer(done)`` runs the turn and answers
+        (a StreamingResponse or not) and awaits ``done(outcome)`` when the turn is over.
+        A failed turn, an exception before the turn was done and a stream the client closed
+        mid-turn all put the session back as it was; ``on_success(outcome)`` records the rest."""
         lock = sessions.lock(sid)
         await lock.acquire()
-        released = False
+        released = completed = streaming = False
+        before = snapshot(rec)
 
         def release() -> None:
             nonlocal released
@@ -189,32 +193,57 @@ def build_openai_router(svc) -> APIRouter:
                 lock.release()
 
         async def done(out) -> None:
+            nonlocal completed
+            completed = True
             if out.finish_reason == "error":  # a failed request leaves the session as it was
                 roll_back(rec, before)
-            else:
-                assistant = {"role": "assistant", "content": out.content or ""}
-                if out.tool_calls:
-                    assistant["tool_calls"] = out.tool_calls
-                rec.known_messages.append(normalize_message(assistant))
-                rec.agent.messages = [*messages, assistant]
-                rec.last_turn_ended = out.ended_by_eos
+            elif on_success is not None:
+                on_success(out)
             rec.last_activity = time.time()
             await sessions.save(rec)
 
-        streaming = False
-        before = snapshot(rec)
+        def abandoned() -> None:
+            # The client closed the stream mid-turn: drop the partial turn. The bucket still
+            # holds the state saved at the end of the previous request, which is `before`.
+            if not completed:
+                roll_back(rec, before)
+                sessions.abandoned_streams += 1
+
         try:
             rec.last_activity = time.time()
-            prepare_turn(rec, messages, chat, key)
-            spec = chat_spec(svc, req, len(rec.agent.token_ids))
-            response = await answer_chat(svc, rec.agent, chat, req, spec, done, {"session_id": sid, "segments": rec.segments})
+            prepare()
+            response = await answer(done)
             if isinstance(response, StreamingResponse):
-                response.body_iterator = _released_after(response.body_iterator, release)
+                response.body_iterator = _released_after(response.body_iterator, release, abandoned)
                 streaming = True
             return response
         finally:
             if not streaming:
+                if not completed:  # refused or raised before the turn was over
+                    roll_back(rec, before)
                 release()
+
+    @router.post("/v1/sessions/{sid}/v1/chat/completions")
+    async def session_chat(request: Request, sid: str, req: ChatCompletionRequest):
+        rec = open_session(request, sid)
+        check_model(svc, req.model)
+        check_chat_limits(svc, req)
+        messages = [m.to_template() for m in req.messages]
+        chat, key = chat_for(req)
+
+        def recorded(out) -> None:
+            assistant = {"role": "assistant", "content": out.content or ""}
+            if out.tool_calls:
+                assistant["tool_calls"] = out.tool_calls
+            rec.known_messages.append(normalize_message(assistant))
+            rec.agent.messages = [*messages, assistant]
+            rec.last_turn_ended = out.ended_by_eos
+
+        async def answer(done):
+            spec = chat_spec(svc, req, len(rec.agent.token_ids))
+            return await answer_chat(svc, rec.agent, chat, req, spec, done, {"session_id": sid, "segments": rec.segments})
+
+        return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
 
     @router.post("/v1/sessions/{sid}/v1/completions")
     async def session_completion(request: Request, sid: str, req: CompletionRequest):
@@ -222,35 +251,9 @@ def build_openai_router(svc) -> APIRouter:
         check_model(svc, req.model)
         chat = svc.chats.get("", None)
         ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode_text(req.prompt)
-        if req.stream:
-            raise ApiError(400, "stream is not supported on session text completions", param="stream")
         check_completion(svc, chat, req, ids)  # refused before the session's tokens are touched
-        a = rec.agent
-        async with sessions.lock(sid):
-            before = snapshot(rec)
-            if a.token_ids and ids[: len(a.token_ids)] == a.token_ids and len(ids) > len(a.token_ids):
-                extra = ids[len(a.token_ids):]
-                a.token_ids.extend(extra)
-                a.loss_mask.extend([0] * len(extra))
-                a.logprobs.extend([0.0] * len(extra))
-                a.versions.extend([-1] * len(extra))
-            else:
-                if a.token_ids:
-                    rec.segments += 1
-                    rec.divergences.append({"turn": a.assistant_turns, "reason": "prompt does not extend the recorded tokens", "at": time.time()})
-                a.token_ids, a.loss_mask, a.logprobs, a.versions = list(ids), [], [], []
-                a.prompt_length = len(ids)
-            a.turn_start = len(a.token_ids)
-            a.segment = 0
-            rec.last_activity = time.time()
-
-            async def done(out) -> None:
-                if out.finish_reason == "error":  # a failed request leaves the session as it was
-                    roll_back(rec, before)
-                rec.last_activity = time.time()
-                await sessions.save(rec)
-
-            return await answer_completion(svc, a, chat, req, ids, done)
+        return await session_turn(sid, rec, lambda: prepare_text_turn(rec, ids),
+                                  lambda done: answer_completion(svc, rec.agent, chat, req, ids, done))
 
     @router.post("/v1/sessions/{sid}/reward")
     async def set_reward(request: Request, sid: str, body: RewardRequest):
@@ -294,8 +297,7 @@ def build_openai_router(svc) -> APIRouter:
 
     @router.post("/v1/sessions/{sid}/tool_results")
     async def tool_result(request: Request, sid: str, body: ToolResultRequest):
-        broker.authorize(sid, bearer(request))
-        return broker.post_result(sid, body.tool_call_id, body.content, body.is_error)
+        return await broker.post_result(sid, body.tool_call_id, body.content, body.is_error, bearer(request))
 
     @router.get("/v1/environments/{env}/tool_calls")
     async def environment_tool_calls(request: Request, env: str, wait: float = Query(0.0, ge=0.0)):

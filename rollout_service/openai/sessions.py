@@ -22,9 +22,11 @@ time. Contract:
   bucket hold the open sessions plus those closed within the retention, at any run length.
   A request for a forgotten session answers 404.
 - **Failed requests change nothing.** A request the engines failed (``finish_reason``
-  ``error``: 400 or 503 to the client) leaves the session exactly as it was before it
-  (:func:`snapshot` / :func:`roll_back`): no tokens, no divergence, no failure mark, so a
-  retry continues the same episode.
+  ``error``: 400 or 503 to the client), or a streamed one the client closed before its end,
+  leaves the session exactly as it was before it (:func:`snapshot` / :func:`roll_back`): no
+  tokens, no divergence, no failure mark. A retry of the same request continues the same
+  episode; a next request that includes the partial assistant text the client saw renders
+  it as an environment segment (loss mask 0), like any message the session did not produce.
 - **Auth.** Each session has its own bearer token (only its hash is stored).
 """
 
@@ -123,6 +125,26 @@ def append_env_tokens(agent: AgentState, ids: list[int]) -> None:
     agent.versions.extend([-1] * len(ids))
 
 
+def prepare_text_turn(rec: SessionRecord, ids: list[int]) -> None:
+    """Extend (or restart) the session's token sequence for a text completion of ``ids``:
+    a prompt that extends the recorded tokens appends its new tokens (loss mask 0); any other
+    prompt starts a new segment, recorded in ``divergences``."""
+    a = rec.agent
+    if a.token_ids and ids[: len(a.token_ids)] == a.token_ids and len(ids) > len(a.token_ids):
+        append_env_tokens(a, ids[len(a.token_ids):])
+    else:
+        if a.token_ids:
+            rec.segments += 1
+            rec.divergences.append({"turn": a.assistant_turns, "reason": "prompt does not extend the recorded tokens",
+                                    "at": time.time()})
+        a.token_ids, a.loss_mask, a.logprobs, a.versions, a.sampling = list(ids), [], [], [], []
+        a.version_start = a.version_end = None
+        a.prompt_length = len(ids)
+    a.turn_start = len(a.token_ids)
+    a.segment = 0
+    a.phase = Phase.GENERATING
+
+
 def prepare_turn(rec: SessionRecord, messages: list[dict[str, Any]], chat: ChatTokenizer, key: str) -> None:
     """Extend (or restart) the session's token sequence for a new request (module doc)."""
     a = rec.agent
@@ -174,6 +196,8 @@ class SessionManager:
         self.sessions: dict[str, SessionRecord] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.expired_total = 0
+        self.abandoned_streams = 0
+        """Streamed session turns the client closed before the end (their partial turn dropped)."""
 
     @property
     def open_count(self) -> int:

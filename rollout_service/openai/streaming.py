@@ -125,9 +125,11 @@ async def stream_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, s
                 await turn
     sent = deltas.sent
     if out.finish_reason == "error":  # an error event ends the stream: no finish chunk ("error" is not OpenAI's)
-        detail = str(state.reward_details.get("error", "the engines failed")).removeprefix("engine: ")
-        status = int(state.reward_details.get("engine_status", 502))
-        yield sse({"error": {"message": f"engine error: {detail}", "type": error_type(status), "code": status}})
+        err = out.error
+        status = 502 if err is None or err.status is None else err.status
+        message = err.message if err is not None and err.code else f"engine error: {err.message if err else 'the engines failed'}"
+        yield sse({"error": {"message": message, "type": error_type(status), "param": err.param if err else None,
+                             "code": (err.code if err is not None and err.code else status)}})
         await on_done(out)
         yield b"data: [DONE]\n\n"
         return

@@ -8,8 +8,10 @@ to ``ENGINE_RETRIES`` times. The request's sampling overrides the service's;
 ``tool_choice="required"`` (or a named function) is implemented by appending the opening of
 a tool call (``<tool_call>\\n{"name": "``, plus the name when one is forced) as tokens with
 loss mask 0 — the model did not choose them, so they are never trained on — and letting the
-model continue, unconstrained (no grammar, unlike SGLang's OpenAI server): a model that stops
-inside the call gets an answer without tool calls (docs/openai_api.md).
+model continue, unconstrained (no grammar, unlike SGLang's OpenAI server). OpenAI promises a
+call then: a turn that produced no parsable one fails explicitly (``TurnOutcome.error``: 422
+``tool_choice_not_satisfied``, the text it produced in the message), never a silent answer
+without calls (docs/openai_api.md).
 
 A turn never checkpoints into the agents bucket: its state is not an internal agent (a
 restart would run it as one). Sessions persist their state after each turn themselves
@@ -50,6 +52,17 @@ class TurnSpec:
         return ""
 
 
+@dataclass(frozen=True)
+class TurnError:
+    """Why a turn failed: ``status`` None = the engines kept failing (503, or 502 in a stream),
+    else the HTTP status to answer; ``code`` the error envelope's code when not the status."""
+
+    status: int | None
+    message: str
+    code: str | None = None
+    param: str | None = None
+
+
 @dataclass
 class TurnOutcome:
     text: str
@@ -63,6 +76,8 @@ class TurnOutcome:
     ended_by_eos: bool
     prompt_tokens: int
     completion_tokens: int
+    error: TurnError | None = None
+    """Set exactly when ``finish_reason`` is ``error``."""
 
 
 async def _no_checkpoint(state: AgentState) -> None:
@@ -119,8 +134,19 @@ def describe_turn(state: AgentState, chat: ChatTokenizer, spec: TurnSpec, ended:
     calls = [c for c in parsed.calls if c.error is None]
     if not spec.parallel_tool_calls:
         calls = calls[:1]
+    error = None
+    forced = spec.tool_choice == "required" or isinstance(spec.tool_choice, dict)
     if ended is None:
         finish = "error"
+        status = state.reward_details.get("engine_status")
+        error = TurnError(int(status) if status is not None else None,
+                          str(state.reward_details.get("error", "the engines failed")).removeprefix("engine: "))
+    elif forced and not calls:
+        finish = "error"
+        how = "stopped" if last is not None and last.finish_reason.type == "stop" else "hit max_tokens"
+        error = TurnError(422, f"tool_choice {'required' if spec.tool_choice == 'required' else 'named'} was not satisfied: the "
+                               f"model {how} after {len(turn_ids)} tokens without a parsable tool call; it wrote {text[:300]!r}",
+                          code="tool_choice_not_satisfied", param="tool_choice")
     elif calls:
         finish = "tool_calls"
     elif last is not None and last.finish_reason.type == "stop":
@@ -137,5 +163,5 @@ def describe_turn(state: AgentState, chat: ChatTokenizer, spec: TurnSpec, ended:
         text=text, content=parsed.content if (parsed.content or not calls) else None,
         tool_calls=[c.as_openai() for c in calls], finish_reason=finish, model_ids=model_ids, model_logprobs=model_lps,
         top_logprobs=tops, weight_version=last.weight_version if last else None, ended_by_eos=bool(ended),
-        prompt_tokens=prompt_tokens, completion_tokens=len(turn_ids),
+        prompt_tokens=prompt_tokens, completion_tokens=len(turn_ids), error=error,
     )

@@ -100,6 +100,34 @@ class AgentStore:
         return states
 
 
+class KvRecords:
+    """Raw key → bytes in a KV bucket, for records that need no history (external call
+    records: ``rollout_service.agent.external_tools.RecordStore``). Every call may raise."""
+
+    def __init__(self, kv: KeyValue, js: JetStreamContext, bucket: str) -> None:
+        self.kv, self.js, self.bucket = kv, js, bucket
+
+    async def put(self, key: str, value: bytes) -> None:
+        await asyncio.wait_for(self.kv.put(key, value), KV_TIMEOUT_S)
+
+    async def forget(self, key: str) -> None:
+        await kv_forget(self.js, self.bucket, key, KV_TIMEOUT_S)
+
+    async def load_all(self) -> list[bytes]:
+        try:
+            keys = await self.kv.keys()
+        except Exception as exc:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
+            if type(exc).__name__ == "NoKeysError":
+                return []
+            raise
+        out = []
+        for key in keys:
+            entry = await self.kv.get(key)
+            if entry.value:
+                out.append(bytes(entry.value))
+        return out
+
+
 class RunnerStateStore:
     """Small JSON documents of the runner (stream cursor, quota, version) in a KV bucket."""
 

@@ -131,6 +131,25 @@ async def test_each_turns_sampling_parameters_reach_the_trajectory(tmp_path, nat
     assert set(temps[:second_turn]) == {0.7} and set(temps[second_turn:]) == {1.3}
 
 
+async def test_a_session_text_completion_streams_and_records_its_tokens(tmp_path, nats_server, warm_engine, warm_model):
+    prompt = [5, 6, 7, 8, 9]
+    async with running_service(idle_cfg(tmp_path, nats_server.url, warm_engine)) as (svc, url):
+        sess = await new_session(url, data_source="external/text", group_size=1)
+        client = AsyncOpenAI(base_url=sess["base_url"], api_key=sess["token"], timeout=120)
+        chunks = [c async for c in await client.completions.create(model="policy", prompt=prompt, max_tokens=6, temperature=0,
+                                                                  stream=True, stream_options={"include_usage": True})]
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert len(finishes) == 1 and finishes[0] in ("stop", "length") and chunks[-1].usage.completion_tokens >= 1
+        await finish(url, sess, reward=0.0)
+        trajs = await fetch_all(nats_server.url, "demo", 2)
+    traj = next(t for t in trajs if t.id == sess["id"])
+    chat = ChatTokenizer(load_tokenizer(str(warm_model)))
+    assert traj.token_ids[: traj.prompt_length] == prompt and traj.loss_mask == [1] * traj.response_length
+    assert traj.response_length == chunks[-1].usage.completion_tokens
+    assert chat.decode_turn(traj.response_ids) == text, "the session recorded exactly the streamed answer"
+
+
 async def test_async_client_streaming_and_divergent_history(tmp_path, nats_server, warm_engine):
     async with running_service(idle_cfg(tmp_path, nats_server.url, warm_engine)) as (svc, url):
         sess = await new_session(url)
@@ -198,11 +217,18 @@ async def test_stateless_routes_and_completions(tmp_path, nats_server, warm_engi
             forced_prompt = chat_tok.prompt_ids([{"role": "user", "content": "hello"}]) + chat_tok.encode_text(FORCED_OPENING)
             sent = [body["input_ids"] for _, path, _, body in proxy.requests if path == "/generate"]
             assert forced_prompt in sent, "the engine continues the prompt plus the forced opening"
-            named = await _in_thread(lambda: client.chat.completions.create(
-                model="p", messages=[{"role": "user", "content": "hello"}], tools=CALC, max_tokens=40, temperature=0,
-                tool_choice={"type": "function", "function": {"name": "calculator"}}))
-            # not a guarantee: a model that ends the turn inside the forced call gets no tool call back
-            assert named.choices[0].finish_reason == "stop" and named.choices[0].message.tool_calls is None
+            import openai
+
+            named_kwargs = dict(model="p", messages=[{"role": "user", "content": "hello"}], tools=CALC, max_tokens=40,
+                                temperature=0, tool_choice={"type": "function", "function": {"name": "calculator"}})
+            # OpenAI promises a call: a model that ends the turn inside the forced call is an explicit 422
+            with pytest.raises(openai.UnprocessableEntityError) as unmet:
+                await _in_thread(lambda: client.with_options(max_retries=0).chat.completions.create(**named_kwargs))
+            err = unmet.value.body
+            assert err["code"] == "tool_choice_not_satisfied" and err["param"] == "tool_choice" and "stopped" in err["message"]
+            with pytest.raises(openai.APIError) as streamed:  # the client raises on the stream's error event
+                await _in_thread(lambda: list(client.with_options(max_retries=0).chat.completions.create(**named_kwargs, stream=True)))
+            assert streamed.value.body["code"] == "tool_choice_not_satisfied"
             comp = await _in_thread(lambda: client.completions.create(model="p", prompt="The answer is", max_tokens=5, temperature=0,
                                                                       logprobs=2))
             assert comp.choices[0].text and len(comp.choices[0].logprobs.tokens) == comp.usage.completion_tokens

@@ -103,3 +103,47 @@ async def test_a_streamed_turn_survives_a_connection_dropped_mid_stream(tmp_path
     got = second_in[len(first_in):]
     assert second_in[:len(first_in)] == first_in and got and got == first_out[:len(got)], (first_out, got)
     assert state["turns"] == 1 and state["model_tokens"] == len(got) + len(second_out)
+
+
+async def test_a_stream_closed_mid_turn_leaves_the_session_as_it_was(tmp_path, nats_server, warm_engine):
+    """The client reads the first chunk of a streamed session turn and goes away while the
+    engine is still generating (held by the proxy, so the turn cannot finish first): the
+    partial turn is dropped, the session is as before the request, and sending the same
+    request again continues the same segment."""
+    import asyncio
+
+    from tests.helpers.recording_proxy import RecordingProxy
+    from tests.helpers.waiting import wait_for
+
+    proxy = await RecordingProxy(warm_engine).start()
+    try:
+        async with running_service(idle_cfg(tmp_path, nats_server.url, proxy.url)) as (svc, url), \
+                httpx.AsyncClient(timeout=120) as http:
+            sess = await new_session(url)
+            auth = {"Authorization": f"Bearer {sess['token']}"}
+            chat_url = f"{sess['base_url']}/chat/completions"
+            messages = [{"role": "user", "content": QUESTION}]
+            first = await http.post(chat_url, json={"model": "policy", "messages": messages, "max_tokens": 4, "temperature": 0},
+                                    headers=auth)
+            assert first.status_code == 200, first.text
+            messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "Go on."}]
+            before = (await http.get(f"{url}/v1/sessions/{sess['id']}", headers=auth)).json()
+            proxy.hold = asyncio.Event()
+            body = {"model": "policy", "messages": messages, "max_tokens": 16, "temperature": 0, "stream": True}
+            async with http.stream("POST", chat_url, json=body, headers=auth) as streamed:
+                assert streamed.status_code == 200
+                lines = streamed.aiter_lines()
+                assert (await anext(lines)).startswith("data: {")  # the role chunk: the turn is under way
+                await wait_for(lambda: proxy.held >= 1, 60, "the engine call to be held")
+            await wait_for(lambda: svc.sessions.abandoned_streams == 1, 60, "the service to see the stream closed")
+            proxy.hold.set()
+            proxy.hold = None
+            after = (await http.get(f"{url}/v1/sessions/{sess['id']}", headers=auth)).json()
+            assert {k: after[k] for k in ("tokens", "turns", "model_tokens", "segments", "divergences")} == \
+                   {k: before[k] for k in ("tokens", "turns", "model_tokens", "segments", "divergences")}
+            again = await http.post(chat_url, json={**body, "stream": False}, headers=auth)
+            assert again.status_code == 200, again.text
+            state = (await http.get(f"{url}/v1/sessions/{sess['id']}", headers=auth)).json()
+            assert state["turns"] == 2 and state["segments"] == 1 and state["divergences"] == []
+    finally:
+        await proxy.stop()

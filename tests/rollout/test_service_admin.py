@@ -40,15 +40,15 @@ async def test_admin_routes_refuse_missing_wrong_and_data_plane_tokens(service):
 
 @pytest.mark.parametrize("method,path,raw,expected,fragment", [
     ("POST", "/admin/resume", b"{not json", 400, "malformed JSON"),
-    ("POST", "/admin/resume", b'{"version": "abc"}', 422, "version"),
-    ("POST", "/admin/resume", b'{"version": -1}', 422, "version"),
-    ("POST", "/admin/resume", b"{}", 422, "version"),
-    ("POST", "/admin/pause", b'{"mode": "sideways"}', 422, "mode"),
-    ("POST", "/admin/pause", b'{"timeout_s": 0}', 422, "timeout_s"),
-    ("POST", "/admin/pause", b'{"bogus": 1}', 422, "bogus"),
-    ("POST", "/admin/engines", b'{"url": "not a url"}', 422, "url"),
+    ("POST", "/admin/resume", b'{"version": "abc"}', 400, "version"),
+    ("POST", "/admin/resume", b'{"version": -1}', 400, "version"),
+    ("POST", "/admin/resume", b"{}", 400, "version"),
+    ("POST", "/admin/pause", b'{"mode": "sideways"}', 400, "mode"),
+    ("POST", "/admin/pause", b'{"timeout_s": 0}', 400, "timeout_s"),
+    ("POST", "/admin/pause", b'{"bogus": 1}', 400, "bogus"),
+    ("POST", "/admin/engines", b'{"url": "not a url"}', 400, "url"),
     ("POST", "/admin/engines/e-nope/quarantine", b"{}", 404, "no engine"),
-    ("POST", "/admin/resume", b'[1, 2]', 422, ""),
+    ("POST", "/admin/resume", b'[1, 2]', 400, ""),
 ])
 async def test_bad_admin_input_gets_a_json_4xx_never_500(service, method, path, raw, expected, fragment):
     _svc, url = service
