@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from local_engine.auth import BearerAuth
 from local_engine.engine import Engine
 from local_engine.errors import install_error_handlers
+from local_engine.openapi import install_openapi
 from local_engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def create_app(settings: EngineSettings, engine: Engine | None = None) -> FastAP
         finally:
             await engine.close()
 
-    app = FastAPI(title="local_engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="local_engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.engine = engine
     app.state.settings = settings
     install_error_handlers(app)
@@ -48,4 +49,5 @@ def create_app(settings: EngineSettings, engine: Engine | None = None) -> FastAP
     app.include_router(routes_info.router)
     if settings.api_key or settings.admin_api_key:
         app.add_middleware(BearerAuth, api_key=settings.api_key, admin_api_key=settings.admin_api_key)
+    install_openapi(app, authenticated=bool(settings.api_key or settings.admin_api_key))
     return app

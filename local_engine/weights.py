@@ -173,9 +173,12 @@ class WeightManager:
         from safetensors.torch import load_file
 
         root = Path(path)
-        if not root.is_dir():
-            raise WeightUpdateError(f"model_path {path!r} is not a directory")
-        files = sorted(root.glob("*.safetensors"))
+        try:
+            if not root.is_dir():
+                raise WeightUpdateError(f"model_path {path!r} is not a directory")
+            files = sorted(root.glob("*.safetensors"))
+        except (OSError, ValueError) as exc:  # a name too long, a NUL byte, no permission: the request's path
+            raise WeightUpdateError(f"model_path {path[:200]!r} cannot be read: {exc.__class__.__name__}: {str(exc)[:200]}") from None
         if not files:
             raise WeightUpdateError(f"no *.safetensors files in {path!r} (only safetensors checkpoints are supported)")
         tensors: dict[str, torch.Tensor] = {}

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from asyncrl.http.errors import BodySizeLimit, error_response, install_error_handlers
+from asyncrl.http.openapi import document_errors
 from rollout_service.agent.chat import TemplateError
 from rollout_service.api.admin import build_admin_router
 from rollout_service.metrics import build_registry, render
@@ -55,4 +56,6 @@ def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
 
     app.include_router(build_admin_router(svc))
     app.include_router(build_openai_router(svc))
+    public = ("/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+    document_errors(app, authenticated=lambda path: path not in public)
     return app

@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from asyncrl.config import secret
 from asyncrl.http.errors import ApiError, BodySizeLimit, install_error_handlers
+from asyncrl.http.openapi import document_errors, errors
 from asyncrl.wire.sync import SyncAccepted, SyncRequest
 from sync_agent.coordinator import SyncConflict
 from sync_agent.health import agent_health
@@ -63,7 +64,7 @@ def create_app(agent) -> FastAPI:
     co = agent.coordinator
     router = APIRouter(dependencies=[Depends(auth)])
 
-    @router.post("/v1/syncs", status_code=202)
+    @router.post("/v1/syncs", status_code=202, responses=errors(409, 503))
     async def submit(body: SyncRequest) -> SyncAccepted:
         try:
             rec, world = await co.submit(body)
@@ -74,7 +75,7 @@ def create_app(agent) -> FastAPI:
             raise ApiError(503, f"the rollout service is unreachable: {exc}") from None
         return SyncAccepted(id=rec.id, state=rec.state, world_size=world, join_group=rec.join_group)
 
-    @router.get("/v1/syncs/{sync_id}")
+    @router.get("/v1/syncs/{sync_id}", responses=errors(404))
     async def get_sync(sync_id: str):
         rec = co.find(sync_id)
         if rec is None:
@@ -111,4 +112,6 @@ def create_app(agent) -> FastAPI:
     async def metrics():
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    public = ("/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+    document_errors(app, authenticated=lambda path: token is not None and path not in public)
     return app

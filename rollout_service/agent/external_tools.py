@@ -248,6 +248,9 @@ class ExternalBroker:
             check_token("", None)  # 401: the token is missing, whatever the call
         rec = self.records.get(key)
         if rec is None:
+            if not any(s == session_id for s, _ in self.records):
+                raise ApiError(404, f"no session {session_id!r} with external tool calls (or forgotten after "
+                                    f"{self.retention_s:.0f} s)", param="session_id")
             raise ApiError(404, f"no tool call {call_id!r} in session {session_id!r}", param="tool_call_id")
         if not any(hmac.compare_digest(hash_token(token), h) for h in rec.token_hashes):
             raise ApiError(403, "invalid session token")

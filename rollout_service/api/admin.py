@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
 from asyncrl.config import secret
 from asyncrl.http.errors import ApiError
+from asyncrl.http.openapi import errors
 from rollout_service.api.auth import require_token
 from rollout_service.api.status import service_status
 from rollout_service.runner.runner import PauseTimeout
@@ -62,7 +63,7 @@ def build_admin_router(svc) -> APIRouter:
         at = svc.cfg.async_training
         return "partial" if at.partial_rollout_active else "drain"
 
-    @router.post("/pause")
+    @router.post("/pause", responses=errors(504))
     async def pause(body: PauseRequest | None = None):
         body = body or PauseRequest()
         mode = body.mode or default_mode()
@@ -75,7 +76,7 @@ def build_admin_router(svc) -> APIRouter:
             raise ApiError(504, f"pause did not complete: {exc}; the service stays paused", status=service_status(svc)) from None
         return service_status(svc)
 
-    @router.post("/resume")
+    @router.post("/resume", responses=errors(409))
     async def resume(body: ResumeRequest):
         current = svc.runner.snapshot().version
         if body.version < current:
@@ -83,7 +84,7 @@ def build_admin_router(svc) -> APIRouter:
         await svc.runner.resume(body.version)
         return service_status(svc)
 
-    @router.post("/validate")
+    @router.post("/validate", responses=errors(409))
     async def validate():
         if not svc.runner.snapshot().validation_configured:
             raise ApiError(409, "no validation set: set data.val_files")
@@ -93,7 +94,7 @@ def build_admin_router(svc) -> APIRouter:
     async def status():
         return service_status(svc)
 
-    @router.post("/engines")
+    @router.post("/engines", responses=errors(409))
     async def add_engine(body: AddEngineRequest):
         try:
             svc.pool.add(str(body.url), body.id)
@@ -108,14 +109,14 @@ def build_admin_router(svc) -> APIRouter:
             await svc.pool.remove(engine_id)
         return service_status(svc)
 
-    @router.post("/engines/{engine_id}/quarantine")
+    @router.post("/engines/{engine_id}/quarantine", responses=errors(404))
     async def quarantine(engine_id: str, body: QuarantineRequest | None = None):
         body = body or QuarantineRequest()
         _known(engine_id)
         svc.pool.set_quarantine(engine_id, True, body.reason)
         return service_status(svc)
 
-    @router.delete("/engines/{engine_id}/quarantine")
+    @router.delete("/engines/{engine_id}/quarantine", responses=errors(404))
     async def release(engine_id: str):
         _known(engine_id)
         if svc.pool.engines[engine_id].state == "quarantined":

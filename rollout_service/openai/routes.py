@@ -27,6 +27,7 @@ from fastapi.responses import StreamingResponse
 
 from asyncrl.config import secret
 from asyncrl.http.errors import ApiError
+from asyncrl.http.openapi import errors, streams
 from rollout_service.agent.state import AgentState
 from rollout_service.api.auth import bearer, check_token, hash_token, new_token, require_token
 from rollout_service.openai.handlers import (
@@ -95,7 +96,7 @@ def build_openai_router(svc) -> APIRouter:
         data_plane(request)
         return models_body()
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", responses={**streams(), **errors(404, 422, 503)})
     async def chat_completions(request: Request, req: ChatCompletionRequest):
         data_plane(request)
         check_model(svc, req.model)
@@ -112,7 +113,7 @@ def build_openai_router(svc) -> APIRouter:
 
         return await answer_chat(svc, state, chat, req, spec, done)
 
-    @router.post("/v1/completions")
+    @router.post("/v1/completions", responses={**streams(), **errors(404, 503)})
     async def completions(request: Request, req: CompletionRequest):
         data_plane(request)
         check_model(svc, req.model)
@@ -142,7 +143,7 @@ def build_openai_router(svc) -> APIRouter:
             raise ApiError(409, f"session {sid} is {rec.status}", param="session_id")
         return rec
 
-    @router.post("/v1/sessions", status_code=201)
+    @router.post("/v1/sessions", status_code=201, responses=errors(409, 429, 503))
     async def create_session(request: Request, body: SessionCreate | None = None):
         data_plane(request)
         body = body or SessionCreate()
@@ -166,11 +167,11 @@ def build_openai_router(svc) -> APIRouter:
         return {"id": sid, "token": token, "base_url": f"{root}/v1/sessions/{sid}/v1", "group_id": group_id,
                 "expires_after_idle_s": svc.cfg.api.session_ttl_s}
 
-    @router.get("/v1/sessions/{sid}")
+    @router.get("/v1/sessions/{sid}", responses=errors(404))
     async def get_session(request: Request, sid: str):
         return session_for(request, sid).public()
 
-    @router.get("/v1/sessions/{sid}/v1/models")
+    @router.get("/v1/sessions/{sid}/v1/models", responses=errors(404))
     async def session_models(request: Request, sid: str):
         session_for(request, sid)
         return models_body()
@@ -223,7 +224,7 @@ def build_openai_router(svc) -> APIRouter:
                     roll_back(rec, before)
                 release()
 
-    @router.post("/v1/sessions/{sid}/v1/chat/completions")
+    @router.post("/v1/sessions/{sid}/v1/chat/completions", responses={**streams(), **errors(404, 409, 422, 503)})
     async def session_chat(request: Request, sid: str, req: ChatCompletionRequest):
         rec = open_session(request, sid)
         check_model(svc, req.model)
@@ -245,7 +246,7 @@ def build_openai_router(svc) -> APIRouter:
 
         return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
 
-    @router.post("/v1/sessions/{sid}/v1/completions")
+    @router.post("/v1/sessions/{sid}/v1/completions", responses={**streams(), **errors(404, 409, 503)})
     async def session_completion(request: Request, sid: str, req: CompletionRequest):
         rec = open_session(request, sid)
         check_model(svc, req.model)
@@ -255,7 +256,7 @@ def build_openai_router(svc) -> APIRouter:
         return await session_turn(sid, rec, lambda: prepare_text_turn(rec, ids),
                                   lambda done: answer_completion(svc, rec.agent, chat, req, ids, done))
 
-    @router.post("/v1/sessions/{sid}/reward")
+    @router.post("/v1/sessions/{sid}/reward", responses=errors(404, 409))
     async def set_reward(request: Request, sid: str, body: RewardRequest):
         rec = open_session(request, sid)
         rec.agent.reward = body.total
@@ -265,7 +266,7 @@ def build_openai_router(svc) -> APIRouter:
         await sessions.save(rec)
         return rec.public()
 
-    @router.post("/v1/sessions/{sid}/finish")
+    @router.post("/v1/sessions/{sid}/finish", responses=errors(404, 409))
     async def finish(request: Request, sid: str):
         rec = session_for(request, sid)
         if rec.status == "finished":
@@ -289,13 +290,13 @@ def build_openai_router(svc) -> APIRouter:
     # -- external environments ----------------------------------------------------------
     broker = svc.broker
 
-    @router.get("/v1/sessions/{sid}/tool_calls")
+    @router.get("/v1/sessions/{sid}/tool_calls", responses=errors(404))
     async def session_tool_calls(request: Request, sid: str, wait: float = Query(0.0, ge=0.0)):
         broker.authorize(sid, bearer(request))
         calls = await broker.pending(session_id=sid, wait_s=min(wait, svc.cfg.api.poll_max_wait_s))
         return {"session_id": sid, "tool_calls": [{k: v for k, v in c.items() if k != "token"} for c in calls]}
 
-    @router.post("/v1/sessions/{sid}/tool_results")
+    @router.post("/v1/sessions/{sid}/tool_results", responses=errors(404, 409))
     async def tool_result(request: Request, sid: str, body: ToolResultRequest):
         return await broker.post_result(sid, body.tool_call_id, body.content, body.is_error, bearer(request))
 

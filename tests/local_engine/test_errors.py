@@ -85,6 +85,8 @@ ADMIN_BAD = [
     ("/update_weights_from_disk", J({})),
     ("/update_weights_from_disk", J({"model_path": 5})),
     ("/update_weights_from_disk", J({"model_path": "/nonexistent/dir"})),
+    ("/update_weights_from_disk", J({"model_path": "x" * 5000})),  # a name too long: OSError, found by the OpenAPI fuzz
+    ("/update_weights_from_disk", J({"model_path": "/tmp/a\u0000b"})),  # a NUL byte
     ("/update_weights_from_disk", J({"model_path": "/tmp", "load_format": "pt"})),
     ("/update_weight_version", J({})),
     ("/update_weight_version", J({"new_version": ""})),

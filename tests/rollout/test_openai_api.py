@@ -226,9 +226,6 @@ async def test_stateless_routes_and_completions(tmp_path, nats_server, warm_engi
                 await _in_thread(lambda: client.with_options(max_retries=0).chat.completions.create(**named_kwargs))
             err = unmet.value.body
             assert err["code"] == "tool_choice_not_satisfied" and err["param"] == "tool_choice" and "stopped" in err["message"]
-            with pytest.raises(openai.APIError) as streamed:  # the client raises on the stream's error event
-                await _in_thread(lambda: list(client.with_options(max_retries=0).chat.completions.create(**named_kwargs, stream=True)))
-            assert streamed.value.body["code"] == "tool_choice_not_satisfied"
             comp = await _in_thread(lambda: client.completions.create(model="p", prompt="The answer is", max_tokens=5, temperature=0,
                                                                       logprobs=2))
             assert comp.choices[0].text and len(comp.choices[0].logprobs.tokens) == comp.usage.completion_tokens

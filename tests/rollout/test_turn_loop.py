@@ -254,3 +254,27 @@ async def test_openai_turns_continue_after_a_pause_without_checkpointing_but_age
         await asyncio.wait_for(task, WAIT_S)
         assert state.token_ids == prompt + answer and state.resumed_after_abort == 1, name
         assert engines.calls[1]["input_ids"] == prompt + answer[:3] and engines.calls[1]["rid"].endswith(".s1"), name
+
+
+async def test_an_unmet_tool_choice_fails_explicitly_streamed_or_not(chat):
+    """tool_choice named: the model ends the turn inside the forced call (EOS at once). OpenAI
+    promises a call, so the outcome is an error (422 tool_choice_not_satisfied), and a stream
+    carries it as its error event instead of a finish chunk."""
+    spec = TurnSpec(temperature=1.0, top_p=1.0, max_new_tokens=16, tool_choice={"type": "function", "function": {"name": "calc"}})
+    state = _state(chat)
+    out = await asyncio.wait_for(run_turn(state, _deps(chat, ScriptedEngines([([chat.eos_token_id], False)], chat.eos_token_id)),
+                                          chat, spec, 2048), WAIT_S)
+    assert out.finish_reason == "error" and out.error.status == 422 and out.error.code == "tool_choice_not_satisfied"
+    outcomes = []
+
+    async def on_done(o):
+        outcomes.append(o)
+
+    body = stream_turn(_state(chat), _deps(chat, ScriptedEngines([([chat.eos_token_id], False)], chat.eos_token_id)), chat, spec,
+                       2048, model="m", want_logprobs=False, include_usage=False, on_done=on_done)
+    raw = await asyncio.wait_for(_collect(body), WAIT_S)
+    events = [json.loads(line[6:]) for line in raw.split(b"\n\n") if line.startswith(b"data: {")]
+    errors = [e["error"] for e in events if "error" in e]
+    assert len(errors) == 1 and errors[0]["code"] == "tool_choice_not_satisfied" and errors[0]["param"] == "tool_choice"
+    assert not [e for e in events if e.get("choices") and e["choices"][0].get("finish_reason")]
+    assert outcomes[0].finish_reason == "error"
