@@ -1,8 +1,10 @@
 """Soak: run ``asyncrl up`` for a long time and show that no process and no store grows.
 
     python bench/soak.py [--minutes 35] [--warm-minutes 5] [--sample-s 20] [--dir runs/soak] [overrides ...]
+    python bench/soak.py --analyse --dir runs/soak [--minutes 35] [--warm-minutes 5]   # fit an earlier run again
 
-Runs the built-in demo (``rollout.total_rollout_steps`` raised so it never finishes early)
+Runs the built-in demo (``rollout.total_rollout_steps`` and ``rollout.total_epochs`` raised so
+it never runs out of prompts: the demo's 2,000 prompts last ~11 minutes on two cores)
 for ``--minutes``, and every ``--sample-s`` seconds samples:
 
 - the RSS of every process of the run (nats-server, engines, rollout service, sync agent,
@@ -13,7 +15,8 @@ for ``--minutes``, and every ``--sample-s`` seconds samples:
   metrics, sync agent state.
 
 At the end it fits a least-squares line to each series over the warm part (after
-``--warm-minutes``) and prints, per series, the value when warm (the baseline), the value at
+``--warm-minutes``, before the stop at ``--minutes``: samples during the shutdown show stores
+emptied and processes leaving) and prints, per series, the value when warm (the baseline), the value at
 the end and the slope per hour. Everything sampled goes to ``<dir>/soak.json``.
 """
 
@@ -134,11 +137,14 @@ def main() -> int:
     ap.add_argument("--warm-minutes", type=float, default=5.0)
     ap.add_argument("--sample-s", type=float, default=20.0)
     ap.add_argument("--dir", default="runs/soak")
+    ap.add_argument("--analyse", action="store_true", help="only fit and print <dir>/soak.json of an earlier run")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     run_dir = Path(a.dir).resolve()
+    if a.analyse:
+        return report(json.loads((run_dir / "soak.json").read_text()), a.warm_minutes * 60, a.minutes * 60, a.sample_s)
     argv = [sys.executable, "-m", "asyncrl", "up", "--no-live", "--max-minutes", str(a.minutes), f"run.dir={run_dir}",
-            "rollout.total_rollout_steps=10000000", *a.overrides]
+            "rollout.total_rollout_steps=10000000", "rollout.total_epochs=100000", *a.overrides]
     print("running:", " ".join(argv), flush=True)
     up = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root = psutil.Process(up.pid)
@@ -161,14 +167,20 @@ def main() -> int:
             up.terminate()
             up.wait(120)
     (run_dir / "soak.json").write_text(json.dumps(samples))
-    warm = [s for s in samples if s["t_s"] >= a.warm_minutes * 60 and "nats_error" not in s]
+    return report(samples, a.warm_minutes * 60, a.minutes * 60, a.sample_s)
+
+
+def report(samples: list[dict[str, float]], warm_s: float, stop_s: float, sample_s: float) -> int:
+    """Fit and print each series over the warm samples taken before the run's stop began at
+    ``stop_s`` (samples during the shutdown show stores emptied and processes leaving)."""
+    warm = [s for s in samples if warm_s <= s["t_s"] < stop_s and "nats_error" not in s]
     if len(warm) < 3:
         print("too few warm samples to fit a slope", file=sys.stderr)
         return 1
     keys = sorted({k for s in warm for k in s if k not in ("t_s", "nats_error")})
     hours = (warm[-1]["t_s"] - warm[0]["t_s"]) / 3600
-    print(f"\nasyncrl up for {samples[-1]['t_s'] / 60:.1f} min; fit over the warm {hours * 60:.1f} min "
-          f"({len(warm)} samples every {a.sample_s:.0f} s)")
+    print(f"\nasyncrl up for {samples[-1]['t_s'] / 60:.1f} min; fit over the warm {hours * 60:.1f} min before the stop "
+          f"({len(warm)} samples every {sample_s:.0f} s)")
     print(f"{'series':<44}{'warm':>12}{'end':>12}{'slope/h':>12}")
     for k in keys:
         pts = [(s["t_s"], s[k]) for s in warm if k in s]
@@ -176,7 +188,6 @@ def main() -> int:
             continue
         print(f"{k:<44}{pts[0][1]:>12.2f}{pts[-1][1]:>12.2f}{slope_per_hour(pts):>12.2f}")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
