@@ -35,6 +35,22 @@ def kv_key(trajectory_id: str) -> str:
     return _KEY_SAFE.sub("_", trajectory_id)
 
 
+async def kv_items(kv: KeyValue) -> list[tuple[str, bytes]]:
+    """``(key, value)`` of every key of a bucket with a non-empty value ([] for an empty bucket)."""
+    try:
+        keys = await kv.keys()
+    except Exception as exc:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
+        if type(exc).__name__ == "NoKeysError":
+            return []
+        raise
+    out = []
+    for key in keys:
+        entry = await kv.get(key)
+        if entry.value:
+            out.append((key, bytes(entry.value)))
+    return out
+
+
 class AgentStore:
     def __init__(self, kv: KeyValue, js: JetStreamContext, bucket: str) -> None:
         self.kv = kv
@@ -82,19 +98,10 @@ class AgentStore:
 
     async def load_all(self) -> list[AgentState]:
         """Every checkpointed agent (undecodable entries are logged and skipped)."""
-        try:
-            keys = await self.kv.keys()
-        except Exception as exc:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
-            if type(exc).__name__ == "NoKeysError":
-                return []
-            raise
         states = []
-        for key in keys:
-            entry = await self.kv.get(key)
-            if not entry.value:
-                continue
+        for key, value in await kv_items(self.kv):
             try:
-                states.append(decode_state(entry.value))
+                states.append(decode_state(value))
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 log.error("agent checkpoint %s is unreadable, skipped: %s", key, exc)
         return states
@@ -114,18 +121,7 @@ class KvRecords:
         await kv_forget(self.js, self.bucket, key, KV_TIMEOUT_S)
 
     async def load_all(self) -> list[bytes]:
-        try:
-            keys = await self.kv.keys()
-        except Exception as exc:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
-            if type(exc).__name__ == "NoKeysError":
-                return []
-            raise
-        out = []
-        for key in keys:
-            entry = await self.kv.get(key)
-            if entry.value:
-                out.append(bytes(entry.value))
-        return out
+        return [value for _, value in await kv_items(self.kv)]
 
 
 class RunnerStateStore:
