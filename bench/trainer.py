@@ -4,11 +4,14 @@ model and batch (the daemon's overhead), and weight broadcast to a real local_en
     .venv/bin/python bench/trainer.py [--model builtin:tiny] [--batch 16] [--prompt 32] \\
         [--response 96] [--micro 4] [--steps 3] [--pushes 3] [--threads 1] [--no-sync]
 
-Step: one rank (gloo, fp32). *daemon*: ``TrainStep.run`` on an FSDP2-sharded policy (GRPO
-advantages, plan, micro-batches, ``compute_actor_loss``, clip, AdamW). *plain*: the unwrapped
-Hugging Face model, the same micro-batches, log-softmax of the response tokens, a token-mean
-policy-gradient loss, backward, clip, AdamW. Tokens/s counts every token of every trajectory
-(prompt + response) per optimiser update; one warm-up step each, then ``--steps`` timed.
+Step: one rank (gloo, fp32). *daemon*: ``TrainStep.run`` on the daemon's one-rank policy
+(the plain module: FSDP2 only shards over more than one rank; GRPO advantages, plan, collation
+every step, ``compute_actor_loss``, clip, AdamW, LR schedule). *plain*: the unwrapped Hugging
+Face model, the same micro-batches collated once, log-softmax of the response tokens, a
+token-mean policy-gradient loss, backward, clip, AdamW. Tokens/s counts every token of every
+trajectory (prompt + response) per optimiser update; one warm-up step each, then ``--steps``
+rounds of one daemon step and one plain step, alternating so that both see the same
+background load; the medians are compared.
 
 Sync: starts ``python -m local_engine`` with the model on a free loopback port, gathers the
 full state dict (timed), then ``DirectEnginePublisher.publish`` ``--pushes`` times (pause →
@@ -52,9 +55,8 @@ def make_batch(batch: int, prompt: int, response: int, n: int = 4):
     return out
 
 
-def bench_daemon(args, ctx, trajs) -> float:
-    import torch
-
+def daemon_step(args, ctx, trajs):
+    """The daemon's step function on its one-rank policy: a callable doing one step."""
     from asyncrl.config import load_config
     from trainer_daemon.model import build_optimizer, build_policy, build_scheduler
     from trainer_daemon.step import StepSettings, TrainStep
@@ -65,16 +67,11 @@ def bench_daemon(args, ctx, trajs) -> float:
     opt = build_optimizer(model, cfg.actor.optim)
     step = TrainStep(model, opt, build_scheduler(opt, cfg.actor.optim, None), StepSettings.from_config(cfg, 0), ctx)
     groups = [list(range(i, i + 4)) for i in range(0, len(trajs), 4)]
-    step.run(trajs, groups)
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step.run(trajs, groups)
-    del model, opt
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    return time.perf_counter() - t0
+    return lambda: step.run(trajs, groups)
 
 
-def bench_plain(args, trajs) -> float:
+def plain_step(args, trajs):
+    """A plain PyTorch loop on the unwrapped model, the same micro-batches (collated once)."""
     import torch
 
     from asyncrl.models import load_model
@@ -96,11 +93,21 @@ def bench_plain(args, trajs) -> float:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    one_step()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        one_step()
-    return time.perf_counter() - t0
+    return one_step
+
+
+def alternate(steps: int, **fns) -> dict[str, list[float]]:
+    """One warm-up call of each, then ``steps`` rounds calling each once in turn: seconds per
+    call. Alternating puts both under the same background load (this machine is shared)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(steps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 async def bench_sync(args, ctx) -> None:
@@ -156,7 +163,7 @@ def main() -> int:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--response", type=int, default=96)
     p.add_argument("--micro", type=int, default=4)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5)
     p.add_argument("--pushes", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-sync", action="store_true")
@@ -171,14 +178,15 @@ def main() -> int:
     ctx = init_distributed("cpu")
     try:
         trajs = make_batch(args.batch, args.prompt, args.response)
-        tokens = sum(len(t.token_ids) for t in trajs) * args.steps
-        daemon_s = bench_daemon(args, ctx, trajs)
-        plain_s = bench_plain(args, trajs)
+        tokens = sum(len(t.token_ids) for t in trajs)
+        times = alternate(args.steps, daemon=daemon_step(args, ctx, trajs), plain=plain_step(args, trajs))
+        daemon_s, plain_s = statistics.median(times["daemon"]), statistics.median(times["plain"])
         print(f"step  {args.model}: {len(trajs)} trajectories x {args.prompt}+{args.response} tokens, micro-batch {args.micro}, "
-              f"{args.steps} steps, torch threads {args.threads}")
-        print(f"  daemon TrainStep (FSDP2, 1 rank): {tokens / daemon_s:9.1f} tok/s  ({daemon_s / args.steps:.3f} s/step)")
-        print(f"  plain PyTorch loop              : {tokens / plain_s:9.1f} tok/s  ({plain_s / args.steps:.3f} s/step)")
-        print(f"  daemon / plain: {plain_s / daemon_s:.2f}x the plain loop's throughput")
+              f"{args.steps} steps each (alternating, medians), torch threads {args.threads}")
+        print(f"  daemon TrainStep (1 rank, no FSDP): {tokens / daemon_s:9.1f} tok/s  ({daemon_s:.3f} s/step)")
+        print(f"  plain PyTorch loop                : {tokens / plain_s:9.1f} tok/s  ({plain_s:.3f} s/step)")
+        print(f"  daemon / plain: {plain_s / daemon_s:.2f}x the plain loop's throughput "
+              f"(per round: {', '.join(f'{p / d:.2f}' for d, p in zip(times['daemon'], times['plain'], strict=True))})")
         if not args.no_sync:
             asyncio.run(bench_sync(args, ctx))
     finally:

@@ -1,13 +1,20 @@
-"""The policy (and the optional frozen reference) as FSDP2-sharded Hugging Face causal LMs, the
-optimiser and the learning-rate schedule.
+"""The policy (and the optional frozen reference) as Hugging Face causal LMs, FSDP2-sharded over
+more than one rank, the optimiser and the learning-rate schedule.
 
-- Loading: :func:`asyncrl.models.load_model` (builtin specs or a local HF directory) in fp32 —
-  FSDP keeps fp32 master weights; ``trainer.mixed_precision=bf16`` casts parameters to bf16 for
-  compute and reduces gradients in fp32 (``MixedPrecisionPolicy``). The seed matters only for
-  models built in code; every rank builds the same weights and FSDP keeps its shard.
-- Sharding: ``fully_shard`` on every decoder block (modules whose class is in the model's
-  ``_no_split_modules``), then on the root, which holds the embeddings, the final norm and the
-  (possibly tied) LM head. Tied embeddings stay one parameter.
+- Loading: :func:`asyncrl.models.load_model` (builtin specs or a local HF directory) in fp32:
+  fp32 master weights. The seed matters only for models built in code; every rank builds the
+  same weights and FSDP keeps its shard.
+- More than one rank: ``fully_shard`` on every decoder block (modules whose class is in the
+  model's ``_no_split_modules``), then on the root, which holds the embeddings, the final norm
+  and the (possibly tied) LM head. Tied embeddings stay one parameter.
+  ``trainer.mixed_precision=bf16`` casts parameters to bf16 for compute and reduces gradients
+  in fp32 (``MixedPrecisionPolicy``).
+- One rank: the plain module on the device, no FSDP. There is nothing to shard, and FSDP2 on
+  one rank still pays its per-block hooks, an all-gather and a reduce-scatter copy per block
+  and DTensor optimiser state (docs/benchmarks.md, "Trainer"). ``mixed_precision=bf16`` is
+  ``torch.autocast`` around the forward (fp32 weights and gradients, matmuls in bf16), which
+  differs from FSDP's policy only in which ops run in bf16. Checkpoints are DCP either way and
+  load across world sizes (DCP reshards).
 - Activation checkpointing (``actor.activation_checkpointing``): Hugging Face's own
   non-reentrant gradient checkpointing of the decoder blocks.
 - Optimiser: AdamW (``actor.optim``); schedule: linear warm-up, then constant or cosine to 0 at
@@ -24,7 +31,7 @@ import math
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from asyncrl.models import load_model
 
@@ -38,7 +45,10 @@ def _mp_policy(mixed_precision: str) -> MixedPrecisionPolicy | None:
 
 
 def shard_model(model: torch.nn.Module, device: torch.device, world_size: int, mixed_precision: str) -> torch.nn.Module:
-    """``fully_shard`` each decoder block, then the root (module docstring)."""
+    """``fully_shard`` each decoder block, then the root; on one rank the plain module on
+    ``device`` with bf16 autocast when asked (module docstring)."""
+    if world_size == 1:
+        return _single_rank(model, device, mixed_precision)
     mesh = init_device_mesh(device.type, (world_size,))
     kwargs = {"mesh": mesh}
     mp = _mp_policy(mixed_precision)
@@ -52,6 +62,19 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int, m
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def _single_rank(model: torch.nn.Module, device: torch.device, mixed_precision: str) -> torch.nn.Module:
+    model.to(device)
+    if mixed_precision == "bf16":
+        # the instance's forward runs under autocast; state-dict names are unchanged (no wrapper module)
+        model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is FSDP2-sharded (more than one rank)."""
+    return isinstance(model, FSDPModule)
 
 
 def build_policy(spec: str, seed: int, device: torch.device, world_size: int, mixed_precision: str = "fp32",
@@ -102,8 +125,14 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim, total_updates: int 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full (unsharded) state dict with Hugging Face names: CPU tensors on rank 0, ``{}``
-    elsewhere. A collective: every rank must call it."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    elsewhere; always copies (a sync reads them in the background while training goes on).
+    A collective: every rank must call it."""
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not is_sharded(model):
+        # one rank: cpu_offload of a CPU module returns the live parameters themselves
+        live = {t.data_ptr() for t in model.state_dict().values()}
+        full = {k: (t.clone() if t.data_ptr() in live else t) for k, t in full.items()}
+    return full
 
 
 def engine_weights(full: dict[str, torch.Tensor], tied: bool, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

@@ -40,7 +40,7 @@ from asyncrl.config.sections_infra import ActorConfig
 from asyncrl.wire import Trajectory
 from trainer_daemon.algo import (
     compute_actor_loss,
-    entropy_from_logits,
+    log_probs_and_entropy,
     log_probs_from_logits,
     outcome_advantages,
     plan_mini_batch,
@@ -77,26 +77,24 @@ class TrainStep:
             raise ValueError("actor.use_kl_loss needs a reference model")
 
     # -- forward ---------------------------------------------------------------------------
-    def _forward(self, model, mb: MicroBatch, need_entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(logp, entropy, logits)``, ``(B, R)`` each (entropy detached unless it is in the loss)."""
+    def _forward(self, model, mb: MicroBatch, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(logp, entropy)``, ``(B, R)`` each. ``entropy``: None (not computed), ``"metric"``
+        (detached, from the same log-softmax) or ``"loss"`` (with grad)."""
+        scaled = bool((mb.temperature != 1.0).any())  # on the host: no device sync
         mb = mb.to(self.ctx.device)
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                        logits_to_keep=mb.logits_to_keep, use_cache=False).logits
         idx = mb.resp_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
         z = logits.gather(1, idx).float()
-        if bool((mb.temperature != 1.0).any()):  # skip a (B, R, V) pass in the common T = 1 case
+        if scaled:  # skip a (B, R, V) pass in the common T = 1 case
             z = z / mb.temperature[:, :, None]
-        logp = log_probs_from_logits(z, mb.labels)
-        if need_entropy_grad:
-            ent = entropy_from_logits(z)
-        else:
-            with torch.no_grad():
-                ent = entropy_from_logits(z.detach())
-        return logp, ent, logits
+        if entropy is None:
+            return log_probs_from_logits(z, mb.labels), None
+        return log_probs_and_entropy(z, mb.labels, entropy_grad=entropy == "loss")
 
     @torch.no_grad()
     def _log_probs(self, model, mb: MicroBatch) -> torch.Tensor:
-        return self._forward(model, mb, False)[0].detach()
+        return self._forward(model, mb, None)[0].detach()
 
     # -- planning --------------------------------------------------------------------------
     def _plans(self, trajs: Sequence[Trajectory], groups: Sequence[Sequence[int]], keep: list[bool]) -> list[tuple[list[int], list[list[int]]]]:
@@ -192,7 +190,9 @@ class TrainStep:
     def _micro(self, mb: MicroBatch, anchor, ref, tokens: float, seqs: float, sums, weights) -> None:
         """Forward, loss, backward of one micro-batch. A dummy has an all-zero mask: its loss is
         exactly 0 with zero gradients, but the passes (and FSDP's collectives) still happen."""
-        logp, ent, _ = self._forward(self.model, mb, self.s.actor.entropy_coeff != 0.0)
+        actor = self.s.actor
+        logp, ent = self._forward(self.model, mb, "loss" if actor.entropy_coeff != 0.0 else
+                                  "metric" if actor.calculate_entropy else None)
         dev = logp.device
         old, behav = resolve_log_probs(self.s.async_training, mb.rollout_logp.to(dev), None if anchor is None else anchor.to(dev))
         loss, m = compute_actor_loss(

@@ -87,7 +87,7 @@ def run(module_nats, tmp_path_factory):
         f"run.dir={run_dir}", f"nats.url={module_nats.url}", "run.id=learn", f"rollout.n={N}",
         f"actor.ppo_mini_batch_size={GROUPS_PER_STEP}", "actor.ppo_micro_batch_size_per_gpu=2",
         f"trainer.total_training_steps={STEPS}", "trainer.metrics_port=0", f"trainer.master_port={master_port}",
-        "trainer.loggers=[\"jsonl\",\"tensorboard\"]", "actor.optim.lr=1e-3", "async_training.compute_prox_log_prob=true",
+        "trainer.loggers=[\"jsonl\",\"tensorboard\"]", "actor.optim.lr=1e-3", "actor.calculate_entropy=true", "async_training.compute_prox_log_prob=true",
     ]
     cfg = load_config(overrides=overrides, environ={})
     sub = MetricsSubscriber(module_nats.url, NatsNames("learn").metrics("trainer"))

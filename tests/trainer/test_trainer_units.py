@@ -191,3 +191,64 @@ def test_staleness_weights_scale_each_trajectorys_policy_gradient():
     flat = [t.__class__(**{**{f: getattr(t, f) for f in t.__struct_fields__}, "reward": 1.0}) if i >= 2 else t
             for i, t in enumerate(trajs)]
     assert torch.allclose(silenced, _one_step_delta(cfg, flat, groups, None), rtol=1e-4, atol=1e-7)
+
+
+def _entropy_step(overrides: list[str]) -> dict[str, float]:
+    from trainer_daemon.model import build_scheduler
+
+    cfg = load_config(overrides=["rollout.n=2", "actor.ppo_mini_batch_size=1", "actor.ppo_micro_batch_size_per_gpu=2",
+                                 *overrides], environ={})
+    model = load_model("builtin:tiny", seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    trajs = make_group(random.Random(6), "e", 2)
+    step = TrainStep(model, opt, build_scheduler(opt, cfg.actor.optim, None), StepSettings.from_config(cfg, 0), ctx)
+    return step.run(trajs, [[0, 1]]), model, trajs
+
+
+def test_entropy_is_computed_only_when_asked_and_then_exactly():
+    """``actor/entropy`` costs a pass over the vocabulary: absent by default, and with
+    ``actor.calculate_entropy`` the token-mean entropy of the response positions, checked
+    against the plain model's logits here (the metric path shares the log-softmax's logsumexp)."""
+    m, _, _ = _entropy_step([])
+    assert "actor/entropy" not in m and "actor/pg_loss" in m
+    m, model, trajs = _entropy_step(["actor.calculate_entropy=true"])
+    ents = []
+    with torch.no_grad():
+        for t in trajs:
+            logits = model(input_ids=torch.tensor([t.token_ids])).logits[0].double()
+            p = t.prompt_length
+            for i in range(t.response_length):
+                if t.loss_mask[i]:
+                    q = torch.log_softmax(logits[p + i - 1], -1)
+                    ents.append(-(q.exp() * q).sum().item())
+    assert m["actor/entropy"] == pytest.approx(sum(ents) / len(ents), rel=1e-5)
+    in_loss, _, _ = _entropy_step(["actor.entropy_coeff=0.01"])  # in the loss: the same value
+    assert in_loss["actor/entropy"] == pytest.approx(m["actor/entropy"], rel=1e-6)
+
+
+def test_one_rank_policy_is_plain_and_its_full_state_dict_is_a_copy(monkeypatch):
+    """One rank trains the plain module (no FSDP); its full state dict must not alias the live
+    parameters (a background sync reads it while the next step trains), and bf16 runs the
+    forward under autocast with fp32 master weights."""
+    import torch.distributed as dist
+
+    from trainer_daemon.model import build_policy, full_state_dict, is_sharded
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    from asyncrl.launch import free_port
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = build_policy("builtin:tiny", 0, torch.device("cpu"), 1, "bf16")
+        assert not is_sharded(model) and all(p.dtype == torch.float32 for p in model.parameters())
+        out = model(input_ids=torch.tensor([[5, 6, 7]])).logits
+        assert out.dtype == torch.bfloat16
+        full = full_state_dict(model)
+        name, param = next(iter(model.named_parameters()))
+        before = full[name].clone()
+        with torch.no_grad():
+            param.add_(1.0)
+        assert torch.equal(full[name], before), "the full state dict aliases a live parameter"
+    finally:
+        dist.destroy_process_group()

@@ -3,8 +3,12 @@
 With ``z = float32(logits) / temperature`` over the vocabulary axis (last) and ``y`` the label
 (the sampled token id):
 
-    logp(y)  = z_y - logsumexp(z)                   (= log_softmax(z)[y])
-    entropy  = logsumexp(z) - sum_v softmax(z)_v z_v (= -sum_v p_v log p_v)
+    logp(y)  = log_softmax(z)[y]                    (= z_y - logsumexp(z))
+    entropy  = -sum_v exp(log_softmax(z)_v) log_softmax(z)_v
+
+Both go through one ``log_softmax``, whose fused backward is cheaper than ``logsumexp``'s
+(measured on SmolLM2-135M's 49K vocabulary: the logsumexp form added a ``sub``, an ``exp`` and
+a ``mul`` over ``(N, V)`` to every backward).
 
 The temperature must be the one the rollout sampled with (``Trajectory.temperature``),
 otherwise the trainer's and the engine's log-probs describe different distributions.
@@ -33,32 +37,34 @@ def log_probs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
 ) -> torch.Tensor:
     """``log_softmax(logits / temperature)[..., labels]`` in float32; ``(..., V), (...) -> (...)``."""
-    if logits.shape[:-1] != labels.shape:
-        raise ValueError(
-            f"logits {tuple(logits.shape)} must be labels {tuple(labels.shape)} + (V,)"
-        )
+    _check(logits, labels)
     z = _scaled(logits, temperature)
-    picked = z.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(z, dim=-1)
+    return torch.log_softmax(z, dim=-1).gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy of ``softmax(logits / temperature)`` in float32; ``(..., V) -> (...)``."""
-    z = _scaled(logits, temperature)
-    lse = torch.logsumexp(z, dim=-1)
-    return lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+    logq = torch.log_softmax(_scaled(logits, temperature), dim=-1)
+    return -(logq.exp() * logq).sum(dim=-1)
 
 
 def log_probs_and_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, entropy_grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both of the above sharing one ``logsumexp``; returns ``(logp, entropy)``."""
+    """Both of the above from one ``log_softmax``; returns ``(logp, entropy)``. With
+    ``entropy_grad=False`` the entropy is detached (a metric): no graph through it."""
+    _check(logits, labels)
+    logq = torch.log_softmax(_scaled(logits, temperature), dim=-1)
+    logp = logq.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    if entropy_grad:
+        return logp, -(logq.exp() * logq).sum(dim=-1)
+    with torch.no_grad():
+        q = logq.detach()
+        return logp, -(q.exp() * q).sum(dim=-1)
+
+
+def _check(logits: torch.Tensor, labels: torch.Tensor) -> None:
     if logits.shape[:-1] != labels.shape:
         raise ValueError(
             f"logits {tuple(logits.shape)} must be labels {tuple(labels.shape)} + (V,)"
         )
-    z = _scaled(logits, temperature)
-    lse = torch.logsumexp(z, dim=-1)
-    logp = z.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - lse
-    ent = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
-    return logp, ent
