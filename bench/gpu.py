@@ -1,4 +1,4 @@
-"""One CUDA GPU, no network: local_engine on CUDA vs CPU, one FSDP2 training step (tokens/s,
+"""One CUDA GPU, no network: local_engine on CUDA vs CPU, one training step (tokens/s,
 MFU) against a plain PyTorch loop, and a short ``asyncrl up`` with engine and trainer on CUDA.
 
     python bench/gpu.py [--out DIR] [--model-dir DIR] [--phases engine,trainer,up] \\
@@ -23,8 +23,8 @@ that fails is recorded and the others still run (exit 1 if any failed):
   (``--dtype float32``, ``--cpu-threads`` torch threads, the CPU default): generated tokens/s
   at each ``--concurrency`` (every request samples exactly N tokens, ``ignore_eos``, T = 1,
   after a 16-token prompt; N = ``--gpu-tokens`` on CUDA, fewer, ``--cpu-tokens``, on CPU).
-- trainer: ``TrainStep.run`` on an FSDP2 policy (one rank, NCCL, ``mixed_precision=bf16``)
-  vs a plain loop (the unwrapped model in fp32 under bf16 autocast, same micro-batches, a
+- trainer: ``TrainStep.run`` on the one-rank policy (NCCL process group; one rank trains the
+  plain module, no FSDP2; ``mixed_precision=bf16`` as autocast) vs a plain loop (the unwrapped model in fp32 under bf16 autocast, same micro-batches, a
   token-mean policy-gradient loss, AdamW): tokens/s counts every token of every trajectory;
   MFU = 6 × parameters × tokens / time / peak dense bf16 FLOP/s of the GPU (:data:`PEAKS`).
   6·N·T ignores attention scores and over-counts the LM head on prompt tokens (the step
@@ -150,7 +150,7 @@ def trainer_phase(args, model_dir: Path, work: Path, device_name: str) -> dict:
     mfu = f"{100 * res['mfu']:.1f} %" if peak else "n/a"
     print(f"[trainer] {res['trajectories']} trajectories x {args.prompt}+{args.response} tokens, micro-batch {args.micro}, "
           f"{res['params'] / 1e6:.1f}M parameters", flush=True)
-    print(f"[trainer] daemon TrainStep (FSDP2, bf16): {res['daemon_tok_s']:9.0f} tok/s ({res['daemon_s_per_step']:.3f} s/step), "
+    print(f"[trainer] daemon TrainStep (1 rank, bf16): {res['daemon_tok_s']:9.0f} tok/s ({res['daemon_s_per_step']:.3f} s/step), "
           f"MFU {mfu} of {peak} TFLOP/s ({source})", flush=True)
     print(f"[trainer] plain loop (bf16 autocast)   : {res['plain_tok_s']:9.0f} tok/s ({res['plain_s_per_step']:.3f} s/step)", flush=True)
     return res
@@ -393,7 +393,7 @@ def summary_rows(results: dict) -> list[tuple[str, str, str]]:
         rows.append((f"engine tok/s, {gpu['concurrency']} concurrent", f"{gpu['tok_s']:.1f}", base))
     tr = results.get("trainer") or {}
     if "daemon_tok_s" in tr:
-        rows.append(("trainer tok/s (FSDP2 bf16)", f"{tr['daemon_tok_s']:.0f}", f"{tr['plain_tok_s']:.0f} plain loop"))
+        rows.append(("trainer tok/s (1 rank, bf16)", f"{tr['daemon_tok_s']:.0f}", f"{tr['plain_tok_s']:.0f} plain loop"))
         mfu = f"{100 * tr['mfu']:.1f} %" if tr.get("mfu") is not None else "n/a (unknown GPU: --peak-tflops)"
         rows.append(("trainer MFU", mfu, f"peak {tr.get('peak_tflops')} TFLOP/s ({tr.get('peak_source')})"))
     up = results.get("up") or {}
