@@ -140,3 +140,19 @@ def test_joining_a_group_nobody_hosts_times_out():
     with pytest.raises(WeightSyncError):
         join_group("127.0.0.1", port, 2, 1, timeout_s=2)
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_engine_finite_check_catches_nan_and_both_infinities_anywhere(dtype):
+    """The engine's one-pass finite check (min/max) against isfinite, value by value."""
+    from local_engine.weights import _finite
+
+    assert _finite(torch.empty(0, dtype=dtype))
+    base = torch.linspace(-3, 3, 257, dtype=dtype)
+    assert _finite(base)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for where in (0, 128, 256):
+            t = base.clone()
+            t[where] = bad
+            assert not _finite(t), (bad, where)
+            assert not _finite(t.view(1, 257)), (bad, where)

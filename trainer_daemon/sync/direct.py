@@ -110,6 +110,7 @@ class DirectEnginePublisher(WeightPublisher):
         buckets = plan_buckets(weights, self.bucket_bytes, first_tiny=forming)
         update = self._update(len(buckets))
         collective = [0.0]
+        t3 = None
         try:
             await update.pause(self.pause_mode)
             await update.begin()
@@ -130,9 +131,9 @@ class DirectEnginePublisher(WeightPublisher):
                                   timeout_s=limit, send=sender)
 
             await send_buckets(buckets, weights, self.buffers, send)
+            t3 = time.perf_counter()
             await update.end()
             await update.flush()
-            t3 = time.perf_counter()
         except Exception as exc:
             mixed = [m.id for m in update.members if update.outcome(m) == "mixed"]
             if mixed:
@@ -144,14 +145,18 @@ class DirectEnginePublisher(WeightPublisher):
             raise WeightSyncError(f"weight sync to version {version} failed: {type(exc).__name__}: {exc}") from exc
         finally:
             await update.release()
+        t4 = time.perf_counter()
         nbytes = weights_nbytes(weights)
         return {
             "trainer/sync_bytes": float(nbytes),
             "trainer/sync_buckets": float(len(buckets)),
+            "timing_s/sync_window": t4 - t0,
             "timing_s/sync_pause": t1 - t0,
             "timing_s/sync_group": t2 - t1,
             "timing_s/sync_broadcast": t3 - t2,
             "timing_s/sync_collective": collective[0],
+            "timing_s/sync_load": t3 - t2 - collective[0],
+            "timing_s/sync_resume": t4 - t3,
             "trainer/sync_gb_per_s": nbytes / 1e9 / max(t3 - t2, 1e-9),
             "trainer/sync_collective_gb_per_s": nbytes / 1e9 / max(collective[0], 1e-9),
         }
