@@ -65,6 +65,8 @@ def test_batch_metrics_match_hand_count():
     assert m["fully_async/partial/total_partial_num"] == 3
     assert m["fully_async/partial/partial_ratio"] == 0.5
     assert m["fully_async/partial/max_partial_span"] == 3
+    # tokens decoded before the trajectory's last version: 3, 3, 4 | 2 | 1, 2, 3
+    assert m["fully_async/partial/kept_tokens"] == 3 + 1 + 3
     # oldest lags 0 2 1 3 2 4; token ages by hand (mean of 5 - v over model tokens)
     ages = [0.0, (2 + 2 + 1 + 0) / 4, 1.0, (3 + 1) / 2, 2.0, (4 + 3 + 2 + 1) / 4]
     assert m["fully_async/staleness/oldest_lag_mean"] == pytest.approx(12 / 6)

@@ -39,8 +39,9 @@ Metrics of one training batch (:func:`batch_version_metrics`, verl's names):
 is ``c``; ``fully_async/partial/total_partial_num`` (partial trajectories in the batch),
 ``partial_ratio`` (that / trajectories in the batch, 0 for an empty batch) and
 ``max_partial_span`` (max span in the batch, 0 if none) describe the batch alone; asyncrl
-adds ``fully_async/staleness/oldest_lag_mean`` / ``_max`` and ``token_age_mean`` / ``_max`` of
-the trained trajectories (their age by either measure).
+adds ``fully_async/partial/kept_tokens`` (tokens of the batch's partial trajectories decoded
+under an older version than their last one: work a sync did not throw away), and ``fully_async/staleness/oldest_lag_mean`` / ``_max``
+and ``token_age_mean`` / ``_max`` of the trained trajectories (their age by either measure).
 
 After a trainer restart that found the engines ahead, version *numbers* jumped (see
 ``trainer_daemon.lineage``): pass ``effective`` (``Lineage.effective``) and every version —
@@ -186,6 +187,11 @@ def batch_version_metrics(
     stale_traj = sum(info.stale for info in infos)
     stale_samples = sum(current_version - v >= 1 for v in newest.values())
     partial = [info for info in infos if info.partial]
+    kept = 0
+    for t, info in zip(trajectories, infos, strict=True):
+        if info.partial:
+            last = max(t.weight_versions)
+            kept += sum(1 for v in t.weight_versions if 0 <= v < last)
     return {
         "fully_async/count/stale_samples_processed": float(prev_stale_samples + stale_samples),
         "fully_async/count/stale_trajectory_processed": float(prev_stale_trajectories + stale_traj),
@@ -193,6 +199,7 @@ def batch_version_metrics(
         "fully_async/partial/total_partial_num": float(len(partial)),
         "fully_async/partial/partial_ratio": len(partial) / len(infos) if infos else 0.0,
         "fully_async/partial/max_partial_span": float(max((i.span for i in infos), default=0)),
+        "fully_async/partial/kept_tokens": float(kept),
         "fully_async/staleness/oldest_lag_mean": sum(i.oldest_lag for i in infos) / len(infos) if infos else 0.0,
         "fully_async/staleness/oldest_lag_max": float(max((i.oldest_lag for i in infos), default=0)),
         "fully_async/staleness/token_age_mean": sum(i.token_age for i in infos) / len(infos) if infos else 0.0,
