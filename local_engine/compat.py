@@ -7,6 +7,10 @@ release that behaves the new way:
   ``/update_weights_from_distributed`` outside a session answers 400 "must run between
   begin_weight_update() and end_weight_update()" without joining the broadcast. Older
   releases have no such routes (404).
+- ``flush_ignores_queue_when_paused`` (0.5.21): a cache flush (``/flush_cache``, or an update
+  with ``flush_cache: true``) needs no running request, and while the engine is paused it
+  ignores queued ones — the requests a ``retract`` pause put back. Older releases also need an
+  empty queue, so a flush after a retract fails there.
 - ``dp_strict`` (0.5.22): weight-update routes assert ``dp_size == 1``; older releases also
   accept ``dp_size > 1`` with ``enable_dp_attention``. A failed assert is an HTTP 500.
 - ``soft_flush_failure`` (0.5.22): an update with ``flush_cache: true`` while requests are
@@ -34,6 +38,7 @@ class SglangCompat:
     dp_strict: bool
     soft_flush_failure: bool
     align_before_broadcast: bool
+    flush_ignores_queue_when_paused: bool
 
     @classmethod
     def of(cls, version: str) -> SglangCompat:
@@ -42,4 +47,5 @@ class SglangCompat:
             lo, hi = (".".join(map(str, x)) for x in SUPPORTED)
             raise ValueError(f"--sglang-compat {version!r}: local_engine emulates sglang {lo} to {hi}")
         return cls(version=".".join(map(str, v)), sessions=v >= (0, 5, 21), dp_strict=v >= (0, 5, 22),
-                   soft_flush_failure=v >= (0, 5, 22), align_before_broadcast=v >= (0, 5, 23))
+                   soft_flush_failure=v >= (0, 5, 22), align_before_broadcast=v >= (0, 5, 23),
+                   flush_ignores_queue_when_paused=v >= (0, 5, 21))

@@ -12,9 +12,16 @@ Lock discipline (copied from SGLang's tokenizer manager, contract §1):
 - ``pause(abort)``: close the gate, then abort everything running or queued until no
   ``/generate`` is in flight (bounded by ``pause_drain_timeout_s``); their callers get
   partial results with finish_reason abort;
-- ``pause(in_place)`` (and ``retract``): close the gate and stop stepping after the
-  current step; requests keep their rows and KV and go on after ``resume()``, with the
-  new weights if an update happened meanwhile (recorded in ``weight_versions`` spans).
+- ``pause(in_place)``: close the gate and stop stepping after the current step; requests
+  keep their rows and KV and go on after ``resume()``, with the new weights if an update
+  happened meanwhile (recorded in ``weight_versions`` spans) on top of KV computed with the
+  old ones;
+- ``pause(retract)``: the same, then every running request goes back to the queue with its
+  KV freed; after ``resume()`` it is prefilled again (prompt + output so far) with the
+  weights loaded then, and its ``num_retractions`` counts it;
+- a cache flush (``/flush_cache`` or an update's ``flush_cache``) needs no running request
+  and no queued one, except that from 0.5.21 on a paused engine ignores its queue (so a flush
+  after ``retract`` works there and fails on older releases; after ``in_place`` it fails).
 
 Weight-update sessions (SGLang 0.5.21+, :mod:`local_engine.compat`): distributed updates are
 refused outside ``begin_weight_update`` … ``end_weight_update``. Aborts: a rid is honoured only
@@ -195,6 +202,8 @@ class Engine:
             self.metrics.paused.set(1)
             if mode != "abort":
                 await self.scheduler.stop_stepping()
+                if mode == "retract":
+                    self.scheduler.retract_all()
                 return
             deadline = time.monotonic() + self.settings.pause_drain_timeout_s
             while True:
@@ -272,10 +281,15 @@ class Engine:
                 raise WeightUpdateError("no weight-update session is open; call begin_weight_update() first")
             self.session_open = False
 
+    def can_flush(self) -> bool:
+        """Whether SGLang's ``flush_cache`` would succeed now (module docstring)."""
+        queued = 0 if self.compat.flush_ignores_queue_when_paused and self.gate.paused else len(self.scheduler.waiting)
+        return not self.scheduler.running and queued == 0
+
     def _flush_after_update(self, flush: bool) -> None:
         """SGLang flushes the cache after an update with ``flush_cache``; with requests still
         running or queued that fails the call (0.5.22+) or kills the engine (older)."""
-        if not flush or self.scheduler.num_pending == 0:
+        if not flush or self.can_flush():
             return
         if self.compat.soft_flush_failure:
             raise WeightUpdateError("Weights were updated, but the cache was not flushed because requests are still "

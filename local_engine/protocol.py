@@ -179,7 +179,7 @@ class SessionBody(_Body):
 
 
 class PauseBody(_Body):
-    """/pause_generation. ``retract`` behaves like ``in_place`` here (no KV memory to free)."""
+    """/pause_generation: ``abort``, ``retract`` (requests kept, KV freed, prefilled again on continue) or ``in_place`` (requests and KV kept)."""
 
     mode: Literal["abort", "retract", "in_place"] = "abort"
 

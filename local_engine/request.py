@@ -50,6 +50,9 @@ class Req:
     versions: list[list[Any]] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     aborted_in_queue: bool = False
+    retractions: int = 0
+    """Times a ``retract`` pause freed this request's KV (``num_retractions``); it is then
+    prefilled again from :attr:`context_ids` with the weights of that time."""
     abort_message: str | None = None
     generator: torch.Generator | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -65,7 +68,12 @@ class Req:
 
     @property
     def wants_prompt_logits(self) -> bool:
-        return self.return_logprob and self.logprob_start_len >= 0
+        return self.return_logprob and self.logprob_start_len >= 0 and self.input_logprobs is None
+
+    @property
+    def context_ids(self) -> list[int]:
+        """What a prefill of this request covers: the prompt, plus the output so far after a retract."""
+        return self.prompt_ids + self.output_ids if self.output_ids else self.prompt_ids
 
     def row_sampling(self, eos_ids: frozenset[int]) -> RowSampling:
         p = self.params
@@ -156,7 +164,7 @@ class Renderer:
             "completion_tokens": len(req.output_ids),
             "cached_tokens": 0,
             "weight_version": weight_version,
-            "num_retractions": 0,
+            "num_retractions": req.retractions,
             "reasoning_tokens": 0,
         }
         if len(req.versions) > 1:

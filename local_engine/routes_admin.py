@@ -63,7 +63,7 @@ async def continue_generation(request: Request, engine: EngineDep) -> Response:
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(engine: EngineDep) -> Response:
-    ok = engine.scheduler.num_pending == 0
+    ok = engine.can_flush()
     return Response(FLUSH_TEXT, status_code=200 if ok else 400, media_type="text/plain")
 
 

@@ -22,6 +22,10 @@ Control, all on the event loop:
   in flight for it is discarded on return).
 - ``stop_stepping()`` / ``start_stepping()``: pause (in place) without losing rows or KV;
   ``stop_stepping`` returns once no compute is in flight.
+- ``retract_all()`` (while stopped): SGLang's ``retract`` pause — every running request goes
+  back to the front of the queue in order, its rows and KV freed; it is prefilled again from
+  its prompt plus the output so far when stepping resumes (with whatever weights are loaded
+  then), and its next token comes from that prefill. ``num_retractions`` counts it.
 - ``hold()``: an async context during which no compute runs (weight copies use it).
 
 A compute that raises ends the requests it involved with an abort carrying status 500
@@ -160,6 +164,17 @@ class Scheduler:
         self._stopped = False
         self._wake.set()
 
+    def retract_all(self) -> int:
+        """Free every running row (call while stopped); returns how many requests went back to the queue."""
+        back = [r for r in self.rows if not r.finished]
+        for req in reversed(back):
+            req.retractions += 1
+            self.waiting.appendleft(req)
+        self.rows = []
+        self.runner.reset()
+        self._prefilled_last = False
+        return len(back)
+
     @asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
         self._holds += 1
@@ -199,7 +214,7 @@ class Scheduler:
         longest = 0
         while self.waiting and live + len(admitted) < self.max_batch_size:
             nxt = self.waiting[0]
-            width = max(longest, len(nxt.prompt_ids))
+            width = max(longest, len(nxt.context_ids))
             if admitted and width * (len(admitted) + 1) > MAX_PREFILL_TOKENS:
                 break
             admitted.append(self.waiting.popleft())
@@ -219,9 +234,10 @@ class Scheduler:
             out, prompt_lps = await asyncio.to_thread(self._prefill, keep, admitted, rows, tops)
             self.rows = live + admitted
             for req, lps in zip(admitted, prompt_lps, strict=True):
-                req.input_logprobs = lps
+                if lps is not None:
+                    req.input_logprobs = lps
             self._apply(admitted, out, version, skip_zero_budget=True)
-            self.on_step("prefill", len(admitted), sum(len(r.prompt_ids) for r in admitted))
+            self.on_step("prefill", len(admitted), sum(len(r.context_ids) for r in admitted))
         else:
             rows = [r.row_sampling(eos) for r in live]
             tops = [r.top_logprobs_num for r in live]
@@ -255,7 +271,7 @@ class Scheduler:
     # -- worker-thread compute -----------------------------------------------------------
     def _prefill(self, keep: list[int], reqs: list[Req], rows: list[RowSampling], tops: list[int]):
         self.runner.keep(keep)
-        pf = self.runner.prefill([r.prompt_ids for r in reqs], [r.wants_prompt_logits for r in reqs])
+        pf = self.runner.prefill([r.context_ids for r in reqs], [r.wants_prompt_logits for r in reqs])
         out = sample(pf.last, rows, self._generator, tops)
         lps = [
             prompt_logprobs(logits, r.prompt_ids, r.params.temperature) if logits is not None else None

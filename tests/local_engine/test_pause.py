@@ -1,13 +1,17 @@
-"""/pause_generation modes, /continue_generation, /flush_cache while paused."""
+"""/pause_generation modes (abort, in_place, retract with its re-prefill), /continue_generation,
+/flush_cache while paused."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import aiohttp
 
+from tests.helpers.reference_model import greedy_continuation, teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for
 from tests.local_engine.helpers import load, running_tokens
+from tests.local_engine.weight_trainer import perturb
 
 PROMPT = [9, 10, 11, 12]
 LONG = {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}
@@ -61,19 +65,42 @@ async def test_pause_in_place_keeps_requests_and_they_finish_after_continue(smal
         await small_client.update_weight_version("default", abort_all_requests=False)
 
 
-async def test_retract_mode_behaves_like_in_place(small_client):
-    # long enough that it cannot finish between the first tokens and the pause, even on a loaded box
-    # (60 tokens once did, under two CPU hogs): the pause, not the request's length, must hold it
-    n = RETRACT_TOKENS
-    task = asyncio.create_task(small_client.generate(PROMPT, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}))
+async def test_retract_frees_the_kv_and_prefills_again_with_the_new_weights(small_client, ref_model, tmp_path):
+    """``retract``: the running request goes back to the queue (no row, no KV), a flush now
+    works (0.5.21+ ignore the queue of a paused engine), and after the update and continue it
+    is prefilled again: every token after the pause is the new model's greedy choice with the
+    new model's logprob over the WHOLE context (prompt + earlier output recomputed with the new
+    weights, which an in-place pause would not do), and ``num_retractions`` is 1."""
+    n = RETRACT_TOKENS  # long enough that it cannot finish between the first tokens and the pause
+    new = perturb(copy.deepcopy(ref_model), 31)
+    new.save_pretrained(tmp_path / "new")
+    ref_model.save_pretrained(tmp_path / "base")
+    task = asyncio.create_task(small_client.generate(PROMPT, {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+                                                     rid="retract-run"))
     await wait_for(lambda: _tokens_over(small_client, len(PROMPT) + 2), WAIT_S, "tokens before the pause")
     await small_client.pause("retract")
-    before = await running_tokens(small_client)
-    await asyncio.sleep(0.3)  # not a wait for a state: room for a wrong engine to go on with the request while paused
-    assert not task.done() and await running_tokens(small_client) == before, "no steps while paused"
-    await small_client.resume()
-    res = await asyncio.wait_for(task, 120)
+    try:
+        loads = await load(small_client)
+        assert loads["num_running_reqs"] == 0 and loads["num_waiting_reqs"] == 1 and not task.done()
+        await small_client.flush_cache(retries=1, interval_s=0.1)
+        await small_client.update_weights_from_disk(str(tmp_path / "new"), weight_version="v-retract", flush_cache=True)
+        await small_client.resume()
+        res = await asyncio.wait_for(task, 120)
+    finally:
+        await small_client.resume()
+        await small_client.update_weights_from_disk(str(tmp_path / "base"), weight_version="default")
     assert res.finish_reason.type == "length" and len(res.output_ids) == n
+    assert res.meta_info["num_retractions"] == 1
+    spans = [(s.version, s.start, s.end) for s in res.weight_versions]
+    assert len(spans) == 2 and spans[0][:2] == ("default", 0) and spans[1] == ("v-retract", spans[0][2], n)
+    k = spans[0][2]
+    head = res.output_ids[:k]
+    checked = 24  # a prefix of the new span is enough to tell the semantics apart
+    assert res.output_ids[k:k + checked] == greedy_continuation(new, PROMPT + head, checked)
+    want = teacher_forced_logprobs(new, PROMPT, res.output_ids[:k + checked])[k:]
+    assert max(abs(a - b) for a, b in zip(res.logprobs[k:k + checked], want, strict=True)) < 1e-4
+    old_ctx = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids[:k])
+    assert max(abs(a - b) for a, b in zip(res.logprobs[:k], old_ctx, strict=True)) < 1e-4  # the old span: the old weights
 
 
 async def test_pause_and_continue_require_a_body_like_sglang(small_engine, small_client):

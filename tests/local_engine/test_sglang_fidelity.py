@@ -181,6 +181,25 @@ async def test_an_update_that_cannot_flush_fails_from_0_5_22(new):
         assert (await asyncio.wait_for(long, TIMEOUT_S)).finish_reason.type == "abort"
 
 
+async def test_a_flush_after_retract_works_from_0_5_21_and_fails_before(new, old):
+    """A ``retract`` pause leaves the requests queued: 0.5.21+ flush anyway while paused (the
+    queue is ignored), older releases answer 400 until the queue is empty."""
+    for engine, ok in ((new, True), (old, False)):
+        async with engine.client() as c:
+            long = asyncio.ensure_future(c.generate(PROMPT, {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True},
+                                                    rid=f"retract-flush-{ok}"))
+            await wait_for(lambda c=c: _running(c), WAIT_S, "a running request")
+            await c.pause("retract")
+            try:
+                assert (await c.loads())["loads"][0]["num_waiting_reqs"] == 1
+                async with aiohttp.ClientSession() as s, s.get(f"{engine.url}/flush_cache") as r:
+                    assert (r.status == 200) is ok, (engine.url, r.status)
+            finally:
+                await c.abort(abort_all=True)
+                await c.resume()
+            assert (await asyncio.wait_for(long, TIMEOUT_S)).finish_reason.type == "abort"
+
+
 async def _running(c: EngineClient) -> bool:
     return (await c.loads())["loads"][0]["num_running_reqs"] > 0
 
