@@ -7,16 +7,16 @@ answers at once (202); ``run`` executes queued syncs one at a time (an older or 
 is refused with 409). The engine side of a sync is
 :class:`~asyncrl.weight_sync.engine_update.EngineUpdate`; around it:
 
-1. **pausing**: ``POST /admin/pause`` on the rollout service (``partial`` or ``drain`` from
-   the config), then ``/pause_generation`` (abort) and ``/begin_weight_update`` on every
-   member engine;
+1. **pausing**: ``POST /admin/pause`` on the rollout service, then ``/pause_generation`` and
+   ``/begin_weight_update`` on every member engine (the modes from ``sync.pause_policy``:
+   :mod:`asyncrl.weight_sync.pause_policy`);
 2. **awaiting_broadcast**: when the group is new, every engine joins it at its rank offset;
    the calls return once the trainer has joined as rank 0;
 3. **loading**: each bucket's ``/update_weights_from_distributed`` on every engine while the
    trainer broadcasts it; the last bucket carries the new version. The first engine that
    refuses or fails a bucket turns the sync **failing** at once (the trainer watches and stops
    broadcasting);
-4. **resuming**: ``/end_weight_update``, flush caches, then (in ``finally``, whatever happened)
+4. **resuming**: ``/end_weight_update``, flush caches (as the policy allows), then (in ``finally``, whatever happened)
    ``/continue_generation`` on every paused engine and ``/admin/resume`` on the rollout service
    — at the new version when every member loaded it, else at the old one.
 
@@ -39,6 +39,7 @@ from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
 from asyncrl.weight_sync.engine_update import EngineUpdate, Member
 from asyncrl.weight_sync.layout import LayoutError, check_nccl
+from asyncrl.weight_sync.pause_policy import plan_for
 from asyncrl.wire.sync import BucketSpec, SyncRequest, weight_version_number
 from sync_agent.health import SyncTally
 from sync_agent.history import SyncHistory
@@ -76,7 +77,8 @@ class SyncCoordinator:
         self.last_views: list[dict[str, Any]] = []
         self.unfinished: SyncRecord | None = next((r for r in reversed(self.records) if not r.done), None)
         """A sync the previous agent process left unfinished; new syncs wait until it is recovered."""
-        self.pause_mode = "partial" if cfg.async_training.partial_rollout_active else "drain"
+        self.plan = plan_for(cfg)
+        self.pause_mode = self.plan.rollout_mode
         self.tally = SyncTally()
         """Outcomes since this process started (the records are bounded; these counts are not)."""
 
@@ -240,7 +242,7 @@ class SyncCoordinator:
             self._enter(rec, "pausing")
             await self.rollout.pause(self.pause_mode, s.pause_timeout_s)
             paused_rollout = True
-            await update.pause("abort")
+            await update.pause(self.plan.engine_mode)
             await update.begin()
             self._enter(rec, "awaiting_broadcast")
             if rec.join_group:
@@ -254,7 +256,7 @@ class SyncCoordinator:
                 rec.bytes += spec.nbytes
             await update.end()
             self._enter(rec, "resuming")
-            await update.flush()
+            await update.flush(self.plan.flush_retries)
             self.version = rec.version
             rec.engines = {m.id: "loaded" for m in update.members}
             self.needs_reload -= {m.id for m in update.members}  # a full push rewrote every parameter

@@ -189,6 +189,13 @@ class SyncConfig(Section):
     dtypes may mix; a larger tensor gets a bucket of its own)."""
     pause_timeout_s: float = Field(120.0, gt=0.0)
     """Limit of the pause phase (drain mode waits for in-flight generations)."""
+    pause_policy: Literal["abort", "retract", "in_place"] = "abort"
+    """What a sync does with generations in flight when partial rollout is active: ``abort``
+    them (the rollout resends prompt + kept tokens after the sync: re-prefilled), ``retract``
+    (the engines keep them queued with their KV freed and re-prefill them: SGLang 0.5.21+ to
+    flush the prefix cache), ``in_place`` (engines keep requests and KV; no flush; tokens after
+    the sync are decoded over KV of the old weights). ``asyncrl.weight_sync.pause_policy``;
+    docs/sync_agent.md, "Pause policies"."""
     broadcast_timeout_s: float = Field(300.0, gt=0.0)
     """Limit of the weight broadcast (all buckets)."""
     resume_timeout_s: float = Field(30.0, gt=0.0)

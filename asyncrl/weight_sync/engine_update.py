@@ -258,11 +258,14 @@ class EngineUpdate:
         if _errors(failed):
             raise WeightSyncError(f"end_weight_update failed: {_errors(failed)}")
 
-    async def flush(self) -> None:
-        """Best effort: a cache left unflushed only costs prefix hits."""
-        failed = await self.each(lambda m: m.client.flush_cache(retries=FLUSH_RETRIES, interval_s=FLUSH_INTERVAL_S,
+    async def flush(self, retries: int = FLUSH_RETRIES) -> None:
+        """Best effort: a cache left unflushed keeps prefix KV of the old weights (prefix hits
+        after the sync reuse it). ``retries``: tries while an engine answers 400 (0: no call)."""
+        if retries <= 0:
+            return
+        failed = await self.each(lambda m: m.client.flush_cache(retries=retries, interval_s=FLUSH_INTERVAL_S,
                                                                  timeout_s=self.control_timeout_s),
-                                  FLUSH_RETRIES * (FLUSH_INTERVAL_S + self.control_timeout_s))
+                                  retries * (FLUSH_INTERVAL_S + self.control_timeout_s))
         if _errors(failed):
             log.warning("flush_cache failed: %s", _errors(failed))
 

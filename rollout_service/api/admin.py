@@ -3,7 +3,7 @@
 Every action is idempotent and answers with the service's new status as JSON. The runner
 is read through its snapshot and driven through its methods (``pause``, ``resume``).
 
-    POST   /admin/pause        {"mode": "partial" | "drain" | null, "timeout_s": float | null}
+    POST   /admin/pause        {"mode": "partial" | "drain" | "hold" | null, "timeout_s": float | null}
     POST   /admin/resume       {"version": int}
     GET    /admin/status
     POST   /admin/validate     (runs the validation set now; answers with its metrics)
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 from asyncrl.config import secret
 from asyncrl.http.errors import ApiError
 from asyncrl.http.openapi import errors
+from asyncrl.weight_sync.pause_policy import plan_for
 from rollout_service.api.auth import require_token
 from rollout_service.api.status import service_status
 from rollout_service.runner.runner import PauseTimeout
@@ -33,8 +34,9 @@ class _Body(BaseModel):
 
 
 class PauseRequest(_Body):
-    mode: Literal["partial", "drain"] | None = None
-    """None: ``partial`` when ``async_training.partial_rollout_active``, else ``drain``."""
+    mode: Literal["partial", "drain", "hold"] | None = None
+    """None: the mode of the run's pause plan (``asyncrl.weight_sync.pause_policy``): ``partial``
+    or ``hold`` when ``async_training.partial_rollout_active`` (by ``sync.pause_policy``), else ``drain``."""
     timeout_s: float | None = Field(None, gt=0, le=3600)
 
 
@@ -60,15 +62,14 @@ def build_admin_router(svc) -> APIRouter:
     router = APIRouter(prefix="/admin", dependencies=[Depends(admin)])
 
     def default_mode() -> str:
-        at = svc.cfg.async_training
-        return "partial" if at.partial_rollout_active else "drain"
+        return plan_for(svc.cfg).rollout_mode
 
     @router.post("/pause", responses=errors(504))
     async def pause(body: PauseRequest | None = None):
         body = body or PauseRequest()
         mode = body.mode or default_mode()
         now = svc.runner.snapshot()
-        if now.paused and now.pause_mode == mode and not now.generating and (mode == "partial" or not now.active):
+        if now.paused and now.pause_mode == mode and (mode == "hold" or not now.generating and (mode == "partial" or not now.active)):
             return service_status(svc)  # already paused this way: nothing to wait for
         try:
             await svc.runner.pause(mode, body.timeout_s or svc.cfg.rollout.pause_timeout_s)

@@ -10,8 +10,11 @@ Contract (pinned by tests/rollout):
 - **Pause** ``partial``: close the gate, abort this service's requests on every engine,
   and return once no generate call is in flight; aborted agents keep their tokens and
   continue after resume. ``drain``: stop admitting and return once every in-flight
-  trajectory has finished. Both are idempotent; both time out with an error while staying
-  paused (the sync agent then resumes at the old version).
+  trajectory has finished. ``hold`` (``sync.pause_policy`` retract / in_place, where the
+  engines keep the requests): stop new generate calls and return at once; the calls in flight
+  wait at their engine and go on after the sync with the new weights (per-token versions from
+  the engine's spans). All are idempotent; ``partial`` and ``drain`` time out with an error
+  while staying paused (the sync agent then resumes at the old version).
 - **Resume** ``version``: the quota is reset (verl: in-flight + queued samples become the
   stale carry-over), the gate opens, admission restarts. Resuming at the current version is
   a no-op apart from reopening.
@@ -263,13 +266,15 @@ class Runner:
 
     # -- pause / resume -------------------------------------------------------------------
     async def pause(self, mode: str, timeout_s: float) -> None:
-        """See the module docstring. ``mode`` is ``partial`` or ``drain``."""
+        """See the module docstring. ``mode`` is ``partial``, ``drain`` or ``hold``."""
         self.paused = True
         if self.paused_at is None:
             self.paused_at = time.monotonic()
         self.pause_mode = mode
         deadline = time.monotonic() + timeout_s
-        if mode == "partial":
+        if mode == "hold":
+            self.gate.close()
+        elif mode == "partial":
             self.gate.close()
             while self.calls.count > 0:
                 await self.abort_engines(self.rid_prefix)

@@ -44,11 +44,15 @@ def build_publisher(cfg) -> WeightPublisher | None:
         e = cfg.engines
         engines = [EngineClient(u, api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key),
                                 control_timeout_s=e.control_timeout_s) for u in e.urls]
+        from asyncrl.weight_sync.pause_policy import plan_for
+
+        plan = plan_for(cfg)
         return DirectEnginePublisher(
             engines, master_address=t.master_addr, master_port=t.weight_sync_port, backend=backend,
             bucket_bytes=s.bucket_bytes,
             group_timeout_s=s.group_init_timeout_s, broadcast_timeout_s=s.broadcast_timeout_s,
             control_timeout_s=max(cfg.engines.control_timeout_s, s.pause_timeout_s),
+            pause_mode=plan.engine_mode, flush_retries=plan.flush_retries,
         )
     log.warning("no sync.url and no engines.urls: weights are not broadcast (checkpoints and HF exports still are)")
     return None

@@ -4,8 +4,9 @@ Per publish, on the trainer's I/O loop, the engine side is
 :class:`asyncrl.weight_sync.engine_update.EngineUpdate` (the same sequence the sync agent
 runs) with the trainer as the in-process sender:
 
-1. ``pause_generation`` on every engine (``abort``: in-flight requests come back as aborted
-   and the rollout service resumes them as partial rollouts), ``begin_weight_update``;
+1. ``pause_generation`` on every engine in ``pause_mode`` (``abort``: in-flight requests come
+   back as aborted and the rollout service resumes them as partial rollouts; ``retract`` /
+   ``in_place``: the engines keep them, ``sync.pause_policy``), ``begin_weight_update``;
 2. when there is no group (first publish, or a failure broke it): read every engine's layout
    (``/server_info``: ranks = ``tp_size``, refusing layouts SGLang cannot update), then the
    engines join while the trainer hosts the group; the first bucket is then the smallest
@@ -14,7 +15,8 @@ runs) with the trainer as the in-process sender:
    ``sync/flat.py``): engines' update calls and the broadcast run together, and the first
    engine that refuses a bucket cancels the broadcast; ``weight_version`` goes with the last
    bucket only, so an engine whose update failed half-way still reports the old version;
-4. ``end_weight_update``, ``flush_cache``, and ``continue_generation`` in a ``finally``.
+4. ``end_weight_update``, ``flush_cache`` (``flush_retries`` tries; 0: none), and
+   ``continue_generation`` in a ``finally``.
 
 Timeouts: control calls ``engines.control_timeout_s``, group ``sync.group_init_timeout_s``,
 each bucket ``sync.broadcast_timeout_s``.
@@ -42,7 +44,7 @@ from asyncrl.weight_sync import (
     plan_buckets,
     reserve_listen_socket,
 )
-from asyncrl.weight_sync.engine_update import EngineUpdate, Member
+from asyncrl.weight_sync.engine_update import FLUSH_RETRIES, EngineUpdate, Member
 from asyncrl.weight_sync.layout import check_nccl
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, weight_version_number
 from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions, weights_nbytes
@@ -58,14 +60,15 @@ class DirectEnginePublisher(WeightPublisher):
 
     def __init__(self, engines: Sequence[EngineClient], *, master_address: str, master_port: int = 0,
                  backend: str = "gloo", bucket_bytes: int, group_timeout_s: float, broadcast_timeout_s: float,
-                 control_timeout_s: float, pause_mode: str = "abort", group_name: str = DEFAULT_GROUP_NAME) -> None:
+                 control_timeout_s: float, pause_mode: str = "abort", flush_retries: int = FLUSH_RETRIES,
+                 group_name: str = DEFAULT_GROUP_NAME) -> None:
         if not engines:
             raise ValueError("DirectEnginePublisher needs at least one engine (engines.urls)")
         self.engines = list(engines)
         self.master_address, self.master_port = master_address, master_port
         self.backend, self.group_name, self.bucket_bytes = backend, group_name, bucket_bytes
         self.group_timeout_s, self.broadcast_timeout_s = group_timeout_s, broadcast_timeout_s
-        self.control_timeout_s, self.pause_mode = control_timeout_s, pause_mode
+        self.control_timeout_s, self.pause_mode, self.flush_retries = control_timeout_s, pause_mode, flush_retries
         self.group: WeightGroup | None = None
         self.offsets: list[int] = []
         self.buffers = FlatBuffers()
@@ -133,7 +136,7 @@ class DirectEnginePublisher(WeightPublisher):
             await send_buckets(buckets, weights, self.buffers, send)
             t3 = time.perf_counter()
             await update.end()
-            await update.flush()
+            await update.flush(self.flush_retries)
         except Exception as exc:
             mixed = [m.id for m in update.members if update.outcome(m) == "mixed"]
             if mixed:

@@ -1,0 +1,66 @@
+"""What a weight sync does with the generations in flight: the one place this rule lives.
+
+``sync.pause_policy`` applies when partial rollout is active
+(``async_training.partial_rollout_active``); otherwise the rollout service drains before the
+sync, nothing is in flight, and the engines are paused with ``abort`` (a no-op then).
+
+========== ======================== ======================= ====================================
+policy     rollout service pause    engines' pause          after the update
+========== ======================== ======================= ====================================
+abort      ``partial``: abort this  ``abort``               flush the prefix cache (retried
+           service's requests by                            while aborted requests drain); the
+           exact rid; agents keep                           rollout resends prompt + kept tokens
+           their tokens and resend                          (re-prefilled with the new weights)
+           after the sync
+retract    ``hold``: stop admitting ``retract``: requests   flush once (SGLang 0.5.21+ flushes a
+           new work, keep the calls stay queued, KV freed   paused engine with a queue; older
+           that are in flight                               refuse: left unflushed, logged); the
+                                                            engine re-prefills the requests
+in_place   ``hold``                 ``in_place``: requests  no flush (SGLang refuses one while
+                                    and KV kept             requests run): generation goes on
+                                                            over KV computed with the old weights
+========== ======================== ======================= ====================================
+
+Per-token weight versions record the switch in every case (the engine's ``weight_versions``
+spans under retract and in_place; the resumed request's version under abort). What each
+policy costs and when it is safe: docs/sync_agent.md, "Pause policies".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PausePolicyName = Literal["abort", "retract", "in_place"]
+
+
+@dataclass(frozen=True)
+class PausePlan:
+    """The calls one sync makes (module docstring)."""
+
+    policy: PausePolicyName
+    rollout_mode: Literal["partial", "drain", "hold"]
+    engine_mode: PausePolicyName
+    flush_retries: int
+    """0: no ``/flush_cache``; 1: one try; more: retried while the engine answers 400."""
+
+
+ABORT_FLUSH_RETRIES = 30  # flush_cache answers 400 while aborted requests drain
+
+
+def pause_plan(policy: PausePolicyName, partial_rollout_active: bool) -> PausePlan:
+    """The plan for ``sync.pause_policy`` given whether partial rollout is active."""
+    if not partial_rollout_active:
+        return PausePlan("abort", "drain", "abort", ABORT_FLUSH_RETRIES)
+    if policy == "abort":
+        return PausePlan("abort", "partial", "abort", ABORT_FLUSH_RETRIES)
+    if policy == "retract":
+        return PausePlan("retract", "hold", "retract", 1)
+    if policy == "in_place":
+        return PausePlan("in_place", "hold", "in_place", 0)
+    raise ValueError(f"unknown pause policy {policy!r} (abort, retract or in_place)")
+
+
+def plan_for(cfg) -> PausePlan:
+    """:func:`pause_plan` of a run config."""
+    return pause_plan(cfg.sync.pause_policy, cfg.async_training.partial_rollout_active)

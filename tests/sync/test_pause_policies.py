@@ -1,0 +1,93 @@
+"""``sync.pause_policy`` end to end: what a sync does with a generation in flight, seen from the
+rollout service's engine pool, and the calls the sync makes (through a recording proxy in front
+of the engine). The engine-side semantics of each mode (retract re-prefills with the new
+weights, in_place keeps the KV) are pinned in tests/local_engine/test_pause.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncrl.weight_sync.pause_policy import pause_plan
+from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.waiting import WAIT_S, wait_for
+from tests.sync.conftest import perturbed_weights, publisher, stack
+
+PROMPT = [5, 17, 42, 99, 7, 300, 12]
+LONG = 1500  # tokens: the generation is still running when the sync pauses, even on a loaded box
+CALL_S = 180.0
+
+
+def test_pause_plans():
+    """The table of asyncrl.weight_sync.pause_policy, and partial rollout off overriding it."""
+    assert pause_plan("abort", True) == pause_plan("abort", True).__class__("abort", "partial", "abort", 30)
+    assert (pause_plan("retract", True).rollout_mode, pause_plan("retract", True).engine_mode,
+            pause_plan("retract", True).flush_retries) == ("hold", "retract", 1)
+    assert (pause_plan("in_place", True).rollout_mode, pause_plan("in_place", True).engine_mode,
+            pause_plan("in_place", True).flush_retries) == ("hold", "in_place", 0)
+    for policy in ("abort", "retract", "in_place"):
+        off = pause_plan(policy, False)
+        assert (off.rollout_mode, off.engine_mode) == ("drain", "abort")
+    with pytest.raises(ValueError, match="unknown pause policy"):
+        pause_plan("pause", True)
+
+
+@pytest.mark.parametrize("policy", ["abort", "retract", "in_place"])
+async def test_a_sync_treats_the_generation_in_flight_by_its_policy(tmp_path, nats_server, engines, policy):
+    proxy = await RecordingProxy(engines[0].url).start()
+    try:
+        async with stack(tmp_path, nats_server.url, [proxy.url], "async_training.partial_rollout=true",
+                         "rollout.total_rollout_steps=1", "rollout.n=1",  # the service's own agents: one, then none
+                         f"sync.pause_policy={policy}") as (svc, rollout_url, agent, agent_url, cfg):
+            assert agent.coordinator.pause_mode == ("partial" if policy == "abort" else "hold")
+            await wait_for(lambda: _idle(svc, engines[0]), WAIT_S, "the service's own sample to finish")
+            rid = f"{svc.runner.rid_prefix}policy-{policy}"
+            call = asyncio.create_task(svc.pool.generate(None, PROMPT, {"max_new_tokens": LONG, "temperature": 0.0,
+                                                                        "ignore_eos": True}, rid))
+            # decoding (not just queued): its first tokens come from the old weights whatever the policy
+            await wait_for(lambda: _running_tokens(engines[0], len(PROMPT) + 10), WAIT_S, "the long generation to decode")
+            pub = publisher(agent_url, cfg, bucket_bytes=1 << 20)
+            try:
+                _, weights = perturbed_weights(3)
+                await pub.publish(1, weights)
+                rec = agent.coordinator.records[-1]
+                await wait_for(lambda: rec.done, 60, "the sync to finish")
+                assert rec.state == "succeeded", rec.error
+            finally:
+                await pub.close()
+            res = await asyncio.wait_for(call, CALL_S)
+            assert not svc.runner.paused and svc.runner.version == 1
+    finally:
+        await proxy.stop()
+    pauses = [body for method, path, _, body in proxy.requests if path == "/pause_generation"]
+    flushes = [path for _, path, _, _ in proxy.requests if path == "/flush_cache"]
+    assert pauses == [{"mode": policy}]
+    spans = [(s.version, s.start, s.end) for s in res.weight_versions]
+    if policy == "abort":
+        # aborted by its exact rid: partial output, every token from the old weights; the
+        # rollout's agent would resend prompt + these tokens (re-prefilled) after the sync
+        assert res.finish_reason.type == "abort" and 0 < len(res.output_ids) < LONG and len(spans) <= 1
+        assert flushes, "abort flushes the prefix cache"
+        return
+    # retract / in_place: never aborted, finished after the sync with the new weights' tail
+    assert res.finish_reason.type == "length" and len(res.output_ids) == LONG
+    assert len(spans) == 2 and spans[0][0] != "1" and spans[1][0] == "1" and spans[1][2] == LONG
+    assert res.meta_info["num_retractions"] == (1 if policy == "retract" else 0)
+    assert flushes == (["/flush_cache"] if policy == "retract" else []), "in_place never flushes; retract tries once"
+
+
+async def _idle(svc, engine) -> bool:
+    from asyncrl.engine_client import EngineClient
+
+    if svc.runner.snapshot().active:
+        return False
+    async with EngineClient(engine.url) as c:
+        return (await c.loads())["loads"][0]["num_running_reqs"] == 0
+
+
+async def _running_tokens(engine, over: int) -> bool:
+    from asyncrl.engine_client import EngineClient
+
+    async with EngineClient(engine.url) as c:
+        return (await c.loads())["loads"][0]["num_total_tokens"] > over
