@@ -80,6 +80,8 @@ class Engine:
         self.max_model_len = settings.max_model_len or int(getattr(model_config, "max_position_embeddings", 4096))
         self.eos_ids = _eos_ids(model_config, tokenizer)
         self.metrics = EngineMetrics()
+        if hasattr(runner, "recomputed_tokens"):  # timing mode: context re-prefilled after an abort or retract
+            self.metrics.recomputed_tokens.set_function(lambda: runner.recomputed_tokens)
         self.weights = WeightManager(runner.named_weights(), settings.weight_version, settings.weight_sync_timeout_s,
                                      tp_size=settings.tp_size)
         self.metrics.set_version(self.weights.version)

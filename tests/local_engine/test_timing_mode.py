@@ -29,3 +29,49 @@ async def test_timing_mode_lengths_latency_and_batching(tmp_path):
             assert batched < sum(lengths) * 0.010 * 0.5
             info = await c.model_info()
             assert info["weight_version"] == "default"
+
+
+async def test_an_interrupted_request_keeps_its_length_under_every_pause_mode(tmp_path):
+    """Timing mode remembers the length a request drew: aborted and resent (prompt + kept
+    tokens), retracted and re-prefilled, or paused in place, it ends at the same total length
+    as uninterrupted, and the re-prefilled context is counted as recomputed."""
+    import aiohttp
+
+    from tests.helpers.waiting import WAIT_S, wait_for
+
+    prompt = [11, 12, 13, 14]
+    sp = {"max_new_tokens": 1000, "temperature": 0}
+    with start_engine(tmp_path, "--timing-mode", "--timing-decode-ms", "5", "--timing-prefill-ms-per-token", "0",
+                      "--timing-length-median", "300", "--timing-length-sigma", "0", "--timing-length-max", "600") as engine:
+        async with EngineClient(engine.url) as c:
+            async def recomputed() -> float:
+                async with aiohttp.ClientSession() as s, s.get(f"{engine.url}/metrics") as r:
+                    line = next(x for x in (await r.text()).splitlines() if x.startswith("local_engine_recomputed_prefill_tokens "))
+                    return float(line.split()[1])
+
+            async def decoding() -> bool:
+                return (await c.loads())["loads"][0]["num_total_tokens"] > len(prompt) + 20
+
+            whole = await c.generate(prompt, sp)
+            assert len(whole.output_ids) == 300 and await recomputed() == 0  # sigma 0: every draw is the median
+            for mode in ("abort", "retract", "in_place"):
+                call = asyncio.create_task(c.generate(prompt, sp))
+                await wait_for(decoding, WAIT_S, "tokens before the pause")
+                before = await recomputed()
+                await c.pause(mode)
+                await c.resume()
+                first = await asyncio.wait_for(call, 60)
+                if mode == "abort":  # the resend, as the rollout service does it
+                    assert first.finish_reason.type == "abort"
+                    rest = await c.generate(prompt + first.output_ids, {**sp, "max_new_tokens": 1000 - len(first.output_ids)})
+                    total, context = len(first.output_ids) + len(rest.output_ids), len(prompt) + len(first.output_ids)
+                else:
+                    total, context = len(first.output_ids), None
+                assert total == 300, mode
+                grew = await recomputed() - before
+                if mode == "in_place":
+                    assert grew == 0
+                elif mode == "retract":
+                    assert first.meta_info["num_retractions"] == 1 and grew > len(prompt) + 20
+                else:
+                    assert grew == context
