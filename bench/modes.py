@@ -1,8 +1,9 @@
 """verl's four modes on the real services, timed: samples/s, idle ratios, pause window, and
 the speed-up of (b), (c), (d) over (a) next to the ideal speed-up for the workload.
 
-    python bench/modes.py [--decode-ms 10] [--length-median 60] [--length-sigma 1.0] [--length-max 400] \
-        [--train-step-s 2.0] [--samples 64] [--n 4] [--mini 4] [--trigger 4] [--concurrency 64] [--modes a,b,c,d]
+    python bench/modes.py [--preset default|rollout-bound] [--decode-ms 10] [--length-median 60] [--length-sigma 1.0] \
+        [--length-max 400] [--prefill-ms 0.05] [--train-step-s 2.0] [--samples 64] [--n 4] [--mini 4] [--trigger 4] \
+        [--concurrency 64] [--modes a,b,c,d] [--pause-policies abort,retract,in_place]
 
 The modes are configured as in the seeds' 128-GPU table, cumulatively: (a) trigger 1,
 staleness 0; (b) trigger ``--trigger``; (c) (b) + staleness 0.5; (d) (c) + partial rollout.
@@ -12,7 +13,13 @@ lengths are log-normal: a long tail), the trainer's steps are padded to ``--trai
 (``trainer.step_time_floor_s``), everything else is the real system: NATS, the rollout
 service, the sync agent, torchrun. Per mode it runs ``--samples`` prompts and reports
 samples/s over the training window (first to last step), the mean ``trainer/idle_ratio`` and
-``rollouter/idle_ratio``, and the mean sync window (pause to resume, from the sync agent).
+``rollouter/idle_ratio``, the mean sync window (pause to resume, from the sync agent), the
+trajectories resumed across a sync and the tokens they kept (``fully_async/partial/*``), and
+(d)/(c). ``--preset rollout-bound`` is the case partial rollout exists for: fewer engine slots
+than the tail needs, a train step much shorter than a long generation (``PRESETS``).
+``--pause-policies`` runs mode (d) once per ``sync.pause_policy`` and adds the context tokens
+the engines prefilled again per sync (``local_engine_recomputed_prefill_tokens``: timing mode
+remembers an interrupted request's length, so every policy sees the same workload).
 
 Ideal speed-ups (ignoring sync cost; B = n × mini trajectories per step, C = trajectories
 decoded at once, E[max_m] = expected longest of m draws, E[len] = mean length, d = decode
@@ -83,8 +90,22 @@ def timing_overrides(a) -> list[str]:
             f"{t}.length_sigma={a.length_sigma}", f"{t}.length_max={a.length_max}"]
 
 
-async def run_mode(mode: str, a, root: Path) -> dict:
-    run_dir = root / f"mode-{mode}"
+async def engine_recomputed_tokens(urls: list[str]) -> float:
+    """Sum of ``local_engine_recomputed_prefill_tokens`` over the engines (timing mode)."""
+    import aiohttp
+
+    total = 0.0
+    async with aiohttp.ClientSession() as http:
+        for url in urls:
+            async with http.get(f"{url}/metrics") as r:
+                for line in (await r.text()).splitlines():
+                    if line.startswith("local_engine_recomputed_prefill_tokens "):
+                        total += float(line.split()[1])
+    return total
+
+
+async def run_mode(mode: str, a, root: Path, policy: str = "abort") -> dict:
+    run_dir = root / f"mode-{mode}-{policy}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would be resumed (checkpoints, stream)
     cfg = load_config(overrides=[
         f"run.dir={run_dir}", f"run.id=bench-{mode}", "model.path=builtin:tiny", "model.max_model_len=4096",
@@ -94,6 +115,7 @@ async def run_mode(mode: str, a, root: Path) -> dict:
         f"rollout.response_length={a.length_max}", f"rollout.max_concurrent={a.concurrency}", "trainer.nproc_per_node=1",
         f"trainer.step_time_floor_s={a.train_step_s}", "trainer.checkpoint.save_freq=0", "trainer.checkpoint.export_hf=false",
         "actor.ppo_micro_batch_size_per_gpu=8", "sync.pause_timeout_s=300", *modes(a.trigger)[mode][1],
+        f"engines.local.timing.prefill_ms_per_token={a.prefill_ms}", f"sync.pause_policy={policy}",
     ], environ={})
     stack = Stack(cfg, run_dir)
     t0 = time.monotonic()
@@ -114,6 +136,7 @@ async def run_mode(mode: str, a, root: Path) -> dict:
             if time.monotonic() - t0 > a.limit_s:
                 raise RuntimeError(f"mode {mode} did not finish within {a.limit_s:.0f} s")
             await asyncio.sleep(0.5)
+        recomputed = await engine_recomputed_tokens(list(cfg.engines.urls))
         headers = {"Authorization": f"Bearer {secret(cfg.security.sync_token)}"}
         async with aiohttp.ClientSession() as http, http.get(f"{stack.urls['sync']}/v1/syncs", headers=headers) as r:
             syncs = (await r.json())["syncs"]
@@ -130,13 +153,15 @@ async def run_mode(mode: str, a, root: Path) -> dict:
     idle_r = [v for m in rollout if isinstance(v := m.get("rollouter/idle_ratio"), (int, float)) and v == v]
     done = [s for s in syncs if s["state"] == "succeeded"]
     return {
-        "mode": mode, "steps": steps,
+        "mode": mode, "policy": policy, "steps": steps, "recomputed_per_sync": recomputed / max(1, len(done)),
         "samples_per_s": (steps - 1) * samples_per_step / window if window == window and window > 0 else float("nan"),
         "trainer_idle": statistics.fmean(r.get("trainer/idle_ratio", 0.0) for r in rows[1:]) if len(rows) > 1 else float("nan"),
         "rollouter_idle": statistics.fmean(idle_r) if idle_r else float("nan"),
         "sync_window_s": statistics.fmean(sum(s["phase_seconds"].get(p, 0.0) for p in ("pausing", "awaiting_broadcast", "loading", "resuming"))
                                           for s in done) if done else float("nan"),
         "syncs": len(done),
+        "kept_tokens": sum(r.get("fully_async/partial/kept_tokens", 0.0) for r in rows),
+        "partial": sum(r.get("fully_async/partial/total_partial_num", 0.0) for r in rows),
     }
 
 
@@ -144,25 +169,44 @@ async def main_async(a) -> None:
     root = Path(a.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
     results = []
+    policies = a.pause_policies.split(",")
     for m in a.modes.split(","):
-        results.append(await run_mode(m, a, root))
-        print(f"mode {m} done: {results[-1]}", flush=True)
+        for policy in (policies if m == "d" else policies[:1]):
+            results.append(await run_mode(m, a, root, policy))
+            print(f"mode {m} ({policy}) done: {results[-1]}", flush=True)
     ideal = ideal_speedups(a)
     base = next((r["samples_per_s"] for r in results if r["mode"] == "a"), None)
     print(f"command: python bench/modes.py {' '.join(sys.argv[1:])}")
     print(f"workload: decode {a.decode_ms} ms/step, lengths log-normal(median {a.length_median}, sigma {a.length_sigma}, max {a.length_max}), "
           f"train step {a.train_step_s} s, B = {a.n}x{a.mini} trajectories/step, concurrency {a.concurrency}, "
-          f"modes b-d: trigger_parameter_sync_step {a.trigger}")
-    print(f"{'mode':<34} {'samples/s':>10} {'trainer idle':>13} {'rollouter idle':>15} {'sync window s':>14} {'speed-up':>9} {'ideal':>7}")
+          f"modes b-d: trigger_parameter_sync_step {a.trigger}, prefill {a.prefill_ms} ms/token")
+    print(f"{'mode':<34} {'samples/s':>10} {'trainer idle':>13} {'rollouter idle':>15} {'sync window s':>14} "
+          f"{'speed-up':>9} {'ideal':>7} {'resumed':>8} {'kept tokens':>12} {'re-prefilled/sync':>18}")
     for r in results:
         speed = r["samples_per_s"] / base if base else float("nan")
-        label = f"({r['mode']}) {modes(a.trigger)[r['mode']][0]}"
+        label = f"({r['mode']}) {modes(a.trigger)[r['mode']][0]}" + (f" [{r['policy']}]" if len(policies) > 1 and r["mode"] == "d" else "")
         print(f"{label:<34} {r['samples_per_s']:>10.3f} {r['trainer_idle']:>13.2f} {r['rollouter_idle']:>15.2f} "
-              f"{r['sync_window_s']:>14.2f} {speed:>9.2f} {ideal[r['mode']]:>7.2f}")
+              f"{r['sync_window_s']:>14.2f} {speed:>9.2f} {ideal[r['mode']]:>7.2f} {r['partial']:>8.0f} {r['kept_tokens']:>12.0f} "
+              f"{r['recomputed_per_sync']:>18.0f}")
+    by = {r["mode"]: r["samples_per_s"] for r in results if r["policy"] == policies[0]}
+    if "c" in by and "d" in by:
+        print(f"(d) / (c): {by['d'] / by['c']:.2f}x samples/s")
+    if base and "d" in by:
+        print(f"(d) / (a): {by['d'] / base:.2f}x = {by['d'] / base / ideal['d']:.0%} of the ideal {ideal['d']:.2f}x")
+
+
+# Workload presets; explicit flags override them. rollout-bound: fewer engine slots than the
+# tail needs and a train step much shorter than a long generation (docs/benchmarks.md).
+PRESETS = {
+    "default": {},
+    "rollout-bound": {"length_median": 100.0, "length_sigma": 1.2, "length_max": 1500, "train_step_s": 0.5,
+                      "concurrency": 16, "trigger": 2, "modes": "c,d"},
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="default")
     ap.add_argument("--decode-ms", type=float, default=10.0)
     ap.add_argument("--length-median", type=float, default=60.0)
     ap.add_argument("--length-sigma", type=float, default=1.0)
@@ -175,8 +219,13 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--engines", type=int, default=1)
     ap.add_argument("--modes", default="a,b,c,d")
+    ap.add_argument("--prefill-ms", type=float, default=0.05, help="timing mode's prefill latency per prompt token")
+    ap.add_argument("--pause-policies", default="abort",
+                    help="sync.pause_policy values to run mode (d) with, comma-separated (abort,retract,in_place)")
     ap.add_argument("--limit-s", type=float, default=600.0)
     ap.add_argument("--out", default="runs/bench-modes")
+    pre, _ = ap.parse_known_args()
+    ap.set_defaults(**PRESETS[pre.preset])
     asyncio.run(main_async(ap.parse_args()))
 
 
