@@ -1,6 +1,7 @@
-"""The prompt stream of a run: the configured training files, or the built-in demo task.
+"""The prompt stream of a run: the configured training files, a generated task
+(``data.source``: :mod:`rollout_service.data.reasoning_gym_task`), or the built-in demo task.
 
-With ``data.train_files`` empty, the demo dataset (arithmetic problems that want a
+With ``data.train_files`` and ``data.source`` empty, the demo dataset (arithmetic problems that want a
 calculator call) is written to ``<run dir>/data/`` once and used; its files are kept so a
 restarted service sees the same records (the stream's cursor checks a fingerprint).
 """
@@ -37,8 +38,23 @@ def demo_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
     return [str(train)], [str(val)]
 
 
+def source_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
+    """Train and validation files of ``data.source`` (generated once under the run dir)."""
+    from rollout_service.data.reasoning_gym_task import task_name, write_dataset
+
+    d = cfg.data
+    train, val = write_dataset(Path(cfg.run_dir) / "data", task_name(d.source), d.source_options, d.source_size,
+                               d.source_val_size, d.seed)
+    return [str(train)], ([str(val)] if d.source_val_size > 0 else [])
+
+
+def generated_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
+    """The files of whatever is configured instead of ``data.train_files``."""
+    return source_files(cfg) if cfg.data.source else demo_files(cfg)
+
+
 def build_prompt_stream(cfg: RunConfig, chat: ChatTokenizer) -> PromptStream:
-    files = cfg.data.train_files or demo_files(cfg)[0]
+    files = cfg.data.train_files or generated_files(cfg)[0]
     return PromptStream.from_files(
         files, on_error=logging_reporter(), total_epochs=cfg.rollout.total_epochs, shuffle=cfg.data.shuffle,
         seed=cfg.data.seed, total_rollout_steps=cfg.rollout.total_rollout_steps,
@@ -50,11 +66,23 @@ VAL_MAX_SAMPLES = 256  # validation is a health signal, not a benchmark: bounded
 
 
 def validation_records(cfg: RunConfig) -> list:
-    """The validation set (``data.val_files``, or the demo task's when training on it); [] if none."""
+    """The validation set (``data.val_files``, or the generated task's when training on it); [] if none."""
     if cfg.data.val_files:
         files = cfg.data.val_files
     elif not cfg.data.train_files:
-        files = demo_files(cfg)[1]
+        files = generated_files(cfg)[1]
     else:
         return []
+    if not files:
+        return []
     return read_validation_set(files, max_samples=VAL_MAX_SAMPLES, on_error=logging_reporter())
+
+
+def source_reward(cfg: RunConfig) -> tuple[str, object]:
+    """``(data_source, reward function)`` of ``data.source``: the task's own verifier."""
+    from rollout_service.data.reasoning_gym_task import DATA_SOURCE_PREFIX, task_name
+    from rollout_service.rewards.reasoning_gym_reward import ReasoningGymReward
+
+    d = cfg.data
+    name = task_name(d.source)
+    return DATA_SOURCE_PREFIX + name, ReasoningGymReward(name, d.source_options, d.source_size, d.source_val_size, d.seed)

@@ -40,7 +40,7 @@ from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.engines import EnginePool
 from rollout_service.openai.handlers import ChatCache
 from rollout_service.openai.sessions import SessionManager
-from rollout_service.prompts import build_prompt_stream, validation_records
+from rollout_service.prompts import build_prompt_stream, source_reward, validation_records
 from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.rewards import MathReward, default_registry
 from rollout_service.runner.finish import model_text
@@ -130,6 +130,8 @@ class RolloutService:
         self.math_reward = MathReward()
         self.math_reward.start()
         self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
+        if cfg.data.source and not cfg.data.train_files:
+            self.rewards.register(*await asyncio.to_thread(source_reward, cfg))
         stream = await asyncio.to_thread(build_prompt_stream, cfg, self.chat)
         password = secret(cfg.security.nats_password)
         url = resolve_nats_url(cfg.nats.url, cfg.run_dir)
