@@ -12,10 +12,10 @@ Sinks (each failure is logged once and never stops training):
   ``step`` and ``time``; flushed per line.
 - NATS: core publish of the same JSON to ``asyncrl.<run>.metrics.trainer`` (best effort, no
   JetStream; ``asyncrl up``'s live view subscribes).
-- TensorBoard (``"tensorboard"`` in ``trainer.loggers``): scalars under verl's names in
-  ``<run dir>/tensorboard/trainer`` (``torch.utils.tensorboard``; needs the ``tensorboard`` package).
-
-Not covered: Weights & Biases (``"wandb"`` in ``trainer.loggers`` is accepted and ignored with a warning).
+- TensorBoard (``"tensorboard"`` in ``trainer.loggers``, on by default): scalars under verl's
+  names in ``<run dir>/tensorboard/trainer`` (``torch.utils.tensorboard``).
+- Weights & Biases and MLflow (``"wandb"``, ``"mlflow"``): :mod:`trainer_daemon.tracking`,
+  passed in as ``extra_sinks``.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class MetricsHub:
     """Fans step metrics out to the configured sinks (rank 0)."""
 
     def __init__(self, run_dir: Path, loggers: list[str], host: str, port: int,
-                 send: Callable[[bytes], None] | None = None) -> None:
+                 send: Callable[[bytes], None] | None = None, extra_sinks: list | None = None) -> None:
         self.sinks: list = []
         self._broken: set[int] = set()
         self.prometheus = PrometheusSink(host, port)
@@ -129,8 +129,7 @@ class MetricsHub:
                 self.sinks.append(TensorBoardSink(Path(run_dir) / "tensorboard" / "trainer"))
             except ImportError as exc:
                 log.warning("tensorboard logger unavailable (%s); pip install tensorboard", exc)
-        if "wandb" in loggers:
-            log.warning("the wandb logger is not implemented; ignored")
+        self.sinks.extend(extra_sinks or [])
         if send is not None:
             self.sinks.append(CallbackSink(send))
 

@@ -25,6 +25,7 @@ from trainer_daemon.ledger import JOURNAL, LEDGER_DIR, Ledger, lost_steps
 from trainer_daemon.lineage import Lineage
 from trainer_daemon.metrics import MetricsHub
 from trainer_daemon.sync import SyncController, build_publisher
+from trainer_daemon.tracking import tracking_sinks
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,8 @@ class Rank0Services:
 
         self.io.run(_start(), CONNECT_TIMEOUT_S)
         t = cfg.trainer
-        self.metrics = MetricsHub(cfg.run_dir, list(t.loggers), t.metrics_host, t.metrics_port, send=self._send_metrics)
+        self.metrics = MetricsHub(cfg.run_dir, list(t.loggers), t.metrics_host, t.metrics_port, send=self._send_metrics,
+                                  extra_sinks=tracking_sinks(cfg))
         publisher = build_publisher(cfg)
         if publisher is not None:
             self.sync = SyncController(publisher, self.io, self._base_version, self.lineage)

@@ -157,8 +157,19 @@ class TrainerConfig(Section):
     metrics_host: str = "127.0.0.1"
     """Address trainer rank 0 serves Prometheus metrics on (``0.0.0.0`` to let a scraper on
     another host in)."""
-    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
-    """Metric sinks besides Prometheus."""
+    loggers: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = Field(default_factory=lambda: ["jsonl", "tensorboard"])
+    """Metric sinks besides Prometheus (verl's names everywhere): the JSONL file, TensorBoard
+    event files in ``<run dir>/tensorboard/trainer``, Weights & Biases, MLflow (the last two
+    need ``asyncrl[tracking]``; docs/trainer.md, "Experiment tracking")."""
+    project_name: str = Field("asyncrl", min_length=1, max_length=200)
+    """W&B project / MLflow experiment (verl's ``trainer.project_name``)."""
+    experiment_name: str | None = Field(None, min_length=1, max_length=200)
+    """W&B / MLflow run name (verl's ``trainer.experiment_name``). None: ``run.id``."""
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    """``offline`` writes the W&B run under ``<run dir>/wandb/`` with no network (``wandb sync``
+    uploads it later); ``online`` needs ``WANDB_API_KEY``."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking server or store. None: a file store under ``<run dir>/mlruns``."""
     weight_sync_backend: Literal["gloo", "nccl"] | None = None
     """Backend of the trainer↔engines weight group. None: nccl when ``engines.backend`` is
     ``sglang`` and ``device`` is ``cuda``; gloo otherwise (local engines join gloo groups only,
