@@ -50,15 +50,16 @@ from asyncrl.up.report import read_jsonl  # noqa: E402
 from asyncrl.up.stack import Stack  # noqa: E402
 
 
-def modes(trigger: int) -> dict[str, tuple[str, list[str]]]:
+def modes(trigger: int, staleness: float = 0.5) -> dict[str, tuple[str, list[str]]]:
     """verl's modes as the seeds' 128-GPU table runs them: each adds to the previous one
     ((b) = trigger > 1; (c) = (b) + staleness 0.5; (d) = (c) + partial rollout)."""
     t = f"async_training.trigger_parameter_sync_step={trigger}"
+    s = f"async_training.staleness_threshold={staleness}"
     return {
         "a": ("on-policy pipeline", ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0"]),
         "b": ("stream off-policy pipeline", [t, "async_training.staleness_threshold=0"]),
-        "c": ("async stream, stale samples", [t, "async_training.staleness_threshold=0.5", "async_training.partial_rollout=false"]),
-        "d": ("async stream, partial rollout", [t, "async_training.staleness_threshold=0.5", "async_training.partial_rollout=true"]),
+        "c": ("async stream, stale samples", [t, s, "async_training.partial_rollout=false"]),
+        "d": ("async stream, partial rollout", [t, s, "async_training.partial_rollout=true"]),
     }
 
 
@@ -114,7 +115,7 @@ async def run_mode(mode: str, a, root: Path, policy: str = "abort") -> dict:
         f"rollout.total_rollout_steps={a.samples}", "rollout.tools=[]", f"rollout.sampling.max_new_tokens={a.length_max}",
         f"rollout.response_length={a.length_max}", f"rollout.max_concurrent={a.concurrency}", "trainer.nproc_per_node=1",
         f"trainer.step_time_floor_s={a.train_step_s}", "trainer.checkpoint.save_freq=0", "trainer.checkpoint.export_hf=false",
-        "actor.ppo_micro_batch_size_per_gpu=8", "sync.pause_timeout_s=300", *modes(a.trigger)[mode][1],
+        "actor.ppo_micro_batch_size_per_gpu=8", "sync.pause_timeout_s=300", *modes(a.trigger, a.staleness)[mode][1],
         f"engines.local.timing.prefill_ms_per_token={a.prefill_ms}", f"sync.pause_policy={policy}",
     ], environ={})
     stack = Stack(cfg, run_dir)
@@ -179,7 +180,7 @@ async def main_async(a) -> None:
     print(f"command: python bench/modes.py {' '.join(sys.argv[1:])}")
     print(f"workload: decode {a.decode_ms} ms/step, lengths log-normal(median {a.length_median}, sigma {a.length_sigma}, max {a.length_max}), "
           f"train step {a.train_step_s} s, B = {a.n}x{a.mini} trajectories/step, concurrency {a.concurrency}, "
-          f"modes b-d: trigger_parameter_sync_step {a.trigger}, prefill {a.prefill_ms} ms/token")
+          f"modes b-d: trigger_parameter_sync_step {a.trigger}, modes c-d: staleness {a.staleness}, prefill {a.prefill_ms} ms/token")
     print(f"{'mode':<34} {'samples/s':>10} {'trainer idle':>13} {'rollouter idle':>15} {'sync window s':>14} "
           f"{'speed-up':>9} {'ideal':>7} {'resumed':>8} {'kept tokens':>12} {'re-prefilled/sync':>18}")
     for r in results:
@@ -199,8 +200,8 @@ async def main_async(a) -> None:
 # tail needs and a train step much shorter than a long generation (docs/benchmarks.md).
 PRESETS = {
     "default": {},
-    "rollout-bound": {"length_median": 100.0, "length_sigma": 1.2, "length_max": 1500, "train_step_s": 0.5,
-                      "concurrency": 16, "trigger": 2, "modes": "c,d"},
+    "rollout-bound": {"length_median": 100.0, "length_sigma": 1.5, "length_max": 2000, "train_step_s": 0.5,
+                      "concurrency": 16, "trigger": 1, "staleness": 2.0, "samples": 32, "limit_s": 1200.0, "modes": "c,d"},
 }
 
 
@@ -214,6 +215,7 @@ def main() -> None:
     ap.add_argument("--train-step-s", type=float, default=2.0)
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--trigger", type=int, default=4, help="trigger_parameter_sync_step of modes b, c, d")
+    ap.add_argument("--staleness", type=float, default=0.5, help="staleness_threshold of modes c, d")
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--mini", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=64)
