@@ -181,12 +181,13 @@ async def main_async(a) -> None:
     print(f"workload: decode {a.decode_ms} ms/step, lengths log-normal(median {a.length_median}, sigma {a.length_sigma}, max {a.length_max}), "
           f"train step {a.train_step_s} s, B = {a.n}x{a.mini} trajectories/step, concurrency {a.concurrency}, "
           f"modes b-d: trigger_parameter_sync_step {a.trigger}, modes c-d: staleness {a.staleness}, prefill {a.prefill_ms} ms/token")
-    print(f"{'mode':<34} {'samples/s':>10} {'trainer idle':>13} {'rollouter idle':>15} {'sync window s':>14} "
+    width = 48 if len(policies) > 1 else 34
+    print(f"{'mode':<{width}} {'samples/s':>10} {'trainer idle':>13} {'rollouter idle':>15} {'sync window s':>14} "
           f"{'speed-up':>9} {'ideal':>7} {'resumed':>8} {'kept tokens':>12} {'re-prefilled/sync':>18}")
     for r in results:
         speed = r["samples_per_s"] / base if base else float("nan")
         label = f"({r['mode']}) {modes(a.trigger)[r['mode']][0]}" + (f" [{r['policy']}]" if len(policies) > 1 and r["mode"] == "d" else "")
-        print(f"{label:<34} {r['samples_per_s']:>10.3f} {r['trainer_idle']:>13.2f} {r['rollouter_idle']:>15.2f} "
+        print(f"{label:<{width}} {r['samples_per_s']:>10.3f} {r['trainer_idle']:>13.2f} {r['rollouter_idle']:>15.2f} "
               f"{r['sync_window_s']:>14.2f} {speed:>9.2f} {ideal[r['mode']]:>7.2f} {r['partial']:>8.0f} {r['kept_tokens']:>12.0f} "
               f"{r['recomputed_per_sync']:>18.0f}")
     by = {r["mode"]: r["samples_per_s"] for r in results if r["policy"] == policies[0]}
