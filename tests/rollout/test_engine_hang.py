@@ -2,8 +2,8 @@
 must not wait for their request timeout (minutes). The pool's health probe finds it
 within seconds, every call of this service on it is taken back (aborted there by exact rid,
 raised as EngineLost) and retried on the other engine, keeping the tokens of earlier turns;
-nothing ends in error. After SIGCONT the engine answers its probes, is routed to again, and
-the run ends healthy.
+nothing ends in error. After SIGCONT the engine answers its probes, is routed to again (a
+call without affinity lands on it), serves, and the run ends healthy.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ async def test_a_hung_engine_loses_its_calls_to_the_other_within_seconds(tmp_pat
                                "the hung engine out of rotation with nothing waiting on it")
                 assert time.monotonic() - stopped_at < HANG_BOUND_S
                 assert b.evicted >= 1 and b.reason.startswith("not answering"), (b.evicted, b.reason)
+                routed, served = b.routed, b.served  # nothing in flight on b from here on
                 decoded = a.tokens_decoded
                 await wait_for(lambda: a.tokens_decoded > decoded + 50, 30, "the other engine carrying the rollout")
                 health = service_status(svc)["health"]
@@ -47,8 +48,14 @@ async def test_a_hung_engine_loses_its_calls_to_the_other_within_seconds(tmp_pat
             finally:
                 engine_b.proc.signal(signal.SIGCONT)
             await wait_for(lambda: b.state == "healthy", 30, "the engine back after SIGCONT")
-            decoded = b.tokens_decoded
-            await wait_for(lambda: b.tokens_decoded > decoded + 20, 60, "the engine decoding again")
+            # routed to again: a call without affinity goes to the less busy engine. Every agent now
+            # has its affinity on `a` (new agents only start when old ones finish, which a loaded box
+            # can delay past any bound), so the probe lands on `b` unless calls were already routed
+            # there since the eviction (then b.inflight >= a.inflight > 0).
+            probe = await svc.pool.generate(None, [5, 6, 7, 8], {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+                                            f"{svc.runner.rid_prefix}probe-after-sigcont")
+            assert len(probe.output_ids) == 8 and b.routed > routed
+            await wait_for(lambda: b.served > served, 60, "the engine serving calls again")
             assert svc.runner.counters.finish_reasons.get("error", 0) == 0, svc.runner.counters.finish_reasons
             await wait_run_healthy(url, ADMIN, 30)
 
