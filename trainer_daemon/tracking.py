@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ class MlflowSink:
     def write(self, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric
 
-        now = int(__import__("time").time() * 1000)
+        now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if math.isfinite(v)]
         for i in range(0, len(batch), 1000):  # MLflow's batch limit
             self._client.log_batch(self.run_id, metrics=batch[i:i + 1000])

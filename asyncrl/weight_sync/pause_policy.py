@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from asyncrl.weight_sync.engine_update import FLUSH_RETRIES
+
 PausePolicyName = Literal["abort", "retract", "in_place"]
 
 
@@ -45,15 +47,12 @@ class PausePlan:
     """0: no ``/flush_cache``; 1: one try; more: retried while the engine answers 400."""
 
 
-ABORT_FLUSH_RETRIES = 30  # flush_cache answers 400 while aborted requests drain
-
-
 def pause_plan(policy: PausePolicyName, partial_rollout_active: bool) -> PausePlan:
     """The plan for ``sync.pause_policy`` given whether partial rollout is active."""
     if not partial_rollout_active:
-        return PausePlan("abort", "drain", "abort", ABORT_FLUSH_RETRIES)
+        return PausePlan("abort", "drain", "abort", FLUSH_RETRIES)
     if policy == "abort":
-        return PausePlan("abort", "partial", "abort", ABORT_FLUSH_RETRIES)
+        return PausePlan("abort", "partial", "abort", FLUSH_RETRIES)
     if policy == "retract":
         return PausePlan("retract", "hold", "retract", 1)
     if policy == "in_place":
