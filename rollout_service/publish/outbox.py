@@ -125,6 +125,13 @@ class Outbox:
     def read(self, entry: OutboxEntry) -> bytes:
         return entry.path.read_bytes()
 
+    def written_at(self, entry: OutboxEntry) -> float | None:
+        """When the entry was written (its file's mtime, wall clock); None if it is gone."""
+        try:
+            return entry.path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+
     def ack(self, entry: OutboxEntry, seq: int | None = None) -> None:
         """The server stored it (or already had it) at stream sequence ``seq``: out of the queue
         (kept in ``acked/`` for ``keep_acked_s`` when that is > 0 and ``seq`` is known)."""

@@ -28,6 +28,11 @@ The dedup window (``nats.duplicate_window_s``) must exceed how long an entry can
 outbox between a lost PubAck and its retry; with the default 30 min and the 5 s backoff cap
 that holds unless NATS is down for longer than the window (then a duplicate is possible
 only for the one message whose ack was lost at the moment of the outage).
+
+Latency (``PublishLatency``, Prometheus histograms): ``request`` is one publish request to its
+PubAck (the round trip to JetStream, retries excluded); ``delay`` is from the trajectory's
+outbox write (the file's mtime) to its PubAck: the time a finished trajectory waits before the
+trainer can see it, queueing and retries included.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 import msgspec
 from nats.errors import MaxPayloadError
 from nats.js.errors import APIError
+from prometheus_client import Histogram
 
 from asyncrl.jsonl_log import BoundedJsonl
 from asyncrl.wire import decode_trajectory, encode_trajectory
@@ -70,6 +76,26 @@ class PublisherStats:
     """Acknowledged entries put back in the queue because the stream went back (F3)."""
 
 
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+                     0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class PublishLatency:
+    """The publisher's two latency histograms (not registered anywhere: the service's collector
+    yields them, so each service instance has its own)."""
+
+    def __init__(self) -> None:
+        self.request = Histogram("asyncrl_rollout_publish_request_seconds",
+                                 "One JetStream publish request to its PubAck", buckets=LATENCY_BUCKETS_S, registry=None)
+        self.delay = Histogram("asyncrl_rollout_publish_delay_seconds",
+                               "Outbox write of a finished trajectory to its PubAck (queueing and retries included)",
+                               buckets=LATENCY_BUCKETS_S, registry=None)
+
+    def collect(self):
+        yield from self.request.collect()
+        yield from self.delay.collect()
+
+
 PublishFn = Callable[[str, bytes, dict[str, str]], Awaitable[object]]
 
 
@@ -87,6 +113,7 @@ class TrajectoryPublisher:
         self._publish = publish
         self._wakeup = asyncio.Event()
         self.stats = PublisherStats()
+        self.latency = PublishLatency()
         last = record.last() if record is not None else None
         self.highest_seq = int(last.get("seq", 0)) if last else 0
         """The highest stream sequence acknowledged so far (a new one at or below it: the server lost messages)."""
@@ -128,8 +155,10 @@ class TrajectoryPublisher:
 
     async def _publish_until_done(self, entry: OutboxEntry, stop: asyncio.Event) -> None:
         payload = self.outbox.read(entry)
+        written_at = self.outbox.written_at(entry)
         backoff = BACKOFF_START_S
         while not stop.is_set():
+            sent = time.monotonic()
             try:
                 ack = await asyncio.wait_for(
                     self._publish(self.subject, payload, {"Nats-Msg-Id": entry.trajectory_id}), PUBLISH_TIMEOUT_S
@@ -150,6 +179,7 @@ class TrajectoryPublisher:
             except Exception as exc:  # noqa: BLE001 - every other failure is transient here
                 self._note_retry(exc)
             else:
+                self.latency.request.observe(time.monotonic() - sent)
                 seq = int(getattr(ack, "seq", 0) or 0)
                 duplicate = bool(getattr(ack, "duplicate", False))
                 if duplicate:
@@ -157,6 +187,8 @@ class TrajectoryPublisher:
                 else:
                     self.stats.published += 1
                 self.stats.last_publish_at = time.time()
+                if written_at is not None:
+                    self.latency.delay.observe(max(0.0, self.stats.last_publish_at - written_at))
                 if self.record is not None:
                     self.record.append({"id": entry.trajectory_id, "seq": seq, "duplicate": duplicate, "time": self.stats.last_publish_at})
                 self.outbox.ack(entry, seq or None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 from asyncrl.jetstream import connect, ensure_stream
@@ -126,4 +127,48 @@ async def test_too_large_is_stripped_then_rejected_not_dropped(tmp_path: Path, n
     assert pub.stats.stripped_messages == 1 and pub.stats.rejected == 1
     assert outbox.rejected_count() == 1 and "t-2" in {p.stem for p in outbox.rejected_dir.glob("*.traj")}
     assert await stored_ids(js, cfg) == ["t-1"]
+    await nc.close()
+
+
+def histogram(pub: TrajectoryPublisher, name: str) -> dict[str, float]:
+    """``_count``, ``_sum`` and the cumulative ``le`` buckets of one of the publisher's histograms."""
+    out: dict[str, float] = {}
+    for family in pub.latency.collect():
+        for s in family.samples:
+            if s.name == f"{name}_count" or s.name == f"{name}_sum":
+                out[s.name.removeprefix(name)] = s.value
+            elif s.name == f"{name}_bucket":
+                out[s.labels["le"]] = s.value
+    return out
+
+
+async def test_publish_latency_histograms_count_every_ack_and_the_outbox_wait(run_config, nats_server, tmp_path: Path):
+    nc = await connect(nats_server.url, "publisher")
+    js = nc.jetstream()
+    await ensure_stream(js, run_config)
+    outbox = Outbox(tmp_path / "outbox", max_items=100)
+    failures = {"left": 2}
+
+    async def publish_failing_twice(subject, payload, headers):
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("no connection")
+        return await js.publish(subject, payload, headers=headers, timeout=5)
+
+    pub = TrajectoryPublisher(outbox, NatsNames(run_config.run.id).trajectories, publish_failing_twice)
+    paths = [outbox.put_ready(traj(i)) for i in range(6)]
+    for p in paths[:3]:  # three trajectories "finished" 20 s ago and waited in the outbox since
+        os.utime(p, (p.stat().st_atime, p.stat().st_mtime - 20.0))
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    assert await pub.flush(30)
+    stop.set()
+    await task
+    request = histogram(pub, "asyncrl_rollout_publish_request_seconds")
+    delay = histogram(pub, "asyncrl_rollout_publish_delay_seconds")
+    assert pub.stats.published == 6 and pub.stats.retries == 2
+    assert request["_count"] == 6, "one observation per acknowledged request, failed attempts excluded"
+    assert delay["_count"] == 6
+    assert delay["10.0"] == 3 and delay["+Inf"] - delay["10.0"] == 3, delay  # the 20 s waits land above 10 s
+    assert delay["_sum"] >= 60.0
     await nc.close()

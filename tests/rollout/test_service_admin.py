@@ -114,6 +114,13 @@ async def test_metrics_use_verl_names(service):
     assert any(line.startswith(f'asyncrl_nats_store_bytes{{store="KV_{svc.names.agents_bucket}"}}') for line in lines)
     eid = next(iter(svc.pool.engines))
     assert f'asyncrl_rollout_engine_quarantined_current_seconds_total{{engine="{eid}"}} 0.0' in lines
+    await wait_for(lambda: svc.runner.publisher.stats.published >= 1, 60, "a published trajectory")
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+        lines = (await resp.text()).splitlines()
+    for name in ("asyncrl_rollout_publish_request_seconds", "asyncrl_rollout_publish_delay_seconds"):
+        count = next(float(line.split()[-1]) for line in lines if line.startswith(f"{name}_count"))
+        assert count >= 1, (name, count)
+        assert any(line.startswith(f'{name}_bucket{{le="0.001"}}') for line in lines)
 
 
 def test_time_quarantined_at_the_current_version_is_counted():
