@@ -116,7 +116,11 @@ class Engine:
 
             weights = {k: v for k, v in model.state_dict(keep_vars=True).items() if v.is_floating_point()}
             vocab = int(model.get_input_embeddings().weight.shape[0])
-            runner = SimulatedRunner(weights, vocab, tokenizer.eos_token_id, settings.timing, settings.seed)
+            call = settings.timing.tool_call
+            call_ids = list(tokenizer.encode(call, add_special_tokens=False)) if call else None
+            filler = tokenizer.encode("x", add_special_tokens=False)[0]  # plain text, never a special or tool token
+            runner = SimulatedRunner(weights, vocab, tokenizer.eos_token_id, settings.timing, settings.seed,
+                                     filler_token_id=filler, tool_call_ids=call_ids)
             return cls(settings, runner, tokenizer, config)
         return cls(settings, HFModelRunner(model, pad_token_id=pad), tokenizer, config)
 

@@ -6,8 +6,17 @@ training and syncs overlap, not what the model says. Each decode step sleeps
 size), a prefill sleeps ``prefill_ms_per_token`` per prompt token, and every new row draws
 a response length from a long-tailed log-normal distribution (``length_median``,
 ``length_sigma``, capped at ``length_max``): the returned logits put almost all mass on a
-filler token until the row reaches its length, then on the end-of-sequence token. The
+filler token until the row reaches its length, then on the end-of-sequence token. The engine
+makes the filler the token of ``x``: plain text, so a filler response is content and ends an
+agent's episode (a special token could read as markup; in the builtin tokenizers the id
+after the end of sequence is ``<tool_call>``, which made every response an unterminated
+tool call and every trajectory run to the turn limit before 2026-11-23). The
 same seed gives the same lengths.
+
+Tool turns (``tool_call`` and ``tool_turns`` set): a response whose context holds fewer than
+``tool_turns`` copies of the tool call's tokens ends with them (filler, then the call, then
+end of sequence; at least the call), so an agent parses a tool call, runs the tool and sends
+the next turn: multi-turn trajectories whose turn count the benchmark chooses.
 
 A row dropped before its length (an abort, a retract) is remembered by its context (prompt +
 tokens so far, the pending filler token included): a later prefill of exactly that context
@@ -41,17 +50,19 @@ class SimulatedRunner(ModelRunner):
     """``spec``: the ``timing`` settings (``engines.local.timing``); ``seed``: of the length draws."""
 
     def __init__(self, weights: dict[str, torch.Tensor], vocab_size: int, eos_token_id: int, spec: TimingSection,
-                 seed: int, filler_token_id: int | None = None) -> None:
+                 seed: int, filler_token_id: int | None = None, tool_call_ids: list[int] | None = None) -> None:
         self.vocab_size = vocab_size
         self.eos = eos_token_id
         self.filler = filler_token_id if filler_token_id is not None else (eos_token_id + 1) % vocab_size
         self.spec = spec
         self.rng = random.Random(seed)
         self._weights = weights
+        self._call = tuple(tool_call_ids or ()) if spec.tool_turns > 0 else ()
+        self._scripted: list[bool] = []  # per row: its response ends with the tool call
         self._targets: list[int] = []
         self._produced: list[int] = []
         self._contexts: list[list[int]] = []
-        self._interrupted: OrderedDict[int, tuple[int, int, int]] = OrderedDict()  # hash(context) -> (target, produced, other key)
+        self._interrupted: OrderedDict[int, tuple[int, int, int, bool]] = OrderedDict()  # hash(context) -> (target, produced, other key, scripted)
         self.recomputed_tokens = 0
 
     @property
@@ -63,10 +74,33 @@ class SimulatedRunner(ModelRunner):
         value = math.exp(math.log(max(1.0, s.length_median)) + s.length_sigma * self.rng.gauss(0.0, 1.0))
         return max(1, min(s.length_max, int(round(value))))
 
+    def _calls_in(self, context: list[int]) -> int:
+        """Copies of the tool call's tokens in ``context``."""
+        call, n, count, i = self._call, len(self._call), 0, 0
+        first = call[0]
+        while True:
+            try:
+                i = context.index(first, i)
+            except ValueError:
+                return count
+            if tuple(context[i:i + n]) == call:
+                count += 1
+                i += n
+            else:
+                i += 1
+
+    def _next_token(self, target: int, produced: int, scripted: bool) -> int:
+        if produced + 1 >= target:
+            return self.eos
+        call_at = target - 1 - len(self._call)
+        if scripted and produced >= call_at:
+            return self._call[produced - call_at]
+        return self.filler
+
     def _logits(self) -> torch.Tensor:
         out = torch.zeros((len(self._targets), self.vocab_size), dtype=torch.float32)
-        for i, (target, produced) in enumerate(zip(self._targets, self._produced)):
-            out[i, self.eos if produced + 1 >= target else self.filler] = PEAK_LOGIT
+        for i, (target, produced, scripted) in enumerate(zip(self._targets, self._produced, self._scripted)):
+            out[i, self._next_token(target, produced, scripted)] = PEAK_LOGIT
         return out
 
     def prefill(self, prompts: list[list[int]], full_logits: list[bool]) -> PrefillOutput:
@@ -76,10 +110,14 @@ class SimulatedRunner(ModelRunner):
             resumed = self._interrupted.pop(hash(tuple(prompt)), None)
             if resumed is None:
                 target, produced = self.draw_length(), 0
+                scripted = bool(self._call) and self._calls_in(prompt) < self.spec.tool_turns
+                if scripted:
+                    target = max(target, len(self._call) + 1)
             else:
-                target, produced, sibling = resumed
+                target, produced, sibling, scripted = resumed
                 self._interrupted.pop(sibling, None)
                 self.recomputed_tokens += len(prompt)
+            self._scripted.append(scripted)
             self._targets.append(target)
             self._produced.append(produced)
             self._contexts.append(list(prompt))
@@ -100,21 +138,23 @@ class SimulatedRunner(ModelRunner):
         self._targets = [self._targets[i] for i in indices]
         self._produced = [self._produced[i] for i in indices]
         self._contexts = [self._contexts[i] for i in indices]
+        self._scripted = [self._scripted[i] for i in indices]
 
     def reset(self) -> None:
         self._remember(range(len(self._targets)))
-        self._targets, self._produced, self._contexts = [], [], []
+        self._targets, self._produced, self._contexts, self._scripted = [], [], [], []
 
     def _remember(self, rows) -> None:
         """Rows dropped before their length, keyed by the context a resume would prefill: with
-        the pending filler token (dropped between steps), or without it (an abort discarded the
+        the pending token (dropped between steps), or without it (an abort discarded the
         step that sampled it). Identical contexts (same prompt, same progress) share an entry."""
         for i in rows:
-            target, produced = self._targets[i], self._produced[i]
-            if produced + 1 < target:  # the pending token is a filler: the row was not done
-                pending, discarded = hash((*self._contexts[i], self.filler)), hash(tuple(self._contexts[i]))
-                self._interrupted[pending] = (target, produced + 1, discarded)
-                self._interrupted[discarded] = (target, produced, pending)
+            target, produced, scripted = self._targets[i], self._produced[i], self._scripted[i]
+            if produced + 1 < target:  # the pending token is not the end: the row was not done
+                token = self._next_token(target, produced, scripted)
+                pending, discarded = hash((*self._contexts[i], token)), hash(tuple(self._contexts[i]))
+                self._interrupted[pending] = (target, produced + 1, discarded, scripted)
+                self._interrupted[discarded] = (target, produced, pending, scripted)
                 self._interrupted.move_to_end(pending)
         while len(self._interrupted) > 2 * REMEMBERED_ROWS:
             self._interrupted.popitem(last=False)

@@ -35,6 +35,13 @@ class TimingSection(Section):
     """Log-normal sigma of the response length: the weight of the tail."""
     length_max: int = Field(4096, ge=1, le=1_048_576)
     """Longest response drawn (tokens)."""
+    tool_call: str | None = Field(None, max_length=4096)
+    """Text (tokenized by the engine's tokenizer) that ends a response, before the end of
+    sequence, while its context holds fewer than ``tool_turns`` copies of it: multi-turn,
+    tool-calling trajectories without a model, e.g. a hermes ``<tool_call>`` block for the
+    calculator. None: every response is filler only."""
+    tool_turns: int = Field(0, ge=0, le=1024)
+    """Responses per trajectory that end with ``tool_call`` (the next one answers plainly)."""
 
 
 class LocalEngineSection(Section):

@@ -78,7 +78,10 @@ class Stack:
         self.resolved_path = path
         return path
 
-    def start(self, progress=print) -> RunConfig:
+    def start(self, progress=print, training: bool = True) -> RunConfig:
+        """Start NATS (unless ``nats.url``), local engines (unless ``engines.urls``), the rollout
+        service and, with ``training``, the sync agent and the trainer (without: the rollout
+        side alone, for benchmarks that consume the stream themselves)."""
         cfg = self.resolve()
         if not cfg.nats.url:
             self.nats = EmbeddedNats(self.run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes,
@@ -106,6 +109,9 @@ class Stack:
         self._child("rollout", [sys.executable, "-m", "asyncrl", "rollout", str(path)])
         self.children["rollout"].wait_ready(lambda: http_ok(f"{rollout_url}/health"), SERVICE_READY_S)
         progress(f"rollout service at {rollout_url}")
+        self.urls = {"rollout": rollout_url, "nats": self.doc["nats"]["url"]}
+        if not training:
+            return cfg
         self._child("sync-agent", [sys.executable, "-m", "asyncrl", "sync-agent", str(path)])
         self.children["sync-agent"].wait_ready(lambda: http_ok(f"{self.doc['sync']['url']}/health"), SERVICE_READY_S)
         progress(f"sync agent at {self.doc['sync']['url']}")

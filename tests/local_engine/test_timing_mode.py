@@ -75,3 +75,29 @@ async def test_an_interrupted_request_keeps_its_length_under_every_pause_mode(tm
                     assert first.meta_info["num_retractions"] == 1 and grew > len(prompt) + 20
                 else:
                     assert grew == context
+
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+
+
+async def test_tool_turns_end_responses_with_the_tool_call_until_the_context_has_enough(tmp_path):
+    """``timing.tool_call``/``tool_turns``: a response ends with the call's tokens while its
+    context holds fewer than ``tool_turns`` copies; then responses are filler only."""
+    from asyncrl.models import load_tokenizer
+
+    tok = load_tokenizer("builtin:tiny")
+    call = tok.encode(CALL, add_special_tokens=False)
+    assert tok.decode(call) == CALL, "the builtin tokenizer round-trips the call"
+    with start_engine(tmp_path, "--timing-mode", "--timing-decode-ms", "1", "--timing-length-median", "5",
+                      "--timing-length-sigma", "0", "--timing-tool-call", CALL, "--timing-tool-turns", "2") as engine:
+        async with EngineClient(engine.url) as c:
+            sp = {"max_new_tokens": 1000, "temperature": 0}
+            context = [1, 2, 3]
+            for turn in range(3):
+                out = await c.generate(context, sp)
+                ids = out.output_ids
+                assert ids[-1] == tok.eos_token_id, "output_ids keep the end of sequence"
+                assert (ids[-1 - len(call):-1] == call) == (turn < 2), (turn, ids)
+                context = context + ids + [4, 5]  # the "tool result"
+            assert len(ids) == 5, "the last turn is the drawn length (sigma 0: the median) of filler"
+            assert tok.decode(ids[:-1]) == "xxxx", "the filler is plain text: an agent reads content, not markup"
