@@ -71,6 +71,7 @@ class RolloutCollector:
         yield counter("asyncrl_rollout_publish_retries", "Failed publish attempts (retried)", pub.retries)
         yield counter("asyncrl_rollout_publish_rejected", "Trajectories refused for good (kept in outbox/rejected)", pub.rejected)
         yield from self.svc.runner.publisher.latency.collect()
+        yield from self.svc.loop_lag.collect()
         reasons = CounterMetricFamily("asyncrl_rollout_finish_reasons", "Finished trajectories by finish reason", labels=["reason"])
         for reason, n in sorted(c.finish_reasons.items()):
             reasons.add_metric([reason], n)

@@ -38,6 +38,7 @@ from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.external_tools import ExternalBroker
 from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.engines import EnginePool
+from rollout_service.loop_lag import LoopLag
 from rollout_service.openai.handlers import ChatCache
 from rollout_service.openai.sessions import SessionManager
 from rollout_service.prompts import build_prompt_stream, source_reward, validation_records
@@ -103,6 +104,7 @@ class RolloutService:
         """Counters sampled for the ``health`` block of ``/admin/status`` (:mod:`rollout_service.api.run_health`)."""
         self._stop = asyncio.Event()
         self._loops: list[asyncio.Task] = []
+        self.loop_lag = LoopLag()
         self.math_reward: MathReward | None = None
 
     @classmethod
@@ -260,6 +262,7 @@ class RolloutService:
         self._loops.append(asyncio.create_task(self.pool.health_loop(self._stop), name=HEALTH_LOOP_NAME))
         self._loops.append(asyncio.create_task(self._metrics_loop(), name="metrics"))
         self._loops.append(asyncio.create_task(self._progress_loop(), name="progress"))
+        self._loops.append(asyncio.create_task(self.loop_lag.run(self._stop), name="loop-lag"))
 
     async def close(self) -> None:
         self._stop.set()

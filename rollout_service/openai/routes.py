@@ -281,7 +281,7 @@ def build_openai_router(svc) -> APIRouter:
             traj = to_trajectory(a, svc.runner.version)
             traj.metadata.update({"session": True, "segments": rec.segments, "divergences": rec.divergences,
                                   "reward_set": rec.reward_set, **{f"user_{k}": v for k, v in rec.metadata.items()}})
-            svc.runner.enqueue(traj)
+            await svc.runner.enqueue(traj)
             rec.status = "finished"
             rec.finished_at = time.time()
             await sessions.save(rec)

@@ -217,17 +217,19 @@ class Runner:
             state.reward_details["error"] = f"{type(exc).__name__}: {exc}"[:300]
         await self._finish(state)
 
-    def enqueue(self, traj) -> None:
+    async def enqueue(self, traj) -> None:
         """Durably hand a finished trajectory to the outbox (held until its group completes
-        when ``publish_unit`` is ``group``) and account for it in its group."""
+        when ``publish_unit`` is ``group``) and account for it in its group. Returns once the
+        file is durable; the file work runs in worker threads, so group mates finishing
+        together are written concurrently and each counts only after its own write."""
         if self.cfg.rollout.publish_unit == "group":
-            self.outbox.hold(traj)
+            await self.outbox.hold_async(traj)
             left = self.groups.get(traj.group_id, 1) - 1
             self.groups[traj.group_id] = left
             if left <= 0:
-                self.outbox.release_group(traj.group_id)
+                await self.outbox.release_group_async(traj.group_id)
         else:
-            self.outbox.put_ready(traj)
+            await self.outbox.put_ready_async(traj)
             self.groups[traj.group_id] = self.groups.get(traj.group_id, 1) - 1
         if self.groups.get(traj.group_id, 0) <= 0:
             self.groups.pop(traj.group_id, None)
@@ -248,7 +250,7 @@ class Runner:
 
     async def _finish(self, state: AgentState) -> None:
         traj = to_trajectory(state, self.version)
-        self.enqueue(traj)
+        await self.enqueue(traj)
         if self.deps.external is not None:
             self.deps.external.forget(state.id)
         await self.agent_store.delete(state.id)

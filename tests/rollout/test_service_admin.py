@@ -117,7 +117,8 @@ async def test_metrics_use_verl_names(service):
     await wait_for(lambda: svc.runner.publisher.stats.published >= 1, 60, "a published trajectory")
     async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
         lines = (await resp.text()).splitlines()
-    for name in ("asyncrl_rollout_publish_request_seconds", "asyncrl_rollout_publish_delay_seconds"):
+    for name in ("asyncrl_rollout_publish_request_seconds", "asyncrl_rollout_publish_delay_seconds",
+                 "asyncrl_rollout_event_loop_lag_seconds"):
         count = next(float(line.split()[-1]) for line in lines if line.startswith(f"{name}_count"))
         assert count >= 1, (name, count)
         assert any(line.startswith(f'{name}_bucket{{le="0.001"}}') for line in lines)
