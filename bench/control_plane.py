@@ -31,8 +31,9 @@ After ``--warmup-s`` it measures a ``--window-s`` window and prints per cell:
 - the service's RSS, and at the end, the memory per in-flight agent: the slope of RSS over
   mean in-flight trajectories across the cells of one engine count and shape.
 
-``bound`` says what limited the cell: ``rollout`` when the service used >= 90 % of a core,
-``cpu`` when the machine's cores were >= 90 % busy (all processes) without that, else
+``lag``: the service's event-loop lag p50/p99 (``asyncrl_rollout_event_loop_lag_seconds``).
+``bound`` says what limited the cell: ``rollout`` when the service used >= 90 % of a core or
+its loop lag p99 reached 50 ms (a saturated loop, by CPU or by blocking calls), ``cpu`` when the machine's cores were >= 90 % busy (all processes) without that, else
 ``workload`` (the engines' pacing).
 """
 
@@ -61,7 +62,9 @@ from asyncrl.up.stack import Stack  # noqa: E402
 from asyncrl.wire import NatsNames, decode_trajectory  # noqa: E402
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
-LATENCY = ("asyncrl_rollout_publish_request_seconds", "asyncrl_rollout_publish_delay_seconds")
+LATENCY = ("asyncrl_rollout_publish_request_seconds", "asyncrl_rollout_publish_delay_seconds",
+           "asyncrl_rollout_event_loop_lag_seconds")
+LAG_LIMIT_S = 0.05  # event-loop lag p99 above this: the service's loop is saturated
 
 
 @dataclass
@@ -235,10 +238,12 @@ async def run_cell(a, root: Path, engines: int, agents: int, shape: str) -> dict
         "rollout_cpu": share, "cpu_ms_per_traj": 1000 * share / rate if rate else float("nan"),
         "capacity": rate / share if share > 0 else float("nan"),
         "engines_cpu": (end.engines_cpu - start.engines_cpu) / wall, "bench_cpu": (end.own_cpu - start.own_cpu) / wall,
-        "busy": busy, "pub_req": lat.get(LATENCY[0]), "pub_delay": lat.get(LATENCY[1]), "rss_mib": rss / 2**20,
+        "busy": busy, "pub_req": lat.get(LATENCY[0]), "pub_delay": lat.get(LATENCY[1]), "lag": lat.get(LATENCY[2]),
+        "rss_mib": rss / 2**20,
         "turns": statistics.fmean(drain.turns) if drain.turns else float("nan"),
         "calls": statistics.fmean(drain.calls) if drain.calls else float("nan"),
-        "bound": "rollout" if share >= 0.9 else ("cpu" if busy >= 0.9 else "workload"),
+        "bound": ("rollout" if share >= 0.9 or (LATENCY[2] in lat and lat[LATENCY[2]][1] >= LAG_LIMIT_S)
+                  else ("cpu" if busy >= 0.9 else "workload")),
     }
 
 
@@ -249,12 +254,12 @@ def ms(pair) -> str:
 def report(rows: list[dict]) -> None:
     print(f"{'eng':>3} {'agents':>6} {'shape':>5} {'traj/s':>7} {'ideal':>7} {'tok/s':>7} {'in flight':>9} {'turns':>5} "
           f"{'rollout CPU':>11} {'ms/traj':>7} {'capacity':>8} {'engines':>7} {'busy':>5} {'publish p50/p99 ms':>18} "
-          f"{'delay p50/p99 ms':>17} {'RSS MiB':>7} bound")
+          f"{'delay p50/p99 ms':>17} {'lag p50/p99 ms':>15} {'RSS MiB':>7} bound")
     for r in rows:
         print(f"{r['engines']:>3} {r['agents']:>6} {r['shape']:>5} {r['traj_s']:>7.1f} {r['ideal']:>7.1f} {r['tokens_s']:>7.0f} "
               f"{r['in_flight']:>9.0f} {r['turns']:>5.2f} {100 * r['rollout_cpu']:>10.0f}% {r['cpu_ms_per_traj']:>7.2f} "
               f"{r['capacity']:>8.0f} {r['engines_cpu']:>7.2f} {100 * r['busy']:>4.0f}% {ms(r['pub_req']):>18} "
-              f"{ms(r['pub_delay']):>17} {r['rss_mib']:>7.0f} {r['bound']}")
+              f"{ms(r['pub_delay']):>17} {ms(r['lag']):>15} {r['rss_mib']:>7.0f} {r['bound']}")
     groups: dict[tuple[int, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["engines"], r["shape"]), []).append(r)

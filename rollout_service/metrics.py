@@ -62,6 +62,8 @@ class RolloutCollector:
         yield gauge("asyncrl_rollout_outbox_trajectories", "Trajectories waiting in the outbox", r.outbox)
         yield counter("asyncrl_rollout_samples_started", "Samples (prompts) admitted", c.samples_started)
         yield counter("asyncrl_rollout_trajectories_finished", "Trajectories finished", c.trajectories_finished)
+        yield counter("asyncrl_rollout_loop_restarts", "Runner loops (admission, publisher) restarted after a bug raised in them",
+                      c.loop_restarts)
         yield counter("asyncrl_rollouter_partial_trajectories", "Finished trajectories spanning >1 weight version", c.partial_trajectories)
         yield counter("asyncrl_rollout_tokens_decoded", "Tokens the engines decoded for this service", r.tokens.decoded)
         yield counter("asyncrl_rollout_tokens_kept", "Decoded tokens kept in trajectories", r.tokens.kept)

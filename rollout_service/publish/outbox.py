@@ -25,7 +25,8 @@ loop: the directory must not be shared by two rollout services.
 The ``*_async`` writers do the file work (write, fsync, rename, directory fsync: ~2 ms each on
 this machine's disk) in worker threads so the event loop keeps serving agents meanwhile, and
 concurrent fsyncs share the file system's journal commits; sequence numbers and counts are
-taken on the loop's thread. They return once the file is durable, like the plain writers
+taken on the loop's thread (a ready entry counts from before its write: the publisher can
+ack it before the writer resumes). They return once the file is durable, like the plain writers
 (bench/control_plane.py found the plain ones, on the loop, the first limit at scale).
 """
 
@@ -112,10 +113,15 @@ class Outbox:
         return path
 
     async def put_ready_async(self, traj: Trajectory) -> Path:
-        """:meth:`put_ready` with the file work in a worker thread."""
+        """:meth:`put_ready` with the file work in a worker thread. Counted from the start:
+        the publisher may see the file, publish and :meth:`ack` it before this returns."""
         path = self._ready_path(traj.id)
-        await asyncio.to_thread(atomic_write, path, encode_trajectory(traj))
         self._count += 1
+        try:
+            await asyncio.to_thread(atomic_write, path, encode_trajectory(traj))
+        except BaseException:
+            self._count -= 1
+            raise
         return path
 
     async def hold_async(self, traj: Trajectory) -> Path:

@@ -26,6 +26,8 @@ class RunnerCounters:
     partial_trajectories: int = 0
     restored_agents: int = 0
     dropped_already_finished: int = 0
+    loop_restarts: int = 0
+    """Background loops (admission, publisher) restarted after an unexpected exception."""
     finish_reasons: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
 

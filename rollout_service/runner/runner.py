@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 ADMISSION_POLL_S = 0.5  # re-check admission at least this often (queue depth changes outside)
 STORE_RETRY_S = 2.0  # retry checkpoint writes/deletes that failed while NATS was unreachable
+LOOP_RESTART_S = 1.0  # pause before restarting a background loop that raised
 PAUSE_REABORT_S = 0.25  # re-send aborts while a pause waits: catches calls that raced the first abort
 
 
@@ -107,8 +108,23 @@ class Runner:
             self.counters.restored_agents += 1
             self._launch(state)
         log.info("restored %d agents (%d already finished), version %d", len(restored.agents), restored.dropped, self.version)
-        self._loops = [asyncio.create_task(self._admission_loop(), name="admission"),
-                       asyncio.create_task(self.publisher.run(self._stop), name="publisher")]
+        self._loops = [asyncio.create_task(self._restarting(self._admission_loop), name="admission"),
+                       asyncio.create_task(self._restarting(lambda: self.publisher.run(self._stop)), name="publisher")]
+
+    async def _restarting(self, loop: Callable[[], Awaitable[None]]) -> None:
+        """Run a background loop until stop; a bug that kills it is logged with its traceback and
+        the loop starts again after ``LOOP_RESTART_S`` (both loops keep their state on the runner,
+        so a restart loses nothing; a silent death would stop admission or publishing for good)."""
+        while not self._stop.is_set():
+            try:
+                await loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - logged; liveness first
+                self.counters.loop_restarts += 1
+                log.exception("a background loop of the runner died; restarting it in %.0f s", LOOP_RESTART_S)
+                await asyncio.sleep(LOOP_RESTART_S)
 
     async def stop(self) -> None:
         """Stop admitting and driving agents; their last checkpoints stay in the KV bucket."""

@@ -172,3 +172,31 @@ async def test_publish_latency_histograms_count_every_ack_and_the_outbox_wait(ru
     assert delay["10.0"] == 3 and delay["+Inf"] - delay["10.0"] == 3, delay  # the 20 s waits land above 10 s
     assert delay["_sum"] >= 60.0
     await nc.close()
+
+
+async def test_an_async_ready_write_counts_before_the_publisher_can_ack_it(tmp_path: Path, monkeypatch):
+    """The publisher may publish and ack a ready file before the writer's await returns: the
+    entry must already be counted then, or the count goes negative (found at 1,024 agents)."""
+    import threading
+
+    from rollout_service.publish import outbox as outbox_module
+
+    outbox = Outbox(tmp_path / "outbox", max_items=10)
+    written, release = threading.Event(), threading.Event()
+    real_write = outbox_module.atomic_write
+
+    def slow_write(path, data):
+        real_write(path, data)
+        written.set()
+        release.wait(10)  # the writer's thread has not returned yet
+
+    monkeypatch.setattr(outbox_module, "atomic_write", slow_write)
+    task = asyncio.create_task(outbox.put_ready_async(traj(1)))
+    await asyncio.to_thread(written.wait, 10)
+    assert len(outbox) == 1
+    entry = outbox.ready_entries()[0]
+    outbox.ack(entry, 1)  # the publisher got there first
+    assert len(outbox) == 0 and outbox.has_room()
+    release.set()
+    await task
+    assert len(outbox) == 0

@@ -133,3 +133,39 @@ async def test_restore_resumes_unfinished_agents_and_drops_those_already_in_the_
     assert (stream.produced, quota.version, quota.staleness_samples) == (3, 2, 1)
     assert set(outbox.held_ids()) == {"s2"}, "a group none of whose members still runs is released"
     assert [e.trajectory_id for e in outbox.ready_entries()] == ["run-s1-0", "run-s3-0"]
+
+
+async def test_a_background_loop_that_raises_is_logged_and_restarted(tmp_path, monkeypatch, caplog):
+    """Liveness: an unexpected exception in the admission loop must not stop admission for good
+    (found at 1,024 agents: the loop died silently and the service stopped starting samples)."""
+    from rollout_service.runner import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "LOOP_RESTART_S", 0.0)
+    runner = _runner(tmp_path, [], lambda: None)
+    runner.stream.exhausted = True  # nothing to admit: the loop only polls
+    calls = {"n": 0}
+    real_queue_probe = runner.queue_probe
+
+    async def counting_probe() -> int:  # called once per pass of the admission loop
+        calls["n"] += 1
+        return await real_queue_probe()
+
+    failures = {"left": 1}
+    real_blocker = runner.admission_blocker
+
+    def blocker_raising_once(external: bool = False):  # a bug, as the outbox count that went negative
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ValueError("__len__() should return >= 0")
+        return real_blocker(external)
+
+    monkeypatch.setattr(runner, "admission_blocker", blocker_raising_once)
+    runner.queue_probe = counting_probe
+    await runner.start()
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while calls["n"] < 4:  # the probe runs once per loop pass: the loop is alive after the failure
+        assert asyncio.get_running_loop().time() < deadline, "the admission loop did not come back"
+        await asyncio.sleep(0.05)
+    assert runner.counters.loop_restarts == 1
+    assert "background loop of the runner died" in caplog.text
+    await runner.stop()
