@@ -210,8 +210,7 @@ class Runner:
                        created_at=time.time())
             for i in range(self.n)
         ]
-        for state in states:
-            await self.agent_store.put(state)
+        await asyncio.gather(*(self.agent_store.put(state) for state in states))  # n writes, one round trip
         await self._save_state()
         self.groups[group_id] = self.n
         for state in states:
