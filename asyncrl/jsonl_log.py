@@ -24,13 +24,19 @@ class BoundedJsonl:
         self.previous = self.path.with_name(self.path.name + ".1")
 
     def append(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, default=str) + "\n"
+        self.append_many([record])
+
+    def append_many(self, records: list[dict[str, Any]]) -> None:
+        """Append ``records`` with one open and one write (rotation is checked once, before)."""
+        if not records:
+            return
+        text = "".join(json.dumps(record, default=str) + "\n" for record in records)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self.path.is_file() and self.path.stat().st_size + len(line) > self.max_bytes:
+            if self.path.is_file() and self.path.stat().st_size + len(text) > self.max_bytes:
                 os.replace(self.path, self.previous)
             with self.path.open("a") as f:
-                f.write(line)
+                f.write(text)
         except OSError as exc:
             log.warning("%s not written: %s", self.path, exc)
 

@@ -195,13 +195,23 @@ class Outbox:
     def ack(self, entry: OutboxEntry, seq: int | None = None) -> None:
         """The server stored it (or already had it) at stream sequence ``seq``: out of the queue
         (kept in ``acked/`` for ``keep_acked_s`` when that is > 0 and ``seq`` is known)."""
-        if not entry.path.exists():
-            return
-        if self.keep_acked_s > 0 and seq is not None:
-            os.replace(entry.path, self.acked_dir / f"{seq:012d}-{entry.trajectory_id}.traj")
-        else:
-            entry.path.unlink()
-        self._count -= 1
+        if self._ack_file(entry, seq):
+            self._count -= 1
+
+    async def ack_many(self, acks: list[tuple[OutboxEntry, int | None]]) -> None:
+        """:meth:`ack` for several entries, the file work in one worker-thread call."""
+        removed = await asyncio.to_thread(lambda: sum(self._ack_file(entry, seq) for entry, seq in acks))
+        self._count -= removed
+
+    def _ack_file(self, entry: OutboxEntry, seq: int | None) -> bool:
+        try:
+            if self.keep_acked_s > 0 and seq is not None:
+                os.replace(entry.path, self.acked_dir / f"{seq:012d}-{entry.trajectory_id}.traj")
+            else:
+                entry.path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def prune_acked(self, now: float | None = None) -> int:
         """Drop acknowledged entries older than ``keep_acked_s``; how many were dropped."""
