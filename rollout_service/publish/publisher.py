@@ -1,9 +1,11 @@
 """Publishing the outbox to JetStream, exactly once.
 
-``TrajectoryPublisher.run`` drains the outbox's ready queue in order: each trajectory is
+``TrajectoryPublisher.run`` drains the outbox's ready queue oldest first, in windows of up
+to ``PUBLISH_WINDOW`` publishes in flight at once (their PubAcks handled in send order; an
+entry whose first attempt fails continues alone, with the retries below): each trajectory is
 published to the run's trajectory subject with ``Nats-Msg-Id`` = its id and removed from
 the outbox only after a PubAck (``duplicate: true`` counts as stored — an earlier attempt
-landed). Transient failures (no connection, timeouts, no responders while NATS restarts,
+landed). Order in the stream follows the outbox except around a retry. Transient failures (no connection, timeouts, no responders while NATS restarts,
 a full stream) are retried with capped exponential backoff, forever: the outbox bound,
 not the publisher, is what eventually stops admission. A trajectory the server refuses
 for good (too large) is first retried without its debug ``messages``, then moved to the
