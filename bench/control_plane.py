@@ -32,9 +32,11 @@ After ``--warmup-s`` it measures a ``--window-s`` window and prints per cell:
   mean in-flight trajectories across the cells of one engine count and shape.
 
 ``lag``: the service's event-loop lag p50/p99 (``asyncrl_rollout_event_loop_lag_seconds``).
-``bound`` says what limited the cell: ``rollout`` when the service used >= 90 % of a core or
-its loop lag p99 reached 50 ms (a saturated loop, by CPU or by blocking calls), ``cpu`` when the machine's cores were >= 90 % busy (all processes) without that, else
-``workload`` (the engines' pacing).
+``bound`` says what limited the cell: ``rollout`` when the service used >= 90 % of a core;
+else ``cpu`` when the machine's cores were >= 90 % busy (all processes: engines, NATS, the
+service, this script); else ``rollout loop`` when the service's loop lag p99 reached 50 ms
+with CPU to spare (the loop waits on something: a blocking call, a lock); else ``workload``
+(the engines' pacing).
 """
 
 from __future__ import annotations
@@ -242,9 +244,19 @@ async def run_cell(a, root: Path, engines: int, agents: int, shape: str) -> dict
         "rss_mib": rss / 2**20,
         "turns": statistics.fmean(drain.turns) if drain.turns else float("nan"),
         "calls": statistics.fmean(drain.calls) if drain.calls else float("nan"),
-        "bound": ("rollout" if share >= 0.9 or (LATENCY[2] in lat and lat[LATENCY[2]][1] >= LAG_LIMIT_S)
-                  else ("cpu" if busy >= 0.9 else "workload")),
+        "bound": bound(share, busy, lat.get(LATENCY[2])),
     }
+
+
+def bound(share: float, busy: float, lag: tuple[float, float] | None) -> str:
+    """What limited a cell (module docstring)."""
+    if share >= 0.9:
+        return "rollout"
+    if busy >= 0.9:
+        return "cpu"
+    if lag is not None and lag[1] >= LAG_LIMIT_S:
+        return "rollout loop"
+    return "workload"
 
 
 def ms(pair) -> str:
