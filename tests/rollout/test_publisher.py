@@ -200,3 +200,35 @@ async def test_an_async_ready_write_counts_before_the_publisher_can_ack_it(tmp_p
     release.set()
     await task
     assert len(outbox) == 0
+
+
+async def test_acknowledged_entries_are_kept_for_the_window_then_pruned(tmp_path: Path, monkeypatch):
+    """``outbox_keep_acked_s``: acknowledged entries stay in ``acked/`` (for a requeue after a
+    NATS host crash) until they are older than the window, then the publisher drops them."""
+    from types import SimpleNamespace
+
+    from rollout_service.publish import publisher as publisher_module
+
+    monkeypatch.setattr(publisher_module, "PRUNE_EVERY_S", 0.0)
+    outbox = Outbox(tmp_path / "outbox", max_items=100, keep_acked_s=60.0)
+    seqs = iter(range(1, 1000))
+
+    async def publish(subject, payload, headers):
+        return SimpleNamespace(seq=next(seqs), duplicate=False)
+
+    old = [outbox.put_ready(traj(i)) for i in range(5)]
+    for p in old:  # written (and so acknowledged, for the window) two minutes ago
+        os.utime(p, (p.stat().st_atime, p.stat().st_mtime - 120.0))
+    pub = TrajectoryPublisher(outbox, "subject", publish)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    assert await pub.flush(10)
+    for i in range(5, 8):  # fresh entries: kept for the window
+        outbox.put_ready(traj(i))
+    pub.notify()
+    assert await pub.flush(10)
+    await wait_for(lambda: len(list(outbox.acked_dir.iterdir())) == 3, 10, "the old acknowledged entries pruned")
+    stop.set()
+    await task
+    assert sorted(p.name.split("-", 1)[1] for p in outbox.acked_dir.iterdir()) == ["t-5.traj", "t-6.traj", "t-7.traj"]
+    assert len(outbox) == 0
