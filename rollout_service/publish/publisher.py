@@ -255,19 +255,7 @@ class TrajectoryPublisher:
                 self._note_retry(exc)
             else:
                 self.latency.request.observe(time.monotonic() - sent)
-                seq = int(getattr(ack, "seq", 0) or 0)
-                duplicate = bool(getattr(ack, "duplicate", False))
-                if duplicate:
-                    self.stats.duplicates += 1
-                else:
-                    self.stats.published += 1
-                self.stats.last_publish_at = time.time()
-                if written_at is not None:
-                    self.latency.delay.observe(max(0.0, self.stats.last_publish_at - written_at))
-                if self.record is not None:
-                    self.record.append({"id": entry.trajectory_id, "seq": seq, "duplicate": duplicate, "time": self.stats.last_publish_at})
-                self.outbox.ack(entry, seq or None)
-                self._after_ack(seq, duplicate)
+                await self._handle_acks([(entry, ack, written_at)])
                 return
             await asyncio.sleep(backoff)
             backoff = min(BACKOFF_MAX_S, backoff * 2)
