@@ -162,23 +162,18 @@ class Outbox:
 
     def hold(self, traj: Trajectory) -> Path:
         """Durably keep a finished trajectory until its group completes."""
-        group = self.held_dir / traj.group_id
-        group.mkdir(exist_ok=True)
-        path = group / f"{traj.id}.traj"
-        if not path.exists():
+        path = self.held_dir / traj.group_id / f"{traj.id}.traj"
+        if self._write_held(path, encode_trajectory(traj)):
             self._count += 1
-        atomic_write(path, encode_trajectory(traj))
         return path
 
     def release_group(self, group_id: str) -> int:
         """Move a completed group's held trajectories to ready (in group-index order)."""
         group = self.held_dir / group_id
-        if not group.is_dir():
+        trajs = self._read_group(group)
+        if trajs is None:
             return 0
-        trajs = sorted((decode_trajectory(p.read_bytes()) for p in group.glob("*.traj")), key=lambda t: t.group_index)
-        for traj in trajs:
-            self._write_ready(traj)
-        shutil.rmtree(group)
+        self._write_all_then_drop([(self._ready_path(t.id), encode_trajectory(t)) for t in trajs], group)
         return len(trajs)
 
     # -- after the server answered ----------------------------------------------------------
