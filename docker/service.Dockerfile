@@ -1,9 +1,18 @@
-# syntax=docker/dockerfile:1
 # asyncrl rollout service and sync agent (and `asyncrl nats`, `asyncrl config`): the project
 # installed from its own pyproject on a slim Python, with the CPU build of torch (the rollout
 # service tokenises and the sync agent coordinates; neither runs a model). Build from the
 # repository root:  docker build -f docker/service.Dockerfile -t asyncrl/service:0.1.0 .
 # compose.yaml builds it (`docker compose build`).
+
+#
+# Air-gapped builds (docs/deployment.md, "Building without a container registry"):
+# - PYTHON_IMAGE: any Debian-based image with Python 3.11, venv and pip, e.g. the one
+#   docker/local-base.sh builds from Debian packages;
+# - docker/local/ca-certificates/*.crt: extra CA certificates trusted while building (a
+#   TLS-inspecting proxy's), so pip reaches the package registries;
+# - docker/local/wheels/*.whl: wheels pip takes before the registries; a torch wheel of
+#   TORCH_VERSION there (the CPU build) is installed instead of the one from TORCH_INDEX.
+# docker/build-local.sh fills docker/local/ from this machine and builds every image.
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
@@ -13,9 +22,20 @@ FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/asyncrl \
-    && /opt/asyncrl/bin/pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    PIP_FIND_LINKS=/opt/local/wheels
+COPY docker/local/ /opt/local/
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN if compgen -G "/opt/local/ca-certificates/*.crt" > /dev/null; then \
+        cp /opt/local/ca-certificates/*.crt /usr/local/share/ca-certificates/ && update-ca-certificates; \
+    fi \
+    && python -m venv /opt/asyncrl \
+    && if compgen -G "/opt/local/wheels/torch-${TORCH_VERSION}*.whl" > /dev/null; then \
+        /opt/asyncrl/bin/pip install --no-index "torch==${TORCH_VERSION}"; \
+    else \
+        /opt/asyncrl/bin/pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; \
+    fi
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY constraints ./constraints

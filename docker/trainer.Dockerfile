@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # asyncrl trainer: the project installed from its own pyproject on the SGLang image the
 # engines run (compose passes SGLANG_IMAGE), keeping that image's CUDA build of torch
 # (pyproject asks only torch>=2.6, which it satisfies, so pip leaves it alone). The trainer
@@ -21,6 +20,13 @@ LABEL org.opencontainers.image.title="asyncrl trainer" \
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
+# Air-gapped builds (as docker/service.Dockerfile): extra CA certificates from
+# docker/local/ca-certificates/ are trusted, wheels in docker/local/wheels/ come first.
+COPY docker/local/ /opt/local/
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN if compgen -G "/opt/local/ca-certificates/*.crt" > /dev/null; then \
+        cp /opt/local/ca-certificates/*.crt /usr/local/share/ca-certificates/ && update-ca-certificates; \
+    fi
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY asyncrl ./asyncrl
@@ -29,10 +35,9 @@ COPY sync_agent ./sync_agent
 COPY trainer_daemon ./trainer_daemon
 COPY tools ./tools
 COPY local_engine ./local_engine
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # Fail the build if installing the project would replace the base image's torch.
 RUN python3 -c "import torch; print(torch.__version__)" > /tmp/torch-before \
-    && python3 -m pip install . \
+    && PIP_CERT=/etc/ssl/certs/ca-certificates.crt python3 -m pip install --find-links /opt/local/wheels . \
     && python3 -c "import torch; print(torch.__version__)" | cmp - /tmp/torch-before \
     && rm -rf /src /tmp/torch-before
 RUN groupadd --system --gid 10001 asyncrl \

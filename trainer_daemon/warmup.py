@@ -11,8 +11,10 @@ Entry points:
 
 - ``python -m trainer_daemon.warmup`` builds :data:`DEMO` (progress on stderr) and prints its
   directory on stdout — what ``asyncrl up`` and ``bench/gpu.py`` run, as a child process;
+- ``python -m trainer_daemon.warmup --export DIR`` also copies it to ``DIR`` (compose's CPU
+  profile: the ``model-init`` service writes it into the models directory);
 - :func:`warm_up` ``(recipe, progress) -> Path`` for any :class:`WarmupRecipe` (the tests'
-  warm model is one).
+  warm model is one), :func:`export` ``(recipe, dest)``.
 
 A result is cached under ``$ASYNCRL_CACHE_DIR/models/<name>-<key>``, the key hashing the
 recipe and the code and assets that determine the weights; concurrent processes build it
@@ -112,17 +114,52 @@ def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None]) -> 
     progress(f"warm-up done (final loss {sum(tail) / len(tail):.3f}): {out}")
 
 
+EXPORT_STAMP = ".asyncrl-warmup-key"  # in an exported directory: the recipe key it was built from
+
+
+def export(recipe: WarmupRecipe, dest: Path, progress: Callable[[str], None] = print) -> Path:
+    """Copy the warmed-up model of ``recipe`` to ``dest`` (a plain Hugging Face directory any
+    component loads as ``model.path``), unless ``dest`` already holds this recipe's build.
+    The copy is made beside ``dest`` and renamed into place, so a reader never sees half a
+    model; an older build at ``dest`` is replaced."""
+    import shutil
+    import tempfile
+
+    key = recipe_key(recipe)
+    stamp = dest / EXPORT_STAMP
+    if stamp.is_file() and stamp.read_text().strip() == key:
+        progress(f"{dest} already holds {recipe.name} ({key})")
+        return dest
+    built = warm_up(recipe, progress)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        shutil.copytree(built, tmp, dirs_exist_ok=True)
+        (tmp / EXPORT_STAMP).write_text(key + "\n")
+        for path in [tmp, *tmp.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"exported {recipe.name} to {dest}")
+    return dest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer_daemon.warmup",
                                      description=f"Build {SPEC} (cached) and print its directory on stdout.")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--export", metavar="DIR", type=Path,
+                        help="also copy it to DIR (skipped when DIR holds this build): compose's model-init")
     ns = parser.parse_args(argv)
 
     def progress(message: str) -> None:
         if not ns.quiet:
             print(message, file=sys.stderr, flush=True)
 
-    print(warm_up(DEMO, progress), flush=True)
+    print(export(DEMO, ns.export, progress) if ns.export else warm_up(DEMO, progress), flush=True)
     return 0
 
 

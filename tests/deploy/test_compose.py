@@ -266,3 +266,54 @@ def test_engines_get_the_flags_the_system_needs(one_box, tmp_path):
     assert flags["--model-path"] == one_box["services"]["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]
     rollout_key = one_box["services"]["rollout"]["environment"]["ASYNCRL_ENGINES__API_KEY"]
     assert rollout_key == env["ENGINE_API_KEY"] and rollout_key not in out.stdout + out.stderr
+
+
+# -- the CPU profile (.env.cpu.example; run for real by tests/deploy/test_compose_run.py) ------
+CPU_STANDINS = {"model-init", "engine-cpu", "trainer-cpu"}
+
+
+@pytest.fixture(scope="module")
+def cpu_box(deploy_tools, tmp_path_factory) -> dict:
+    from tests.deploy.conftest import Compose
+
+    values = {name: ("nats-" if name.startswith("NATS_") else "") + "x" + name.lower() for name in SECRET_VARS}
+    env = parse_env_text((REPO / ".env.cpu.example").read_text()) | values
+    path = tmp_path_factory.mktemp("cpu-env") / ".env"
+    path.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    return Compose(deploy_tools.compose, path).config(profiles=None)
+
+
+def test_cpu_profile_is_the_deployment_with_cpu_stand_ins(one_box, cpu_box):
+    s = cpu_box["services"]
+    gpu_only = {"sglang", "trainer"}
+    assert set(s) == (set(one_box["services"]) - gpu_only) | CPU_STANDINS
+    for name in set(s) - CPU_STANDINS:  # the same services as on GPUs, only the engines' backend differs
+        mine, theirs = s[name], one_box["services"][name]
+        assert mine["image"] == theirs["image"] and mine.get("command") == theirs.get("command"), name
+        diff = {k for k in set(mine.get("environment", {})) | set(theirs.get("environment", {}))
+                if mine.get("environment", {}).get(k) != theirs.get("environment", {}).get(k)}
+        assert diff <= {"ASYNCRL_ENGINES__BACKEND", "ASYNCRL_ENGINES__URLS", "ASYNCRL_MODEL__PATH",
+                        "ASYNCRL_API__PUBLIC_URL"} | {k for k in diff if "PASSWORD" in k or "TOKEN" in k or "KEY" in k}, (name, diff)
+    assert s["rollout"]["environment"]["ASYNCRL_ENGINES__BACKEND"] == "local"
+    trainer, gpu_trainer = s["trainer-cpu"], one_box["services"]["trainer"]
+    assert trainer["image"] == s["rollout"]["image"] and trainer["command"] == ["trainer", "/etc/asyncrl/run.toml"]
+    assert trainer["environment"]["ASYNCRL_TRAINER__DEVICE"] == "cpu"
+    assert set(gpu_trainer["environment"]) - set(trainer["environment"]) == {"CUDA_VISIBLE_DEVICES"}
+    assert "trainer" in trainer["networks"]["default"]["aliases"]  # MASTER_ADDR and Prometheus' target
+    assert trainer["restart"] == "on-failure" and trainer["init"] is True
+    engine = s["engine-cpu"]
+    assert engine["command"][:3] == ["engine", "--model", s["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]]
+    assert engine["environment"]["LOCAL_ENGINE_API_KEY"] == s["rollout"]["environment"]["ASYNCRL_ENGINES__API_KEY"]
+    urls = yaml.safe_load(s["rollout"]["environment"]["ASYNCRL_ENGINES__URLS"])
+    assert urls == [f"http://asyncrl-engine-cpu-{i}:30000" for i in range(1, int(engine["deploy"]["replicas"]) + 1)]
+    init = s["model-init"]
+    assert init["entrypoint"][-1] == "--export" and init["command"] == [s["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]]
+    for name in ("rollout", "engine-cpu", "trainer-cpu"):
+        assert s[name]["depends_on"]["model-init"]["condition"] == "service_completed_successfully", name
+    load_config(str(REPO / "asyncrl" / "up" / "demo.toml"), environ={k: str(v) for k, v in trainer["environment"].items()})
+
+
+def test_prometheus_finds_the_cpu_engines():
+    prom = yaml.safe_load((REPO / "docker" / "prometheus" / "prometheus.yml").read_text())
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "engines"]
+    assert "engine-cpu" in job["dns_sd_configs"][0]["names"]

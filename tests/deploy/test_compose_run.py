@@ -1,0 +1,211 @@
+"""compose.yaml's CPU profile, run for real under Docker: images built from local material
+(docker/build-local.sh), the stack brought up with ``docker compose --profile cpu up``, the demo
+trained by the deployment's own services, read back through the real Prometheus in its
+container, and crashes of the trainer and rollout containers survived with nothing lost.
+
+Its own command (it builds images and trains; about 15-25 minutes on 2 cores, most of it the
+first image build and the demo model's warm-up): ``./dev test-deploy``. Under ``./dev test``
+it is skipped unless ``ASYNCRL_DOCKER_TESTS=1``; with it set, a machine that cannot run Docker
+skips with what is missing (tests/deploy/docker_engine.py), and everything else fails loudly.
+
+A crash is a SIGKILL of the container's main process from the host (what the OOM killer or a
+segfault does): Docker restarts the container by its restart policy. ``docker kill`` is not
+used for that: Docker records it as a stop by hand and, by design, does not restart the
+container (moby's restart manager honours ``ExitOnNext`` set by kill).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from asyncrl.launch import free_port
+from tests.deploy.conftest import REPO, SECRET_VARS, parse_env_text
+from tests.deploy.docker_engine import docker_engine
+
+pytestmark = [pytest.mark.timeout(3600)]
+
+BUILD_S = 2400.0  # first build on 2 cores: the base (debootstrap) and pip installing the service image
+UP_S = 1200.0  # model-init's warm-up (~5-7 min on 2 busy cores), then the first steps and syncs
+PROGRESS_S = 600.0  # after a crash: restarted, recovered and two more steps
+POLL_S = 5.0
+STEPS = 3  # trainer steps (and as many syncs) before the crash test
+OPTIONAL = {"grafana", "nats-exporter", "json-exporter"}  # images no registry here provides
+ENABLED = os.environ.get("ASYNCRL_DOCKER_TESTS") == "1"
+
+
+def _run(argv: list[str], timeout: float, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+class CpuStack:
+    """The compose project of the CPU profile, with a test .env and the locally built images."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.models = workdir / "models"
+        self.models.mkdir()
+        values = {name: ("nats-" if name.startswith("NATS_") else "") + secrets.token_hex(16) for name in SECRET_VARS}
+        text = (REPO / ".env.cpu.example").read_text()
+        env = parse_env_text(text) | values | {
+            "MODELS_DIR": str(self.models),
+            "RUN_CONFIG": str(REPO / "asyncrl" / "up" / "demo.toml"),
+            "OPENAI_PORT": str(free_port()),
+            "GRAFANA_PORT": str(free_port()),
+        }
+        self.env = env
+        self.env_file = workdir / ".env"
+        self.env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        self.images_env = REPO / "docker" / "local" / "images.env"
+        self.started: list[str] = []
+
+    def compose(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        argv = ["docker", "compose", "--project-directory", str(REPO), "-f", str(REPO / "compose.yaml"),
+                "--env-file", str(self.env_file)]
+        if self.images_env.is_file():
+            argv += ["--env-file", str(self.images_env)]
+        return _run([*argv, *args], timeout=timeout, check=check,
+                    env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")})
+
+    def services(self) -> list[str]:
+        """The CPU profile's services whose images are here (built, loaded or pulled)."""
+        project = json.loads(self.compose("config", "--format", "json").stdout)
+        out = []
+        for name, svc in project["services"].items():
+            present = _run(["docker", "image", "inspect", svc["image"]], timeout=30, check=False).returncode == 0
+            if present or name not in OPTIONAL:
+                out.append(name)
+        return out
+
+    def container(self, service: str) -> str:
+        ids = self.compose("ps", "-q", service).stdout.split()
+        assert ids, f"no container for {service}"
+        return ids[0]
+
+    def inspect(self, service: str) -> dict:
+        return json.loads(_run(["docker", "inspect", self.container(service)], timeout=30).stdout)[0]
+
+    def promql(self, query: str) -> float | None:
+        """The value of an instant query, asked of the real Prometheus inside its container."""
+        url = "http://127.0.0.1:9090/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        proc = self.compose("exec", "-T", "prometheus", "wget", "-q", "-O", "-", url, timeout=30, check=False)
+        if proc.returncode != 0:
+            return None
+        result = json.loads(proc.stdout)["data"]["result"]
+        return max((float(r["value"][1]) for r in result), default=None)
+
+    def logs(self) -> str:
+        return self.compose("logs", "--no-color", "--tail", "60", timeout=60, check=False).stdout[-12000:]
+
+
+def _wait(what: str, stack: CpuStack, timeout: float, condition) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(POLL_S)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s\n--- compose logs ---\n{stack.logs()}")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    if not ENABLED:
+        pytest.skip("runs Docker (builds images, trains; 15-25 min): its own command, ./dev test-deploy "
+                    "(or ASYNCRL_DOCKER_TESTS=1)")
+    missing = docker_engine()
+    if missing is not None:
+        pytest.skip(f"cannot run Docker here: {missing}")
+    _run(["bash", "docker/build-local.sh"], timeout=BUILD_S)
+    s = CpuStack(tmp_path_factory.mktemp("compose-cpu"))
+    s.compose("down", "--volumes", "--remove-orphans", timeout=300, check=False)
+    services = s.services()
+    s.compose("up", "--detach", "--no-build", *services, timeout=600)
+    s.started = services
+    try:
+        yield s
+    finally:
+        s.compose("down", "--volumes", "--remove-orphans", "--timeout", "20", timeout=300, check=False)
+
+
+def _step(stack: CpuStack) -> float:
+    return stack.promql("asyncrl_trainer_global_step") or 0.0
+
+
+def test_cpu_profile_trains_syncs_and_is_scraped(stack):
+    _wait(f"{STEPS} trainer steps and {STEPS} weight syncs in Prometheus", stack, UP_S,
+          lambda: _step(stack) >= STEPS and (stack.promql('asyncrl_sync_syncs_total{state="succeeded"}') or 0) >= STEPS)
+    assert (stack.promql("asyncrl_rollout_publish_request_seconds_count") or 0) > 0, "the rollout service is not scraped"
+    assert stack.promql('up{job="engines"}') == 1.0, "the CPU engines are not scraped"
+    for service in ("nats", "rollout", "sync-agent", "engine-cpu", "trainer-cpu", "prometheus", "gateway"):
+        health = stack.inspect(service)["State"].get("Health", {}).get("Status")
+        assert health == "healthy", f"{service} is {health}"
+    # the gateway publishes the OpenAI port and forwards /v1 only
+    port = stack.env["OPENAI_PORT"]
+    models = _run(["curl", "-s", "-H", f"Authorization: Bearer {stack.env['API_TOKEN']}", f"http://127.0.0.1:{port}/v1/models"], 30)
+    assert "tiny-arith" in models.stdout or '"data"' in models.stdout, models.stdout
+    admin = _run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/admin/status"], 30)
+    assert admin.stdout == "404", f"the gateway forwarded an admin route: {admin.stdout}"
+
+
+def test_grafana_loads_the_provisioned_dashboard(stack):
+    if "grafana" not in stack.started:
+        pytest.skip("no Grafana image here: compose.yaml's grafana/grafana cannot be pulled (no container registry) "
+                    "and no Debian, PyPI or npm package ships Grafana; `docker load` it to run this check")
+    port, password = stack.env["GRAFANA_PORT"], stack.env["GRAFANA_ADMIN_PASSWORD"]
+    url = f"http://admin:{password}@127.0.0.1:{port}/api/dashboards/uid/asyncrl-overview"
+    _wait("Grafana's provisioned dashboard", stack, 180,
+          lambda: '"uid":"asyncrl-overview"' in _run(["curl", "-s", url], 30, check=False).stdout)
+
+
+def _crash(stack: CpuStack, service: str) -> int:
+    """SIGKILL the container's main process from the host; returns the restart count before."""
+    state = stack.inspect(service)
+    _run(["kill", "-KILL", str(state["State"]["Pid"])], 30)
+    return int(state["RestartCount"])
+
+
+def _audit(stack: CpuStack) -> dict:
+    """``asyncrl audit`` of the run, in a one-off trainer container on the compose network,
+    over the trainer's run dir joined with the rollout service's published record."""
+    run = "/var/lib/asyncrl/runs/demo"
+    out = stack.workdir / "audit"
+    if out.exists():
+        _run(["rm", "-rf", str(out)], 30)
+    out.mkdir()
+    _run(["docker", "cp", f"{stack.container('trainer-cpu')}:{run}", str(out / "run")], 120)
+    (out / "run" / "rollout").mkdir(exist_ok=True)
+    _run(["docker", "cp", f"{stack.container('rollout')}:{run}/rollout/published.jsonl", str(out / "run" / "rollout")], 60)
+    _run(["chmod", "-R", "a+rwX", str(out)], 30)
+    password = stack.env["NATS_TRAINER_PASSWORD"]
+    # plain `docker run` on the project's network: a `compose run` one-off would also answer to
+    # the service's DNS name, which the engines and Prometheus resolve
+    image = json.loads(stack.compose("config", "--format", "json").stdout)["services"]["trainer-cpu"]["image"]
+    proc = _run(["docker", "run", "--rm", "--network", "asyncrl_default", "-v", f"{out}:/audit", image,
+                 "audit", "/audit/run", "--run-id", "demo", "--nats", f"nats://trainer:{password}@nats:4222", "--json"],
+                timeout=300, check=False)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert lines, f"audit printed no result (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1])
+
+
+def test_killed_trainer_and_rollout_restart_and_nothing_is_lost(stack):
+    _wait("a first step", stack, UP_S, lambda: _step(stack) >= 1)
+    before = _step(stack)
+    restarts = {service: _crash(stack, service) for service in ("trainer-cpu", "rollout")}
+    _wait("both containers restarted by compose's restart policy", stack, 120,
+          lambda: all(int(stack.inspect(s)["RestartCount"]) > n and stack.inspect(s)["State"]["Running"]
+                      for s, n in restarts.items()))
+    _wait("two more trainer steps after the crash", stack, PROGRESS_S, lambda: _step(stack) >= before + 2)
+    audit = _audit(stack)
+    assert audit["ok"] and audit["lost"] == 0 and audit["twice"] == 0 and audit["lost_after_ack"] == 0, audit
+    assert audit["trained"] >= 1 and audit["published"] >= audit["trained"], audit
