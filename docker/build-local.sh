@@ -25,6 +25,8 @@ SERVICE_IMAGE="${ASYNCRL_SERVICE_IMAGE:-asyncrl/service:0.1.0}"
 NATS_VERSION="$(sed -n 's/.*image: \${NATS_IMAGE:-nats:\([0-9.]*\)-alpine}.*/\1/p' compose.yaml)"
 TORCH_VERSION="$(sed -n 's/^torch==\([0-9.]*\).*/\1/p' constraints/cpu.txt)"
 log() { echo "[build-local] $*"; }
+log_dir="$(mktemp -d)"
+trap 'rm -rf "$log_dir"' EXIT
 
 if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     docker/local-base.sh "$BASE_IMAGE"
@@ -34,7 +36,8 @@ mkdir -p docker/local/ca-certificates docker/local/wheels
 shopt -s nullglob
 cas=(/usr/local/share/ca-certificates/*.crt)
 [ ${#cas[@]} -gt 0 ] && cp "${cas[@]}" docker/local/ca-certificates/
-if [ -z "$(ls docker/local/wheels/torch-"$TORCH_VERSION"* 2>/dev/null)" ]; then
+have=(docker/local/wheels/torch-"$TORCH_VERSION"*.whl)
+if [ ${#have[@]} -eq 0 ]; then
     # only a local CPU wheel: never let pip fetch the multi-GB CUDA build from the registry
     for dir in ${PIP_FIND_LINKS:-} ${TORCH_WHEEL_DIR:-}; do
         for whl in "$dir"/torch-"$TORCH_VERSION"+cpu-*.whl; do
@@ -48,7 +51,8 @@ build() {  # tag dockerfile context [build args...]
     shift 3
     log "building $tag ($file) ..."
     local started=$SECONDS
-    docker build -q -f "$file" -t "$tag" "$@" "$context" >/dev/null
+    docker build -q -f "$file" -t "$tag" "$@" "$context" >"$log_dir/$(basename "$file").log" 2>&1 \
+        || { tail -n 40 "$log_dir/$(basename "$file").log" >&2; exit 1; }
     log "built $tag in $((SECONDS - started)) s"
 }
 

@@ -32,7 +32,7 @@ RUN if compgen -G "/opt/local/ca-certificates/*.crt" > /dev/null; then \
     fi \
     && python -m venv /opt/asyncrl \
     && if compgen -G "/opt/local/wheels/torch-${TORCH_VERSION}*.whl" > /dev/null; then \
-        /opt/asyncrl/bin/pip install --no-index "torch==${TORCH_VERSION}"; \
+        /opt/asyncrl/bin/pip install "$(compgen -G "/opt/local/wheels/torch-${TORCH_VERSION}*.whl" | head -n1)"; \
     else \
         /opt/asyncrl/bin/pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; \
     fi
