@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +55,10 @@ def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attn: torch.Ten
     return (nll * weights.reshape(-1)).sum() / weights.sum().clamp(min=1.0)
 
 
-def sft(model, examples: Sequence[tuple[list[int], list[int]]], cfg: SftConfig, pad_id: int) -> list[float]:
-    """Train ``model`` in place; return the loss of every step."""
+def sft(model, examples: Sequence[tuple[list[int], list[int]]], cfg: SftConfig, pad_id: int,
+        on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """Train ``model`` in place; return the loss of every step. ``on_step(step, loss)`` is
+    called after every step (1-based), e.g. to show progress."""
     if not examples:
         raise ValueError("no SFT examples")
     rng = random.Random(cfg.seed)
@@ -75,6 +77,8 @@ def sft(model, examples: Sequence[tuple[list[int], list[int]]], cfg: SftConfig, 
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
         if cfg.log_every and (step + 1) % cfg.log_every == 0:
             log.info("sft step %d/%d loss %.4f (%.1f s)", step + 1, cfg.steps, losses[-1], time.monotonic() - t0)
     model.eval()

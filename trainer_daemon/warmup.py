@@ -82,15 +82,18 @@ def recipe_key(recipe: WarmupRecipe) -> str:
     return h.hexdigest()[:16]
 
 
-def warm_up(recipe: WarmupRecipe = DEMO, progress: Callable[[str], None] = print) -> Path:
-    """The warmed-up model directory of ``recipe`` (built and cached on first use)."""
+def warm_up(recipe: WarmupRecipe = DEMO, progress: Callable[[str], None] = print, show_steps: bool = False) -> Path:
+    """The warmed-up model directory of ``recipe`` (built and cached on first use).
+    ``show_steps``: draw the SFT's progress on stderr (a bar on a terminal, else a line
+    every 10 s: :class:`asyncrl.task_progress.TaskProgress`)."""
     from asyncrl.models.cache import build_once
     from asyncrl.models.smollm2 import cache_dir
 
-    return build_once(cache_dir() / "models" / f"{recipe.name}-{recipe_key(recipe)}", lambda out: _build(recipe, out, progress))
+    return build_once(cache_dir() / "models" / f"{recipe.name}-{recipe_key(recipe)}",
+                      lambda out: _build(recipe, out, progress, show_steps))
 
 
-def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None]) -> None:
+def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], show_steps: bool = False) -> None:
     import torch
 
     from asyncrl.models import load_model, load_tokenizer
@@ -108,7 +111,10 @@ def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None]) -> 
     spec = None if recipe.level is None else ArithSpec.level(recipe.level)
     examples = demo_sft_examples(chat, recipe.examples, seed=recipe.seed, exact_fraction=recipe.exact_fraction, spec=spec)
     cfg = SftConfig(steps=recipe.steps, batch_size=recipe.batch_size, lr=recipe.lr, log_every=LOG_EVERY)
-    losses = sft(model, examples, cfg, tok.pad_token_id)
+    from asyncrl.task_progress import TaskProgress
+
+    with TaskProgress(f"warm-up of {recipe.name}", total=recipe.steps, enabled=show_steps) as bar:
+        losses = sft(model, examples, cfg, tok.pad_token_id, on_step=lambda step, loss: bar.advance(note=f"loss {loss:.3f}"))
     save_hf(model, tok, out)
     tail = losses[-20:]
     progress(f"warm-up done (final loss {sum(tail) / len(tail):.3f}): {out}")
@@ -117,7 +123,7 @@ def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None]) -> 
 EXPORT_STAMP = ".asyncrl-warmup-key"  # in an exported directory: the recipe key it was built from
 
 
-def export(recipe: WarmupRecipe, dest: Path, progress: Callable[[str], None] = print) -> Path:
+def export(recipe: WarmupRecipe, dest: Path, progress: Callable[[str], None] = print, show_steps: bool = False) -> Path:
     """Copy the warmed-up model of ``recipe`` to ``dest`` (a plain Hugging Face directory any
     component loads as ``model.path``), unless ``dest`` already holds this recipe's build.
     The copy is made beside ``dest`` and renamed into place, so a reader never sees half a
@@ -130,7 +136,7 @@ def export(recipe: WarmupRecipe, dest: Path, progress: Callable[[str], None] = p
     if stamp.is_file() and stamp.read_text().strip() == key:
         progress(f"{dest} already holds {recipe.name} ({key})")
         return dest
-    built = warm_up(recipe, progress)
+    built = warm_up(recipe, progress, show_steps)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
@@ -159,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not ns.quiet:
             print(message, file=sys.stderr, flush=True)
 
-    print(export(DEMO, ns.export, progress) if ns.export else warm_up(DEMO, progress), flush=True)
+    show = not ns.quiet
+    print(export(DEMO, ns.export, progress, show) if ns.export else warm_up(DEMO, progress, show), flush=True)
     return 0
 
 

@@ -58,6 +58,20 @@ def demo_policy() -> str | None:
     return lines[-1]
 
 
+def where_to_look(run_dir: Path, doc: dict) -> list[str]:
+    """The lines ``asyncrl up`` prints once its services are up: where the run's files,
+    metrics and status are, and how to stop it."""
+    trainer_port = doc["trainer"]["metrics_port"]
+    return [
+        "where to look:",
+        f"  run dir   {run_dir}  (logs/, metrics/trainer.jsonl, tensorboard/; summary.md and summary.png at the end)",
+        f"  metrics   {doc['sync']['rollout_url']}/metrics (rollout)  http://127.0.0.1:{trainer_port}/metrics (trainer)  "
+        f"{doc['sync']['url']}/metrics (sync agent)",
+        f"  status    {doc['sync']['rollout_url']}/admin/status  {doc['sync']['url']}/status",
+        "  stop      Ctrl-C: every process stops cleanly; `asyncrl up --resume` continues from the last checkpoint",
+    ]
+
+
 async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyncio.Event) -> tuple[str, bool]:
     """Run until something ends the run; returns (reason, failed)."""
     import aiohttp
@@ -141,6 +155,7 @@ def main(argv: Sequence[str]) -> int:
         print(exc, file=sys.stderr)
         return 2
     configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json, tag="up")
+    print(f"[asyncrl up] run {cfg.run.id!r} in {Path(cfg.run_dir).resolve()}; Ctrl-C stops it cleanly", flush=True)
     if cfg.model.path == DEMO_MODEL:
         warm = demo_policy()
         if warm is None:
@@ -164,6 +179,8 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         cfg = stack.start(progress=lambda m: print(f"[asyncrl up] {m}", flush=True))
+        for line in where_to_look(run_dir, stack.doc):
+            print(f"[asyncrl up] {line}", flush=True)
         deadline = started + ns.max_minutes * 60 if ns.max_minutes else None
         reason, failed = asyncio.run(_watch(stack, cfg, not ns.no_live, deadline, stop))
     except Exception as exc:  # noqa: BLE001 - report any start-up failure clearly, then clean up

@@ -38,6 +38,7 @@ UP_S = 1200.0  # model-init's warm-up (~5-7 min on 2 busy cores), then the first
 PROGRESS_S = 600.0  # after a crash: restarted, recovered and two more steps
 HEALTHY_S = 120.0  # the slowest healthcheck interval is 30 s (trainer)
 POLL_S = 5.0
+STOP_GRACE_S = 60  # docker compose stop's grace period before SIGKILL
 STEPS = 3  # trainer steps (and as many syncs) before the crash test
 OPTIONAL = {"grafana", "nats-exporter", "json-exporter"}  # images no registry here provides
 ENABLED = os.environ.get("ASYNCRL_DOCKER_TESTS") == "1"
@@ -91,7 +92,7 @@ class CpuStack:
         return out
 
     def container(self, service: str) -> str:
-        ids = self.compose("ps", "-q", service).stdout.split()
+        ids = self.compose("ps", "--all", "-q", service).stdout.split()
         assert ids, f"no container for {service}"
         return ids[0]
 
@@ -214,3 +215,13 @@ def test_killed_trainer_and_rollout_restart_and_nothing_is_lost(stack):
     shown = json.dumps(audit, indent=1)
     assert audit["ok"] and audit["lost"] == 0 and audit["twice"] == 0 and audit["lost_after_ack"] == 0, shown
     assert audit["checkpoint_step"] >= save_freq and audit["trained"] >= 1, shown
+
+
+def test_services_stop_cleanly_on_sigterm(stack):
+    """`docker compose stop` sends SIGTERM through the init (init: true) and each asyncrl
+    service exits by itself well inside the grace period, not by the SIGKILL that follows it."""
+    services = ("trainer-cpu", "rollout", "sync-agent", "engine-cpu")
+    stack.compose("stop", "--timeout", str(STOP_GRACE_S), *services, timeout=300)
+    for service in services:
+        state = stack.inspect(service)["State"]
+        assert not state["Running"] and state["ExitCode"] != 137, f"{service} was killed, not stopped: {state}"

@@ -88,6 +88,10 @@ def test_up_runs_to_total_rollout_steps_and_writes_the_summary(tmp_path):
     rc, out, err = finish(start_up(run_dir, "rollout.total_rollout_steps=4"))
     assert rc == 0, f"{out[-3000:]}\n{err[-3000:]}"
     assert "the trainer finished its steps" in out
+    # where to look, printed once the services are up: the run dir and live endpoints
+    assert f"run dir   {run_dir.resolve()}" in out and "Ctrl-C" in out
+    metrics = re.findall(r"(http://127\.0\.0\.1:\d+)/metrics \((\w+)", out)
+    assert {name for _, name in metrics} == {"rollout", "trainer", "sync"}, out[-3000:]
     assert re.search(r"^run health: (starting|progressing|finished)", out, re.M), out[-3000:]  # the health block, shown
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["trainer_steps"] == 2 and summary["syncs"] >= 1 and summary["syncs_failed"] == 0, summary
