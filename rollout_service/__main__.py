@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from asyncrl.cli_args import config_parser, resolve_config
 from asyncrl.config import secret
 from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
+from asyncrl.launch import free_port
 from asyncrl.logs import configure_logging
 
 
@@ -38,6 +39,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return asyncio.run(_serve(cfg, ns.host or cfg.rollout.host, ns.port if ns.port is not None else cfg.rollout.port))
 
 
+def loopback_for(host: str) -> str:
+    """The address this machine reaches a server bound to ``host`` at (a wildcard: loopback)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
 async def _serve(cfg, host: str, port: int) -> int:
     import uvicorn
 
@@ -45,6 +55,9 @@ async def _serve(cfg, host: str, port: int) -> int:
     from rollout_service.service import RolloutService
 
     svc = await RolloutService.create(cfg)
+    if port == 0:
+        port = free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1")
+    svc.url = f"http://{loopback_for(host)}:{port}"
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host=host, port=port, log_level="warning", log_config=None, lifespan="on",
                                            timeout_keep_alive=SERVER_KEEP_ALIVE_S))
     await server.serve()

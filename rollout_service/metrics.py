@@ -22,12 +22,10 @@ docker/prometheus/alerts.yml). Each app has its own
 
 from __future__ import annotations
 
-import time
-
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from rollout_service.api.run_health import HEALTH_STATES, rollout_health
+from rollout_service.api.run_health import HEALTH_STATES
 
 ENGINE_STATES = ("healthy", "unhealthy", "quarantined")
 
@@ -116,7 +114,7 @@ class RolloutCollector:
             size.add_metric([name], st["bytes"])
         yield msgs
         yield size
-        health = rollout_health(r, self.svc.pool.snapshot(), self.svc.progress, time.time() - self.svc.started_at)
+        health = self.svc.health(r, self.svc.pool.snapshot())
         state = GaugeMetricFamily("asyncrl_rollout_health", "1 for the health block's current state (run_health.py)",
                                   labels=["state"])
         for name in HEALTH_STATES:
@@ -124,6 +122,13 @@ class RolloutCollector:
         yield state
         yield gauge("asyncrl_rollout_idle_seconds", "Seconds since a token was last decoded",
                     health["idle_s"]["tokens_decoded"] or 0.0)
+        driver = self.svc.env_driver
+        if driver is not None:
+            st = driver.status()
+            yield counter("asyncrl_rollout_env_driver_restarts", "Restarts of the verifiers driver after it crashed", st["restarts"])
+            yield gauge("asyncrl_rollout_env_groups_started", "Groups the verifiers driver started", st.get("groups_started", 0))
+            yield counter("asyncrl_rollout_env_episodes_failed", "Verifiers episodes finished as failures (never trained)",
+                          st.get("episodes_failed", 0))
 
 
 def build_registry(svc) -> CollectorRegistry:

@@ -1,5 +1,8 @@
 """The prompt stream of a run: the configured training files, a generated task
 (``data.source``: :mod:`rollout_service.data.reasoning_gym_task`), or the built-in demo task.
+A verifiers environment (``data.source = "verifiers:..."``) brings its own data and agent: the
+runner then gets :class:`~rollout_service.verifiers_env.supervisor.DriverPrompts` (no prompts
+for its own agents), no validation set and no reward of its own.
 
 With ``data.train_files`` and ``data.source`` empty, the demo dataset (arithmetic problems that want a
 calculator call) is written to ``<run dir>/data/`` once and used; its files are kept so a
@@ -38,6 +41,11 @@ def demo_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
     return [str(train)], [str(val)]
 
 
+def plays_verifiers(cfg: RunConfig) -> bool:
+    """Whether a verifiers environment produces the run's trajectories (``data.source``)."""
+    return bool(cfg.data.source) and cfg.data.source.startswith("verifiers:") and not cfg.data.train_files
+
+
 def source_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
     """Train and validation files of ``data.source`` (generated once under the run dir)."""
     from rollout_service.data.reasoning_gym_task import task_name, write_dataset
@@ -53,7 +61,12 @@ def generated_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
     return source_files(cfg) if cfg.data.source else demo_files(cfg)
 
 
-def build_prompt_stream(cfg: RunConfig, chat: ChatTokenizer) -> PromptStream:
+def build_prompt_stream(cfg: RunConfig, chat: ChatTokenizer):
+    """The runner's prompt stream: a :class:`PromptStream`, or DriverPrompts for a verifiers source."""
+    if plays_verifiers(cfg):
+        from rollout_service.verifiers_env.supervisor import DriverPrompts
+
+        return DriverPrompts()
     files = cfg.data.train_files or generated_files(cfg)[0]
     return PromptStream.from_files(
         files, on_error=logging_reporter(), total_epochs=cfg.rollout.total_epochs, shuffle=cfg.data.shuffle,
@@ -69,6 +82,8 @@ def validation_records(cfg: RunConfig) -> list:
     """The validation set (``data.val_files``, or the generated task's when training on it); [] if none."""
     if cfg.data.val_files:
         files = cfg.data.val_files
+    elif plays_verifiers(cfg):
+        return []
     elif not cfg.data.train_files:
         files = generated_files(cfg)[1]
     else:

@@ -41,7 +41,12 @@ from rollout_service.engines import EnginePool
 from rollout_service.loop_lag import LoopLag
 from rollout_service.openai.handlers import ChatCache
 from rollout_service.openai.sessions import SessionManager
-from rollout_service.prompts import build_prompt_stream, source_reward, validation_records
+from rollout_service.prompts import (
+    build_prompt_stream,
+    plays_verifiers,
+    source_reward,
+    validation_records,
+)
 from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.rewards import MathReward, default_registry
 from rollout_service.runner.finish import model_text
@@ -106,6 +111,11 @@ class RolloutService:
         self._loops: list[asyncio.Task] = []
         self.loop_lag = LoopLag()
         self.math_reward: MathReward | None = None
+        self.url: str | None = None
+        """This service's own base URL (set by whoever serves it, before ``start``): the
+        verifiers driver reaches its sessions there."""
+        self.env_driver = None
+        """The verifiers driver's supervisor (``data.source = "verifiers:..."``), else None."""
 
     @classmethod
     async def create(cls, cfg: RunConfig) -> "RolloutService":
@@ -132,7 +142,7 @@ class RolloutService:
         self.math_reward = MathReward()
         self.math_reward.start()
         self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
-        if cfg.data.source and not cfg.data.train_files:
+        if cfg.data.source and not cfg.data.train_files and not plays_verifiers(cfg):
             self.rewards.register(*await asyncio.to_thread(source_reward, cfg))
         stream = await asyncio.to_thread(build_prompt_stream, cfg, self.chat)
         password = secret(cfg.security.nats_password)
@@ -164,6 +174,14 @@ class RolloutService:
         self.val_records = await asyncio.to_thread(validation_records, cfg)
         if self.val_records:
             self.runner.validation.validator = self._validation_rollouts
+
+    def health(self, r, engines: list[dict]) -> dict:
+        """The run's health block (:func:`rollout_service.api.run_health.rollout_health`) from a
+        runner snapshot and the engines', with the verifiers driver's problem if it has one."""
+        from rollout_service.api.run_health import rollout_health
+
+        problem = self.env_driver.problem() if self.env_driver is not None else None
+        return rollout_health(r, engines, self.progress, time.time() - self.started_at, environment=problem)
 
     async def validate(self, version: int | None = None) -> dict:
         """Validate now (at the current version unless given); the result is kept for
@@ -236,6 +254,7 @@ class RolloutService:
         while not self._stop.is_set():
             for rec in self.sessions.expire_idle():
                 await self.sessions.save(rec)
+                await self.runner.drop_member(rec.agent.group_id)
             await self.sessions.forget_closed()
             await self.broker.sweep()
             try:
@@ -258,14 +277,28 @@ class RolloutService:
         await self.sessions.restore()
         await self.broker.restore()
         await self.runner.start()
+        if plays_verifiers(self.cfg):
+            self._start_env_driver()
         self._loops.append(asyncio.create_task(self._expiry_loop(), name="session-expiry"))
         self._loops.append(asyncio.create_task(self.pool.health_loop(self._stop), name=HEALTH_LOOP_NAME))
         self._loops.append(asyncio.create_task(self._metrics_loop(), name="metrics"))
         self._loops.append(asyncio.create_task(self._progress_loop(), name="progress"))
         self._loops.append(asyncio.create_task(self.loop_lag.run(self._stop), name="loop-lag"))
 
+    def _start_env_driver(self) -> None:
+        from rollout_service.verifiers_env.supervisor import DriverSupervisor, driver_spec
+
+        if self.url is None:
+            raise ValueError("a verifiers data.source needs the service's own URL (RolloutService.url) before start")
+        spec = driver_spec(self.cfg, self.url, self.runner.max_concurrent)
+        self.env_driver = DriverSupervisor(spec, secret(self.cfg.security.api_token) or "")
+        self.runner.stream.supervisor = self.env_driver
+        self.env_driver.start()
+
     async def close(self) -> None:
         self._stop.set()
+        if self.env_driver is not None:
+            await self.env_driver.stop()
         if self.runner is not None:
             await self.runner.stop()
         await asyncio.gather(*self._loops, return_exceptions=True)

@@ -41,17 +41,21 @@ class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list)
     """JSONL or Parquet files in verl's layout (``prompt``, ``data_source``,
     ``reward_model.ground_truth``, ``extra_info``). Empty: ``source``, else the built-in demo task."""
-    source: str | None = Field(None, pattern=r"^reasoning_gym:[A-Za-z0-9_]+$")
-    """A generated task instead of files: ``reasoning_gym:<dataset>`` (any reasoning-gym
-    dataset; needs ``asyncrl[reasoning-gym]``), scored by the task's own verifier.
-    docs/data_and_rewards.md, "reasoning-gym tasks"."""
+    source: str | None = Field(None, pattern=r"^(reasoning_gym:[A-Za-z0-9_]+|verifiers:[A-Za-z0-9_][A-Za-z0-9_.\-/]*)$")
+    """Data instead of files. ``reasoning_gym:<dataset>``: a generated task (any reasoning-gym
+    dataset; needs ``asyncrl[reasoning-gym]``), scored by the task's own verifier
+    (docs/data_and_rewards.md, "reasoning-gym tasks"). ``verifiers:<environment id>``: a
+    verifiers environment plays its own dataset, turns and rubric through sessions
+    (``asyncrl[verifiers]``; the id as ``verifiers.load_environment`` takes it: an installed
+    environment or an importable module; docs/verifiers.md)."""
     source_options: dict[str, Any] = Field(default_factory=dict)
-    """The generator's own settings for ``source`` (e.g. ``{max_terms = 3, max_digits = 2}``
-    for ``basic_arithmetic``): its difficulty knobs, where it has them."""
+    """The source's own settings: the generator's for reasoning-gym (e.g. ``{max_terms = 3,
+    max_digits = 2}`` for ``basic_arithmetic``: its difficulty knobs, where it has them), the
+    keyword arguments of ``load_environment`` for a verifiers environment."""
     source_size: int = Field(2000, ge=1, le=10_000_000)
-    """Training problems generated for ``source`` (seed ``data.seed``)."""
+    """Training problems generated for a reasoning-gym ``source`` (seed ``data.seed``)."""
     source_val_size: int = Field(64, ge=0, le=1_000_000)
-    """Validation problems generated for ``source`` (seed ``data.seed + 1``; 0: none)."""
+    """Validation problems generated for a reasoning-gym ``source`` (seed ``data.seed + 1``; 0: none)."""
     val_files: list[str] = Field(default_factory=list)
     """Validation files in the same layout. Empty: no validation unless the demo task."""
     shuffle: bool = True

@@ -15,7 +15,8 @@ waits for the sync agent to reload it), a pause held longer than ``PAUSE_STUCK_S
 agent holds it), admission blocked by the staleness quota or the queue (the trainer must
 consume and a sync move the version), an outbox that NATS does not take (the publisher's
 last error), generate calls in flight that decode nothing (engines slow or hung), agents
-parked on external environments. ``warnings`` lists the same kind of facts while the run
+parked on external environments, a verifiers driver that crashed or cannot load its
+environment. ``warnings`` lists the same kind of facts while the run
 still progresses (an engine out of rotation, a long pause). Pure: no I/O, so every case is
 unit-tested on values (tests/rollout/test_run_health.py).
 """
@@ -51,8 +52,11 @@ def _engine_problems(engines: list[dict[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
-def _stuck(r: RunnerSnapshot, engines: list[dict[str, Any]], window_s: float) -> list[dict[str, str]]:
+def _stuck(r: RunnerSnapshot, engines: list[dict[str, Any]], window_s: float,
+           environment: str | None = None) -> list[dict[str, str]]:
     stuck: list[dict[str, str]] = []
+    if environment:
+        stuck.append({"component": "verifiers driver", "reason": environment})
     routable = [e for e in engines if e["state"] == "healthy"]
     if not engines:
         stuck.append({"component": "engines", "reason": "no engine is registered with the rollout service"})
@@ -85,8 +89,9 @@ def _stuck(r: RunnerSnapshot, engines: list[dict[str, Any]], window_s: float) ->
 
 
 def rollout_health(r: RunnerSnapshot, engines: list[dict[str, Any]], window: ProgressWindow, uptime_s: float,
-                   now: float | None = None) -> dict[str, Any]:
-    """The ``health`` block (see the module docstring)."""
+                   now: float | None = None, environment: str | None = None) -> dict[str, Any]:
+    """The ``health`` block (see the module docstring). ``environment``: what is wrong with the
+    verifiers driver, if one plays the data and something is (``DriverSupervisor.problem``)."""
     current = progress_counters(r)
     moved = window.deltas(now=now, current=current)
     progress = {k: int(moved.get(k, 0)) for k in current}
@@ -102,8 +107,10 @@ def rollout_health(r: RunnerSnapshot, engines: list[dict[str, Any]], window: Pro
                            "idle_s": {k: _round(window.idle_for(k, now=now, current=current))
                                       for k in ("tokens_decoded", "trajectories_published")}}
     if state == "stalled":
-        out["stuck"] = _stuck(r, engines, window.window_s)
+        out["stuck"] = _stuck(r, engines, window.window_s, environment)
     warnings = _engine_problems(engines)
+    if environment and state != "stalled":
+        warnings.append({"component": "verifiers driver", "reason": environment})
     if r.paused and (r.paused_for_s or 0.0) >= PAUSE_STUCK_S and state != "stalled":
         warnings.append({"component": "sync_agent", "reason": f"paused for {r.paused_for_s:.0f} s"})
     out["warnings"] = warnings

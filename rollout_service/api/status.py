@@ -7,7 +7,6 @@ import dataclasses
 import time
 from typing import Any
 
-from rollout_service.api.run_health import rollout_health
 from rollout_service.runner.snapshot import RunnerSnapshot
 
 
@@ -21,7 +20,7 @@ def service_status(svc) -> dict[str, Any]:
         "pause_mode": r.pause_mode,
         "paused_for_s": r.paused_for_s,
         "uptime_s": round(time.time() - svc.started_at, 3),
-        "health": rollout_health(r, engines, svc.progress, time.time() - svc.started_at),
+        "health": svc.health(r, engines),
         "counts": {
             "active": r.active,
             "parked": r.parked,
@@ -47,6 +46,7 @@ def service_status(svc) -> dict[str, Any]:
         "engines": engines,
         "derived": svc.cfg.derived.model_dump(),
         "last_validation": r.last_validation,
+        "environment": svc.env_driver.status() if svc.env_driver is not None else None,
     }
 
 

@@ -60,10 +60,18 @@ def check_chat_limits(svc, req: ChatCompletionRequest) -> None:
         raise ApiError(400, "top_logprobs requires logprobs: true", param="top_logprobs")
 
 
+def context_length_exceeded(prompt_len: int, limit: int, param: str) -> ApiError:
+    """OpenAI's answer to a prompt that leaves no room to generate: 400 with code
+    ``context_length_exceeded`` and its wording, which clients (verifiers among them) read
+    as "the episode ran out of context" rather than as a failure."""
+    return ApiError(400, f"This model's maximum context length is {limit} tokens; the prompt has {prompt_len} tokens "
+                         "and leaves no room for a completion", param=param, code="context_length_exceeded")
+
+
 def chat_spec(svc, req: ChatCompletionRequest, prompt_len: int) -> TurnSpec:
     room = svc.cfg.model.max_model_len - prompt_len - 8
     if room <= 0:
-        raise ApiError(400, f"the prompt has {prompt_len} tokens; the context limit is {svc.cfg.model.max_model_len}", param="messages")
+        raise context_length_exceeded(prompt_len, svc.cfg.model.max_model_len, "messages")
     want = req.requested_max_tokens or min(svc.cfg.api.max_tokens, room)
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else (req.tool_choice or "auto")
     if isinstance(choice, dict):
@@ -109,7 +117,7 @@ def check_completion(svc, chat: ChatTokenizer, req: CompletionRequest, prompt_id
     if any(t >= vocab for t in prompt_ids):
         raise ApiError(400, f"prompt token ids must be < vocabulary size {vocab}", param="prompt")
     if svc.cfg.model.max_model_len - len(prompt_ids) - 1 <= 0:
-        raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; the context limit is {svc.cfg.model.max_model_len}", param="prompt")
+        raise context_length_exceeded(len(prompt_ids), svc.cfg.model.max_model_len, "prompt")
 
 
 async def answer_chat(svc, state: AgentState, chat: ChatTokenizer, req: ChatCompletionRequest, spec: TurnSpec,

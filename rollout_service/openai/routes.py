@@ -43,6 +43,7 @@ from rollout_service.openai.handlers import (
 from rollout_service.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
+    FinishRequest,
     RewardRequest,
     SessionCreate,
     ToolResultRequest,
@@ -267,17 +268,28 @@ def build_openai_router(svc) -> APIRouter:
         return rec.public()
 
     @router.post("/v1/sessions/{sid}/finish", responses=errors(404, 409))
-    async def finish(request: Request, sid: str):
+    async def finish(request: Request, sid: str, body: FinishRequest | None = None):
         rec = session_for(request, sid)
-        if rec.status == "finished":
+        if rec.status in ("finished", "failed"):
             return rec.public()
         if rec.status != "open":
             raise ApiError(409, f"session {sid} is {rec.status}", param="session_id")
+        failure = body.failure if body is not None else ""
         async with sessions.lock(sid):
             a = rec.agent
             if a.response_length <= 0 or not any(a.loss_mask):
-                raise ApiError(409, "the session has no completion to publish", param="session_id")
+                if not failure:
+                    raise ApiError(409, "the session has no completion to publish", param="session_id")
+                # nothing to publish: closed as failed, its place in the group given back
+                rec.status, rec.finished_at = "failed", time.time()
+                rec.metadata["failure"] = {"failure": failure, "error": body.error}
+                await svc.runner.drop_member(a.group_id)
+                await sessions.save(rec)
+                return rec.public()
             a.finish_reason = "stop"
+            if failure:
+                a.failure = failure
+                a.reward_details = {**a.reward_details, "error": body.error}
             traj = to_trajectory(a, svc.runner.version)
             traj.metadata.update({"session": True, "segments": rec.segments, "divergences": rec.divergences,
                                   "reward_set": rec.reward_set, **{f"user_{k}": v for k, v in rec.metadata.items()}})

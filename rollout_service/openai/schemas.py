@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from asyncrl.wire.trajectory import Failure
+
 UNSUPPORTED_CHAT = {
     "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "response_format": None,
     "functions": None, "function_call": None, "audio": None, "modalities": None, "prediction": None,
@@ -254,6 +256,16 @@ class RewardRequest(BaseModel):
     @property
     def total(self) -> float:
         return float(self.reward) if self.reward is not None else float(sum((self.components or {}).values()))
+
+
+class FinishRequest(BaseModel):
+    """The optional body of ``POST /v1/sessions/{id}/finish``: the episode failed for a reason
+    that is not the model's doing (the trainer excludes it and trains the rest of its group)."""
+
+    model_config = ConfigDict(extra="forbid")
+    failure: Failure = ""
+    error: str = Field("", max_length=2000)
+    """What went wrong, in words (kept in the trajectory's ``reward_details.error``)."""
 
 
 class ToolResultRequest(_ValidUnicode):

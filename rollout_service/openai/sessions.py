@@ -15,7 +15,11 @@ time. Contract:
   finishing again answers the same result. Sessions are persisted in the run's sessions KV
   bucket and survive a restart of the service.
 - **Expiry.** A session idle for ``api.session_ttl_s`` expires: reported (status, metric,
-  log), never published.
+  log), never published; its group expects one member less (with ``publish_unit = "group"``
+  the members already finished are published without it).
+- **Failed.** ``finish`` with a ``failure`` publishes the episode marked untrainable; a session
+  with no completion yet is closed instead (status ``failed``, nothing published), with its
+  group's accounting as for an expiry.
 - **Retention.** A finished or expired session is kept (``GET``, a repeated ``finish``
   answering the same result) for ``api.closed_session_retention_s`` after it closed, then
   forgotten: dropped from memory and its KV key purged (no delete marker), so memory and the

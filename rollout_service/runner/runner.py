@@ -250,6 +250,22 @@ class Runner:
             self.groups.pop(traj.group_id, None)
         self.publisher.notify()
 
+    async def drop_member(self, group_id: str) -> None:
+        """A session of ``group_id`` ended without a trajectory (expired, or closed as failed
+        before any completion): its group expects one member less, so the group's place is
+        given back once the others are done, and with ``publish_unit = "group"`` the members
+        held for it are released instead of waiting for one that never comes."""
+        if group_id not in self.groups:
+            return
+        left = self.groups[group_id] - 1
+        self.groups[group_id] = left
+        if left <= 0:
+            self.groups.pop(group_id, None)
+            if self.cfg.rollout.publish_unit == "group":
+                await self.outbox.release_group_async(group_id)
+            self.publisher.notify()
+        self._wake.set()
+
     def admit_external(self, group_id: str, group_size: int) -> str | None:
         """Admission of a session: a new group counts as one started sample (staleness quota);
         a session joining a known group does not. Returns why it is refused, or None."""

@@ -109,6 +109,21 @@ def test_up_runs_to_total_rollout_steps_and_writes_the_summary(tmp_path):
     assert children_left(run_dir) == []
 
 
+def test_up_trains_on_a_verifiers_environment(tmp_path):
+    """``data.source = "verifiers:..."``: asyncrl up's rollout service starts the driver itself,
+    the trainer trains on its episodes, and the driver does not outlive the run."""
+    run_dir = tmp_path / "run"
+    rc, out, err = finish(start_up(run_dir, "rollout.total_rollout_steps=4", "data.source=verifiers:tests.rollout.verifiers_arith",
+                                   'data.source_options={"kind": "single", "rows_n": 8}'))
+    assert rc == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["trainer_steps"] == 2 and summary["syncs_failed"] == 0, summary
+    progress = json.loads((run_dir / "rollout" / "verifiers" / "progress.json").read_text())
+    assert progress["env_id"] == "tests.rollout.verifiers_arith" and progress["started"] >= 4 and progress["errors"] == 0, progress
+    assert "verifiers environment tests.rollout.verifiers_arith" in (run_dir / "rollout" / "verifiers" / "driver.log").read_text()
+    assert children_left(run_dir) == []
+
+
 def test_up_stops_cleanly_on_ctrl_c(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_up(run_dir, "rollout.total_rollout_steps=100000")

@@ -13,6 +13,7 @@ from openai import AsyncOpenAI, OpenAI
 from asyncrl.models import load_tokenizer
 from rollout_service.agent.chat import ChatTokenizer
 from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.scripted_engine import generate_answer
 from tests.rollout.conftest import running_service, service_config
 from tests.rollout.test_service_episodes import fetch_all, model_segments
 from tools.calculator import evaluate_expression, format_number
@@ -188,10 +189,7 @@ def scripted_forced_turns(chat: ChatTokenizer):
         continuation = next((out for opening, out in scripted.items() if tuple(ids[-len(opening):]) == opening), None)
         if continuation is None:
             return None
-        return 200, {"text": chat.decode(continuation), "output_ids": continuation, "meta_info": {
-            "id": body.get("rid", ""), "finish_reason": {"type": "stop", "matched": chat.eos_token_id},
-            "prompt_tokens": len(body["input_ids"]), "completion_tokens": len(continuation), "cached_tokens": 0,
-            "output_token_logprobs": [[-0.5, t, None] for t in continuation], "weight_version": "default"}}
+        return 200, generate_answer(chat, body, continuation)
 
     return intercept
 
