@@ -32,6 +32,9 @@ class SftConfig:
     warmup_steps: int = 20
     seed: int = 0
     log_every: int = 50
+    bf16: bool = False
+    """Forward and backward under bfloat16 autocast (weights and optimizer stay fp32): ~1.4x
+    faster on CPUs with AVX-512 BF16 (measured by bench/warmup.py)."""
 
 
 def _batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -47,12 +50,15 @@ def _batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tupl
 
 
 def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over positions whose *target* has mask 1."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-    targets = ids[:, 1:]
-    weights = mask[:, 1:]
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
-    return (nll * weights.reshape(-1)).sum() / weights.sum().clamp(min=1.0)
+    """Mean next-token cross-entropy over positions whose *target* has mask 1.
+
+    The output projection runs only at those positions (a warm-up learns a few dozen tokens
+    of a ~200-token example: projecting all of them onto the vocabulary was a fifth of the
+    step), on the decoder's hidden states; the result is the full projection's, restricted."""
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+    learn = mask[:, 1:] > 0
+    logits = model.get_output_embeddings()(hidden[learn]).float()
+    return torch.nn.functional.cross_entropy(logits, ids[:, 1:][learn]) if logits.numel() else hidden.sum() * 0.0
 
 
 def sft(model, examples: Sequence[tuple[list[int], list[int]]], cfg: SftConfig, pad_id: int,
@@ -70,7 +76,8 @@ def sft(model, examples: Sequence[tuple[list[int], list[int]]], cfg: SftConfig, 
     t0 = time.monotonic()
     for step in range(cfg.steps):
         ids, mask, attn = _batch(rng.sample(list(examples), min(cfg.batch_size, len(examples))), pad_id)
-        loss = masked_lm_loss(model, ids, mask, attn)
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss = masked_lm_loss(model, ids, mask, attn)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -52,6 +52,7 @@ class WarmupRecipe:
     examples: int
     base: str = "builtin:tiny"
     seed: int = 1  # of the examples; the model's init and the SFT use seed 0
+    bf16: bool = False  # SFT under bfloat16 autocast (trainer_daemon.sft.SftConfig.bf16)
 
 
 # Measured on 2 CPU cores (builtin:tiny, batch 32, lr 1e-3): copying the question's operands
@@ -93,28 +94,39 @@ def warm_up(recipe: WarmupRecipe = DEMO, progress: Callable[[str], None] = print
                       lambda out: _build(recipe, out, progress, show_steps))
 
 
-def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], show_steps: bool = False) -> None:
-    import torch
-
-    from asyncrl.models import load_model, load_tokenizer
+def examples_of(recipe: WarmupRecipe, tokenizer):
+    """``(chat tokenizer, SFT examples)`` of ``recipe``."""
     from rollout_service.agent.chat import ChatTokenizer
     from rollout_service.data.demo_sft import demo_sft_examples
     from rollout_service.data.demo_task import ArithSpec
     from tools.registry import ToolRegistry
-    from trainer_daemon.sft import SftConfig, save_hf, sft
+
+    chat = ChatTokenizer(tokenizer, ToolRegistry.from_names(list(recipe.tools)).schemas())
+    spec = None if recipe.level is None else ArithSpec.level(recipe.level)
+    return chat, demo_sft_examples(chat, recipe.examples, seed=recipe.seed, exact_fraction=recipe.exact_fraction, spec=spec)
+
+
+def sft_config(recipe: WarmupRecipe):
+    from trainer_daemon.sft import SftConfig
+
+    return SftConfig(steps=recipe.steps, batch_size=recipe.batch_size, lr=recipe.lr, log_every=LOG_EVERY, bf16=recipe.bf16)
+
+
+def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], show_steps: bool = False) -> None:
+    import torch
+
+    from asyncrl.models import load_model, load_tokenizer
+    from asyncrl.task_progress import TaskProgress
+    from trainer_daemon.sft import save_hf, sft
 
     progress(f"warming up {recipe.base} on the demo task ({recipe.steps} SFT steps, cached afterwards) ...")
     torch.manual_seed(0)
     tok = load_tokenizer(recipe.base)
     model = load_model(recipe.base)
-    chat = ChatTokenizer(tok, ToolRegistry.from_names(list(recipe.tools)).schemas())
-    spec = None if recipe.level is None else ArithSpec.level(recipe.level)
-    examples = demo_sft_examples(chat, recipe.examples, seed=recipe.seed, exact_fraction=recipe.exact_fraction, spec=spec)
-    cfg = SftConfig(steps=recipe.steps, batch_size=recipe.batch_size, lr=recipe.lr, log_every=LOG_EVERY)
-    from asyncrl.task_progress import TaskProgress
-
+    _chat, examples = examples_of(recipe, tok)
     with TaskProgress(f"warm-up of {recipe.name}", total=recipe.steps, enabled=show_steps) as bar:
-        losses = sft(model, examples, cfg, tok.pad_token_id, on_step=lambda step, loss: bar.advance(note=f"loss {loss:.3f}"))
+        losses = sft(model, examples, sft_config(recipe), tok.pad_token_id,
+                     on_step=lambda step, loss: bar.advance(note=f"loss {loss:.3f}"))
     save_hf(model, tok, out)
     tail = losses[-20:]
     progress(f"warm-up done (final loss {sum(tail) / len(tail):.3f}): {out}")

@@ -83,3 +83,25 @@ def test_dashboard_shows_every_topic(deploy_tools, dashboard):
     queried = {n for p in dashboard["panels"] for t in p.get("targets", []) for n in metric_names(t["expr"])}
     missing = {topic: name for topic, name in TOPICS.items() if name not in queried}
     assert not missing, missing
+
+
+@pytest.fixture(scope="module")
+def grafana_types():
+    from tests.deploy.grafana_schema import schema_dir
+
+    root = schema_dir()
+    if isinstance(root, str):
+        pytest.skip(root)
+    return root
+
+
+def test_dashboard_satisfies_grafanas_own_dashboard_type(grafana_types, dashboard):
+    """Grafana cannot run here; its published types (@grafana/schema, the server's version) can."""
+    from tests.deploy.grafana_schema import dashboard_errors
+
+    assert dashboard_errors(grafana_types, dashboard) == []
+    broken = json.loads(json.dumps(dashboard))
+    broken["panels"][1]["gridPos"]["wdith"] = 3  # a typo Grafana would drop silently
+    broken["graphTooltip"] = "shared"
+    errors = dashboard_errors(grafana_types, broken, "broken")
+    assert any("wdith" in e for e in errors) and any("DashboardCursorSync" in e for e in errors), errors

@@ -1,0 +1,127 @@
+"""The demo's warm-up: how long it takes and what it teaches, for recipes side by side.
+
+    .venv/bin/python bench/warmup.py [--recipes baseline,demo] [--eval 96]
+
+Each recipe is trained from scratch here (not taken from the cache: the point is the time),
+with the same code :mod:`trainer_daemon.warmup` runs, then evaluated greedily on held-out demo
+questions (level 0, a seed no warm-up uses), as the RL run will meet them:
+
+- ``call``: the first turn is a well-formed tool call whose expression is the question's;
+- ``calculator``: the share of those calls that pick the exact tool (the recipe's
+  ``exact_fraction`` by design: the habit RL has to change);
+- ``box``: given the tool's real result, the second turn boxes exactly that result;
+- ``reward``: the demo's reward of the greedy episode (the exact answer boxed), which is what
+  the RL run starts from.
+
+Prints, per recipe, the wall time of the SFT and those four figures. ``baseline`` is the recipe
+the demo used before issue 14 (550 steps of 32, fp32, every position projected onto the
+vocabulary: the projection is no longer optional, so its baseline time is today's code with
+the old shape); ``demo`` is :data:`trainer_daemon.warmup.DEMO`. Extra recipes are named
+``steps:batch:lr:bf16`` (e.g. ``600:8:0.001:1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+EVAL_SEED = 987_654
+MAX_NEW = 48
+
+
+def recipes(names: list[str]):
+    from trainer_daemon.warmup import DEMO
+
+    out = {}
+    for name in names:
+        if name == "demo":
+            out[name] = DEMO
+        elif name == "baseline":
+            out[name] = dataclasses.replace(DEMO, steps=550, batch_size=32, lr=1e-3, bf16=False)
+        else:
+            steps, batch, lr, bf16 = name.split(":")
+            out[name] = dataclasses.replace(DEMO, steps=int(steps), batch_size=int(batch), lr=float(lr), bf16=bf16 == "1")
+    return out
+
+
+def train(recipe):
+    import torch
+
+    from asyncrl.models import load_model, load_tokenizer
+    from trainer_daemon.sft import sft
+    from trainer_daemon.warmup import examples_of, sft_config
+
+    torch.manual_seed(0)
+    tok, model = load_tokenizer(recipe.base), load_model(recipe.base)
+    chat, examples = examples_of(recipe, tok)
+    t0 = time.perf_counter()
+    losses = sft(model, examples, sft_config(recipe), tok.pad_token_id)
+    return model, chat, time.perf_counter() - t0, sum(losses[-20:]) / 20
+
+
+def greedy(model, chat, ids: list[int]) -> list[int]:
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=chat.eos_token_id,
+                             pad_token_id=chat.eos_token_id)
+    return out[0, len(ids):].tolist()
+
+
+def evaluate(model, chat, n: int) -> dict[str, float]:
+    from rollout_service.data.demo_task import ArithSpec, generate_rows
+    from tools.calculator import evaluate_expression, format_number
+    from tools.estimate import estimate_value
+
+    calls = calc = boxed = rewarded = 0
+    for row in generate_rows(n, seed=EVAL_SEED, split="val", spec=ArithSpec.level(0)):
+        expr = row["extra_info"]["expression"]
+        exact = format_number(evaluate_expression(expr))
+        prompt = chat.prompt_ids(row["prompt"])
+        turn1 = greedy(model, chat, prompt)
+        m = re.search(r"<tool_call>\s*(\{.*\})\s*</tool_call>", chat.decode(turn1), re.S)
+        try:
+            call = json.loads(m.group(1)) if m else {}
+        except json.JSONDecodeError:
+            call = {}
+        tool, args = call.get("name"), call.get("arguments") or {}
+        if tool not in ("calculator", "estimate") or args.get("expression") != expr:
+            continue
+        calls += 1
+        calc += tool == "calculator"
+        result = exact if tool == "calculator" else format_number(estimate_value(expr))
+        env = chat.environment_segment([{"role": "tool", "content": result}])
+        turn2 = chat.decode(greedy(model, chat, prompt + turn1 + env))
+        box = re.findall(r"\\boxed\{([^}]*)\}", turn2)
+        boxed += bool(box) and box[-1] == result
+        rewarded += bool(box) and box[-1] == exact
+    return {"call": calls / n, "calculator": calc / max(1, calls), "box": boxed / max(1, calls), "reward": rewarded / n}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recipes", default="baseline,demo")
+    ap.add_argument("--eval", type=int, default=96, help="held-out questions per recipe")
+    ns = ap.parse_args()
+    import torch
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{'recipe':>18} {'steps':>5} {'batch':>5} {'bf16':>4} {'sft s':>7} {'loss':>6} {'call':>5} {'calc':>5} {'box':>5} {'reward':>6}")
+    for name, recipe in recipes(ns.recipes.split(",")).items():
+        model, chat, seconds, loss = train(recipe)
+        q = evaluate(model, chat, ns.eval)
+        print(f"{name:>18} {recipe.steps:>5} {recipe.batch_size:>5} {int(recipe.bf16):>4} {seconds:>7.1f} {loss:>6.3f} "
+              f"{q['call']:>5.2f} {q['calculator']:>5.2f} {q['box']:>5.2f} {q['reward']:>6.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
