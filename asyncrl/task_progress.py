@@ -8,7 +8,7 @@ terminal, a line every few seconds elsewhere.
 On a terminal (``stream.isatty()``) it draws a ``rich`` progress bar with the count, elapsed
 time, time left and the last note; otherwise (a log file, a pipe, a container's log) it writes
 one plain line at most every ``every_s`` seconds and one at the end:
-``[asyncrl] warm-up: 120/550 (22 %), 41 s elapsed, ~2.5 min left, loss 0.530``.
+``[asyncrl] warm-up: 120/420 (29 %), 15 s elapsed, ~38 s left, loss 0.530``.
 
 Contract and limits: one thread drives it; the time left is a linear extrapolation of the
 rate so far; nothing is written when ``enabled`` is false.

@@ -14,10 +14,11 @@ questions (level 0, a seed no warm-up uses), as the RL run will meet them:
   the RL run starts from.
 
 Prints, per recipe, the wall time of the SFT and those four figures. ``baseline`` is the recipe
-the demo used before issue 14 (550 steps of 32, fp32, every position projected onto the
-vocabulary: the projection is no longer optional, so its baseline time is today's code with
-the old shape); ``demo`` is :data:`trainer_daemon.warmup.DEMO`. Extra recipes are named
-``steps:batch:lr:bf16`` (e.g. ``600:8:0.001:1``).
+the demo used before issue 14 with the loss of then (550 steps of 32, every row run
+whole, every position projected onto the vocabulary); ``demo`` is
+:data:`trainer_daemon.warmup.DEMO` with today's loss (the rows' shared prefix run once, only
+learned positions projected: the same loss and gradients, tests/trainer/test_sft_loss.py). Extra recipes are named
+``steps:batch:lr`` (e.g. ``400:16:0.001``).
 """
 
 from __future__ import annotations
@@ -45,26 +46,42 @@ def recipes(names: list[str]):
         if name == "demo":
             out[name] = DEMO
         elif name == "baseline":
-            out[name] = dataclasses.replace(DEMO, steps=550, batch_size=32, lr=1e-3, bf16=False)
+            out[name] = dataclasses.replace(DEMO, steps=550, batch_size=32, lr=1e-3)
         else:
-            steps, batch, lr, bf16 = name.split(":")
-            out[name] = dataclasses.replace(DEMO, steps=int(steps), batch_size=int(batch), lr=float(lr), bf16=bf16 == "1")
+            steps, batch, lr = name.split(":")
+            out[name] = dataclasses.replace(DEMO, steps=int(steps), batch_size=int(batch), lr=float(lr))
     return out
 
 
-def train(recipe):
+def full_projection_loss(model, ids, mask, attn):
+    """The SFT loss before issue 14: every row whole, every position projected onto the vocabulary."""
     import torch
 
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    targets, weights = ids[:, 1:], mask[:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none")
+    return (nll * weights.reshape(-1)).sum() / weights.sum().clamp(min=1.0)
+
+
+def train(recipe, old_loss: bool = False):
+    import torch
+
+    import trainer_daemon.sft as sft_module
     from asyncrl.models import load_model, load_tokenizer
-    from trainer_daemon.sft import sft
     from trainer_daemon.warmup import examples_of, sft_config
 
     torch.manual_seed(0)
     tok, model = load_tokenizer(recipe.base), load_model(recipe.base)
     chat, examples = examples_of(recipe, tok)
-    t0 = time.perf_counter()
-    losses = sft(model, examples, sft_config(recipe), tok.pad_token_id)
-    return model, chat, time.perf_counter() - t0, sum(losses[-20:]) / 20
+    current = sft_module.masked_lm_loss
+    sft_module.masked_lm_loss = full_projection_loss if old_loss else current
+    try:
+        t0 = time.perf_counter()
+        losses = sft_module.sft(model, examples, sft_config(recipe), tok.pad_token_id)
+        seconds = time.perf_counter() - t0
+    finally:
+        sft_module.masked_lm_loss = current
+    return model, chat, seconds, sum(losses[-20:]) / 20
 
 
 def greedy(model, chat, ids: list[int]) -> list[int]:
@@ -114,11 +131,11 @@ def main() -> int:
     import torch
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'recipe':>18} {'steps':>5} {'batch':>5} {'bf16':>4} {'sft s':>7} {'loss':>6} {'call':>5} {'calc':>5} {'box':>5} {'reward':>6}")
+    print(f"{'recipe':>18} {'steps':>5} {'batch':>5} {'sft s':>7} {'loss':>6} {'call':>5} {'calc':>5} {'box':>5} {'reward':>6}")
     for name, recipe in recipes(ns.recipes.split(",")).items():
-        model, chat, seconds, loss = train(recipe)
+        model, chat, seconds, loss = train(recipe, old_loss=name == "baseline")
         q = evaluate(model, chat, ns.eval)
-        print(f"{name:>18} {recipe.steps:>5} {recipe.batch_size:>5} {int(recipe.bf16):>4} {seconds:>7.1f} {loss:>6.3f} "
+        print(f"{name:>18} {recipe.steps:>5} {recipe.batch_size:>5} {seconds:>7.1f} {loss:>6.3f} "
               f"{q['call']:>5.2f} {q['calculator']:>5.2f} {q['box']:>5.2f} {q['reward']:>6.2f}", flush=True)
     return 0
 

@@ -142,7 +142,11 @@ class RolloutService:
         self.math_reward = MathReward()
         self.math_reward.start()
         self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
-        if cfg.data.source and not cfg.data.train_files and not plays_verifiers(cfg):
+        if plays_verifiers(cfg):
+            from rollout_service.verifiers_env.supervisor import check_config
+
+            check_config(cfg)
+        elif cfg.data.source and not cfg.data.train_files:
             self.rewards.register(*await asyncio.to_thread(source_reward, cfg))
         stream = await asyncio.to_thread(build_prompt_stream, cfg, self.chat)
         password = secret(cfg.security.nats_password)

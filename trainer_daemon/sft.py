@@ -11,6 +11,7 @@ Not covered: distributed SFT, packing, long sequences (this is a warm-up for sma
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import time
@@ -32,9 +33,6 @@ class SftConfig:
     warmup_steps: int = 20
     seed: int = 0
     log_every: int = 50
-    bf16: bool = False
-    """Forward and backward under bfloat16 autocast (weights and optimizer stay fp32): ~1.4x
-    faster on CPUs with AVX-512 BF16 (measured by bench/warmup.py)."""
 
 
 def _batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -49,13 +47,36 @@ def _batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tupl
     return ids, mask, attn
 
 
+def shared_prefix_length(ids: torch.Tensor, attn: torch.Tensor) -> int:
+    """How many leading tokens every row of the batch has in common (and attends to)."""
+    same = ((ids == ids[:1]) & (attn > 0)).all(0).long()
+    return int(same.cumprod(0).sum())
+
+
+def decoder_states(model, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states of a batch, ``[B, T, H]``. The rows' common prefix (the
+    demo's examples share a ~120-token system prompt of their 200) runs once and its keys and
+    values are repeated for every row: the same states and gradients as running it B times."""
+    decoder = model.get_decoder()
+    shared = min(shared_prefix_length(ids, attn), ids.shape[1] - 1)
+    if ids.shape[0] == 1 or shared < 2:
+        return decoder(input_ids=ids, attention_mask=attn).last_hidden_state
+    prefix = decoder(input_ids=ids[:1, :shared], use_cache=True)
+    # transformers >= 5.2x calls the key/value cache ``cache``; earlier 5.x ``past_key_values``
+    cache = getattr(prefix, "cache", None) or prefix.past_key_values
+    cache.batch_repeat_interleave(ids.shape[0])
+    arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    rest = decoder(input_ids=ids[:, shared:], attention_mask=attn, **{arg: cache}).last_hidden_state
+    return torch.cat([prefix.last_hidden_state.expand(ids.shape[0], -1, -1), rest], dim=1)
+
+
 def masked_lm_loss(model, ids: torch.Tensor, mask: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over positions whose *target* has mask 1.
 
     The output projection runs only at those positions (a warm-up learns a few dozen tokens
     of a ~200-token example: projecting all of them onto the vocabulary was a fifth of the
-    step), on the decoder's hidden states; the result is the full projection's, restricted."""
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+    step), on :func:`decoder_states`; the result is the full projection's, restricted."""
+    hidden = decoder_states(model, ids, attn)[:, :-1]
     learn = mask[:, 1:] > 0
     logits = model.get_output_embeddings()(hidden[learn]).float()
     return torch.nn.functional.cross_entropy(logits, ids[:, 1:][learn]) if logits.numel() else hidden.sum() * 0.0
@@ -76,8 +97,7 @@ def sft(model, examples: Sequence[tuple[list[int], list[int]]], cfg: SftConfig, 
     t0 = time.monotonic()
     for step in range(cfg.steps):
         ids, mask, attn = _batch(rng.sample(list(examples), min(cfg.batch_size, len(examples))), pad_id)
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = masked_lm_loss(model, ids, mask, attn)
+        loss = masked_lm_loss(model, ids, mask, attn)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

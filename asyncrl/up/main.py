@@ -35,7 +35,7 @@ from asyncrl.logs import configure_logging
 SYNC_POLL_S = 3.0
 TICK_S = 0.5
 DEMO_MODEL = "builtin:tiny-arith"  # the model.path that asks for the demo's warmed-up policy
-WARMUP_TIMEOUT_S = 3600.0  # the demo warm-up takes ~5-7 min on 2 CPU cores, once; an hour means it is stuck
+WARMUP_TIMEOUT_S = 3600.0  # the demo warm-up takes ~1 min on 2 CPU cores, once; an hour means it is stuck
 
 
 def demo_config_path() -> str:

@@ -66,7 +66,8 @@ def driver_spec(cfg: RunConfig, url: str, max_concurrent: int) -> DriverSpec:
     # waiting out a weight sync's pause at most
     generate_s = e.request_timeout_s or e.request_timeout_floor_s + max_tokens / e.min_decode_tokens_per_s
     if s.top_k != -1:
-        sampling["extra_body"] = {"top_k": s.top_k}
+        raise ValueError(f"rollout.sampling.top_k = {s.top_k}: a verifiers source samples through the OpenAI API, "
+                         "which has no top_k; leave it at -1")
     return DriverSpec(url=url, env_id=env_id, env_args=dict(cfg.data.source_options), data_source=DATA_SOURCE_PREFIX + env_id,
                       n=cfg.rollout.n, max_concurrent=max_concurrent, total_groups=cfg.rollout.total_rollout_steps,
                       total_epochs=cfg.rollout.total_epochs, shuffle=cfg.data.shuffle, seed=cfg.data.seed,

@@ -207,3 +207,11 @@ async def test_an_environment_that_cannot_load_is_reported_not_restarted(tmp_pat
     env = st["environment"]
     assert env["restarts"] == 0 and "no_such_environment_module" in env["last_error"], env
     assert any(w["component"] == "verifiers driver" for w in st["health"]["warnings"] + st["health"].get("stuck", [])), st["health"]
+
+
+async def test_a_setting_the_openai_api_cannot_carry_is_refused_at_start(tmp_path, nats_server, warm_engine):
+    from rollout_service.service import RolloutService
+
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], f"data.source=verifiers:{ENV}", "rollout.sampling.top_k=5")
+    with pytest.raises(ValueError, match="top_k"):
+        await RolloutService.create(cfg)

@@ -1,0 +1,93 @@
+"""Which reasoning-gym tasks can a model already partly solve? The starting reward of an RL run.
+
+    .venv/bin/python bench/task_probe.py [--model builtin:smollm2-135m] [--problems 32] [--samples 2] \
+        [--tasks 'basic_arithmetic:{"min_terms":2,"max_terms":2,"min_digits":1,"max_digits":1}' ...]
+
+RL needs a task the policy solves sometimes: never, and every group's advantages are zero;
+always, and there is nothing to learn. For each task (``name`` or ``name:{json options}``)
+this renders the prompts exactly as the rollout service does (reasoning-gym's system prompt,
+the model's chat template), samples ``--samples`` answers per problem at temperature 1 (as
+training samples them) with ``--max-new-tokens``, and scores them with the task's own
+verifier through asyncrl's reward (:class:`rollout_service.rewards.ReasoningGymReward`).
+Prints per task: mean reward, the share of answers with an ``<answer>`` tag, the share of
+problems solved at least once, the mean response length and the time taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_TASKS = [
+    'basic_arithmetic:{"min_terms":2,"max_terms":2,"min_digits":1,"max_digits":1}',
+    'chain_sum:{"min_terms":2,"max_terms":2,"min_digits":1,"max_digits":1}',
+    "leg_counting",
+    'number_sorting:{"min_numbers":3,"max_numbers":3}',
+    "coin_flip",
+    "spell_backward",
+]
+
+
+def parse_task(spec: str) -> tuple[str, dict]:
+    name, _, opts = spec.partition(":")
+    return name, json.loads(opts) if opts else {}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="builtin:smollm2-135m")
+    ap.add_argument("--problems", type=int, default=32)
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--tasks", nargs="*", default=DEFAULT_TASKS)
+    ns = ap.parse_args()
+
+    import torch
+
+    from asyncrl.models import load_model, load_tokenizer
+    from rollout_service.agent.chat import ChatTokenizer
+    from rollout_service.data.reasoning_gym_task import rows
+    from rollout_service.rewards.reasoning_gym_reward import ReasoningGymReward
+
+    torch.manual_seed(0)
+    tok, model = load_tokenizer(ns.model), load_model(ns.model)
+    model.eval()
+    chat = ChatTokenizer(tok, [])
+    print(f"model {ns.model}, {ns.problems} problems x {ns.samples} samples, T=1, max {ns.max_new_tokens} new tokens")
+    print(f"{'task':>70} {'reward':>6} {'tagged':>6} {'solved':>6} {'len':>5} {'s':>6}")
+    for spec in ns.tasks:
+        name, opts = parse_task(spec)
+        t0 = time.perf_counter()
+        problems = rows(name, opts, ns.problems, 0, "train")
+        reward = ReasoningGymReward(name, opts, ns.problems, 0, 0)
+        scores, tagged, lengths, solved = [], 0, [], 0
+        for row in problems:
+            ids = torch.tensor([chat.prompt_ids(row["prompt"])] * ns.samples)
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
+                                     max_new_tokens=ns.max_new_tokens, eos_token_id=chat.eos_token_id,
+                                     pad_token_id=chat.eos_token_id)
+            best = 0.0
+            for seq in out[:, ids.shape[1]:].tolist():
+                seq = seq[: seq.index(chat.eos_token_id) + 1] if chat.eos_token_id in seq else seq
+                text = chat.decode_turn(seq)
+                res = reward(text, row["reward_model"]["ground_truth"], row["extra_info"])
+                scores.append(res.score)
+                tagged += bool(res.details.get("answer"))
+                lengths.append(len(seq))
+                best = max(best, res.score)
+            solved += best > 0
+        n = len(scores)
+        print(f"{spec:>70} {sum(scores) / n:>6.3f} {tagged / n:>6.2f} {solved / len(problems):>6.2f} "
+              f"{sum(lengths) / n:>5.0f} {time.perf_counter() - t0:>6.0f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
