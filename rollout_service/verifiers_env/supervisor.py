@@ -56,8 +56,17 @@ def state_dir(cfg: RunConfig) -> Path:
     return Path(cfg.run_dir) / "rollout" / "verifiers"
 
 
+def check_config(cfg: RunConfig) -> None:
+    """ValueError for a run config a verifiers source cannot honour (the service refuses to start)."""
+    env_id_of(cfg.data.source or "")
+    if cfg.rollout.sampling.top_k != -1:
+        raise ValueError(f"rollout.sampling.top_k = {cfg.rollout.sampling.top_k}: a verifiers source samples through the "
+                         "OpenAI API, which has no top_k; leave it at -1")
+
+
 def driver_spec(cfg: RunConfig, url: str, max_concurrent: int) -> DriverSpec:
     """The driver's spec from the run config (module doc of :mod:`.driver`)."""
+    check_config(cfg)
     env_id = env_id_of(cfg.data.source or "")
     s, e = cfg.rollout.sampling, cfg.engines
     max_tokens = min(s.max_new_tokens, cfg.rollout.response_length)
@@ -65,9 +74,6 @@ def driver_spec(cfg: RunConfig, url: str, max_concurrent: int) -> DriverSpec:
     # one completion: the engine call's own bound (engines.request_timeout_s or its derived form), after
     # waiting out a weight sync's pause at most
     generate_s = e.request_timeout_s or e.request_timeout_floor_s + max_tokens / e.min_decode_tokens_per_s
-    if s.top_k != -1:
-        raise ValueError(f"rollout.sampling.top_k = {s.top_k}: a verifiers source samples through the OpenAI API, "
-                         "which has no top_k; leave it at -1")
     return DriverSpec(url=url, env_id=env_id, env_args=dict(cfg.data.source_options), data_source=DATA_SOURCE_PREFIX + env_id,
                       n=cfg.rollout.n, max_concurrent=max_concurrent, total_groups=cfg.rollout.total_rollout_steps,
                       total_epochs=cfg.rollout.total_epochs, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
