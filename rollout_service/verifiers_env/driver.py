@@ -39,8 +39,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
+from asyncrl.http.keepalive import client_session
 from rollout_service.verifiers_env.plan import GroupPlan, Progress
 from rollout_service.verifiers_env.reward_guard import guard_rubric, recording
 from rollout_service.verifiers_env.spec import INSTALL_HINT, PROGRESS_FILE, TOKEN_ENV, DriverSpec
@@ -99,7 +100,7 @@ class Driver:
     def __init__(self, spec: DriverSpec, token: str, env) -> None:
         self.spec, self.env = spec, env
         self.auth = {"Authorization": f"Bearer {token}"}
-        self.http = httpx.AsyncClient(timeout=spec.request_timeout_s)
+        self.http = client_session(timeout=aiohttp.ClientTimeout(total=spec.request_timeout_s))
         try:
             rows = env.get_dataset()
         except Exception as exc:  # noqa: BLE001 - an environment without a training dataset
@@ -113,9 +114,10 @@ class Driver:
     async def wait_for_service(self) -> None:
         for _ in range(CONNECT_ATTEMPTS):
             try:
-                if (await self.http.get(f"{self.spec.url}/health", timeout=5.0)).status_code == 200:
-                    return
-            except httpx.HTTPError:
+                async with self.http.get(f"{self.spec.url}/health", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
                 pass
             await asyncio.sleep(CONNECT_RETRY_S)
         raise RuntimeError(f"the rollout service at {self.spec.url} did not answer /health for {CONNECT_ATTEMPTS * CONNECT_RETRY_S:.0f} s")
@@ -128,26 +130,28 @@ class Driver:
             body["ground_truth"] = row["answer"]
         while True:  # bounded by the service: it refuses only while the trainer or a sync holds the run
             try:
-                r = await self.http.post(f"{self.spec.url}/v1/sessions", json=body, headers=self.auth)
-            except httpx.TransportError as exc:
+                async with self.http.post(f"{self.spec.url}/v1/sessions", json=body, headers=self.auth) as r:
+                    status, text, retry_after = r.status, await r.text(), r.headers.get("Retry-After", "1")
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 log.warning("opening a session failed (%s); retrying", exc)
                 await asyncio.sleep(CONNECT_RETRY_S)
                 continue
-            if r.status_code == 201:
-                return r.json()
-            if r.status_code not in (429, 503):
-                raise RuntimeError(f"POST /v1/sessions answered {r.status_code}: {r.text[:300]}")
+            if status == 201:
+                return json.loads(text)
+            if status not in (429, 503):
+                raise RuntimeError(f"POST /v1/sessions answered {status}: {text[:300]}")
             try:
-                wait = float(r.headers.get("Retry-After", "1"))
+                wait = float(retry_after)
             except ValueError:
                 wait = 1.0
             await asyncio.sleep(min(max(wait, 0.1), self.spec.retry_after_cap_s))
 
     async def post(self, sess: dict[str, Any], action: str, body: dict[str, Any] | None = None) -> None:
         auth = {"Authorization": f"Bearer {sess['token']}"}
-        r = await self.http.post(f"{self.spec.url}/v1/sessions/{sess['id']}/{action}", json=body, headers=auth)
-        if r.status_code != 200:
-            raise RuntimeError(f"POST /v1/sessions/{sess['id']}/{action} answered {r.status_code}: {r.text[:300]}")
+        async with self.http.post(f"{self.spec.url}/v1/sessions/{sess['id']}/{action}", json=body, headers=auth) as r:
+            status, text = r.status, await r.text()
+        if status != 200:
+            raise RuntimeError(f"POST /v1/sessions/{sess['id']}/{action} answered {status}: {text[:300]}")
         if action == "finish":
             self.progress.open_sessions.pop(sess["id"], None)
             self.progress.save(self.progress_path)
@@ -159,7 +163,7 @@ class Driver:
             try:
                 await self.post({"id": sid, "token": token}, "finish",
                                 {"failure": "agent_crash", "error": "the verifiers driver restarted mid-episode"})
-            except (RuntimeError, httpx.HTTPError) as exc:  # already finished or expired: nothing left to close
+            except (RuntimeError, aiohttp.ClientError, TimeoutError) as exc:  # already finished or expired: nothing to close
                 log.info("session %s left open by the previous driver: %s", sid, exc)
             self.progress.open_sessions.pop(sid, None)
             self.progress.failed += 1
@@ -273,7 +277,7 @@ async def amain(spec: DriverSpec, token: str) -> int:
         await driver.run()
     finally:
         watchdog.cancel()
-        await driver.http.aclose()
+        await driver.http.close()
     return 0
 
 
