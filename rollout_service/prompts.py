@@ -100,4 +100,6 @@ def source_reward(cfg: RunConfig) -> tuple[str, object]:
 
     d = cfg.data
     name = task_name(d.source)
-    return DATA_SOURCE_PREFIX + name, ReasoningGymReward(name, d.source_options, d.source_size, d.source_val_size, d.seed)
+    fallback = "last_number" if d.source_answer == "tag_or_last_number" else None
+    return DATA_SOURCE_PREFIX + name, ReasoningGymReward(name, d.source_options, d.source_size, d.source_val_size, d.seed,
+                                                         answer_fallback=fallback)

@@ -56,6 +56,9 @@ class DataConfig(Section):
     """Training problems generated for a reasoning-gym ``source`` (seed ``data.seed``)."""
     source_val_size: int = Field(64, ge=0, le=1_000_000)
     """Validation problems generated for a reasoning-gym ``source`` (seed ``data.seed + 1``; 0: none)."""
+    source_answer: Literal["tag", "tag_or_last_number"] = "tag"
+    """How a reasoning-gym response's answer is read: its last ``<answer>`` tag (reasoning-gym's
+    rule), or, with no tag, its last number (numeric tasks, models too small to write tags)."""
     val_files: list[str] = Field(default_factory=list)
     """Validation files in the same layout. Empty: no validation unless the demo task."""
     shuffle: bool = True

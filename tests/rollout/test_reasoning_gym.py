@@ -77,6 +77,25 @@ async def test_the_reward_is_the_tasks_own_verifier(tmp_path):
     assert bad.failed and "names no generated problem" in bad.details["error"]
 
 
+async def test_without_a_tag_the_last_number_counts_only_when_asked(tmp_path):
+    """``data.source_answer = "tag_or_last_number"``: a tagless response is judged on its last
+    number (by the task's own verifier); a tag still wins when there is one."""
+    key, fn = source_reward(cfg_for(tmp_path, "data.source_answer=tag_or_last_number"))
+    registry = RewardRegistry()
+    registry.register(key, fn)
+    ds = reasoning_gym.create_dataset("basic_arithmetic", size=40, seed=3, **OPTIONS)
+    entry, info = ds[2], {"split": "train", "index": 2}
+    wrong = str(int(entry["answer"]) + 1)
+    plain = await registry.score(key, f"{entry['question']} It is {wrong}, no: {entry['answer']}.", entry["answer"], info)
+    assert plain.score == 1.0 and plain.details["answer_from"] == "last_number" and plain.details["answer"] == entry["answer"]
+    tagged = await registry.score(key, f"<answer>{wrong}</answer> but maybe {entry['answer']}", entry["answer"], info)
+    assert tagged.score == ds.score_answer(answer=wrong, entry=entry) < 1.0 and tagged.details["answer_from"] == "tag"
+    nothing = await registry.score(key, "no idea", entry["answer"], info)
+    assert nothing.score == 0.0 and nothing.details["answer_from"] == "none"
+    _key, strict = source_reward(cfg_for(tmp_path))  # the default: reasoning-gym's own rule, a tag or nothing
+    assert strict(f"it is {entry['answer']}", entry["answer"], info).score == 0.0
+
+
 def test_configuration_errors_name_the_problem(tmp_path):
     with pytest.raises(ConfigError, match="data.source: String should match pattern .*reasoning_gym"):
         load_config(overrides=["data.source=basic_arithmetic"], environ={})
