@@ -161,6 +161,16 @@ def main(argv: Sequence[str]) -> int:
         if warm is None:
             return 1
         cfg = load_config(path, [*overrides, f"model.path={warm}"])
+    elif cfg.model.path.startswith("builtin:"):
+        # a builtin that is downloaded or converted on first use (SmolLM2) is prepared here, where
+        # its progress shows, rather than inside an engine whose output goes to a log file
+        from asyncrl.models import ModelSpecError, resolve_model_dir
+
+        try:
+            resolve_model_dir(cfg.model.path)
+        except ModelSpecError as exc:
+            print(f"[asyncrl up] {exc}", file=sys.stderr)
+            return 2
     run_dir = Path(cfg.run_dir).resolve()
     if run_dir.exists() and not ns.resume:
         prev = run_dir.with_name(run_dir.name + ".prev")

@@ -94,6 +94,7 @@ class Stack:
             from local_engine.settings import EngineSettings
 
             urls = []
+            progress(f"starting {cfg.engines.num_local} local engine(s) with {cfg.model.path} ...")
             for i in range(cfg.engines.num_local):
                 port = free_port()
                 engine = EngineSettings.for_run(cfg, port)  # engines.local + the model and run sections
@@ -106,6 +107,7 @@ class Stack:
         cfg = RunConfig.model_validate(self.doc)
         path = self.write_config(cfg)
         rollout_url = self.doc["sync"]["rollout_url"]
+        progress("starting the rollout service (tokenizer, dataset, NATS stream) ...")
         self._child("rollout", [sys.executable, "-m", "asyncrl", "rollout", str(path)])
         self.children["rollout"].wait_ready(lambda: http_ok(f"{rollout_url}/health"), SERVICE_READY_S)
         progress(f"rollout service at {rollout_url}")

@@ -151,3 +151,10 @@ def test_up_stops_with_the_log_tail_when_a_child_dies(tmp_path):
     last_line = (run_dir / "logs" / "engine-0.log").read_text().strip().splitlines()[-1]
     assert last_line in err, "the tail of the dead child's log is shown"
     assert children_left(run_dir) == []
+
+
+def test_up_refuses_an_unknown_builtin_model_before_starting_anything(tmp_path):
+    run_dir = tmp_path / "run"
+    rc, out, err = finish(start_up(run_dir, "model.path=builtin:nope"), 120)
+    assert rc == 2 and "unknown builtin model 'builtin:nope'" in err, (out[-2000:], err[-2000:])
+    assert not (run_dir / "logs").exists()  # no child was started
