@@ -135,6 +135,9 @@ class RolloutConfig(Section):
     """Passes over the training data when ``total_rollout_steps`` is None."""
     test_freq: int = Field(-1, ge=-1)
     """Validate every this many weight versions; -1 never."""
+    val_before_train: bool = False
+    """verl's ``trainer.val_before_train``: validate once at version 0, when a run starts from
+    scratch, so that its validation curve has a starting point."""
     publish_unit: Literal["trajectory", "group"] = "trajectory"
     """Publish each trajectory when it finishes, or a group when all of its ``n`` finish."""
     host: str = "127.0.0.1"

@@ -108,6 +108,8 @@ class Runner:
             self.counters.restored_agents += 1
             self._launch(state)
         log.info("restored %d agents (%d already finished), version %d", len(restored.agents), restored.dropped, self.version)
+        if self.cfg.rollout.val_before_train and self.version == 0:
+            self.validation.start(0)  # beside the first training rollouts, in the background
         self._loops = [asyncio.create_task(self._restarting(self._admission_loop), name="admission"),
                        asyncio.create_task(self._restarting(lambda: self.publisher.run(self._stop)), name="publisher")]
 

@@ -3,7 +3,8 @@ when they run.
 
 :func:`run_validation` rolls the set out once. :class:`ValidationSchedule` decides when: after
 a resume at every ``rollout.test_freq``-th version (in the background, one run at a time; a
-version reached while one runs is skipped) and on demand (``POST /admin/validate``, awaited,
+version reached while one runs is skipped), once at version 0 when a fresh run starts with
+``rollout.val_before_train``, and on demand (``POST /admin/validate``, awaited,
 may overlap a background run). It keeps the newest result for ``/admin/status``.
 
 Validation agents run beside training rollouts on the same engines (training is never

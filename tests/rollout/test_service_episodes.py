@@ -129,7 +129,8 @@ async def test_validation_runs_greedy_on_the_val_set_and_publishes_metrics(tmp_p
 
     from tests.rollout.conftest import admin
 
-    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.total_rollout_steps=1", "rollout.test_freq=2")
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.total_rollout_steps=1", "rollout.test_freq=2",
+                         "rollout.val_before_train=true")
     nc = await connect(nats_server.url, "metrics-reader", persistent=False)
     seen: list[dict] = []
 
@@ -139,6 +140,9 @@ async def test_validation_runs_greedy_on_the_val_set_and_publishes_metrics(tmp_p
     sub = await nc.subscribe(NatsNames(cfg.run.id).metrics("rollout"), cb=on_metrics)
     try:
         async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+            # val_before_train: once at version 0 by itself, before anyone asks
+            await wait_for(lambda: any(d.get("kind") == "validation" and d["version"] == 0 for d in seen), 180,
+                           "the validation before training")
             status, body = await admin(http, "POST", f"{url}/admin/validate")
             assert status == 200 and body["kind"] == "validation" and body["samples"] == len(svc.val_records) > 0
             key = "val-core/asyncrl/arith/reward/mean@1"
