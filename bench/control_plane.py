@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asyncrl.config import load_config  # noqa: E402
 from asyncrl.jetstream import connect  # noqa: E402
 from asyncrl.up.stack import Stack  # noqa: E402
-from asyncrl.wire import NatsNames, decode_trajectory  # noqa: E402
+from asyncrl.wire import NatsNames, decode_trajectory, is_end_of_data  # noqa: E402
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 LATENCY = ("asyncrl_rollout_publish_request_seconds", "asyncrl_rollout_publish_delay_seconds",
@@ -154,7 +154,7 @@ class Drain:
                 except TimeoutError:
                     continue
                 for m in msgs:
-                    if len(self.turns) < 2000:
+                    if len(self.turns) < 2000 and not is_end_of_data(m.headers):
                         t = decode_trajectory(m.data)
                         self.turns.append(t.num_turns)
                         self.calls.append(t.num_tool_calls)

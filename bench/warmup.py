@@ -4,7 +4,8 @@
 
 Each recipe is trained from scratch here (not taken from the cache: the point is the time),
 with the same code :mod:`trainer_daemon.warmup` runs, then evaluated greedily on held-out demo
-questions (level 0, a seed no warm-up uses), as the RL run will meet them:
+questions (level 0, a seed no warm-up uses), as the RL run will meet them, greedily and
+sampled at temperature 1 (how the RL run samples: its starting reward is the sampled one):
 
 - ``call``: the first turn is a well-formed tool call whose expression is the question's;
 - ``calculator``: the share of those calls that pick the exact tool (the recipe's
@@ -84,16 +85,21 @@ def train(recipe, old_loss: bool = False):
     return model, chat, seconds, sum(losses[-20:]) / 20
 
 
-def greedy(model, chat, ids: list[int]) -> list[int]:
+def generate(model, chat, ids: list[int], sample: bool) -> list[int]:
     import torch
 
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=chat.eos_token_id,
-                             pad_token_id=chat.eos_token_id)
+        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=sample, temperature=1.0 if sample else None,
+                             top_p=1.0 if sample else None, top_k=0 if sample else None,
+                             eos_token_id=chat.eos_token_id, pad_token_id=chat.eos_token_id)
     return out[0, len(ids):].tolist()
 
 
-def evaluate(model, chat, n: int) -> dict[str, float]:
+def evaluate(model, chat, n: int, sample: bool = False) -> dict[str, float]:
+    """The four figures of the module doc, greedy, or sampled at T = 1 as the RL run samples."""
+    import torch
+
+    torch.manual_seed(EVAL_SEED)
     from rollout_service.data.demo_task import ArithSpec, generate_rows
     from tools.calculator import evaluate_expression, format_number
     from tools.estimate import estimate_value
@@ -103,7 +109,7 @@ def evaluate(model, chat, n: int) -> dict[str, float]:
         expr = row["extra_info"]["expression"]
         exact = format_number(evaluate_expression(expr))
         prompt = chat.prompt_ids(row["prompt"])
-        turn1 = greedy(model, chat, prompt)
+        turn1 = generate(model, chat, prompt, sample)
         m = re.search(r"<tool_call>\s*(\{.*\})\s*</tool_call>", chat.decode(turn1), re.S)
         try:
             call = json.loads(m.group(1)) if m else {}
@@ -116,7 +122,7 @@ def evaluate(model, chat, n: int) -> dict[str, float]:
         calc += tool == "calculator"
         result = exact if tool == "calculator" else format_number(estimate_value(expr))
         env = chat.environment_segment([{"role": "tool", "content": result}])
-        turn2 = chat.decode(greedy(model, chat, prompt + turn1 + env))
+        turn2 = chat.decode(generate(model, chat, prompt + turn1 + env, sample))
         box = re.findall(r"\\boxed\{([^}]*)\}", turn2)
         boxed += bool(box) and box[-1] == result
         rewarded += bool(box) and box[-1] == exact
@@ -131,12 +137,15 @@ def main() -> int:
     import torch
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'recipe':>18} {'steps':>5} {'batch':>5} {'sft s':>7} {'loss':>6} {'call':>5} {'calc':>5} {'box':>5} {'reward':>6}")
+    print(f"{'':>36}{'greedy':^26}{'sampled at T = 1':^26}")
+    print(f"{'recipe':>18} {'steps':>5} {'batch':>5} {'sft s':>7} {'loss':>6}" + f" {'call':>5} {'calc':>5} {'box':>5} {'reward':>6}" * 2)
     for name, recipe in recipes(ns.recipes.split(",")).items():
         model, chat, seconds, loss = train(recipe, old_loss=name == "baseline")
-        q = evaluate(model, chat, ns.eval)
-        print(f"{name:>18} {recipe.steps:>5} {recipe.batch_size:>5} {seconds:>7.1f} {loss:>6.3f} "
-              f"{q['call']:>5.2f} {q['calculator']:>5.2f} {q['box']:>5.2f} {q['reward']:>6.2f}", flush=True)
+        cols = ""
+        for sample in (False, True):
+            q = evaluate(model, chat, ns.eval, sample)
+            cols += f" {q['call']:>5.2f} {q['calculator']:>5.2f} {q['box']:>5.2f} {q['reward']:>6.2f}"
+        print(f"{name:>18} {recipe.steps:>5} {recipe.batch_size:>5} {seconds:>7.1f} {loss:>6.3f}{cols}", flush=True)
     return 0
 
 

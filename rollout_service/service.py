@@ -48,6 +48,7 @@ from rollout_service.prompts import (
     validation_records,
 )
 from rollout_service.publish import Outbox, TrajectoryPublisher
+from rollout_service.publish.end_of_data import EndOfDataNotice
 from rollout_service.rewards import MathReward, default_registry
 from rollout_service.runner.finish import model_text
 from rollout_service.runner.runner import Runner
@@ -166,6 +167,7 @@ class RolloutService:
         outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items, keep)
         record = BoundedJsonl(Path(cfg.run_dir) / "rollout" / "published.jsonl", cfg.rollout.published_record_max_bytes)
         publisher = TrajectoryPublisher(outbox, self.names.trajectories, lambda s, p, h: js.publish(s, p, headers=h), record)
+        self.end_of_data = EndOfDataNotice(cfg.run.id, self.names.trajectories, js.publish)
 
         async def queue_probe() -> int:
             return await self._unconsumed_trajectories(js)
@@ -206,12 +208,24 @@ class RolloutService:
         except Exception as exc:  # noqa: BLE001 - metrics are best effort
             log.debug("metrics not published: %s", exc)
 
+    def data_played_out(self) -> bool:
+        """Every sample of the run's data is played and published, and nothing else is open
+        (:mod:`rollout_service.publish.end_of_data`)."""
+        r = self.runner
+        if plays_verifiers(self.cfg):
+            produced = self.env_driver is not None and self.env_driver.state == "finished"
+        else:
+            produced = r.stream.exhausted
+        return produced and not r.tasks and len(r.outbox) == 0 and self.sessions.open_count == 0 and not r.paused
+
     async def _metrics_loop(self) -> None:
         from rollout_service.api.status import verl_metrics
 
         while not self._stop.is_set():
             snap = self.runner.snapshot()
             await self._publish_metrics({"kind": "rollout", "version": snap.version, "metrics": verl_metrics(snap)})
+            if not self.end_of_data.sent and self.data_played_out():
+                await self.end_of_data.send_once(snap.counters.samples_started, snap.counters.trajectories_finished)
             self.store_sizes = await store_sizes(self.nc.jetstream(), self.names)
             try:
                 await asyncio.wait_for(self._stop.wait(), METRICS_INTERVAL_S)
@@ -270,10 +284,12 @@ class RolloutService:
         """Trajectories in the stream the trainer has not acknowledged yet."""
         try:
             info = await js.consumer_info(self.names.stream, self.names.trainer_consumer, timeout=1.0)
-            return int(info.num_pending) + int(info.num_ack_pending)
+            pending = int(info.num_pending)
+            return pending + int(info.num_ack_pending) - self.end_of_data.unconsumed_share(pending)
         except Exception:  # noqa: BLE001 - no trainer consumer yet: everything stored is unconsumed
             sinfo = await js.stream_info(self.names.stream, subjects_filter=self.names.trajectories)
-            return int(sinfo.state.messages)
+            stored = int(sinfo.state.messages)
+            return stored - self.end_of_data.unconsumed_share(stored)
 
     async def start(self) -> None:
         assert self.runner is not None

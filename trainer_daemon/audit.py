@@ -9,6 +9,7 @@ classifies every stream sequence from 1 to the last:
 
 - ``trained`` / ``dropped`` / ``duplicate`` / ``poison``: accounted for by the ledger;
 - ``dlq``: a dead-letter copy the trainer published (ledger, or the dead-letter subject);
+- ``end``: the rollout's end-of-data message, read by the trainer;
 - ``pending``: still in the stream, not yet accounted for along the checkpoint lineage (trained
   after the last checkpoint, or not yet consumed);
 - ``lost``: gone from the stream (purged or expired) without being accounted for — a violation;
@@ -52,6 +53,8 @@ class Audit:
     duplicate: int = 0
     poison: int = 0
     dlq: int = 0
+    end: int = 0
+    """The rollout's end-of-data message, read by the trainer (asyncrl.wire.end_of_data)."""
     pending: int = 0
     lost: int = 0
     twice: int = 0
@@ -81,7 +84,7 @@ def ledger_accounts(entries: list[dict[str, Any]]) -> tuple[dict[int, str], Coun
             for seq in e.get("seqs", {}).get(kind, []):
                 if seq >= 0:
                     kinds[int(seq)] = kind
-        for kind in ("poison", "dlq"):
+        for kind in ("poison", "dlq", "end"):
             for seq in e.get(kind, []):
                 kinds[int(seq)] = kind
     return kinds, trained_ids
@@ -99,7 +102,7 @@ def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: i
             if kind == "lost" and len(out.lost_seqs) < SHOW:
                 out.lost_seqs.append(seq)
         setattr(out, kind, getattr(out, kind) + 1)
-    out.published = last_seq - out.dlq
+    out.published = last_seq - out.dlq - out.end
     twice = [i for i, n in trained_ids.items() if n > 1]
     out.twice, out.twice_ids = len(twice), sorted(twice)[:SHOW]
     return out

@@ -4,7 +4,9 @@ Each iteration rank 0 produces a *command* and broadcasts it to all ranks (msgpa
 ``train`` with the step batch (the wire bytes of whole groups, in order), ``idle`` when no
 batch arrived within ``IDLE_POLL_S`` (so no rank blocks in a collective for longer than that),
 ``push`` (idle, and the sync agent says engines wait for a full push of the weights: every
-engine may be quarantined, so no data would ever come — publish now), or ``stop`` (``trainer.total_training_steps`` reached, or SIGTERM/SIGINT). Then, on every rank:
+engine may be quarantined, so no data would ever come — publish now), or ``stop``
+(``trainer.total_training_steps`` reached, the rollout's end of data read with no whole step
+left to form — :mod:`asyncrl.wire.end_of_data` —, or SIGTERM/SIGINT). Then, on every rank:
 
 1. the step (``TrainStep``) — all ranks decode the same batch;
 2. rank 0 commits it: messages resolved and acked, ledger entry, verl's ``fully_async/*``;
@@ -164,6 +166,9 @@ class TrainerDaemon:
         self._idle_s += now - t0
         self.r0.metrics.live("trainer/waiting_for_data_s", 0.0 if groups else now - self._wait_started)
         if groups is None:
+            if self.r0.data_ended:
+                log.info("the rollout's data ended and no whole step can be formed any more: stopping at step %d", self.step)
+                return Command("stop")
             return Command("push") if self.r0.push_wanted() else Command("idle")
         self._wait_started = None
         self._pending = groups

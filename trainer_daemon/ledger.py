@@ -13,7 +13,7 @@ completed (a crash in between) are not on any lineage and are ignored; a later t
 reaches the same step overwrites them.
 
 Entry shape: ``{"step": int, "version": int, "trained": [id], "dropped": [id],
-"duplicate": [id], "poison": [seq], "dlq": [seq], "seqs": {"trained": [seq], "dropped": [seq],
+"duplicate": [id], "poison": [seq], "dlq": [seq], "end": [seq], "seqs": {"trained": [seq], "dropped": [seq],
 "duplicate": [seq]}, "generated_by": [[version_start, version_end]]}`` (empty lists omitted;
 ``seqs`` gives the stream sequence of each id, in the same order; ``generated_by`` the weight
 versions that generated each trained trajectory, in the same order; ``dlq``: the sequences of
@@ -41,7 +41,7 @@ from asyncrl.files import atomic_write
 
 LEDGER_DIR = "ledger"
 JOURNAL = "journal.jsonl"
-KINDS = ("trained", "dropped", "duplicate", "poison", "dlq")
+KINDS = ("trained", "dropped", "duplicate", "poison", "dlq", "end")
 ID_KINDS = ("trained", "dropped", "duplicate")  # recorded as ids, with their sequences in "seqs"
 
 

@@ -146,6 +146,11 @@ class Rank0Services:
     def next_batch(self, k: int, bound: StalenessBound, wait_s: float) -> list[PendingGroup] | None:
         return self.io.run(self.source.next_batch(k, self.version, bound, wait_s), wait_s + IO_TIMEOUT_S)
 
+    @property
+    def data_ended(self) -> bool:
+        """The rollout published its end of data and it was read (``source.data_ended``)."""
+        return self.source.data_ended
+
     def commit(self, groups: list[PendingGroup], step: int) -> dict[str, float]:
         """Resolve, ack and record a trained step. Without periodic checkpoints
         (``save_freq = 0``) there is no checkpoint to resume from, so the stream is purged

@@ -13,10 +13,16 @@ Entry points:
   directory on stdout — what ``asyncrl up`` and ``bench/gpu.py`` run, as a child process;
 - ``python -m trainer_daemon.warmup --export DIR`` also copies it to ``DIR`` (compose's CPU
   profile: the ``model-init`` service writes it into the models directory);
+- ``python -m trainer_daemon.warmup --ship`` builds it from scratch and writes it into the
+  package (``asyncrl/models/assets/tiny-arith/``, ~4 MB, with the recipe key it was built
+  from), so that a first run takes it at once instead of training 2 minutes;
 - :func:`warm_up` ``(recipe, progress) -> Path`` for any :class:`WarmupRecipe` (the tests'
   warm model is one), :func:`export` ``(recipe, dest)``.
 
-A result is cached under ``$ASYNCRL_CACHE_DIR/models/<name>-<key>``, the key hashing the
+:data:`DEMO` comes from the package when its shipped build carries the current recipe key
+(tests/trainer/test_warmup_shipped.py checks that it does, and that building it again here
+reproduces it tensor for tensor); any other recipe, or a DEMO whose code changed since it was
+shipped, is built and cached under ``$ASYNCRL_CACHE_DIR/models/<name>-<key>``, the key hashing the
 recipe and the code and assets that determine the weights; concurrent processes build it
 once (:func:`asyncrl.models.cache.build_once`). The examples come from the rollout service's
 demo data (:mod:`rollout_service.data.demo_sft`: its chat template and tool-call format),
@@ -55,12 +61,14 @@ class WarmupRecipe:
 
 
 # Measured on 2 CPU cores by bench/warmup.py (docs/benchmarks.md, "The demo's warm-up"): at lr
-# 1e-3 copying the question's operands into the call and the tool's result into the box is
-# learnt in ~420 steps of 16 (400: call 0.98, box 0.97; 450: 1.00, 0.99 on held-out questions); batches of 8
-# learnt neither in 550 steps, lr 2e-3 (with or without decay) and bf16 autocast neither at
-# batch 16, and operands of varying width far more slowly than fixed ones — hence level 0.
+# 1e-3 the operands and the tool's result are copied on held-out questions (greedy) after
+# ~420 steps of 16, but sampled at T = 1, as RL samples, the policy needs the longer recipe:
+# with 420 x 16 the demo started at reward 0.06 and did not learn in 240 steps; with 550 x 32
+# it starts at ~0.24 and learns to 0.85. Batches of 8, lr 2e-3 (with or without decay) and
+# bf16 autocast learnt nothing. Operands of varying width are learnt far more slowly than
+# fixed ones — hence level 0.
 DEMO = WarmupRecipe(name="tiny-arith", tools=("calculator", "estimate"), exact_fraction=0.2, level=0,
-                    steps=420, batch_size=16, lr=1e-3, examples=4000)
+                    steps=550, batch_size=32, lr=1e-3, examples=4000)
 SPEC = "builtin:tiny-arith"  # the model.path that names DEMO in a run config
 LOG_EVERY = 100
 
@@ -83,13 +91,35 @@ def recipe_key(recipe: WarmupRecipe) -> str:
     return h.hexdigest()[:16]
 
 
-def warm_up(recipe: WarmupRecipe = DEMO, progress: Callable[[str], None] = print, show_steps: bool = False) -> Path:
-    """The warmed-up model directory of ``recipe`` (built and cached on first use).
-    ``show_steps``: draw the SFT's progress on stderr (a bar on a terminal, else a line
-    every 10 s: :class:`asyncrl.task_progress.TaskProgress`)."""
+def shipped_dir() -> Path:
+    """Where the package ships :data:`DEMO`'s build (``python -m trainer_daemon.warmup --ship``)."""
+    import asyncrl.models
+
+    return Path(asyncrl.models.__file__).parent / "assets" / DEMO.name
+
+
+def shipped(recipe: WarmupRecipe) -> Path | None:
+    """The shipped build of ``recipe``, when the package holds one made by the current code
+    (its stamp is the recipe's key); None otherwise (another recipe, or code changed since)."""
+    stamp = shipped_dir() / EXPORT_STAMP
+    if recipe != DEMO or not stamp.is_file() or stamp.read_text().strip() != recipe_key(recipe):
+        return None
+    return shipped_dir()
+
+
+def warm_up(recipe: WarmupRecipe = DEMO, progress: Callable[[str], None] = print, show_steps: bool = False,
+            use_shipped: bool = True) -> Path:
+    """The warmed-up model directory of ``recipe``: the package's shipped build when it is
+    current (:func:`shipped`; ``use_shipped=False`` never takes it), else built and cached on
+    first use. ``show_steps``: draw the SFT's progress on stderr (a bar on a terminal, else a
+    line every 10 s: :class:`asyncrl.task_progress.TaskProgress`)."""
     from asyncrl.models.cache import build_once
     from asyncrl.models.smollm2 import cache_dir
 
+    if use_shipped and (ready := shipped(recipe)) is not None:
+        return ready
+    if recipe == DEMO and use_shipped:
+        progress(f"the package's {DEMO.name} was built by other code ({shipped_dir()}): building it here once")
     return build_once(cache_dir() / "models" / f"{recipe.name}-{recipe_key(recipe)}",
                       lambda out: _build(recipe, out, progress, show_steps))
 
@@ -135,7 +165,8 @@ def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], sho
 EXPORT_STAMP = ".asyncrl-warmup-key"  # in an exported directory: the recipe key it was built from
 
 
-def export(recipe: WarmupRecipe, dest: Path, progress: Callable[[str], None] = print, show_steps: bool = False) -> Path:
+def export(recipe: WarmupRecipe, dest: Path, progress: Callable[[str], None] = print, show_steps: bool = False,
+           use_shipped: bool = True) -> Path:
     """Copy the warmed-up model of ``recipe`` to ``dest`` (a plain Hugging Face directory any
     component loads as ``model.path``), unless ``dest`` already holds this recipe's build.
     The copy is made beside ``dest`` and renamed into place, so a reader never sees half a
@@ -148,7 +179,7 @@ def export(recipe: WarmupRecipe, dest: Path, progress: Callable[[str], None] = p
     if stamp.is_file() and stamp.read_text().strip() == key:
         progress(f"{dest} already holds {recipe.name} ({key})")
         return dest
-    built = warm_up(recipe, progress, show_steps)
+    built = warm_up(recipe, progress, show_steps, use_shipped)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
@@ -171,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--export", metavar="DIR", type=Path,
                         help="also copy it to DIR (skipped when DIR holds this build): compose's model-init")
+    parser.add_argument("--ship", action="store_true",
+                        help=f"build it from scratch and write it into the package ({shipped_dir()}), for a release")
     ns = parser.parse_args(argv)
 
     def progress(message: str) -> None:
@@ -178,6 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(message, file=sys.stderr, flush=True)
 
     show = not ns.quiet
+    if ns.ship:
+        print(export(DEMO, shipped_dir(), progress, show, use_shipped=False), flush=True)
+        return 0
     print(export(DEMO, ns.export, progress, show) if ns.export else warm_up(DEMO, progress, show), flush=True)
     return 0
 

@@ -118,7 +118,7 @@ async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyn
                     shown_health = line
                 for name, code in stack.exited():
                     if name == "trainer" and code == 0:
-                        return "the trainer finished its steps (total_rollout_steps reached)", False
+                        return "the trainer finished its steps (total_rollout_steps reached, or the rollout's data ended)", False
                     tail = log_tail(stack.children[name].log_path, 3000)
                     return f"{name} exited with code {code}; last log lines:\n{tail}", True
                 if deadline is not None and time.monotonic() > deadline:

@@ -1,5 +1,6 @@
 """Wire contracts shared by producers and consumers: the Trajectory schema and NATS names."""
 
+from asyncrl.wire.end_of_data import END_OF_DATA_HEADER, end_of_data_message, is_end_of_data
 from asyncrl.wire.names import NatsNames
 from asyncrl.wire.trajectory import (
     SCHEMA_TAG,
@@ -10,4 +11,4 @@ from asyncrl.wire.trajectory import (
     encode_trajectory,
 )
 
-__all__ = ["SCHEMA_TAG", "NatsNames", "SamplingSpan", "Trajectory", "WireDecodeError", "decode_trajectory", "encode_trajectory"]
+__all__ = ["END_OF_DATA_HEADER", "SCHEMA_TAG", "NatsNames", "end_of_data_message", "is_end_of_data", "SamplingSpan", "Trajectory", "WireDecodeError", "decode_trajectory", "encode_trajectory"]

@@ -18,7 +18,7 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.jetstream import connect
 from asyncrl.up.stack import Stack
-from asyncrl.wire import NatsNames, decode_trajectory
+from asyncrl.wire import NatsNames, decode_trajectory, is_end_of_data
 from tests.helpers.waiting import wait_for
 from trainer_daemon.checkpoint import complete_checkpoints
 from trainer_daemon.ledger import read_lineage
@@ -57,6 +57,8 @@ async def run_mode(tmp_path: Path, mode: str):
         nc = await connect(stack.urls["nats"], "test-modes", persistent=False)
 
         async def on_traj(msg) -> None:
+            if is_end_of_data(msg.headers):  # the rollout's last word, not a trajectory
+                return
             t = decode_trajectory(msg.data)
             published[t.id] = t
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from asyncrl.jetstream import connect
 from asyncrl.models import load_tokenizer
-from asyncrl.wire import NatsNames, decode_trajectory
+from asyncrl.wire import NatsNames, decode_trajectory, is_end_of_data
 from rollout_service.agent.chat import ChatTokenizer
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import wait_for
@@ -23,7 +23,7 @@ async def fetch_all(nats_url: str, run_id: str, expected: int, timeout_s: float 
 
     async def fetched_all() -> bool:
         try:
-            out.extend(decode_trajectory(m.data) for m in await sub.fetch(50, timeout=1))
+            out.extend(decode_trajectory(m.data) for m in await sub.fetch(50, timeout=1) if not is_end_of_data(m.headers))
         except TimeoutError:
             pass
         return len(out) >= expected
@@ -32,7 +32,7 @@ async def fetch_all(nats_url: str, run_id: str, expected: int, timeout_s: float 
         await wait_for(fetched_all, timeout_s, f"{expected} trajectories of run {run_id} in the stream", interval_s=0)
         # anything beyond `expected` (a duplicate) would show up here
         try:
-            out += [decode_trajectory(m.data) for m in await sub.fetch(50, timeout=1)]
+            out += [decode_trajectory(m.data) for m in await sub.fetch(50, timeout=1) if not is_end_of_data(m.headers)]
         except TimeoutError:
             pass
     finally:

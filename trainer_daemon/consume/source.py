@@ -14,6 +14,10 @@ nothing here is touched from another thread).
   copied to the run's dead-letter subject (headers ``Asyncrl-Reason``, ``Asyncrl-Stream-Seq``,
   ``Nats-Msg-Id: dlq-<seq>`` so a replay after a crash does not copy it twice), counted,
   logged; never an exception. A trajectory id already held → ``duplicate``. Otherwise held.
+- The rollout's end-of-data message (:mod:`asyncrl.wire.end_of_data`) → acked, resolved as
+  ``end``, remembered in the checkpointed counters (``data_ended``): from then on every group
+  still waiting for a member is released incomplete, and the daemon stops once no whole step
+  can be formed.
 - ``next_batch(k, ...)`` waits up to ``wait_s`` for ``k`` groups (``groups.py``); stale and
   excluded (``exclusion.py``) trajectories travel with their group and are resolved with it
   at commit, so a checkpoint never separates them.
@@ -36,7 +40,13 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from asyncrl.wire import NatsNames, WireDecodeError, decode_trajectory
+from asyncrl.wire import (
+    END_OF_DATA_HEADER,
+    NatsNames,
+    WireDecodeError,
+    decode_trajectory,
+    is_end_of_data,
+)
 from trainer_daemon.algo import StalenessBound, batch_version_metrics
 from trainer_daemon.consume.exclusion import excluder
 from trainer_daemon.consume.groups import GroupAssembler, Held, PendingGroup
@@ -57,6 +67,7 @@ GROUP_PATIENCE_MIN = 256  # messages after a group's first member before it is r
 GROUP_PATIENCE_PER_IN_FLIGHT = 4
 DLQ_REASON_MAX = 512  # characters of the decode error copied into the dead letter's header
 NATS_OP_TIMEOUT_S = 10.0  # one JetStream API request (consumer create, purge, info)
+END_HORIZON = 2**62  # "the stream has been read to its end": every group's release point is behind it
 
 
 def consumer_limits(required_trajectories: int, in_flight: int = 0) -> tuple[int, int]:
@@ -162,6 +173,15 @@ class TrajectorySource:
                 self._msgs[seq] = msg
                 self.redelivered_held += 1
                 continue
+            if is_end_of_data(msg.headers):  # the last word: nothing follows it in the stream
+                await _quiet_ack(msg)
+                self.state.resolve([(seq, "end", "")])
+                if not self.state.counters["end_of_data"]:
+                    log.info("the rollout's end of data at stream sequence %d (%s samples started)", seq,
+                             msg.headers.get(END_OF_DATA_HEADER))
+                self.state.counters["end_of_data"] = 1
+                self.ledger.note("end", seq)
+                continue
             try:
                 traj = decode_trajectory(msg.data)
             except WireDecodeError as exc:
@@ -180,11 +200,18 @@ class TrajectorySource:
             self.assembler.add(Held(seq, traj, bytes(msg.data)))
         self.state.resolve([])  # advance over skipped sequences
 
+    @property
+    def data_ended(self) -> bool:
+        """The rollout's end-of-data message was read (now or before a restart): nothing more comes."""
+        return bool(self.state.counters["end_of_data"])
+
     def _take(self, k: int, version: int, bound: StalenessBound | None) -> None:
         need = k - len(self._pending)
-        if need <= 0 or not self.assembler.num_ready(self.state.max_delivered):
+        # after the end of data no member can still arrive: every group waiting for one is released now
+        horizon = END_HORIZON if self.data_ended else self.state.max_delivered
+        if need <= 0 or not self.assembler.num_ready(horizon):
             return
-        taken = self.assembler.take(need, self.state.max_delivered, version, bound, self.effective, self.exclude)
+        taken = self.assembler.take(need, horizon, version, bound, self.effective, self.exclude)
         self._pending.extend(taken.groups)
         for group in taken.empty:  # every member too stale: nothing to train, resolve now
             self._resolve_group(group)

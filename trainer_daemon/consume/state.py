@@ -6,7 +6,8 @@ them in increasing order, redeliveries aside):
 
 - *resolved*: the trainer is done with the message: ``trained`` in a committed step,
   ``dropped`` as too stale, ``duplicate`` (its trajectory id was already resolved), or
-  ``poison`` (undecodable; terminated and dead-lettered).
+  ``poison`` (undecodable; terminated and dead-lettered), or ``end`` (the rollout's
+  end-of-data message, :mod:`asyncrl.wire.end_of_data`; counted in ``end_of_data``).
 - *held*: delivered and not resolved yet (its group is incomplete, it waits for the next
   step, or the current step trains it).
 - ``cursor``: every message with ``seq <= cursor`` is resolved. After each change
@@ -33,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-RESOLVED_KINDS = ("trained", "dropped", "duplicate", "poison")
+RESOLVED_KINDS = ("trained", "dropped", "duplicate", "poison", "end")
 # Only these make an id "known". A duplicate's id is not: its original may still be held
 # (unresolved) at a checkpoint and must be trained after a restart.
 _ID_KINDS = ("trained", "dropped")
@@ -41,7 +42,7 @@ _ID_KINDS = ("trained", "dropped")
 # steps of any realistic batch; the stream's publish dedup is the first line of defence.
 RECENT_IDS = 16_384
 COUNTERS = ("trained", "dropped", "duplicate", "poison", "incomplete_groups", "stale_samples", "stale_trajectories",
-            "excluded", "truncated_sampling_trained")
+            "excluded", "truncated_sampling_trained", "end_of_data")
 # Besides these, ``excluded/<reason>`` counts excluded trajectories per reason (consume/exclusion.py).
 
 

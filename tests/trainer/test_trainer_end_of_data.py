@@ -1,0 +1,59 @@
+"""The rollout's end of data (asyncrl.wire.end_of_data) ends a trainer that could otherwise
+wait forever: samples dropped or groups left incomplete leave fewer than its total steps need.
+
+Published here: one whole group, half of another (its other members never come), then the
+end-of-data message. The trainer has no total (``total_rollout_steps`` unset), a step takes
+two groups. It must release the incomplete group at once (not after its patience), train the
+one step the two groups make, and exit 0 instead of idling; its ledger accounts for the
+message, and ``asyncrl audit`` finds nothing lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from asyncrl.config import load_config
+from asyncrl.jetstream import connect, ensure_stream
+from asyncrl.launch import free_port, log_tail
+from asyncrl.wire import NatsNames, end_of_data_message
+from tests.trainer.helpers import make_group, metrics_lines, publish, start_trainer, wait_exit
+from trainer_daemon.audit import audit_run
+from trainer_daemon.ledger import read_lineage
+
+N = 4
+
+
+async def _publish_end(cfg, samples: int, trajectories: int) -> int:
+    nc = await connect(cfg.nats.url, "test-rollout", persistent=False)
+    try:
+        js = nc.jetstream()
+        await ensure_stream(js, cfg)
+        body, headers = end_of_data_message(cfg.run.id, samples, trajectories)
+        return (await js.publish(NatsNames(cfg.run.id).trajectories, body, headers=headers, timeout=10)).seq
+    finally:
+        await nc.close()
+
+
+def test_the_end_of_data_releases_what_waits_trains_what_forms_a_step_and_stops(module_nats, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [f"run.dir={run_dir}", f"nats.url={module_nats.url}", "run.id=eod", f"rollout.n={N}",
+                 "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=4", "trainer.metrics_port=0",
+                 f"trainer.master_port={free_port()}", 'trainer.loggers=["jsonl"]']
+    cfg = load_config(overrides=overrides, environ={})
+    rng = random.Random(3)
+    whole, half = make_group(rng, "g-whole", N), make_group(rng, "g-half", N)[:2]
+    publish(cfg, whole + half)
+    end_seq = asyncio.run(_publish_end(cfg, samples=2, trajectories=N + 2))
+    proc = start_trainer(run_dir, overrides)
+    try:
+        assert wait_exit(proc, 240) == 0, log_tail(run_dir / "logs" / "trainer.log")
+    finally:
+        proc.stop()
+    lines = metrics_lines(run_dir)
+    assert [line["step"] for line in lines] == [1]
+    assert lines[0]["trainer/trained_trajectories"] == N + 2 and lines[0]["trainer/incomplete_groups"] == 1
+    entries = read_lineage(run_dir / "checkpoints", 1)
+    assert any(end_seq in e.get("end", []) for e in entries), entries
+    audit = asyncio.run(audit_run(run_dir, module_nats.url, "eod"))
+    assert audit.ok and audit.end == 1 and audit.lost == 0 and audit.trained == N + 2 and audit.published == N + 2, audit

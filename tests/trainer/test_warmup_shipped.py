@@ -1,0 +1,35 @@
+"""The demo's starting policy ships with the package (asyncrl/models/assets/tiny-arith/, written
+by ``python -m trainer_daemon.warmup --ship``): it must be what the current code builds.
+
+- Its stamp is the key of the current recipe and code (cheap; fails as soon as a module that
+  determines the weights changes without the policy being shipped again).
+- Built again here from scratch, the policy is the shipped one tensor for tensor (the warm-up
+  is deterministic on a given CPU build of torch; ~2 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file
+
+from trainer_daemon.warmup import DEMO, EXPORT_STAMP, recipe_key, shipped, shipped_dir, warm_up
+
+SHIP = "python -m trainer_daemon.warmup --ship"
+
+
+def test_the_shipped_policy_is_built_by_the_current_code_and_taken_as_it_is():
+    stamp = (shipped_dir() / EXPORT_STAMP).read_text().strip()
+    assert stamp == recipe_key(DEMO), f"the code that determines the demo's weights changed since it was shipped: run {SHIP}"
+    messages: list[str] = []
+    assert shipped(DEMO) == shipped_dir() and warm_up(DEMO, messages.append) == shipped_dir() and messages == []
+    assert shipped(DEMO.__class__(**{**DEMO.__dict__, "steps": DEMO.steps + 1})) is None  # another recipe is built, not shipped
+
+
+def test_building_it_again_reproduces_the_shipped_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASYNCRL_CACHE_DIR", str(tmp_path))
+    built = warm_up(DEMO, lambda message: None, use_shipped=False)
+    assert built.is_relative_to(tmp_path)
+    mine, theirs = load_file(built / "model.safetensors"), load_file(shipped_dir() / "model.safetensors")
+    assert mine.keys() == theirs.keys()
+    differ = {k: float((mine[k] - theirs[k]).abs().max()) for k in mine if not torch.equal(mine[k], theirs[k])}
+    assert not differ, f"rebuilt weights differ from the shipped ones (max abs diff per tensor): {differ}"
