@@ -6,7 +6,8 @@ processes (:mod:`.stack`); a live terminal view (:mod:`.live`); and at the end a
 and a PNG plot in the run directory (:mod:`.report`). With no config it runs the built-in
 demo (``asyncrl/up/demo.toml``): ``builtin:tiny-arith`` learning to pick the exact tool on an
 arithmetic task; that policy is the trainer's SFT warm-up (``python -m trainer_daemon.warmup``,
-run as a child process, cached after the first run).
+run as a child process: it returns the build shipped in the package at once, or builds and
+caches it when the code that determines it changed).
 
 It stops cleanly on Ctrl-C, when the trainer finishes (``total_rollout_steps`` reached), or
 after ``--max-minutes``; a child that dies stops the run with its log tail. Exit status: 0
@@ -35,7 +36,7 @@ from asyncrl.logs import configure_logging
 SYNC_POLL_S = 3.0
 TICK_S = 0.5
 DEMO_MODEL = "builtin:tiny-arith"  # the model.path that asks for the demo's warmed-up policy
-WARMUP_TIMEOUT_S = 3600.0  # the demo warm-up takes ~1 min on 2 CPU cores, once; an hour means it is stuck
+WARMUP_TIMEOUT_S = 3600.0  # shipped: instant; built (changed code): ~2 min on 2 CPU cores, once; an hour means it is stuck
 
 
 def demo_config_path() -> str:

@@ -34,7 +34,7 @@ from tests.deploy.docker_engine import docker_engine
 pytestmark = [pytest.mark.timeout(3600)]
 
 BUILD_S = 2400.0  # first build on 2 cores: the base (debootstrap) and pip installing the service image
-UP_S = 1200.0  # model-init's warm-up (~1-2 min on 2 busy cores), then the first steps and syncs
+UP_S = 1200.0  # model-init (copies the shipped demo policy; ~2 min if it has to build it), then the first steps and syncs
 PROGRESS_S = 600.0  # after a crash: restarted, recovered and two more steps
 HEALTHY_S = 120.0  # the slowest healthcheck interval is 30 s (trainer)
 POLL_S = 5.0
