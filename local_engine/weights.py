@@ -41,6 +41,7 @@ from asyncrl.weight_sync import (
     WeightGroup,
     WeightSyncError,
     byte_layout,
+    in_daemon_thread,
     join_group,
     parse_dtype,
     unpack_bucket,
@@ -110,7 +111,8 @@ class WeightManager:
             return join_group(body.master_address, body.master_port, body.world_size, rank, group_name=body.group_name,
                               timeout_s=self.timeout_s)
 
-        results = await asyncio.gather(*(asyncio.to_thread(join, body.rank_offset + r) for r in range(self.tp_size)),
+        results = await asyncio.gather(*(in_daemon_thread(join, body.rank_offset + r, name=f"join-{body.group_name}",
+                                                          orphan=WeightGroup.destroy) for r in range(self.tp_size)),
                                        return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
@@ -175,7 +177,8 @@ class WeightManager:
                 group.broadcast(t, src=0, timeout_s=self.timeout_s)
             return out
 
-        results = await asyncio.gather(*(asyncio.to_thread(one, i, g) for i, g in enumerate(ranks)), return_exceptions=True)
+        results = await asyncio.gather(*(in_daemon_thread(one, i, g, name=f"receive-{body.group_name}") for i, g in enumerate(ranks)),
+                                       return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             if isinstance(errors[0], WeightSyncError):

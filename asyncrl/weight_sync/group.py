@@ -12,6 +12,11 @@ groups, so collectives go through ``pg.broadcast``.
 Failure handling (the point of this module):
 
 - every blocking step has its own timeout: forming (``timeout_s``) and each broadcast;
+- blocking group calls made from a coroutine (hosting, joining, receiving) run in a daemon
+  thread of their own (:func:`in_daemon_thread`, :func:`host_group_async`): a rendezvous or
+  broadcast the caller gave up on waits out its timeout there without holding the event
+  loop's shutdown or the process's exit (``asyncio.to_thread``'s executor would hold both:
+  a trainer or engine told to stop would sit until the timeout);
 - :meth:`WeightGroup.broadcast` waits on the collective's future and can be *cancelled*
   (a ``threading.Event``): the sync agent saw an engine refuse the bucket, so waiting for
   the collective to time out would only waste the timeout. A cancelled or timed-out
@@ -29,18 +34,23 @@ API but was not run; ``bench/gpu.py`` exercises CUDA without a second NCCL rank.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +252,50 @@ def host_group(master_address: str, master_port: int, world_size: int, *, backen
     log.info("hosting weight group %r (%s, world size %d) on %s:%d", group_name, backend, world_size, where[0] or "*", where[1])
     return _form(master_address, master_port, world_size, 0, backend=backend, group_name=group_name,
                  timeout_s=timeout_s, listen_socket=listen_socket)
+
+
+async def in_daemon_thread(fn: Callable[..., T], /, *args, name: str = "weight-sync", orphan: Callable[[T], None] | None = None,
+                           **kwargs) -> T:
+    """``fn(*args, **kwargs)`` from a coroutine, in a daemon thread of its own (module doc): a
+    call the caller gave up on (a rendezvous or a broadcast waiting out its timeout) holds up
+    neither the event loop's shutdown nor the process's exit, as ``asyncio.to_thread``'s
+    executor would. Its result, if nobody takes it any more (the awaiting task was cancelled
+    or the loop is gone), goes to ``orphan`` (e.g. destroying a group that formed too late)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def deliver(ok: bool, value) -> None:
+        if done.cancelled():
+            if ok and orphan is not None:
+                orphan(value)
+        elif ok:
+            done.set_result(value)
+        else:
+            done.set_exception(value)
+
+    def run() -> None:
+        try:
+            ok, value = True, fn(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - handed to the awaiting task
+            ok, value = False, error
+        try:
+            loop.call_soon_threadsafe(deliver, ok, value)
+        except RuntimeError:  # the loop is closed: nobody will take the result
+            if ok and orphan is not None:
+                orphan(value)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done
+
+
+async def host_group_async(master_address: str, master_port: int, world_size: int, *, backend: str = "gloo",
+                           group_name: str = DEFAULT_GROUP_NAME, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
+                           listen_socket: socket.socket | None = None) -> WeightGroup:
+    """:func:`host_group` from a coroutine, through :func:`in_daemon_thread`: a group that forms
+    after its caller gave up is destroyed."""
+    return await in_daemon_thread(host_group, master_address, master_port, world_size, backend=backend,
+                                  group_name=group_name, timeout_s=timeout_s, listen_socket=listen_socket,
+                                  name=f"host-{group_name}", orphan=WeightGroup.destroy)
 
 
 def join_group(master_address: str, master_port: int, world_size: int, rank: int, *,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -12,6 +13,7 @@ import torch
 from asyncrl.weight_sync import (
     WeightSyncError,
     host_group,
+    host_group_async,
     is_loopback,
     join_group,
     pack_bucket,
@@ -130,6 +132,43 @@ def test_a_cancelled_broadcast_stops_at_once_and_breaks_the_group():
         timer.cancel()
         group.destroy()
         joined["g"].destroy()
+
+
+def test_hosting_from_a_coroutine_forms_the_group_and_an_abandoned_one_holds_nothing_up():
+    """host_group_async forms the group like host_group; when the task awaiting it is given up
+    (a sync the agent abandoned), the loop and the process do not wait out the rendezvous's
+    timeout: asyncio.run returns at once (asyncio.to_thread would hold it for timeout_s)."""
+
+    async def formed() -> None:
+        sock = reserve_listen_socket("127.0.0.1")
+        port = sock.getsockname()[1]
+        joined: dict = {}
+        t = threading.Thread(target=lambda: joined.update(g=join_group("127.0.0.1", port, 2, 1, timeout_s=GROUP_TIMEOUT_S)),
+                             daemon=True)
+        t.start()
+        group = await asyncio.wait_for(host_group_async("127.0.0.1", port, 2, timeout_s=GROUP_TIMEOUT_S, listen_socket=sock),
+                                       GROUP_TIMEOUT_S + 10)
+        t.join(GROUP_TIMEOUT_S)
+        try:
+            assert group.world_size == 2 and not group.broken and "g" in joined
+        finally:
+            group.destroy()
+            joined["g"].destroy()
+
+    asyncio.run(formed())
+
+    abandoned_timeout_s = 60.0
+
+    async def abandoned() -> None:
+        sock = reserve_listen_socket("127.0.0.1")
+        task = asyncio.create_task(host_group_async("127.0.0.1", sock.getsockname()[1], 2, timeout_s=abandoned_timeout_s,
+                                                    listen_socket=sock))
+        await asyncio.sleep(0.5)  # nobody joins; the run ends with the task pending (cancelled by asyncio.run)
+        assert not task.done()
+
+    started = time.monotonic()
+    asyncio.run(abandoned())
+    assert time.monotonic() - started < abandoned_timeout_s / 4, "the loop's shutdown waited for the abandoned rendezvous"
 
 
 def test_joining_a_group_nobody_hosts_times_out():

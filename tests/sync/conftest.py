@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 
 import pytest
 import torch
@@ -31,6 +32,8 @@ def engines(tmp_path) -> list[Engine]:
             started.append(start_engine(tmp_path, *ENGINE_ARGS, name=f"engine-{i}"))
         yield started
     finally:
+        for engine in started:  # all told at once: each may sit out uvicorn's graceful window
+            engine.proc.signal(signal.SIGTERM)
         for engine in started:
             engine.stop()
 

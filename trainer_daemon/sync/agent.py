@@ -45,7 +45,7 @@ from asyncrl.http.keepalive import client_session
 from asyncrl.weight_sync import (
     WeightGroup,
     WeightSyncError,
-    host_group,
+    host_group_async,
     plan_buckets,
     reserve_listen_socket,
 )
@@ -193,8 +193,8 @@ class SyncAgentPublisher(WeightPublisher):
     async def _host(self, port: int, world: int, sock, cancel: threading.Event) -> WeightGroup:
         """Host the group in a thread; stop waiting (the thread finishes on its own timeout and
         its group, if it ever forms, is destroyed) when the agent gives up."""
-        task = asyncio.ensure_future(asyncio.to_thread(
-            host_group, self.master_address, port, world, backend=self.backend, group_name=self.group_name,
+        task = asyncio.ensure_future(host_group_async(
+            self.master_address, port, world, backend=self.backend, group_name=self.group_name,
             timeout_s=self.pause_timeout_s + self.group_timeout_s, listen_socket=sock))
         while not task.done():
             await asyncio.wait({task}, timeout=WATCH_INTERVAL_S)

@@ -40,7 +40,7 @@ from asyncrl.engine_client import EngineClient
 from asyncrl.weight_sync import (
     WeightGroup,
     WeightSyncError,
-    host_group,
+    host_group_async,
     plan_buckets,
     reserve_listen_socket,
 )
@@ -90,8 +90,8 @@ class DirectEnginePublisher(WeightPublisher):
 
         async def host() -> WeightGroup:
             try:
-                return await asyncio.to_thread(host_group, self.master_address, port, world, backend=self.backend,
-                                               group_name=self.group_name, timeout_s=self.group_timeout_s, listen_socket=sock)
+                return await host_group_async(self.master_address, port, world, backend=self.backend,
+                                              group_name=self.group_name, timeout_s=self.group_timeout_s, listen_socket=sock)
             except BaseException:
                 sock.close()
                 raise
