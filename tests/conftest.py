@@ -11,6 +11,15 @@ from asyncrl.config import RunConfig, load_config
 from asyncrl.jetstream import EmbeddedNats
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the shipped demo policy's rebuild in the background when its test will run
+    (tests/helpers/shipped_rebuild.py)."""
+    from tests.helpers import shipped_rebuild
+
+    if any(item.nodeid.endswith(shipped_rebuild.TEST_ID) for item in session.items):
+        shipped_rebuild.start(session.config)
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     """A real nats-server with JetStream on 127.0.0.1, its store under tmp_path."""

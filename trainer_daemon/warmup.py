@@ -13,6 +13,8 @@ Entry points:
   directory on stdout — what ``asyncrl up`` and ``bench/gpu.py`` run, as a child process;
 - ``python -m trainer_daemon.warmup --export DIR`` also copies it to ``DIR`` (compose's CPU
   profile: the ``model-init`` service writes it into the models directory);
+- ``python -m trainer_daemon.warmup --rebuild`` builds it from scratch into the cache even
+  though the package ships it (what the reproduction test runs);
 - ``python -m trainer_daemon.warmup --ship`` builds it from scratch and writes it into the
   package (``asyncrl/models/assets/tiny-arith/``, ~4 MB, with the recipe key it was built
   from), so that a first run takes it at once instead of training 2 minutes;
@@ -204,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also copy it to DIR (skipped when DIR holds this build): compose's model-init")
     parser.add_argument("--ship", action="store_true",
                         help=f"build it from scratch and write it into the package ({shipped_dir()}), for a release")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="build it from scratch into the cache even when the package ships it (to check the shipped build)")
     ns = parser.parse_args(argv)
 
     def progress(message: str) -> None:
@@ -213,6 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     show = not ns.quiet
     if ns.ship:
         print(export(DEMO, shipped_dir(), progress, show, use_shipped=False), flush=True)
+        return 0
+    if ns.rebuild:
+        print(warm_up(DEMO, progress, show, use_shipped=False), flush=True)
         return 0
     print(export(DEMO, ns.export, progress, show) if ns.export else warm_up(DEMO, progress, show), flush=True)
     return 0

@@ -3,8 +3,10 @@ by ``python -m trainer_daemon.warmup --ship``): it must be what the current code
 
 - Its stamp is the key of the current recipe and code (cheap; fails as soon as a module that
   determines the weights changes without the policy being shipped again).
-- Built again here from scratch, the policy is the shipped one tensor for tensor (the warm-up
-  is deterministic on a given CPU build of torch; ~2 minutes on 2 cores).
+- Built again from scratch (``python -m trainer_daemon.warmup --rebuild``, started in the
+  background when the suite collects this test: tests/helpers/shipped_rebuild.py), the policy
+  is the shipped one tensor for tensor (the warm-up is deterministic on a given CPU build of
+  torch; ~2 CPU-minutes).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import shipped_rebuild
 from trainer_daemon.warmup import DEMO, EXPORT_STAMP, recipe_key, shipped, shipped_dir, warm_up
 
 SHIP = "python -m trainer_daemon.warmup --ship"
@@ -25,10 +28,10 @@ def test_the_shipped_policy_is_built_by_the_current_code_and_taken_as_it_is():
     assert shipped(DEMO.__class__(**{**DEMO.__dict__, "steps": DEMO.steps + 1})) is None  # another recipe is built, not shipped
 
 
-def test_building_it_again_reproduces_the_shipped_weights(tmp_path, monkeypatch):
-    monkeypatch.setenv("ASYNCRL_CACHE_DIR", str(tmp_path))
-    built = warm_up(DEMO, lambda message: None, use_shipped=False)
-    assert built.is_relative_to(tmp_path)
+def test_building_it_again_reproduces_the_shipped_weights(request):
+    rebuild = shipped_rebuild.start(request.config)  # started at collection (tests/conftest.py)
+    built = rebuild.result()
+    assert built.is_relative_to(rebuild.cache) and built != shipped_dir()
     mine, theirs = load_file(built / "model.safetensors"), load_file(shipped_dir() / "model.safetensors")
     assert mine.keys() == theirs.keys()
     differ = {k: float((mine[k] - theirs[k]).abs().max()) for k in mine if not torch.equal(mine[k], theirs[k])}
