@@ -5,8 +5,11 @@ Each iteration rank 0 produces a *command* and broadcasts it to all ranks (msgpa
 batch arrived within ``IDLE_POLL_S`` (so no rank blocks in a collective for longer than that),
 ``push`` (idle, and the sync agent says engines wait for a full push of the weights: every
 engine may be quarantined, so no data would ever come — publish now), or ``stop``
-(``trainer.total_training_steps`` reached, the rollout's end of data read with no whole step
-left to form — :mod:`asyncrl.wire.end_of_data` —, or SIGTERM/SIGINT). Then, on every rank:
+(``trainer.total_training_steps`` reached, the rollout's end of data read with every
+trajectory before it resolved — :mod:`asyncrl.wire.end_of_data` —, or SIGTERM/SIGINT). After
+the end of data, groups too few for a whole step are trained as a last, smaller step (verl's
+trainer does the same with the samples it holds at the end signal), so a finite run ends with
+every published trajectory trained or dropped with a counted reason. Then, on every rank:
 
 1. the step (``TrainStep``) — all ranks decode the same batch;
 2. rank 0 commits it: messages resolved and acked, ledger entry, verl's ``fully_async/*``;
@@ -165,10 +168,14 @@ class TrainerDaemon:
         now = time.perf_counter()
         self._idle_s += now - t0
         self.r0.metrics.live("trainer/waiting_for_data_s", 0.0 if groups else now - self._wait_started)
-        if groups is None:
-            if self.r0.data_ended:
-                log.info("the rollout's data ended and no whole step can be formed any more: stopping at step %d", self.step)
+        if groups is None and self.r0.data_ended:
+            groups = self.r0.take_rest(self.staleness) or None
+            if groups is None:
+                log.info("the rollout's data ended and every trajectory is resolved: stopping at step %d", self.step)
                 return Command("stop")
+            log.info("the rollout's data ended: training the %d groups left (%d trajectories) as a last, smaller step",
+                     len(groups), sum(len(g.kept) for g in groups))
+        if groups is None:
             return Command("push") if self.r0.push_wanted() else Command("idle")
         self._wait_started = None
         self._pending = groups

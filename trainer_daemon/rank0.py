@@ -151,6 +151,14 @@ class Rank0Services:
         """The rollout published its end of data and it was read (``source.data_ended``)."""
         return self.source.data_ended
 
+    def take_rest(self, bound: StalenessBound) -> list[PendingGroup]:
+        """The groups left after the end of data (``source.take_rest``)."""
+
+        async def _rest():
+            return self.source.take_rest(self.version, bound)
+
+        return self.io.run(_rest(), IO_TIMEOUT_S)
+
     def commit(self, groups: list[PendingGroup], step: int) -> dict[str, float]:
         """Resolve, ack and record a trained step. Without periodic checkpoints
         (``save_freq = 0``) there is no checkpoint to resume from, so the stream is purged

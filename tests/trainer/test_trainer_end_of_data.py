@@ -6,11 +6,16 @@ end-of-data message. The trainer has no total (``total_rollout_steps`` unset), a
 two groups. It must release the incomplete group at once (not after its patience), train the
 one step the two groups make, and exit 0 instead of idling; its ledger accounts for the
 message, and ``asyncrl audit`` finds nothing lost.
+
+Issue 29: a finite run must end with every published trajectory trained or dropped, also when
+the trainer restarts from a checkpoint taken after it read the marker, and when the groups
+left are too few for a whole step (trained as a last, smaller step).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 from asyncrl.config import load_config
@@ -33,6 +38,45 @@ async def _publish_end(cfg, samples: int, trajectories: int) -> int:
         return (await js.publish(NatsNames(cfg.run.id).trajectories, body, headers=headers, timeout=10)).seq
     finally:
         await nc.close()
+
+
+def _config(run_dir, url: str, run_id: str, *extra: str) -> tuple[list[str], object]:
+    overrides = [f"run.dir={run_dir}", f"nats.url={url}", f"run.id={run_id}", f"rollout.n={N}",
+                 "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=4", "trainer.metrics_port=0",
+                 f"trainer.master_port={free_port()}", 'trainer.loggers=["jsonl"]', *extra]
+    return overrides, load_config(overrides=overrides, environ={})
+
+
+def _run_trainer(run_dir, overrides: list[str]) -> None:
+    proc = start_trainer(run_dir, overrides)
+    try:
+        assert wait_exit(proc, 240) == 0, log_tail(run_dir / "logs" / "trainer.log")
+    finally:
+        proc.stop()
+
+
+def test_a_restart_after_the_end_of_data_trains_what_precedes_it_and_the_groups_left(module_nats, tmp_path):
+    """Three whole groups and the marker, two groups a step. The first run stops after one
+    step (``total_training_steps=1``) with the marker read and resolved in its checkpoint and the
+    third group held, not resolved: the state a trainer killed after a checkpoint is restored
+    to. The restarted trainer (no total) must read the third group again, train it as a last
+    step of one group, and exit; the audit then finds every trajectory trained."""
+    run_dir = tmp_path / "run"
+    overrides, cfg = _config(run_dir, module_nats.url, "eod-restart")
+    groups = [make_group(random.Random(5), f"g{i}", N) for i in range(3)]
+    seqs = publish(cfg, [t for g in groups for t in g])
+    end_seq = asyncio.run(_publish_end(cfg, samples=3, trajectories=3 * N))
+    _run_trainer(run_dir, [*overrides, "trainer.total_training_steps=1"])
+    state = json.loads((run_dir / "checkpoints" / "step-00000001" / "trainer_state.json").read_text())["consumption"]
+    assert [end_seq, "end", ""] in state["above"] and state["cursor"] == seqs[2 * N - 1], state  # the precondition
+    assert asyncio.run(audit_run(run_dir, module_nats.url, "eod-restart")).pending == N  # the third group waits
+
+    _run_trainer(run_dir, overrides)
+    lines = metrics_lines(run_dir)
+    assert [line["step"] for line in lines] == [1, 2]
+    assert lines[-1]["trainer/trained_trajectories"] == 3 * N and lines[-1]["trainer/stream_cursor"] == end_seq
+    audit = asyncio.run(audit_run(run_dir, module_nats.url, "eod-restart"))
+    assert audit.ok and audit.pending == 0 and audit.trained == 3 * N and audit.end == 1, audit
 
 
 def test_the_end_of_data_releases_what_waits_trains_what_forms_a_step_and_stops(module_nats, tmp_path):

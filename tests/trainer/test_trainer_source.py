@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from asyncrl.jetstream import connect, ensure_stream
 from asyncrl.wire import NatsNames, encode_trajectory
 from tests.trainer.helpers import make_group
@@ -78,5 +80,75 @@ async def test_recreated_consumer_starts_after_the_cursor(run_config):
         assert [h.traj.id for h in again[0].kept] == [t.id for t in second]
         assert b.redelivered_skipped == 0  # the consumer started past everything resolved
         await b.close()
+    finally:
+        await nc.close()
+
+
+async def _publish_end(js, cfg, samples: int) -> int:
+    from asyncrl.wire import end_of_data_message
+
+    body, headers = end_of_data_message(cfg.run.id, samples, 0)
+    return (await js.publish(NatsNames(cfg.run.id).trajectories, body, headers=headers)).seq
+
+
+async def test_a_restored_source_reads_what_lies_before_the_end_of_data_before_calling_the_data_ended(run_config):
+    """Issue 29: a checkpoint taken after the marker was read but before the trajectories ahead
+    of it were trained. Restored, the trainer must not act on the marker before it has read
+    them again (it used to stop at once, leaving them neither trained nor dropped)."""
+    nc, js = await _setup(run_config)
+    try:
+        names = NatsNames(run_config.run.id)
+        rng = random.Random(2)
+        first, second = make_group(rng, "first", 2), make_group(rng, "second", 2)
+        await _publish(js, run_config, first + second)
+        end_seq = await _publish_end(js, run_config, 2)
+        a = TrajectorySource(names, ConsumptionState(), Ledger(), required_trajectories=2)
+        await a.start(js)
+        batch = await a.next_batch(1, 0, None, wait_s=5.0)
+        assert [h.traj.id for h in batch[0].kept] == [t.id for t in first]
+        assert a.data_ended  # the one fetch read the marker too
+        await a.commit(batch, 1, 0)
+        state = a.state.state_dict()
+        await a.close()
+        assert [end_seq, "end", ""] in state["above"] and state["cursor"] < end_seq - 2  # "second" held, not resolved
+        restored = ConsumptionState()
+        restored.load_state_dict(state)
+        b = TrajectorySource(names, restored, Ledger(parent=1), required_trajectories=2)
+        await b.start(js)
+        assert not b.data_ended  # the marker was read, but not what precedes it, in this incarnation
+        with pytest.raises(RuntimeError):
+            b.take_rest(0, None)
+        again = await b.next_batch(1, 0, None, wait_s=5.0)
+        assert [h.traj.id for h in again[0].kept] == [t.id for t in second] and not again[0].incomplete
+        await b.commit(again, 2, 0)
+        assert await b.next_batch(1, 0, None, wait_s=0.5) is None
+        assert b.data_ended and b.take_rest(0, None) == [] and b.state.cursor == end_seq
+        await b.close()
+    finally:
+        await nc.close()
+
+
+async def test_after_the_end_of_data_the_groups_too_few_for_a_step_are_handed_over(run_config):
+    nc, js = await _setup(run_config)
+    try:
+        names = NatsNames(run_config.run.id)
+        rng = random.Random(3)
+        whole, half = make_group(rng, "whole", 4), make_group(rng, "half", 4)[:2]
+        await _publish(js, run_config, whole + half)
+        src = TrajectorySource(names, ConsumptionState(), Ledger(), required_trajectories=12)
+        await src.start(js)
+        assert await src.next_batch(3, 0, None, wait_s=1.0) is None  # two groups can never make three
+        assert not src.data_ended
+        with pytest.raises(RuntimeError):
+            src.take_rest(0, None)
+        await _publish_end(js, run_config, 2)
+        assert await src.next_batch(3, 0, None, wait_s=2.0) is None
+        assert src.data_ended
+        rest = src.take_rest(0, None)
+        assert [[h.traj.id for h in g.kept] for g in rest] == [[t.id for t in whole], [t.id for t in half]]
+        assert [g.incomplete for g in rest] == [False, True]
+        await src.commit(rest, 1, 0)
+        assert src.state.cursor == src.state.max_delivered and not src.state.held
+        await src.close()
     finally:
         await nc.close()

@@ -15,9 +15,13 @@ nothing here is touched from another thread).
   ``Nats-Msg-Id: dlq-<seq>`` so a replay after a crash does not copy it twice), counted,
   logged; never an exception. A trajectory id already held → ``duplicate``. Otherwise held.
 - The rollout's end-of-data message (:mod:`asyncrl.wire.end_of_data`) → acked, resolved as
-  ``end``, remembered in the checkpointed counters (``data_ended``): from then on every group
-  still waiting for a member is released incomplete, and the daemon stops once no whole step
-  can be formed.
+  ``end``, remembered with its sequence in the checkpointed counters. The data has ended
+  (``data_ended``) once the marker was seen *and* every sequence before it was delivered in
+  this incarnation or resolved: a trainer restored from a checkpoint taken after the marker
+  but before the trajectories ahead of it were trained reads those again first. From then on
+  every group still waiting for a member is released incomplete; ``take_rest`` hands over the
+  groups left when they no longer make a whole step (the daemon trains them as a last, smaller
+  step, as verl's trainer trains the samples it holds at its rollouter's end signal).
 - ``next_batch(k, ...)`` waits up to ``wait_s`` for ``k`` groups (``groups.py``); stale and
   excluded (``exclusion.py``) trajectories travel with their group and are resolved with it
   at commit, so a checkpoint never separates them.
@@ -180,6 +184,7 @@ class TrajectorySource:
                     log.info("the rollout's end of data at stream sequence %d (%s samples started)", seq,
                              msg.headers.get(END_OF_DATA_HEADER))
                 self.state.counters["end_of_data"] = 1
+                self.state.counters["end_of_data_seq"] = self.state.counters.get("end_of_data_seq") or seq
                 self.ledger.note("end", seq)
                 continue
             try:
@@ -202,8 +207,12 @@ class TrajectorySource:
 
     @property
     def data_ended(self) -> bool:
-        """The rollout's end-of-data message was read (now or before a restart): nothing more comes."""
-        return bool(self.state.counters["end_of_data"])
+        """Nothing more comes: the rollout's end-of-data message was read (now or before a
+        restart) and every message ahead of it in the stream has been delivered since, or was
+        resolved before the checkpoint (the consumer delivers in stream order, so delivering
+        the marker again after a restart means everything before it was delivered)."""
+        c = self.state.counters
+        return bool(c["end_of_data"]) and self.state.max_delivered >= c.get("end_of_data_seq", 0)
 
     def _take(self, k: int, version: int, bound: StalenessBound | None) -> None:
         need = k - len(self._pending)
@@ -229,6 +238,15 @@ class TrajectorySource:
             if remaining <= 0:
                 return None
             await self._process(await self._fetch(min(remaining, FETCH_WAIT_S)))
+
+    def take_rest(self, version: int, bound: StalenessBound | None) -> list[PendingGroup]:
+        """After the end of data: every group still held (all released: no member can still
+        come), to train as a last step smaller than ``k``; [] when nothing is left."""
+        if not self.data_ended:
+            raise RuntimeError("take_rest before the end of the data: more groups may still come")
+        self._take(2**31, version, bound)
+        rest, self._pending = self._pending, []
+        return rest
 
     # -- commit ----------------------------------------------------------------------------
     def _resolve_group(self, group: PendingGroup) -> list:

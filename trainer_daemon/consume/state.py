@@ -7,7 +7,8 @@ them in increasing order, redeliveries aside):
 - *resolved*: the trainer is done with the message: ``trained`` in a committed step,
   ``dropped`` as too stale, ``duplicate`` (its trajectory id was already resolved), or
   ``poison`` (undecodable; terminated and dead-lettered), or ``end`` (the rollout's
-  end-of-data message, :mod:`asyncrl.wire.end_of_data`; counted in ``end_of_data``).
+  end-of-data message, :mod:`asyncrl.wire.end_of_data`; counted in ``end_of_data``, its
+  sequence in ``end_of_data_seq``).
 - *held*: delivered and not resolved yet (its group is incomplete, it waits for the next
   step, or the current step trains it).
 - ``cursor``: every message with ``seq <= cursor`` is resolved. After each change
@@ -42,7 +43,7 @@ _ID_KINDS = ("trained", "dropped")
 # steps of any realistic batch; the stream's publish dedup is the first line of defence.
 RECENT_IDS = 16_384
 COUNTERS = ("trained", "dropped", "duplicate", "poison", "incomplete_groups", "stale_samples", "stale_trajectories",
-            "excluded", "truncated_sampling_trained", "end_of_data")
+            "excluded", "truncated_sampling_trained", "end_of_data", "end_of_data_seq")
 # Besides these, ``excluded/<reason>`` counts excluded trajectories per reason (consume/exclusion.py).
 
 
