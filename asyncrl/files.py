@@ -10,11 +10,17 @@ The temporary file is ``.<name>.<pid>.tmp`` beside ``path``: a crash can leave o
 code that scans a directory ignores (or deletes) ``*.tmp``. Not covered: keeping older
 versions (callers that need them rotate themselves), directory renames, concurrent writers
 of one path within a process.
+
+``child_path(parent, name)`` is the one way an identifier (a trajectory or group id, which a
+client may have chosen) becomes a path: a plain single component or an error;
+``hashed_name(id)`` names anything else (the outbox's held groups).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,3 +52,33 @@ def atomic_write(path: str | Path, data: bytes | str) -> None:
     """Replace ``path`` with ``data`` (str: UTF-8) atomically and durably (module docstring)."""
     with atomic_file(path) as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+
+# An identifier used as one file-name component as it is: letters, digits, ``_ : -`` and dots,
+# not starting with a dot (so never ``.``, ``..`` or a hidden file), no separator, <= 200 chars.
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,199}$")
+
+
+def is_plain_name(identifier: str) -> bool:
+    """Whether ``identifier`` can be a file name as it is (see :func:`hashed_name` otherwise)."""
+    return bool(_PLAIN_NAME.match(identifier))
+
+
+def hashed_name(identifier: str, prefix: str = "h-") -> str:
+    """A file-name component for any identifier (``prefix`` + 32 hex digits of its SHA-256):
+    whatever a client put in the id, the name is plain and the same id always maps to it."""
+    return prefix + hashlib.sha256(identifier.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def child_path(parent: str | Path, name: str) -> Path:
+    """``parent / name`` for a single plain component ``name`` (:func:`is_plain_name`); raises
+    ``ValueError`` for anything else, and if the result would not lie directly in ``parent``
+    (a symlinked ``parent`` is resolved first). Every place an identifier becomes a path goes
+    through this: an id can never name a file outside its directory."""
+    if not is_plain_name(name):
+        raise ValueError(f"{name!r} is not a plain file name")
+    base = Path(parent).resolve()
+    path = base / name
+    if path.parent != base:
+        raise ValueError(f"{name!r} leaves {base}")
+    return path

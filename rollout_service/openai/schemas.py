@@ -224,7 +224,9 @@ class CompletionRequest(_Strict):
 
 class SessionCreate(_ValidUnicode):
     model_config = ConfigDict(extra="forbid")
-    group_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    group_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_:-][A-Za-z0-9_.:-]{0,127}$")
+    """Letters, digits, ``_ . : -``, not starting with a dot (never ``.`` or ``..``): ids reach
+    the file system (the outbox names a held group by a hash of it, never by the id itself)."""
     group_size: int = Field(1, ge=1, le=1024)
     group_index: int = Field(0, ge=0)
     prompt_id: str | None = Field(None, max_length=256)

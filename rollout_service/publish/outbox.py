@@ -8,8 +8,10 @@ republish after a crash into a no-op.
 Layout under the outbox directory::
 
     ready/<seq>-<trajectory id>.traj   to publish, oldest first
-    held/<group id>/<trajectory id>.traj  finished trajectories of a group still running
-                                          (``publish_unit = "group"``)
+    held/g-<hash of group id>/<trajectory id>.traj
+                                       finished trajectories of a group still running
+                                       (``publish_unit = "group"``); the directory's
+                                       ``group-id`` file holds the group id itself
     rejected/<trajectory id>.traj      refused by the server for good (e.g. too large);
                                        kept and counted, never silently dropped
     acked/<stream seq>-<trajectory id>.traj
@@ -17,6 +19,12 @@ Layout under the outbox directory::
                                        (``rollout.outbox_keep_acked_s``) in case the server
                                        loses them (a host crash before its fsync, RELIABILITY
                                        F3): :meth:`requeue_acked` puts them back in ``ready``
+
+Identifiers never name a path on their own (issue 30: a session's ``group_id`` of ``..`` made
+``/finish`` delete the outbox): a held group's directory is named by a hash of its id, and
+every file name built from a trajectory id goes through :func:`asyncrl.files.child_path`
+(a plain single component inside its directory, else ``ValueError`` before anything is
+written). Held directories of earlier versions, named by the raw id, are renamed at start.
 
 The outbox is bounded by ``max_items`` (ready + held). ``has_room`` turning False is the
 runner's signal to stop admitting new work (backpressure). Single-process, single event
@@ -40,10 +48,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.files import atomic_write
+from asyncrl.files import atomic_write, child_path, hashed_name, is_plain_name
 from asyncrl.wire import Trajectory, decode_trajectory, encode_trajectory
 
 _READY_NAME = re.compile(r"^(\d{12})-(.+)\.traj$")
+GROUP_ID_FILE = "group-id"  # in a held group's directory: the group id it holds
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class Outbox:
             d.mkdir(parents=True, exist_ok=True)
         for leftover in self.root.rglob("*.tmp"):
             leftover.unlink()
+        self._rename_legacy_held()
         self._next_seq = 1 + max((int(m.group(1)) for p in self.ready_dir.iterdir() if (m := _READY_NAME.match(p.name))), default=0)
         self._count = len(self.ready_entries()) + sum(len(ids) for ids in self.held_ids().values())
 
@@ -80,7 +90,34 @@ class Outbox:
 
     def held_ids(self) -> dict[str, set[str]]:
         """group id → ids of its finished trajectories waiting for the rest of the group."""
-        return {g.name: {p.stem for p in g.glob("*.traj")} for g in self.held_dir.iterdir() if g.is_dir()}
+        out = {}
+        for g in self.held_dir.iterdir():
+            if g.is_dir() and (g / GROUP_ID_FILE).is_file():
+                out[(g / GROUP_ID_FILE).read_text()] = {p.stem for p in g.glob("*.traj")}
+        return out
+
+    def _group_dir(self, group_id: str) -> Path:
+        return child_path(self.held_dir, hashed_name(group_id, "g-"))
+
+    def _held_path(self, traj: Trajectory) -> Path:
+        _check_id(traj.id)
+        return child_path(self._group_dir(traj.group_id), f"{traj.id}.traj")
+
+    def _rename_legacy_held(self) -> None:
+        """Held directories of earlier versions were named by the group id: rename them to the
+        hashed name (their trajectories say which group they hold)."""
+        for g in list(self.held_dir.iterdir()):
+            if not g.is_dir() or (g / GROUP_ID_FILE).is_file():
+                continue
+            trajs = sorted(g.glob("*.traj"))
+            if not trajs:
+                shutil.rmtree(g)
+                continue
+            group_id = decode_trajectory(trajs[0].read_bytes()).group_id
+            atomic_write(g / GROUP_ID_FILE, group_id)
+            target = self._group_dir(group_id)
+            if target != g:
+                os.replace(g, target)
 
     def __len__(self) -> int:
         """Ready + held trajectories (kept in memory; the directory is only scanned at start)."""
@@ -108,7 +145,8 @@ class Outbox:
         return path
 
     def _ready_path(self, trajectory_id: str) -> Path:
-        path = self.ready_dir / f"{self._next_seq:012d}-{trajectory_id}.traj"
+        _check_id(trajectory_id)
+        path = child_path(self.ready_dir, f"{self._next_seq:012d}-{trajectory_id}.traj")
         self._next_seq += 1
         return path
 
@@ -126,21 +164,24 @@ class Outbox:
 
     async def hold_async(self, traj: Trajectory) -> Path:
         """:meth:`hold` with the file work in a worker thread."""
-        path = self.held_dir / traj.group_id / f"{traj.id}.traj"
-        if await asyncio.to_thread(self._write_held, path, encode_trajectory(traj)):
+        path = self._held_path(traj)
+        if await asyncio.to_thread(self._write_held, path, encode_trajectory(traj), traj.group_id):
             self._count += 1
         return path
 
     @staticmethod
-    def _write_held(path: Path, data: bytes) -> bool:
-        path.parent.mkdir(exist_ok=True)
+    def _write_held(path: Path, data: bytes, group_id: str) -> bool:
+        if not path.parent.is_dir():
+            path.parent.mkdir()
+        if not (path.parent / GROUP_ID_FILE).is_file():
+            atomic_write(path.parent / GROUP_ID_FILE, group_id)
         new = not path.exists()
         atomic_write(path, data)
         return new
 
     async def release_group_async(self, group_id: str) -> int:
         """:meth:`release_group` with the file work in worker threads."""
-        group = self.held_dir / group_id
+        group = self._group_dir(group_id)
         trajs = await asyncio.to_thread(self._read_group, group)
         if trajs is None:
             return 0
@@ -162,14 +203,14 @@ class Outbox:
 
     def hold(self, traj: Trajectory) -> Path:
         """Durably keep a finished trajectory until its group completes."""
-        path = self.held_dir / traj.group_id / f"{traj.id}.traj"
-        if self._write_held(path, encode_trajectory(traj)):
+        path = self._held_path(traj)
+        if self._write_held(path, encode_trajectory(traj), traj.group_id):
             self._count += 1
         return path
 
     def release_group(self, group_id: str) -> int:
         """Move a completed group's held trajectories to ready (in group-index order)."""
-        group = self.held_dir / group_id
+        group = self._group_dir(group_id)
         trajs = self._read_group(group)
         if trajs is None:
             return 0
@@ -201,7 +242,7 @@ class Outbox:
     def _ack_file(self, entry: OutboxEntry, seq: int | None) -> bool:
         try:
             if self.keep_acked_s > 0 and seq is not None:
-                os.replace(entry.path, self.acked_dir / f"{seq:012d}-{entry.trajectory_id}.traj")
+                os.replace(entry.path, child_path(self.acked_dir, f"{seq:012d}-{entry.trajectory_id}.traj"))
             else:
                 entry.path.unlink()
         except FileNotFoundError:
@@ -229,15 +270,14 @@ class Outbox:
             m = _READY_NAME.match(p.name)
             if not m:
                 continue
-            os.replace(p, self.ready_dir / f"{self._next_seq:012d}-{m.group(2)}.traj")
-            self._next_seq += 1
+            os.replace(p, self._ready_path(m.group(2)))
             self._count += 1
             moved += 1
         return moved
 
     def reject(self, entry: OutboxEntry, reason: str) -> Path:
         """The server refused it for good: keep it aside with the reason, out of the queue."""
-        target = self.rejected_dir / f"{entry.trajectory_id}.traj"
+        target = child_path(self.rejected_dir, f"{entry.trajectory_id}.traj")
         os.replace(entry.path, target)
         self._count -= 1
         target.with_suffix(".reason").write_text(reason + "\n")
@@ -245,3 +285,10 @@ class Outbox:
 
     def rejected_count(self) -> int:
         return len(list(self.rejected_dir.glob("*.traj")))
+
+
+def _check_id(trajectory_id: str) -> None:
+    """A trajectory id is part of every file name here: it must be a plain name on its own
+    (:func:`asyncrl.files.is_plain_name`; the service's ids always are)."""
+    if not is_plain_name(trajectory_id):
+        raise ValueError(f"trajectory id {trajectory_id!r} is not a plain file name: refused by the outbox")

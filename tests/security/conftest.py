@@ -1,0 +1,4 @@
+"""Adversarial tests (issue 30): what an outsider can send must not reach what it should not.
+The rollout fixtures (a warm tiny model, a local engine) are shared with tests/rollout."""
+
+from tests.rollout.conftest import warm_engine, warm_model  # noqa: F401 - fixtures
