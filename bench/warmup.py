@@ -19,7 +19,10 @@ the demo used before issue 14 with the loss of then (550 steps of 32, every row 
 whole, every position projected onto the vocabulary); ``demo`` is
 :data:`trainer_daemon.warmup.DEMO` with today's loss (the rows' shared prefix run once, only
 learned positions projected: the same loss and gradients, tests/trainer/test_sft_loss.py). Extra recipes are named
-``steps:batch:lr`` (e.g. ``400:16:0.001``).
+``steps:batch:lr`` (e.g. ``400:16:0.001``). ``shipped`` is not trained: it evaluates the build the
+package ships (``asyncrl/models/assets/tiny-arith``, built with portable numerics), as a first run
+takes it. The recipes trained here run in this process with whatever kernels the CPU picks, so
+their figures are those of this machine's build, not bit for bit the shipped one's.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def recipes(names: list[str]):
 
     out = {}
     for name in names:
-        if name == "demo":
+        if name in ("demo", "shipped"):
             out[name] = DEMO
         elif name == "baseline":
             out[name] = dataclasses.replace(DEMO, steps=550, batch_size=32, lr=1e-3)
@@ -83,6 +86,20 @@ def train(recipe, old_loss: bool = False):
     finally:
         sft_module.masked_lm_loss = current
     return model, chat, seconds, sum(losses[-20:]) / 20
+
+
+def shipped():
+    """The package's build of DEMO, as :func:`train` returns a model (no SFT: time and loss NaN)."""
+    from asyncrl.models import load_model, load_tokenizer
+    from trainer_daemon.warmup import DEMO, examples_of
+    from trainer_daemon.warmup import shipped as shipped_build
+
+    path = shipped_build(DEMO)
+    if path is None:
+        raise SystemExit("the package's tiny-arith was built by other code: run python -m trainer_daemon.warmup --ship")
+    tok, model = load_tokenizer(str(path)), load_model(str(path))
+    chat, _examples = examples_of(DEMO, tok)
+    return model.eval(), chat, float("nan"), float("nan")
 
 
 def generate(model, chat, ids: list[int], sample: bool) -> list[int]:
@@ -140,7 +157,7 @@ def main() -> int:
     print(f"{'':>36}{'greedy':^26}{'sampled at T = 1':^26}")
     print(f"{'recipe':>18} {'steps':>5} {'batch':>5} {'sft s':>7} {'loss':>6}" + f" {'call':>5} {'calc':>5} {'box':>5} {'reward':>6}" * 2)
     for name, recipe in recipes(ns.recipes.split(",")).items():
-        model, chat, seconds, loss = train(recipe, old_loss=name == "baseline")
+        model, chat, seconds, loss = shipped() if name == "shipped" else train(recipe, old_loss=name == "baseline")
         cols = ""
         for sample in (False, True):
             q = evaluate(model, chat, ns.eval, sample)

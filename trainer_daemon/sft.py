@@ -3,7 +3,10 @@ model into a policy that already speaks the task's format (tool calls, boxed ans
 
 Input: examples of ``(token_ids, loss_mask)`` (mask 1 on the tokens to learn — the model's
 turns — and 0 on prompt and tool/environment tokens). Single process, CPU or GPU, AdamW,
-padded batches, loss averaged over masked tokens. Output: a Hugging Face directory
+padded batches, loss averaged over masked tokens. The AdamW is torch's fused one: besides being
+faster, its square root is an exact IEEE instruction on every CPU, where ``torch.sqrt`` on CPU
+goes through MKL's VML and rounds differently on Intel and AMD
+(:mod:`trainer_daemon.portable_numerics`). Output: a Hugging Face directory
 (safetensors + tokenizer) that every component can load as ``model.path``.
 
 Not covered: distributed SFT, packing, long sequences (this is a warm-up for small models).
@@ -91,7 +94,8 @@ def sft(model, examples: Sequence[tuple[list[int], list[int]]], cfg: SftConfig, 
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
     losses = []
     t0 = time.monotonic()

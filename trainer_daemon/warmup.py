@@ -30,6 +30,11 @@ once (:func:`asyncrl.models.cache.build_once`). The examples come from the rollo
 demo data (:mod:`rollout_service.data.demo_sft`: its chat template and tool-call format),
 imported when a build runs — the one place the trainer package reads them.
 
+Every build trains with portable numerics (:mod:`trainer_daemon.portable_numerics`): in a
+child process whose environment pins the CPU kernels, so that the same recipe gives the same
+bits on every x86-64 machine (the shipped build is checked against a rebuild on whatever CPU
+the suite runs on), at about half the speed of the free kernels.
+
 Not covered: other tasks or base models than the builtin ones (a recipe names them, the
 example builder knows only the demo task).
 """
@@ -82,10 +87,11 @@ def recipe_key(recipe: WarmupRecipe) -> str:
     import rollout_service.data.demo_task as demo_task
     import tools.calculator as calculator
     import tools.estimate as estimate
+    import trainer_daemon.portable_numerics as numerics
     import trainer_daemon.sft as sft
 
     h = hashlib.sha256()
-    for mod in (builtin, chat, demo_sft, demo_task, calculator, estimate, sft):
+    for mod in (builtin, chat, demo_sft, demo_task, calculator, estimate, numerics, sft):
         h.update(Path(mod.__file__).read_bytes())
     for asset in (builtin._TOKENIZER_JSON, builtin._CHAT_TEMPLATE):
         h.update(Path(asset).read_bytes())
@@ -145,13 +151,41 @@ def sft_config(recipe: WarmupRecipe):
 
 
 def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], show_steps: bool = False) -> None:
+    """Train ``recipe`` into ``out`` with portable numerics: in this process when it was
+    started with them, else in a child process started with them (torch reads them at import:
+    :mod:`trainer_daemon.portable_numerics`). The child's progress lines reach ``progress``."""
+    import subprocess
+
+    from trainer_daemon.portable_numerics import is_portable, portable_environ
+
+    if is_portable():
+        _train(recipe, out, progress, show_steps)
+        return
+    argv = [sys.executable, "-m", "trainer_daemon.warmup", "--build-into", str(out),
+            "--recipe", json.dumps(dataclasses.asdict(recipe)), *(["--show-steps"] if show_steps else [])]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=portable_environ()) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            progress(line.rstrip("\n"))
+    if child.returncode != 0:
+        raise RuntimeError(f"building {recipe.name} failed in its child process (exit {child.returncode}); "
+                           "its error is on stderr above")
+
+
+def _train(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], show_steps: bool = False,
+           require_portable: bool = True) -> None:
+    """Train ``recipe`` into ``out`` in this process (``require_portable``: refuse unless its
+    torch took the portable pins; bench/portable_numerics.py turns that off to show the difference)."""
     import torch
 
     from asyncrl.models import load_model, load_tokenizer
     from asyncrl.task_progress import TaskProgress
+    from trainer_daemon.portable_numerics import check_torch_is_portable
     from trainer_daemon.sft import save_hf, sft
 
-    progress(f"warming up {recipe.base} on the demo task ({recipe.steps} SFT steps, cached afterwards) ...")
+    if require_portable:
+        check_torch_is_portable()
+    progress(f"warming up {recipe.base} on the demo task ({recipe.steps} SFT steps, portable numerics, cached afterwards) ...")
     torch.manual_seed(0)
     tok = load_tokenizer(recipe.base)
     model = load_model(recipe.base)
@@ -208,7 +242,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"build it from scratch and write it into the package ({shipped_dir()}), for a release")
     parser.add_argument("--rebuild", action="store_true",
                         help="build it from scratch into the cache even when the package ships it (to check the shipped build)")
+    parser.add_argument("--build-into", type=Path, help=argparse.SUPPRESS)  # the child of _build
+    parser.add_argument("--recipe", help=argparse.SUPPRESS)
+    parser.add_argument("--show-steps", action="store_true", help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
+    if ns.build_into:
+        fields = json.loads(ns.recipe)
+        recipe = WarmupRecipe(**{**fields, "tools": tuple(fields["tools"])})
+        _train(recipe, ns.build_into, lambda message: print(message, flush=True), ns.show_steps)
+        return 0
 
     def progress(message: str) -> None:
         if not ns.quiet:

@@ -5,8 +5,10 @@ by ``python -m trainer_daemon.warmup --ship``): it must be what the current code
   determines the weights changes without the policy being shipped again).
 - Built again from scratch (``python -m trainer_daemon.warmup --rebuild``, started in the
   background when the suite collects this test: tests/helpers/shipped_rebuild.py), the policy
-  is the shipped one tensor for tensor (the warm-up is deterministic on a given CPU build of
-  torch; ~2 CPU-minutes).
+  is the shipped one tensor for tensor, on whatever x86-64 CPU the suite runs: the build pins
+  the CPU kernels (:mod:`trainer_daemon.portable_numerics`; bench/portable_numerics.py shows
+  the same bits natively and on emulated CPUs of other vendors and instruction sets). ~3
+  CPU-minutes.
 """
 
 from __future__ import annotations
