@@ -42,6 +42,7 @@ from asyncrl.models.cuda_attention import avoid_cudnn_attention
 from asyncrl.wire import decode_trajectory
 from trainer_daemon.algo import StalenessBound
 from trainer_daemon.checkpoint import CheckpointManager
+from trainer_daemon.consume.admission import admission_check
 from trainer_daemon.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
 from trainer_daemon.export import export_hf
 from trainer_daemon.model import (
@@ -51,6 +52,7 @@ from trainer_daemon.model import (
     build_scheduler,
     engine_weights,
     full_state_dict,
+    policy_vocab_size,
 )
 from trainer_daemon.step import StepSettings, TrainStep
 
@@ -120,6 +122,7 @@ class TrainerDaemon:
             from trainer_daemon.rank0 import Rank0Services
 
             self.r0 = Rank0Services(cfg, state)
+            self.r0.source.admit = admission_check(cfg.run.id, policy_vocab_size(self.model), cfg.model.max_model_len)
             self.r0.start()
             republish = b"1" if int(state.get("weight_version", 0)) > 0 or self.r0.jumped else b"0"
         if self.has_sync and self.ctx.broadcast_bytes(republish) == b"1":

@@ -97,6 +97,12 @@ def build_reference(spec: str, seed: int, device: torch.device, world_size: int,
     return shard_model(model, device, world_size, mixed_precision)
 
 
+def policy_vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the policy's input embedding: every token id it trains must be below it (an
+    FSDP2-sharded embedding keeps the full count in ``num_embeddings``)."""
+    return int(model.get_input_embeddings().num_embeddings)
+
+
 def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters with ``actor.optim``'s settings."""
     params = [p for p in model.parameters() if p.requires_grad]

@@ -3,6 +3,7 @@
 from asyncrl.wire.end_of_data import END_OF_DATA_HEADER, end_of_data_message, is_end_of_data
 from asyncrl.wire.names import NatsNames
 from asyncrl.wire.trajectory import (
+    REWARD_BOUND,
     SCHEMA_TAG,
     SamplingSpan,
     Trajectory,
@@ -11,4 +12,4 @@ from asyncrl.wire.trajectory import (
     encode_trajectory,
 )
 
-__all__ = ["END_OF_DATA_HEADER", "SCHEMA_TAG", "NatsNames", "end_of_data_message", "is_end_of_data", "SamplingSpan", "Trajectory", "WireDecodeError", "decode_trajectory", "encode_trajectory"]
+__all__ = ["END_OF_DATA_HEADER", "REWARD_BOUND", "SCHEMA_TAG", "NatsNames", "end_of_data_message", "is_end_of_data", "SamplingSpan", "Trajectory", "WireDecodeError", "decode_trajectory", "encode_trajectory"]

@@ -31,7 +31,10 @@ episode, whatever its reward.
 Invariants checked on construction and decode: the arrays have equal lengths, masks are 0/1,
 versions are -1 exactly where the mask is 0, model-token logprobs are finite and <= 0,
 ``0 <= group_index < group_size``, ``version_start <= version_end``, sampling spans start at
-0, increase strictly, stay within the response and hold valid parameters.
+0, increase strictly, stay within the response and hold valid parameters, ``reward`` is finite
+and within ``±REWARD_BOUND`` (a NaN or infinite reward turns a whole GRPO group's advantages
+into NaN and skips the step's update: issue 30), ``id`` is a plain file name
+(:func:`asyncrl.files.is_plain_name`: it names the trajectory's file in the outbox).
 
 Not covered: multimodal inputs, per-token top-k logprobs.
 """
@@ -45,11 +48,15 @@ from typing import Any, Literal
 
 import msgspec
 
+from asyncrl.files import is_plain_name
+
 SCHEMA_TAG = "asyncrl.trajectory/1"
 SCHEMA_PREFIX = "asyncrl.trajectory/"
 
 FinishReason = Literal["stop", "length", "abort", "tool_limit", "turn_limit", "error", "expired"]
 Failure = Literal["", "engine_error", "reward_error", "environment_expired", "agent_crash"]
+REWARD_BOUND = 1e6
+"""Largest reward magnitude a trajectory may carry (a sum of 1,024 of them stays finite)."""
 GREEDY_TEMPERATURE = 1e-6
 """Below this a temperature means greedy (SGLang's rule); its logprobs are at T = 1."""
 
@@ -196,8 +203,10 @@ def _invariant_errors(t: Trajectory) -> list[str]:
         errors.append(f"group_index {t.group_index} must be in [0, group_size={t.group_size})")
     if t.version_start > t.version_end:
         errors.append(f"version_start {t.version_start} > version_end {t.version_end}")
-    if not t.id:
-        errors.append("id must be non-empty")
+    if not is_plain_name(t.id):
+        errors.append(f"id {t.id[:80]!r} must be a plain name (letters, digits, _ . : -, not starting with a dot)")
+    if not (math.isfinite(t.reward) and abs(t.reward) <= REWARD_BOUND):
+        errors.append(f"reward {t.reward!r} must be finite and within ±{REWARD_BOUND:g}")
     errors.extend(_sampling_errors(t.sampling, n))
     return errors
 

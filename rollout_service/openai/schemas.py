@@ -8,11 +8,12 @@ on one sample believing it got four). Harmless bookkeeping fields (``user``, ``m
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from asyncrl.wire.trajectory import Failure
+from asyncrl.wire.trajectory import REWARD_BOUND, Failure
 
 UNSUPPORTED_CHAT = {
     "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "response_format": None,
@@ -241,18 +242,24 @@ class SessionCreate(_ValidUnicode):
         return self
 
 
-class RewardRequest(BaseModel):
+class RewardRequest(_ValidUnicode):
+    """A session's reward: ``reward``, or ``components`` summed. Every value and the sum must be
+    finite and within ``±asyncrl.wire.REWARD_BOUND`` (a sum of finite components can overflow to
+    inf, which made a GRPO group's advantages NaN: issue 30)."""
+
     model_config = ConfigDict(extra="forbid")
-    reward: float | None = Field(None, allow_inf_nan=False)
-    components: dict[str, float] | None = None
+    reward: float | None = Field(None, allow_inf_nan=False, ge=-REWARD_BOUND, le=REWARD_BOUND)
+    components: dict[str, float] | None = Field(None, max_length=64)
 
     @model_validator(mode="after")
     def _something(self):
         if self.reward is None and not self.components:
             raise ValueError("give reward or components")
         for k, v in (self.components or {}).items():
-            if v != v or v in (float("inf"), float("-inf")):
-                raise ValueError(f"component {k!r} is not finite")
+            if not math.isfinite(v) or abs(v) > REWARD_BOUND:
+                raise ValueError(f"component {k!r} must be finite and within ±{REWARD_BOUND:g}")
+        if not math.isfinite(self.total) or abs(self.total) > REWARD_BOUND:
+            raise ValueError(f"the components sum to {self.total!r}, beyond ±{REWARD_BOUND:g}")
         return self
 
     @property

@@ -7,10 +7,11 @@ score).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
-from asyncrl.wire import Trajectory
+from asyncrl.wire import REWARD_BOUND, Trajectory
 from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.state import AgentState
 
@@ -33,20 +34,26 @@ def model_text(state: AgentState, chat: ChatTokenizer) -> str:
 
 
 def to_trajectory(state: AgentState, run_version: int) -> Trajectory:
-    """The wire form of a DONE agent."""
+    """The wire form of a DONE agent. A reward that is not finite or beyond
+    ``asyncrl.wire.REWARD_BOUND`` (a reward function's fault, never the model's) is published
+    as 0 with ``failure = "reward_error"``: the trainer excludes it and counts it."""
     start = state.version_start if state.version_start is not None else run_version
     end = state.version_end if state.version_end is not None else start
     details: dict[str, Any] = dict(list(state.reward_details.items())[:REWARD_DETAIL_KEYS_LIMIT])
+    reward, failure = float(state.reward), state.failure or ""
+    if not (math.isfinite(reward) and abs(reward) <= REWARD_BOUND):  # never trained: a reward function's fault
+        details["reward_error"] = f"reward {reward!r} is not finite or beyond ±{REWARD_BOUND:g}"
+        reward, failure = 0.0, failure or "reward_error"
     return Trajectory(
         id=state.id, run_id=state.run_id, group_id=state.group_id, group_size=state.group_size,
         group_index=state.group_index, prompt_id=state.prompt_id, data_source=state.data_source,
         token_ids=state.token_ids, prompt_length=max(1, state.prompt_length), loss_mask=state.loss_mask,
-        rollout_logprobs=state.logprobs, weight_versions=state.versions, reward=float(state.reward),
+        rollout_logprobs=state.logprobs, weight_versions=state.versions, reward=reward,
         reward_details=details, finish_reason=state.finish_reason or "error",  # type: ignore[arg-type]
         num_turns=state.assistant_turns, num_tool_calls=state.num_tool_calls, version_start=start,
         version_end=max(start, end), timings=dict(state.timings),
         temperature=state.sampling[0].logprob_temperature if state.sampling else state.temperature,
-        sampling=list(state.sampling), failure=state.failure or "",  # type: ignore[arg-type]
+        sampling=list(state.sampling), failure=failure,  # type: ignore[arg-type]
         created_at=time.time(), attempt=state.attempt, messages=state.messages,
         metadata={"decoded_tokens": state.decoded_tokens, "resumed_after_abort": state.resumed_after_abort,
                   "invalid_tool_calls": state.invalid_tool_calls, "user_turns": state.user_turns},

@@ -2,3 +2,4 @@
 The rollout fixtures (a warm tiny model, a local engine) are shared with tests/rollout."""
 
 from tests.rollout.conftest import warm_engine, warm_model  # noqa: F401 - fixtures
+from tests.trainer.conftest import module_nats  # noqa: F401 - fixture

@@ -17,6 +17,8 @@ import random
 import sys
 from pathlib import Path
 
+import msgspec
+
 from asyncrl.jetstream import connect, ensure_stream
 from asyncrl.launch import ChildProcess
 from asyncrl.wire import NatsNames, Trajectory, encode_trajectory
@@ -29,14 +31,14 @@ TRAINER_EXIT_S = 240.0  # torch + transformers import on 2 busy cores, plus the 
 NOT_YET = (OSError, ValueError, http.client.HTTPException)  # for waits: a file or endpoint the trainer is still writing or opening
 
 
-def make_group(rng: random.Random, gid: str, n: int, version: int = 0, logprob: float = -7.0) -> list[Trajectory]:
+def make_group(rng: random.Random, gid: str, n: int, version: int = 0, logprob: float = -7.0, run_id: str = "test") -> list[Trajectory]:
     prompt = [rng.randrange(300, 1500) for _ in range(PROMPT_LEN)]
     out = []
     for i in range(n):
         good = i % 2 == 0
         resp = GOOD if good else BAD
         out.append(Trajectory(
-            id=f"{gid}-{i}", run_id="test", group_id=gid, group_size=n, group_index=i, prompt_id=gid,
+            id=f"{gid}-{i}", run_id=run_id, group_id=gid, group_size=n, group_index=i, prompt_id=gid,
             data_source="synthetic", token_ids=prompt + resp, prompt_length=len(prompt),
             loss_mask=[1] * len(resp), rollout_logprobs=[logprob] * len(resp), weight_versions=[version] * len(resp),
             reward=1.0 if good else 0.0, version_start=version, version_end=version, temperature=1.0,
@@ -60,8 +62,10 @@ async def _publish(url: str, cfg, items: list[tuple[bytes, str]]) -> list[int]:
 
 
 def publish(cfg, trajs: list[Trajectory]) -> list[int]:
-    """Publish trajectories (``Nats-Msg-Id`` = id); returns their stream sequences."""
-    return asyncio.run(_publish(cfg.nats.url, cfg, [(encode_trajectory(t), t.id) for t in trajs]))
+    """Publish trajectories (``Nats-Msg-Id`` = id) as ``cfg``'s run's (the trainer admits only
+    its own run's: trainer_daemon/consume/admission.py); returns their stream sequences."""
+    own = [msgspec.structs.replace(t, run_id=cfg.run.id) for t in trajs]
+    return asyncio.run(_publish(cfg.nats.url, cfg, [(encode_trajectory(t), t.id) for t in own]))
 
 
 def publish_raw(cfg, payloads: list[tuple[bytes, str]]) -> list[int]:

@@ -118,7 +118,7 @@ def test_sigkill_at_random_points_trains_every_trajectory_exactly_once(module_na
                    "trainer.checkpoint.async_save=true", "trainer.checkpoint.keep_last=2", "trainer.checkpoint.export_hf=false")
     cfg = load_config(overrides=ov, environ={})
     rng = random.Random(KILL_SEED)
-    trajs = [t for g in range(steps * GROUPS_PER_STEP) for t in make_group(rng, f"k{g}", N)]
+    trajs = [t for g in range(steps * GROUPS_PER_STEP) for t in make_group(rng, f"k{g}", N, run_id=cfg.run.id)]
     half = len(trajs) // 2
     publish(cfg, trajs[:half])
     poison_seqs = publish_raw(cfg, [(b"\x00garbage", "poison-a")])

@@ -10,7 +10,9 @@ nothing here is touched from another thread).
   default ``ACK_WAIT_S``).
   Acks are flow control only: correctness comes from the checkpointed cursor (``state.py``).
 - Each delivered message: already resolved (``seq`` or id) → ack, skip. Undecodable
-  (``WireDecodeError``: garbage, unknown schema version, broken invariants) → ``term()``,
+  (``WireDecodeError``: garbage, unknown schema version, broken invariants) or not admissible
+  for this run's policy (``admission.py``: another run, a token outside the vocabulary, too
+  long) → ``term()``,
   copied to the run's dead-letter subject (headers ``Asyncrl-Reason``, ``Asyncrl-Stream-Seq``,
   ``Nats-Msg-Id: dlq-<seq>`` so a replay after a crash does not copy it twice), counted,
   logged; never an exception. A trajectory id already held → ``duplicate``. Otherwise held.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -47,6 +50,7 @@ from nats.js.errors import NotFoundError
 from asyncrl.wire import (
     END_OF_DATA_HEADER,
     NatsNames,
+    Trajectory,
     WireDecodeError,
     decode_trajectory,
     is_end_of_data,
@@ -102,6 +106,9 @@ class TrajectorySource:
         """Maps a weight version to training steps (``trainer_daemon.lineage.Lineage.effective``)."""
         self.exclude = excluder("train")
         """Names why a trajectory must not be trained (``exclusion.py``); set from the run's config."""
+        self.admit: Callable[[Trajectory], str] = lambda traj: ""
+        """Names why a decoded trajectory cannot be trained by this run's policy at all
+        (``admission.py``: run id, vocabulary, length): it is dead-lettered as poison."""
         self.redelivered_skipped = 0
         """Redeliveries of messages already resolved (acked again, skipped)."""
         self.redelivered_held = 0
@@ -191,6 +198,10 @@ class TrajectorySource:
                 traj = decode_trajectory(msg.data)
             except WireDecodeError as exc:
                 await self._poison(msg, seq, str(exc))
+                continue
+            refused = self.admit(traj)
+            if refused:
+                await self._poison(msg, seq, f"trajectory {traj.id}: {refused}")
                 continue
             if self.state.knows_id(traj.id) or traj.id in self._held_ids:
                 log.warning("duplicate trajectory id %s at sequence %d: skipped", traj.id, seq)
