@@ -2,7 +2,7 @@
 
 Runs the rollout service under uvicorn (default 127.0.0.1:8000 from ``rollout.host`` /
 ``rollout.port``). Refuses to start with an empty or weak admin token unless
-``--insecure-dev``.
+``--insecure-dev``; off loopback, refuses ``--insecure-dev`` and a missing data-plane token.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rollout_service.api.auth import InsecureConfig, check_tokens
 
     sec = cfg.security
+    host = ns.host or cfg.rollout.host
     try:
-        check_tokens(secret(sec.admin_token), secret(sec.api_token), sec.insecure_dev)
+        check_tokens(secret(sec.admin_token), secret(sec.api_token), sec.insecure_dev, host)
     except InsecureConfig as exc:
         print(f"refusing to start: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json)
-    return asyncio.run(_serve(cfg, ns.host or cfg.rollout.host, ns.port if ns.port is not None else cfg.rollout.port))
+    return asyncio.run(_serve(cfg, host, ns.port if ns.port is not None else cfg.rollout.port))
 
 
 def loopback_for(host: str) -> str:

@@ -1,6 +1,7 @@
 """Bearer-token checks. The admin token and the data-plane token are different secrets;
 comparisons are constant-time. A service refuses to start with an empty or well-known
-admin token unless ``security.insecure_dev`` (``--insecure-dev``) is set.
+admin token unless ``security.insecure_dev`` (``--insecure-dev``) is set, and off loopback it
+refuses ``--insecure-dev`` and an open data plane (no ``security.api_token``).
 
 Per-session tokens (OpenAI sessions, parked external tool calls) are random, handed out
 once and stored only as their SHA-256 (:func:`new_token`, :func:`hash_token`,
@@ -15,6 +16,7 @@ import secrets
 
 from fastapi import Request
 
+from asyncrl.http.binding import bind_refusal
 from asyncrl.http.errors import ApiError
 
 WEAK_TOKENS = {"", "changeme", "change-me", "admin", "token", "secret", "password", "default", "test"}
@@ -24,10 +26,20 @@ class InsecureConfig(ValueError):
     """Refusing to start: the admin token is missing or weak."""
 
 
-def check_tokens(admin_token: str | None, api_token: str | None, insecure_dev: bool) -> None:
+def _strong(token: str | None) -> bool:
+    return token is not None and token.strip().lower() not in WEAK_TOKENS and len(token) >= 12
+
+
+def check_tokens(admin_token: str | None, api_token: str | None, insecure_dev: bool, host: str = "127.0.0.1") -> None:
+    """Raise :class:`InsecureConfig` when the service must not start: a weak admin token
+    (unless ``insecure_dev``), ``insecure_dev`` off loopback, or an open data plane (no
+    ``api_token``) off loopback (:func:`asyncrl.http.binding.bind_refusal`)."""
+    refusal = bind_refusal(host, insecure_dev, _strong(api_token), "security.api_token (ASYNCRL_SECURITY__API_TOKEN)")
+    if refusal:
+        raise InsecureConfig(refusal)
     if insecure_dev:
         return
-    if admin_token is None or admin_token.strip().lower() in WEAK_TOKENS or len(admin_token) < 12:
+    if not _strong(admin_token):
         raise InsecureConfig("security.admin_token is empty, default or shorter than 12 characters; "
                              "set a real secret (ASYNCRL_SECURITY__ADMIN_TOKEN) or pass --insecure-dev for local development")
     if api_token is not None and hmac.compare_digest(admin_token, api_token):
