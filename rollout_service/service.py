@@ -39,7 +39,7 @@ from rollout_service.agent.external_tools import ExternalBroker
 from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.engines import EnginePool
 from rollout_service.loop_lag import LoopLag
-from rollout_service.openai.handlers import ChatCache
+from rollout_service.openai.handlers import ChatCache, served_model_name
 from rollout_service.openai.sessions import SessionManager
 from rollout_service.prompts import (
     build_prompt_stream,
@@ -139,7 +139,7 @@ class RolloutService:
                                      retention_s=cfg.api.tool_call_retention_s)
         self.chat = ChatTokenizer(tokenizer, self.tools.registry.schemas() + self.broker.schemas())
         self.chats = ChatCache(tokenizer)
-        self.model_name = cfg.api.model_name or cfg.model.path
+        self.model_name = served_model_name(cfg)
         self.math_reward = MathReward()
         self.math_reward.start()
         self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)

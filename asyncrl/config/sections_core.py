@@ -229,7 +229,8 @@ class ApiConfig(Section):
     public_url: str | None = None
     """Base URL clients use to reach this service (for session ``base_url``). None: from the request."""
     model_name: str | None = None
-    """Model id shown by ``/v1/models``. None: ``model.path``."""
+    """Model id shown by ``/v1/models``. None: the last component of ``model.path`` (the path
+    itself is never shown; requests naming it are still served)."""
     model_aliases: list[str] = Field(default_factory=list)
     """More ids a request's ``model`` may name (listed by ``/v1/models`` too)."""
     accept_any_model: bool = False

@@ -247,10 +247,11 @@ class ExternalBroker:
         if token is None:
             check_token("", None)  # 401: the token is missing, whatever the call
         rec = self.records.get(key)
-        if rec is None:
-            if not any(s == session_id for s, _ in self.records):
-                raise ApiError(404, f"no session {session_id!r} with external tool calls (or forgotten after "
-                                    f"{self.retention_s:.0f} s)", param="session_id")
+        if rec is None:  # the token is checked first: a 404 would tell a prober which sessions exist
+            hashes = [h for (s, _), r in self.records.items() if s == session_id for h in r.token_hashes]
+            if not any(hmac.compare_digest(hash_token(token), h) for h in hashes):
+                raise ApiError(403, f"invalid session token, or no session {session_id!r} with external tool calls "
+                                    f"(forgotten {self.retention_s:.0f} s after they closed)")
             raise ApiError(404, f"no tool call {call_id!r} in session {session_id!r}", param="tool_call_id")
         if not any(hmac.compare_digest(hash_token(token), h) for h in rec.token_hashes):
             raise ApiError(403, "invalid session token")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
+from pathlib import PurePosixPath
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -35,14 +36,25 @@ class ChatCache:
         return chat
 
 
+def served_model_name(cfg) -> str:
+    """The model id clients see: ``api.model_name``, else the last component of ``model.path``
+    (a builtin spec such as ``builtin:tiny`` as it is). The path itself is never shown: where
+    the weights lie on the server is not the clients' business (issue 30)."""
+    if cfg.api.model_name:
+        return cfg.api.model_name
+    path = cfg.model.path.rstrip("/")
+    return path if ":" in path.split("/")[0] else PurePosixPath(path).name or path
+
+
 def served_models(svc) -> list[str]:
-    """The ids this service answers to: ``api.model_name`` (or ``model.path``) and the aliases."""
+    """The ids ``/v1/models`` lists: :func:`served_model_name` and ``api.model_aliases``."""
     return [svc.model_name, *(a for a in svc.cfg.api.model_aliases if a != svc.model_name)]
 
 
 def check_model(svc, model: str | None) -> None:
-    """OpenAI's answer to an unknown model: 404 ``model_not_found`` (unless ``api.accept_any_model``)."""
-    if model is None or svc.cfg.api.accept_any_model or model in served_models(svc):
+    """OpenAI's answer to an unknown model: 404 ``model_not_found`` (unless ``api.accept_any_model``).
+    ``model.path`` is accepted too, unlisted (what clients sent before the name was shortened)."""
+    if model is None or svc.cfg.api.accept_any_model or model in served_models(svc) or model == svc.cfg.model.path:
         return
     raise ApiError(404, f"The model `{model}` does not exist; this service serves {', '.join(served_models(svc))}",
                    param="model", code="model_not_found")

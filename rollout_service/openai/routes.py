@@ -83,7 +83,7 @@ def build_openai_router(svc) -> APIRouter:
 
     def models_body() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": int(svc.started_at),
-                                            "owned_by": "asyncrl", "root": svc.cfg.model.path,
+                                            "owned_by": "asyncrl", "root": svc.model_name,
                                             "max_model_len": svc.cfg.model.max_model_len} for name in served_models(svc)]}
 
     def chat_for(req: ChatCompletionRequest):

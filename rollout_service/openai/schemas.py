@@ -41,6 +41,15 @@ def reject_surrogates(value: Any, where: str = "body") -> Any:
     return value
 
 
+def bounded_stop(v):
+    """OpenAI's limit on ``stop``: at most 4 sequences (of at most 256 characters here); an
+    unbounded list (100 k entries) made every decoded token scan it."""
+    items = [v] if isinstance(v, str) else (v or [])
+    if len(items) > 4 or any(len(s) > 256 for s in items):
+        raise ValueError("at most 4 stop sequences of at most 256 characters")
+    return v
+
+
 class _ValidUnicode(BaseModel):
     @model_validator(mode="before")
     @classmethod
@@ -179,10 +188,7 @@ class ChatCompletionRequest(_Strict):
     @field_validator("stop")
     @classmethod
     def _bounded_stop(cls, v):
-        items = [v] if isinstance(v, str) else (v or [])
-        if len(items) > 4 or any(len(s) > 256 for s in items):
-            raise ValueError("at most 4 stop sequences of at most 256 characters")
-        return v
+        return bounded_stop(v)
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -204,6 +210,11 @@ class CompletionRequest(_Strict):
     n: int | None = Field(None, ge=1, le=1)
     best_of: int | None = Field(None, ge=1, le=1)
     suffix: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, v):
+        return bounded_stop(v)
 
     @model_validator(mode="after")
     def _single_prompt(self):

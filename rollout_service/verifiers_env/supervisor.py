@@ -34,6 +34,7 @@ from typing import Any
 from asyncrl.config import RunConfig
 from asyncrl.files import atomic_write
 from asyncrl.launch import log_tail
+from rollout_service.openai.handlers import served_model_name
 from rollout_service.verifiers_env.plan import Progress
 from rollout_service.verifiers_env.spec import (
     DATA_SOURCE_PREFIX,
@@ -77,7 +78,7 @@ def driver_spec(cfg: RunConfig, url: str, max_concurrent: int) -> DriverSpec:
     return DriverSpec(url=url, env_id=env_id, env_args=dict(cfg.data.source_options), data_source=DATA_SOURCE_PREFIX + env_id,
                       n=cfg.rollout.n, max_concurrent=max_concurrent, total_groups=cfg.rollout.total_rollout_steps,
                       total_epochs=cfg.rollout.total_epochs, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
-                      model=cfg.api.model_name or cfg.model.path, sampling=sampling, state_dir=str(state_dir(cfg)),
+                      model=served_model_name(cfg), sampling=sampling, state_dir=str(state_dir(cfg)),
                       request_timeout_s=generate_s + cfg.rollout.pause_timeout_s)
 
 

@@ -61,7 +61,7 @@ async def test_bad_requests_get_json_4xx_and_never_500(tmp_path, nats_server, wa
                 ("POST", f"{url}/v1/sessions/{sess['id']}/finish", {}, sauth, 409, "no completion"),
                 ("POST", f"{url}/v1/sessions", {"json": {"group_size": 2, "group_index": 5}}, api, 400, "group_index"),
                 ("POST", f"{url}/v1/sessions", {"json": {"group_id": "has space"}}, api, 400, "group_id"),
-                ("POST", f"{url}/v1/sessions/{sess['id']}/tool_results", {"json": {"tool_call_id": "c", "content": "x"}}, sauth, 404, "no session"),
+                ("POST", f"{url}/v1/sessions/{sess['id']}/tool_results", {"json": {"tool_call_id": "c", "content": "x"}}, sauth, 403, "invalid session token"),
                 ("GET", f"{url}/v1/environments/arith/tool_calls?wait=-1", {}, api, 400, "wait"),
                 ("POST", f"{url}/v1/chat/completions", {"json": {"messages": msg, "tools": [{"type": "function", "function": {
                     "name": "f", "parameters": {"type": "object", "properties": "x"}}}]}}, api, 400, "not a valid JSON Schema at properties"),

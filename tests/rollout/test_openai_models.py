@@ -9,12 +9,12 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.http.errors import ApiError
-from rollout_service.openai.handlers import check_model, served_models
+from rollout_service.openai.handlers import check_model, served_model_name, served_models
 
 
 def svc(*overrides: str):
     cfg = load_config(overrides=["model.path=builtin:tiny", *overrides], environ={})
-    return SimpleNamespace(cfg=cfg, model_name=cfg.api.model_name or cfg.model.path)
+    return SimpleNamespace(cfg=cfg, model_name=served_model_name(cfg))
 
 
 def test_served_name_and_aliases_only():
@@ -26,7 +26,14 @@ def test_served_name_and_aliases_only():
         check_model(s, "gpt-4o")
     assert err.value.status == 404 and err.value.extra == {"code": "model_not_found"} and err.value.param == "model"
     check_model(svc("api.accept_any_model=true"), "gpt-4o")
-    check_model(svc(), "builtin:tiny")  # no api.model_name: model.path is the served name
+    check_model(svc(), "builtin:tiny")  # no api.model_name: a builtin spec is the served name
+
+
+def test_the_served_name_never_shows_where_the_weights_lie():
+    s = svc("model.path=/srv/models/Qwen2.5-1.5B-Instruct/")
+    assert served_models(s) == ["Qwen2.5-1.5B-Instruct"] and s.model_name == "Qwen2.5-1.5B-Instruct"
+    check_model(s, "/srv/models/Qwen2.5-1.5B-Instruct/")  # still served when a client names the path, but never listed
+    assert served_models(svc("model.path=builtin:smollm2-135m")) == ["builtin:smollm2-135m"]
 
 
 def test_a_template_failure_is_a_template_error_naming_the_reason():

@@ -13,6 +13,7 @@ by ``python -m trainer_daemon.warmup --ship``): it must be what the current code
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -30,6 +31,7 @@ def test_the_shipped_policy_is_built_by_the_current_code_and_taken_as_it_is():
     assert shipped(DEMO.__class__(**{**DEMO.__dict__, "steps": DEMO.steps + 1})) is None  # another recipe is built, not shipped
 
 
+@pytest.mark.timeout(shipped_rebuild.TIMEOUT_S + 60)  # waits for the background build (bounded by its own timeout)
 def test_building_it_again_reproduces_the_shipped_weights(request):
     rebuild = shipped_rebuild.start(request.config)  # started at collection (tests/conftest.py)
     built = rebuild.result()
