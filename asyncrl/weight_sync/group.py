@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 # Forming the group waits for every engine to call in; an engine busy loading a model can
 # take tens of seconds, a dead one never comes: fail after this.
 DEFAULT_GROUP_TIMEOUT_S = 120.0
+DESTROY_WAIT_S = 5.0  # destroy() waits this long for an ordinary shutdown before leaving it to its thread
 # NCCL's own watchdog timeout exceeds ours by this much, so our cancel/timeout acts first.
 NCCL_WATCHDOG_SLACK_S = 60.0
 _ENV_LOCK = threading.Lock()  # the error-handling variable is read when an NCCL group is built
@@ -106,6 +107,10 @@ class WeightGroup:
     _keep: list = field(default_factory=list, repr=False)  # the store stays alive with the group
     broken: str | None = None
     _abandoned: bool = field(default=False, repr=False)  # a gloo operation was left on the wire
+    _abandoned_work: object = field(default=None, repr=False)
+    """The abandoned operation's ``Work``: destroying it waits for the operation to end (up to
+    its timeout), so it is kept here and dropped in :meth:`destroy`'s release thread, never in
+    the thread that gave up on it."""
 
     @property
     def device(self) -> torch.device:
@@ -132,11 +137,11 @@ class WeightGroup:
         while not done.wait(step):
             waited += step
             if cancel is not None and cancel.is_set():
-                self._abandoned = True
+                self._abandoned, self._abandoned_work = True, work
                 self.abort("cancelled")
                 raise WeightSyncError(f"broadcast in group {self.group_name!r} cancelled")
             if waited >= limit:
-                self._abandoned = True
+                self._abandoned, self._abandoned_work = True, work
                 self.abort(f"timed out after {limit:g} s")
                 raise WeightSyncError(f"broadcast in group {self.group_name!r} timed out after {limit:g} s")
         try:
@@ -156,26 +161,38 @@ class WeightGroup:
                 log.debug("aborting group %s: %s", self.group_name, exc)
 
     def destroy(self) -> None:
-        """Release the group's connections (idempotent, never blocks: a gloo group with an
-        abandoned operation can only shut down once that operation ends at its own timeout,
-        so it is released in a daemon thread)."""
-        pg, self.pg = self.pg, None
-        keep, self._keep = self._keep, []
-        self.broken = self.broken or "destroyed"
-        if pg is None:
+        """Release the group's connections (idempotent, returns within :data:`DESTROY_WAIT_S`:
+        a gloo group whose operation was abandoned — here, or by the peer that cancelled a
+        broadcast this side was receiving — can only shut down once that operation ends at its
+        own timeout, so the release runs in a daemon thread; an ordinary one is done before
+        this returns)."""
+        if self.pg is None:
+            self.broken = self.broken or "destroyed"
             return
+        # Every reference to the process group, its store and an abandoned operation moves into
+        # ``held``; the release thread drops the last ones. Their C++ destructors wait for an
+        # abandoned operation to end (up to its timeout): that wait must never happen here.
+        held = {"work": self._abandoned_work, "pg": self.pg, "keep": self._keep}
+        self.pg, self._keep, self._abandoned_work = None, [], None
+        self.broken = self.broken or "destroyed"
 
         def release() -> None:
+            held.pop("work")
+            pg = held.pop("pg")
             try:
                 pg.shutdown()
             except Exception:  # noqa: BLE001 - already torn down by a peer failure
                 pass
-            keep.clear()
+            del pg
+            held.clear()
 
-        if self._abandoned:
-            threading.Thread(target=release, name=f"release-{self.group_name}", daemon=True).start()
-        else:
-            release()
+        releasing = threading.Thread(target=release, name=f"release-{self.group_name}", daemon=True)
+        releasing.start()
+        if not self._abandoned:
+            releasing.join(DESTROY_WAIT_S)
+            if releasing.is_alive():
+                log.warning("group %s: its connections are still shutting down (a peer's operation was abandoned); "
+                            "released in the background", self.group_name)
 
 
 def _store(master_address: str, master_port: int, world_size: int, rank: int, limit: timedelta,
