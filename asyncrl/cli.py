@@ -8,6 +8,7 @@ Subcommands import their component lazily, so ``asyncrl config show`` never impo
     asyncrl rollout [FILE] [k=v ...] [--insecure-dev]     run the rollout service
     asyncrl trainer [FILE] [k=v ...]                      run the trainer under torchrun (trainer.* sets the world)
     asyncrl sync-agent [FILE] [k=v ...] [--insecure-dev]  run the sync agent
+    asyncrl python-sandbox --socket PATH --owner UID      run the python tool's programs for a service (own container)
     asyncrl up [FILE] [k=v ...] [--max-minutes M]         the whole loop (no FILE: the built-in demo)
     asyncrl demo-stack [FILE] [k=v ...]                   start NATS + an engine and show them working
     asyncrl audit RUN_DIR [--nats URL] [--json]           reconcile the stream with the trainer's ledger
@@ -56,6 +57,12 @@ def _cmd_sync_agent(argv: Sequence[str]) -> int:
     return sync_main(argv)
 
 
+def _cmd_python_sandbox(argv: Sequence[str]) -> int:
+    from tools.sandbox_server import main as sandbox_main
+
+    return sandbox_main(argv)
+
+
 def _cmd_audit(argv: Sequence[str]) -> int:
     from trainer_daemon.audit import main as audit_main
 
@@ -81,6 +88,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "rollout": (_cmd_rollout, "run the rollout service (agents, publisher, admin API)"),
     "trainer": (_cmd_trainer, "run the trainer daemon under torchrun (FSDP2, JetStream consumer, weight sync)"),
     "sync-agent": (_cmd_sync_agent, "run the sync agent (pause → broadcast → resume)"),
+    "python-sandbox": (_cmd_python_sandbox, "run the python tool's programs on a unix socket (in a container of their own)"),
     "audit": (_cmd_audit, "reconcile the trajectory stream with the trainer's ledger: lost or trained twice?"),
     "up": (_cmd_up, "run the whole loop: NATS, engines, rollout, sync agent, trainer (no config: the demo)"),
     "demo-stack": (_cmd_demo_stack, "start embedded NATS and a local engine, and show them working"),

@@ -87,6 +87,14 @@ class CountingTools:
         return result
 
 
+def tool_options(rollout) -> dict[str, dict[str, Any]]:
+    """``rollout.tool_options``, with ``rollout.python_sandbox_url`` given to the python tool."""
+    options = {name: dict(opts) for name, opts in rollout.tool_options.items()}
+    if rollout.python_sandbox_url and "python" in rollout.tools:
+        options["python"] = {**options.get("python", {}), "sandbox_url": rollout.python_sandbox_url}
+    return options
+
+
 class RolloutService:
     """Owns the NATS connection, the engines, the runner and their background loops."""
 
@@ -131,7 +139,7 @@ class RolloutService:
         for url in cfg.engines.urls:
             self.pool.add(url)
         tokenizer = await asyncio.to_thread(load_tokenizer, cfg.model.tokenizer_path or cfg.model.path)
-        self.tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **cfg.rollout.tool_options))
+        self.tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **tool_options(cfg.rollout)))
         clash = {t.name for t in cfg.rollout.external_tools} & set(self.tools.registry.names)
         if clash:
             raise ValueError(f"external tools {sorted(clash)} have the names of builtin tools")

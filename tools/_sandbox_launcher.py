@@ -8,13 +8,16 @@ It uses only the standard library and runs *before* any model code, in this orde
 2. as root: ``unshare(CLONE_NEWNET | CLONE_NEWPID)``: a network namespace whose only
    interface, ``lo``, is down, and a pid namespace (needs CAP_SYS_ADMIN, which default
    Docker does not grant). Without the pid namespace if only that is refused.
-3. with a per-run uid (the service is root): ``chown`` the cwd to the run's uid/gid,
-   drop supplementary groups, ``setresgid``/``setresuid``, check that regaining root
-   fails.
+3. ``chown`` the cwd to the run's own uid/gid (``uid_base`` + launcher pid; the launcher
+   must be root, with CAP_SETUID/SETGID/CHOWN at least), drop supplementary groups,
+   ``setresgid``/``setresuid``, check that regaining root fails. Model code never runs as
+   the service's uid: without root the launcher refuses.
 4. if step 2 did not happen or failed: the same namespaces inside a new user namespace
-   (``CLONE_NEWUSER``), as the now unprivileged uid, mapping only that uid onto itself.
-   If that fails too: mode ``auto`` falls back to the audit-hook guard (weak, see
-   ``AUDIT_HOOK_PRELUDE``), mode ``namespace`` fails closed.
+   (``CLONE_NEWUSER``), as the now unprivileged per-run uid, mapping only that uid onto
+   itself. If that fails too, mode ``auto`` accepts a network namespace that has no network
+   (only a loopback interface: a container started with ``network_mode: none``, checked in
+   ``/proc/net/dev``), reported as ``no_network``; anything else fails closed. There is no
+   weaker fallback: an in-interpreter guard does not stop native code (issue 30).
 5. RLIMIT_NPROC, now that it is known what the kernel counts (``_process_limit``).
 6. ``PR_SET_NO_NEW_PRIVS`` (setuid binaries gain nothing), ``PR_SET_PDEATHSIG``.
 7. one report line on stderr (``REPORT_MARKER`` + JSON), then ``execve`` of the
@@ -40,40 +43,6 @@ CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
-
-# Fallback network guard, run in the sandboxed interpreter before the model's code. An audit
-# hook cannot be removed from Python code; it refuses internet sockets, ctypes and starting
-# new programs (either would escape the hook), and the introspection that could reach the
-# hook (gc object walks, tracing). Builtins are bound as defaults so that rebinding globals
-# from a traceback frame changes nothing. Native code bypasses all of it, so it is
-# reported as the weaker "audit_hook" isolation.
-AUDIT_HOOK_PRELUDE = """\
-import sys
-def _asyncrl_guard(event, args, _inet=(2, 10, 17), _isinstance=isinstance, _tuple=tuple,
-                   _PermissionError=PermissionError, _ImportError=ImportError,
-                   _addressed=frozenset(("socket.connect", "socket.bind", "socket.sendto",
-                                         "socket.sendmsg")),
-                   _denied=frozenset(("socket.getaddrinfo", "socket.gethostbyname",
-                                      "socket.gethostbyaddr", "ctypes.dlopen", "os.system",
-                                      "os.exec", "os.posix_spawn", "os.spawn", "os.forkpty",
-                                      "subprocess.Popen", "pty.spawn", "gc.get_objects",
-                                      "gc.get_referrers", "gc.get_referents", "sys.settrace",
-                                      "sys.setprofile"))):
-    if event == "socket.__new__" and args[1] in _inet:
-        raise _PermissionError("network access is disabled in this sandbox")
-    if event in _addressed and _isinstance(args[1], _tuple):
-        raise _PermissionError("network access is disabled in this sandbox")
-    if event == "import" and args[0] in ("ctypes", "_ctypes"):
-        raise _ImportError("ctypes is disabled in this sandbox")
-    if event in _denied:
-        raise _PermissionError(event + " is disabled in this sandbox")
-sys.addaudithook(_asyncrl_guard)
-del _asyncrl_guard
-import runpy
-sys.argv[:] = ["main.py"]
-runpy.run_path("main.py", run_name="__main__")
-"""
-
 
 def _libc_call(libc, function_name, *args):
     """Call a libc function; None on success, else the OS error text."""
@@ -159,6 +128,12 @@ def _drop_privileges(libc, uid, gid):
         raise RuntimeError(f"prctl(PR_SET_DUMPABLE) failed: {error}")
 
 
+def network_interfaces():
+    """Names of the network interfaces of this process's network namespace."""
+    with open("/proc/net/dev") as table:
+        return [line.split(":", 1)[0].strip() for line in table.readlines()[2:] if ":" in line]
+
+
 def _report(data):
     os.write(2, (REPORT_MARKER + json.dumps(data) + "\n").encode())
 
@@ -168,17 +143,17 @@ def main():
     report = {"network": None, "uid": None, "rlimits": None}
     libc = ctypes.CDLL(None, use_errno=True)
     try:
-        wants_namespace = config["network"] in ("auto", "namespace")
         attempts = {}  # namespace kind -> None (done) or the error
         pid_namespace = False
         report["rlimits"] = _apply_rlimits(config["rlimits"])
-        if wants_namespace and os.geteuid() == 0:  # must happen before dropping root
+        if os.geteuid() == 0:  # must happen before dropping root
             attempts["net"], pid_namespace = _unshare_network(libc, False, config["pid_namespace"])
-        if config["uid_base"] is not None:
-            uid = config["uid_base"] + os.getpid()  # unique among live processes
-            _drop_privileges(libc, uid, uid)
-            report["uid"] = uid
-        if wants_namespace and attempts.get("net", "not tried") is not None:
+        if config["uid_base"] is None or os.geteuid() != 0:
+            raise RuntimeError("model code runs only as a per-run uid, which needs the launcher to be root")
+        uid = config["uid_base"] + os.getpid()  # unique among live processes
+        _drop_privileges(libc, uid, uid)
+        report["uid"] = uid
+        if attempts.get("net", "not tried") is not None:
             attempts["user+net"], pid_namespace = _unshare_network(
                 libc, True, config["pid_namespace"]
             )
@@ -187,10 +162,11 @@ def main():
         if done:
             report["network"] = "namespace"
             report["network_namespace"] = done[0]
-        elif config["network"] == "namespace":
-            raise RuntimeError(f"network namespace unavailable ({failures})")
+        elif config["network"] == "auto" and set(network_interfaces()) <= {"lo"}:
+            report["network"] = "no_network"  # nothing to reach: this namespace has no interface but loopback
         else:
-            report["network"] = "audit_hook"
+            raise RuntimeError(f"no network isolation: a network namespace cannot be made here ({failures}) and this "
+                               f"process has network interfaces {sorted(set(network_interfaces()) - {'lo'})}")
         report["network_namespace_error"] = failures or None
         report["pid_namespace"] = pid_namespace = pid_namespace and bool(done)
         limit, report["nproc_counts"] = _process_limit(config, pid_namespace, "user+net" in done)
@@ -206,8 +182,7 @@ def main():
         _report(report)
         os._exit(SETUP_FAILED_EXIT_CODE)
     interpreter = config["interpreter"]
-    argv = [interpreter, "-I", "-S", "-B"]
-    argv += ["main.py"] if report["network"] == "namespace" else ["-c", AUDIT_HOOK_PRELUDE]
+    argv = [interpreter, "-I", "-S", "-B", "main.py"]
     _report(report)
     if pid_namespace:
         _run_under_namespace_init(libc, interpreter, argv)

@@ -1,35 +1,39 @@
 """The ``python`` tool: run model-written code in a resource-limited, isolated subprocess.
 
-**Defence in depth, not a security boundary.** The code runs as a separate process under
-the limits below; a kernel bug, or anything the host grants to every user (world-readable
-files), is not stopped. Run the rollout service in a container/VM without secrets either
-way (RELIABILITY.md row B3 asks for nsjail/cgroups/seccomp; this module is the in-process
-layer). docs/tools.md has the full matrix of what holds where.
+**It fails closed** (issue 30). Model code runs only with real isolation, else the tool
+refuses to be built (a clear error at the service's start naming the settings):
 
-Each call:
+- as **its own uid** (``uid_base + launcher pid``), never the service's: the service must run
+  as root (in a container: ``cap_add`` SETUID, SETGID, CHOWN, KILL, DAC_OVERRIDE and FOWNER
+  after ``cap_drop: ALL``). A run cannot read the service's ``/proc/<pid>/environ`` (its
+  tokens), its files (the outbox), nor signal it;
+- with **no network**: a new network namespace whose only interface, ``lo``, is down
+  (root with CAP_SYS_ADMIN, or a user namespace as the per-run uid), or, where neither can be
+  made, a process that already has no network (only ``lo`` in ``/proc/net/dev``: a container
+  with ``network_mode: none``), reported as ``no_network``. There is no weaker fallback: the
+  audit-hook guard of earlier versions was escaped by ``_posixsubprocess.fork_exec``.
+
+Where the service itself cannot give that (the compose services run as uid 10001 with
+``cap_drop: ALL``), set ``sandbox_url`` (``rollout.python_sandbox_url``): the runs then happen
+in a **python sandbox server** (``asyncrl python-sandbox``, :mod:`tools.sandbox_server`),
+in a container of its own with no network, no secrets, a read-only root and process, memory
+and CPU limits, reached over a unix socket only the service's uid may open
+(:mod:`tools.sandbox_client`). docs/security.md has the threat model.
+
+Each local call:
 - writes the code to ``main.py`` in a fresh temporary directory (the cwd), deleted after;
 - runs ``python -I -S -B main.py`` (isolated mode, no site-packages: stdlib only) through
   :mod:`tools._sandbox_launcher`, with an **empty environment** (the interpreter itself
   adds only ``LC_CTYPE=C.UTF-8``, PEP 538) and stdin at /dev/null;
 - limits each process: CPU time (RLIMIT_CPU: SIGXCPU, then SIGKILL a second later),
   address space (RLIMIT_AS), file size (RLIMIT_FSIZE), open files (RLIMIT_NOFILE), no
-  core dumps; and the run's process+thread count (RLIMIT_NPROC, see below);
-- isolates the network in a new network namespace whose only interface (``lo``) is down:
-  directly as root with CAP_SYS_ADMIN, else inside a new user namespace; when neither is
-  possible it falls back to an audit-hook guard in the interpreter (weak; logged once);
-- with the network namespace, also a **pid namespace**: the program runs as pid 2 under a
-  minimal init, so everything it started dies when it exits, and it cannot signal
-  processes outside (they have no pid there);
-- enforces the wall-clock limit from the parent, then kills the process group and, with
-  a per-run uid, every process of that uid (:mod:`tools.sandbox_process`).
-
-As root (``drop_privileges`` defaults to "when root") each run gets **its own uid and
-gid** (``uid_base + launcher pid``, unique among live processes), no supplementary
-groups, and ``no_new_privs``: it cannot signal, ptrace or read the files of the service
-or of other runs, and RLIMIT_NPROC counts exactly this run (root itself ignores
-RLIMIT_NPROC). As a normal user the run keeps the service's uid; RLIMIT_NPROC still
-counts only this run inside a user namespace on Linux >= 5.14, else it is set to the
-user's current task count plus ``max_processes`` (shared, approximate).
+  core dumps; and the run's process+thread count (RLIMIT_NPROC: counts exactly this run,
+  whose uid is its own);
+- with the network namespace, also a **pid namespace** where it can be made: the program
+  runs as pid 2 under a minimal init, so everything it started dies when it exits, and it
+  cannot signal processes outside (they have no pid there);
+- enforces the wall-clock limit from the parent, then kills the process group and every
+  process of the run's uid (:mod:`tools.sandbox_process`); ``no_new_privs`` throughout.
 ``result.metadata["isolation"]`` reports what was in effect for every call.
 
 Not covered: reading world-readable files (``/etc``, the repository; ``/proc`` is not
@@ -37,10 +41,8 @@ remounted, so other processes' command lines are visible), writing to world-writ
 directories (``/tmp``, ``/dev/shm``: bounded per file by RLIMIT_FSIZE only), the total
 memory of a run's processes (each has its own RLIMIT_AS: up to ``max_processes ×
 memory_mb``), CPU contention with the service, the kernel's attack surface (no seccomp),
-third-party packages. In the audit-hook fallback as a normal user (no root, no user
-namespaces) the program shares the service's uid and pid namespace: it can read the
-service's ``/proc/<pid>/environ`` and kill it (``os.kill(-1, 9)``); use
-``network_isolation="namespace"`` to refuse to run there instead.
+third-party packages. In ``no_network`` mode without a pid namespace, runs see each other's
+processes (different uids: they cannot signal or trace them) and may talk over loopback.
 """
 
 from __future__ import annotations
@@ -55,15 +57,17 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tools.base import Tool, ToolResult
-from tools.sandbox_process import RunOutcome, RunSpec, count_tasks_of_uid, run_isolated
+from tools.sandbox_client import RemoteSandbox
+from tools.sandbox_process import RunOutcome, RunSpec, probe_isolation, run_isolated
 from tools.sandbox_results import outcome_to_result
 
 logger = logging.getLogger(__name__)
 
 MIB = 2**20
+PROBE_TIMEOUT_S = 30.0  # the start-up check's trivial run (a busy machine starts an interpreter slowly)
 
 
 class PythonSandboxConfig(BaseModel):
@@ -89,15 +93,15 @@ class PythonSandboxConfig(BaseModel):
     """Longest program accepted."""
     max_concurrent_runs: int = Field(8, ge=1, le=4096)
     """Runs of this tool instance at once; further calls wait (within their timeout)."""
-    network_isolation: Literal["auto", "namespace", "audit_hook"] = "auto"
-    """auto: network namespace, else audit-hook guard; namespace: refuse to run without one;
-    audit_hook: only the (weak) in-interpreter guard."""
+    network_isolation: Literal["auto", "namespace"] = "auto"
+    """auto: a network namespace, else a process that has no network (``no_network``), else
+    refuse; namespace: a network namespace or refuse. (``audit_hook`` was removed: no isolation.)"""
     pid_namespace: bool = True
     """Run the program under its own init in a new pid namespace (made together with the
     network namespace): everything it starts dies with it, and it cannot see or signal
     outside processes. False: exec the program directly (two processes fewer per run)."""
     drop_privileges: bool | None = None
-    """Run as a per-run uid (needs root). None: when the service runs as root."""
+    """Kept for old configs: runs always get a per-run uid (needs root); false is refused."""
     uid_base: int = Field(2_000_000_000, ge=100_000, le=2**31 - 2**23)
     """Per-run uid = uid_base + launcher pid; choose a range no real user or container uses."""
     interpreter: str | None = None
@@ -105,6 +109,30 @@ class PythonSandboxConfig(BaseModel):
     else /usr/bin/python3 or /usr/local/bin/python3."""
     work_root: str | None = None
     """Parent directory of the per-run temporary directories; None: the system default."""
+    sandbox_url: str | None = Field(None, pattern=r"^unix:///.+")
+    """``unix:///path/to/socket`` of a python sandbox server (``asyncrl python-sandbox``): the
+    runs happen there, under its limits (a call's timeout still applies). None: in this
+    process's own sandbox, which needs root (module docstring)."""
+
+    @field_validator("network_isolation", mode="before")
+    @classmethod
+    def _no_weak_isolation(cls, v):
+        if v == "audit_hook":
+            raise ValueError("network_isolation='audit_hook' was removed: an audit hook does not stop native code "
+                             "(a subprocess escapes it); use 'auto' or 'namespace', or sandbox_url")
+        return v
+
+    @field_validator("drop_privileges")
+    @classmethod
+    def _never_the_service_uid(cls, v):
+        if v is False:
+            raise ValueError("drop_privileges=false would run model code as the service's own uid (its tokens, its "
+                             "files, its processes): refused; run the service as root or use sandbox_url")
+        return v
+
+
+class SandboxUnavailable(RuntimeError):
+    """The python tool cannot isolate model code here: the service must not start with it."""
 
 
 def _usable_by_others(path: str) -> bool:
@@ -156,14 +184,13 @@ class PythonSandbox(Tool):
     def __init__(self, config: PythonSandboxConfig | None = None, **overrides: Any) -> None:
         base = config.model_dump() if config is not None else {}
         self.config = PythonSandboxConfig(**{**base, **overrides})
-        is_root = os.geteuid() == 0
-        drop = is_root if self.config.drop_privileges is None else self.config.drop_privileges
-        if drop and not is_root:
-            raise ValueError("drop_privileges=True needs the service to run as root")
-        self._drop_privileges = drop
-        self.interpreter = choose_interpreter(self.config.interpreter, for_other_uid=drop)
         self._slots = asyncio.Semaphore(self.config.max_concurrent_runs)
-        self._warned_weak_isolation = False
+        self.remote = RemoteSandbox(self.config.sandbox_url) if self.config.sandbox_url else None
+        self.interpreter: str | None = None
+        self.isolation: dict[str, Any] = {"remote": self.config.sandbox_url} if self.remote else {}
+        if self.remote is None:
+            self.interpreter = choose_interpreter(self.config.interpreter, for_other_uid=True)
+            self.isolation = self._require_isolation()
         self.parameters = {
             "type": "object",
             "properties": {
@@ -176,6 +203,42 @@ class PythonSandbox(Tool):
             "required": ["code"],
             "additionalProperties": False,
         }
+
+    def _require_isolation(self) -> dict[str, Any]:
+        """Run one trivial program now; raise :class:`SandboxUnavailable` unless it ran as its
+        own uid with no network (module docstring). Returns the launcher's report."""
+        if os.geteuid() != 0:
+            raise SandboxUnavailable(
+                "the python tool runs model code as a per-run uid, which needs the rollout service to run as root "
+                "(in a container: cap_add SETUID, SETGID, CHOWN, KILL, DAC_OVERRIDE, FOWNER); or set "
+                "rollout.python_sandbox_url to a python sandbox server (asyncrl python-sandbox; compose: the "
+                "python-sandbox service). Refusing to run model code as the service's own uid.")
+        workdir = tempfile.mkdtemp(prefix="asyncrl-python-probe-", dir=self.config.work_root)
+        try:
+            Path(workdir, "main.py").write_text("pass\n")
+            report = probe_isolation(self._spec(workdir, wall_timeout_s=PROBE_TIMEOUT_S))
+        finally:
+            _remove_tree(workdir)
+        if report.get("setup_error") or report.get("network") not in ("namespace", "no_network") or not report.get("uid"):
+            raise SandboxUnavailable(
+                f"the python tool cannot isolate model code here: {report.get('setup_error') or report}. It needs a "
+                "network namespace (CAP_SYS_ADMIN, or user namespaces) or a process without network (a container with "
+                "network_mode: none); or set rollout.python_sandbox_url to a python sandbox server.")
+        return report
+
+    def _spec(self, workdir: str, wall_timeout_s: float) -> RunSpec:
+        return RunSpec(
+            workdir=workdir,
+            interpreter=self.interpreter,
+            wall_timeout_s=wall_timeout_s,
+            rlimits=self._rlimits(),
+            network=self.config.network_isolation,
+            pid_namespace=self.config.pid_namespace,
+            max_processes=self.config.max_processes,
+            uid_tasks=None,
+            uid_base=self.config.uid_base,
+            max_output_bytes=self.config.max_output_bytes,
+        )
 
     def _rlimits(self) -> dict[str, tuple[int, int]]:
         """All limits but RLIMIT_NPROC, which the launcher sets once it knows what counts."""
@@ -206,15 +269,12 @@ class PythonSandbox(Tool):
                 "Error: the python sandbox is busy; try again later.", failure="busy"
             )
         try:
-            outcome = await self._run(code, wall_timeout_s=max(deadline - loop.time(), 0.05))
+            wall_s = max(deadline - loop.time(), 0.05)
+            if self.remote is not None:
+                return await self.remote.run(code, wall_s)
+            outcome = await self._run(code, wall_timeout_s=wall_s)
         finally:
             self._slots.release()
-        if outcome.report.get("network") == "audit_hook" and not self._warned_weak_isolation:
-            self._warned_weak_isolation = True
-            logger.warning(
-                "python sandbox: no network namespace (%s); using the audit-hook guard only",
-                outcome.report.get("network_namespace_error") or "not requested",
-            )
         return outcome_to_result(outcome, self.config, self.interpreter)
 
     async def _run(self, code: str, wall_timeout_s: float) -> RunOutcome:
@@ -225,23 +285,7 @@ class PythonSandbox(Tool):
             main_py = Path(workdir, "main.py")
             main_py.write_text(code, encoding="utf-8", errors="surrogatepass")
             main_py.chmod(0o444)
-            # Without a per-run uid the kernel may count the service's own tasks too.
-            uid_tasks = None
-            if not self._drop_privileges:
-                uid_tasks = await asyncio.to_thread(count_tasks_of_uid, os.getuid())
-            spec = RunSpec(
-                workdir=workdir,
-                interpreter=self.interpreter,
-                wall_timeout_s=wall_timeout_s,
-                rlimits=self._rlimits(),
-                network=self.config.network_isolation,
-                pid_namespace=self.config.pid_namespace,
-                max_processes=self.config.max_processes,
-                uid_tasks=uid_tasks,
-                uid_base=self.config.uid_base if self._drop_privileges else None,
-                max_output_bytes=self.config.max_output_bytes,
-            )
-            return await run_isolated(spec)
+            return await run_isolated(self._spec(workdir, wall_timeout_s))
         finally:
             await asyncio.to_thread(_remove_tree, workdir)
 

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,10 +207,8 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def run_isolated(spec: RunSpec) -> RunOutcome:
-    """Run ``main.py`` in ``spec.workdir`` under the launcher; see the module docstring."""
-    loop = asyncio.get_running_loop()
-    launch_config = {
+def _launch_config(spec: RunSpec) -> str:
+    return json.dumps({
         "interpreter": spec.interpreter,
         "rlimits": spec.rlimits,
         "network": spec.network,
@@ -217,7 +216,39 @@ async def run_isolated(spec: RunSpec) -> RunOutcome:
         "max_processes": spec.max_processes,
         "uid_tasks": spec.uid_tasks,
         "uid_base": spec.uid_base,
-    }
+    })
+
+
+def probe_isolation(spec: RunSpec) -> dict[str, Any]:
+    """Run ``spec.workdir``'s ``main.py`` (a trivial program) under the launcher, blocking,
+    and return the isolation it reported (with ``setup_error`` if it refused). For the tool's
+    start-up check: the same launcher and settings as every run."""
+    proc = subprocess.Popen([sys.executable, "-I", "-S", LAUNCHER_PATH, _launch_config(spec)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=spec.workdir, env={}, start_new_session=True)
+    try:
+        _out, err = proc.communicate(timeout=spec.wall_timeout_s)
+    except subprocess.TimeoutExpired:
+        err = b""
+    finally:
+        _kill_group(proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+        if spec.uid_base is not None:  # nothing of the probe may outlive it
+            for pid in live_pids_of_uid(spec.uid_base + proc.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+    marker = REPORT_MARKER.encode()
+    for line in err.splitlines():
+        if line.startswith(marker):
+            with contextlib.suppress(ValueError):
+                return json.loads(line[len(marker):])
+    return {"setup_error": f"no isolation report (exit {proc.returncode}): {err[-300:].decode(errors='replace')}"}
+
+
+async def run_isolated(spec: RunSpec) -> RunOutcome:
+    """Run ``main.py`` in ``spec.workdir`` under the launcher; see the module docstring."""
+    loop = asyncio.get_running_loop()
     stdout, stderr = CappedOutput(spec.max_output_bytes), CappedOutput(spec.max_output_bytes)
     report: dict[str, Any] = {}
     started = loop.time()
@@ -226,7 +257,7 @@ async def run_isolated(spec: RunSpec) -> RunOutcome:
         "-I",
         "-S",
         LAUNCHER_PATH,
-        json.dumps(launch_config),
+        _launch_config(spec),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

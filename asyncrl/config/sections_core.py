@@ -159,6 +159,11 @@ class RolloutConfig(Section):
     """Tools answered by external environments over HTTP (see docs/openai_api.md)."""
     tool_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Per-tool keyword options, e.g. ``{"python": {"memory_mb": 256}}``."""
+    python_sandbox_url: str | None = Field(None, pattern=r"^unix:///.+")
+    """Where the ``python`` tool runs programs: ``unix:///path`` of a python sandbox server
+    (``asyncrl python-sandbox``; compose's ``python-sandbox`` service). None: in this service's
+    own sandbox, which needs the service to run as root (docs/security.md). Ignored unless
+    ``tools`` lists ``python``."""
     format_reward_weight: float = Field(0.0, ge=0.0, le=10.0)
     """Weight of the format reward added to the task reward (0: task reward only)."""
     pause_timeout_s: float = Field(120.0, gt=0.0)

@@ -16,7 +16,7 @@ from tests.deploy.conftest import ALL_PROFILES, CLUSTER_ADDRS, REPO, SECRET_VARS
 
 RUN_TOML = REPO / "docker" / "config" / "run.toml"
 ROLES = {
-    "control": {"nats", "rollout", "sync-agent", "gateway"},
+    "control": {"nats", "rollout", "sync-agent", "gateway", "python-sandbox"},
     "engine": {"sglang"},
     "trainer": {"trainer"},
     "monitoring": {"prometheus", "grafana", "nats-exporter", "json-exporter"},
@@ -97,7 +97,28 @@ def test_only_the_openai_port_is_published(one_box):
     (gf,) = published["grafana"]
     assert gf["host_ip"] == "127.0.0.1", "Grafana is published on loopback only"
     for name, s in one_box["services"].items():
-        assert s.get("network_mode") in (None, "bridge"), f"{name} uses {s.get('network_mode')} on one box"
+        allowed = ("none",) if name == "python-sandbox" else (None, "bridge")
+        assert s.get("network_mode") in allowed, f"{name} uses {s.get('network_mode')} on one box"
+
+
+def test_the_python_tool_runs_in_a_sandbox_container_with_no_way_out(one_box):
+    """Issue 30 item 2: the rollout service (uid 10001, no capabilities) cannot isolate model
+    code, so its programs run in python-sandbox: no network, no secrets, read-only root,
+    limits, only the capabilities per-run uids need; reached on a socket volume only the
+    rollout mounts."""
+    s = one_box["services"]
+    box = s["python-sandbox"]
+    assert box["network_mode"] == "none" and box["read_only"] is True and box["user"] == "0:0"
+    assert box["cap_drop"] == ["ALL"] and set(box["cap_add"]) == {"SETUID", "SETGID", "CHOWN", "KILL", "DAC_OVERRIDE", "FOWNER"}
+    assert "no-new-privileges:true" in box["security_opt"]
+    assert box["pids_limit"] > 0 and int(box["mem_limit"]) > 0 and float(box["cpus"]) > 0
+    assert any(t.startswith("/tmp:size=") for t in box["tmpfs"])
+    assert not box.get("environment"), "nothing secret (nothing at all) in the sandbox's environment"
+    assert box["command"][:1] == ["python-sandbox"] and box["command"][box["command"].index("--owner") + 1] == "10001"
+    sockets = {name for name, svc in s.items() for v in svc.get("volumes", []) if v.get("source") == "sandbox-socket"}
+    assert sockets == {"python-sandbox", "rollout"}
+    socket_path = box["command"][box["command"].index("--socket") + 1]
+    assert s["rollout"]["environment"]["ASYNCRL_ROLLOUT__PYTHON_SANDBOX_URL"] == f"unix://{socket_path}"
 
 
 def test_every_service_has_a_healthcheck_restart_policy_and_pinned_image(one_box):
@@ -143,6 +164,10 @@ def test_commands_exist_in_the_cli(one_box, capsys):
         assert exc.value.code == 0
     assert "trainer" in COMMANDS and s["trainer"]["command"] == ["/etc/asyncrl/run.toml"]
     assert main(["trainer", "--help"]) == 0
+    assert s["python-sandbox"]["command"][0] == "python-sandbox" and "python-sandbox" in COMMANDS
+    with pytest.raises(SystemExit) as exc:
+        main(["python-sandbox", "--help"])
+    assert exc.value.code == 0
     capsys.readouterr()
 
 

@@ -73,12 +73,12 @@ class CpuStack:
         self.images_env = REPO / "docker" / "local" / "images.env"
         self.started: list[str] = []
 
-    def compose(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    def compose(self, *args: str, timeout: float = 120, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
         argv = ["docker", "compose", "--project-directory", str(REPO), "-f", str(REPO / "compose.yaml"),
                 "--env-file", str(self.env_file)]
         if self.images_env.is_file():
             argv += ["--env-file", str(self.images_env)]
-        return _run([*argv, *args], timeout=timeout, check=check,
+        return _run([*argv, *args], timeout=timeout, check=check, input=input,
                     env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")})
 
     def services(self) -> list[str]:
@@ -215,6 +215,45 @@ def test_killed_trainer_and_rollout_restart_and_nothing_is_lost(stack):
     shown = json.dumps(audit, indent=1)
     assert audit["ok"] and audit["lost"] == 0 and audit["twice"] == 0 and audit["lost_after_ack"] == 0, shown
     assert audit["checkpoint_step"] >= save_freq and audit["trained"] >= 1, shown
+
+
+# Run inside the rollout container: send each probe (JSON on stdin) to the python-sandbox
+# container through the rollout's own client, print the results as one JSON line.
+_PROBE_DRIVER = """
+import asyncio, json, os, sys
+from tools.python_sandbox import PythonSandbox
+async def main():
+    box = PythonSandbox(sandbox_url=os.environ["ASYNCRL_ROLLOUT__PYTHON_SANDBOX_URL"])
+    out = {}
+    for name, code in json.load(sys.stdin).items():
+        r = await box.call({"code": code}, timeout_s=20)
+        out[name] = [r.content, r.metadata.get("isolation", {}).get("network"), r.metadata.get("isolation", {}).get("uid")]
+    print(json.dumps(out))
+asyncio.run(main())
+"""
+
+
+def test_the_python_tool_cannot_escape_its_sandbox_container(stack):
+    """Issue 30 item 2, under Docker: the escape probes of tests/security/test_sandbox_escapes.py
+    (a new interpreter by fork_exec, posix_spawn and subprocess reaching the rollout service's
+    port, raw ctypes sockets, the service's environment and files, signals, the sandbox's own
+    socket), sent by the rollout container to python-sandbox, all fail; each run has its own
+    uid and no network."""
+    import textwrap
+
+    from tests.security.test_sandbox_escapes import probes
+
+    rollout_ip = next(iter(stack.inspect("rollout")["NetworkSettings"]["Networks"].values()))["IPAddress"]
+    programs = probes(8000, 1, "/var/lib/asyncrl/runs", "/run/asyncrl-sandbox/python.sock", host=rollout_ip)
+    payload = json.dumps({name: textwrap.dedent(code) for name, (code, _ran) in programs.items()})
+    proc = stack.compose("exec", "-T", "rollout", "python", "-c", _PROBE_DRIVER, timeout=300, check=False, input=payload)
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    escaped = {name: r for name, r in results.items() if "ESCAPED" in r[0]}
+    assert not escaped, escaped
+    assert all(r[1] in ("no_network", "namespace") and r[2] for r in results.values()), results
+    did_not_run = {name: r[0] for name, r in results.items() if programs[name][1] not in r[0]}
+    assert not did_not_run, f"probes that did not get as far as trying: {did_not_run}"
 
 
 def test_services_stop_cleanly_on_sigterm(stack):

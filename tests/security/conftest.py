@@ -2,4 +2,5 @@
 The rollout fixtures (a warm tiny model, a local engine) are shared with tests/rollout."""
 
 from tests.rollout.conftest import warm_engine, warm_model  # noqa: F401 - fixtures
+from tests.tools.conftest import work_root  # noqa: F401 - fixture
 from tests.trainer.conftest import module_nats  # noqa: F401 - fixture

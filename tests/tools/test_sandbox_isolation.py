@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.waiting import WAIT_S, wait_for
-from tests.tools.sandbox_helpers import IS_ROOT, root_only, sandbox_pids
-from tools.python_sandbox import PythonSandbox
+from tests.tools.sandbox_helpers import TEST_UID_BASE, root_only, sandbox_pids
+from tools.python_sandbox import PythonSandbox, SandboxUnavailable
 
 CONNECT_PROGRAM = """
     import socket, sys
@@ -86,33 +86,27 @@ async def test_namespace_isolation_is_reported_when_required(make_sandbox) -> No
     assert result.metadata["isolation"]["network"] == "namespace"
 
 
-async def test_audit_hook_fallback_blocks_loopback(make_sandbox, listener) -> None:
-    sandbox = make_sandbox(network_isolation="audit_hook")
-    result = await run(sandbox, connect_program("127.0.0.1", listener.getsockname()[1]))
-    assert result.metadata["isolation"]["network"] == "audit_hook"
-    assert result.content.startswith("blocked: PermissionError"), result.content
-    assert not accepted_connection(listener)
+def test_the_audit_hook_mode_and_the_service_uid_are_refused_with_the_reason() -> None:
+    """Issue 30: the audit-hook fallback was escaped by ``_posixsubprocess.fork_exec``; it is
+    gone, and so is running model code as the service's uid."""
+    with pytest.raises(ValueError, match="audit_hook' was removed"):
+        PythonSandbox(network_isolation="audit_hook")
+    with pytest.raises(ValueError, match="service's own uid"):
+        PythonSandbox(drop_privileges=False)
 
 
-async def test_audit_hook_fallback_blocks_its_known_escapes(make_sandbox) -> None:
-    sandbox = make_sandbox(network_isolation="audit_hook")
-    for code in [
-        "import ctypes",  # raw syscalls
-        "import subprocess\nsubprocess.run(['/bin/true'])",  # a new program has no hook
-        "import os\nos.system('true')",
-        "import os\nos.execv('/bin/true', ['true'])",
-        "import gc\ngc.get_objects()",  # would find the hook function and patch it
-        "import sys\nsys.settrace(lambda *a: None)",
-    ]:
-        result = await run(sandbox, code)
-        assert result.is_error, code
-        assert "disabled in this sandbox" in result.content, result.content
+def test_without_root_the_tool_refuses_to_start_and_names_the_settings(monkeypatch, work_root) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(SandboxUnavailable, match="rollout.python_sandbox_url") as refused:
+        PythonSandbox(work_root=str(work_root))
+    assert "root" in str(refused.value) and "service's own uid" in str(refused.value)
 
 
-async def test_audit_hook_fallback_still_allows_local_socketpairs(make_sandbox) -> None:
-    code = "import asyncio\nasync def f():\n    return 7\nprint(asyncio.run(f()))"
-    result = await run(make_sandbox(network_isolation="audit_hook"), code)
-    assert result.content == "7\n", result.content
+@root_only
+async def test_the_start_up_probe_reports_the_isolation_every_run_gets(sandbox: PythonSandbox) -> None:
+    assert sandbox.isolation["network"] == "namespace" and sandbox.isolation["uid"] >= TEST_UID_BASE
+    result = await run(sandbox, "print('ok')")
+    assert result.metadata["isolation"]["network"] == sandbox.isolation["network"]
 
 
 async def test_environment_is_empty(sandbox: PythonSandbox, monkeypatch) -> None:
@@ -132,8 +126,6 @@ async def test_service_environment_is_unreadable_through_proc(sandbox) -> None:
             print('denied', type(exc).__name__)
     """
     result = await run(sandbox, code)
-    if not IS_ROOT and result.metadata["isolation"]["network"] != "namespace":
-        pytest.skip("without root or a user namespace the run shares the service's uid")
     assert result.content == "denied PermissionError\n", result.content
 
 
@@ -180,8 +172,8 @@ async def test_cancelled_call_kills_the_run_and_deletes_its_directory(
     make_sandbox, work_root
 ) -> None:
     call = asyncio.create_task(run(make_sandbox(), "import time\ntime.sleep(30)"))
-    # as root the run's process is visible by its uid; otherwise its directory and program are
-    await wait_for(lambda: any(work_root.glob("*/main.py")) and (not IS_ROOT or sandbox_pids()), WAIT_S, "the run to start")
+    # the run's process is visible by its uid once it started
+    await wait_for(lambda: any(work_root.glob("*/main.py")) and sandbox_pids(), WAIT_S, "the run to start")
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(call, 5)
@@ -208,8 +200,6 @@ async def test_program_cannot_signal_the_service(sandbox: PythonSandbox) -> None
             print('denied')
     """
     result = await run(sandbox, code)
-    if not IS_ROOT and not result.metadata["isolation"]["pid_namespace"]:
-        pytest.skip("without root or a pid namespace the run shares the service's uid")
     assert result.content == "denied\n"
 
 
@@ -252,10 +242,3 @@ async def test_concurrent_runs_cannot_read_each_others_directories(make_sandbox,
     result = await run(sandbox, peek)
     await writer
     assert result.content == "denied\n", result.content
-
-
-@pytest.mark.skipif(IS_ROOT, reason="checks the non-root fallback")
-async def test_without_root_the_run_keeps_the_service_uid(sandbox: PythonSandbox) -> None:
-    result = await run(sandbox, "import os\nprint(os.getuid())")
-    assert int(result.content) == os.getuid()  # the user namespace maps our uid onto itself
-    assert result.metadata["isolation"]["uid"] is None

@@ -1,0 +1,230 @@
+"""The python tool's escapes stay closed (issue 30 item 2): what the security review's probe did
+through the old audit-hook fallback — start a new interpreter with ``_posixsubprocess.fork_exec``
+(what ``subprocess`` uses) and reach a loopback listener — and the other ways out: raw
+``ctypes`` sockets, the service's environment through ``/proc``, the service's files, a
+signal to the service, the sandbox server's own socket.
+
+Each probe runs in the local sandbox (the service is root here: per-run uid, network and pid
+namespaces) and through a python sandbox server (``asyncrl python-sandbox`` on a unix socket,
+a separate process as in compose), and must fail; the listener must never see a connection.
+The Docker test (tests/deploy/test_compose_run.py) runs the same probes in compose's
+``python-sandbox`` container, where the isolation is the container's (no network, no
+CAP_SYS_ADMIN): docs/security.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from asyncrl.launch import log_tail
+from tests.helpers.waiting import wait_for_sync
+from tests.tools.sandbox_helpers import IS_ROOT, TIGHT_LIMITS, sandbox_pids
+from tools._sandbox_launcher import network_interfaces
+from tools.python_sandbox import PythonSandbox
+
+pytestmark = pytest.mark.skipif(not IS_ROOT, reason="the python tool runs programs only as a per-run uid, which needs root")
+
+SECRET = "hunter2-service-secret-0123456789"
+
+
+def probes(listener_port: int, service_pid: int, service_dir: Path | str, server_socket: str,
+           host: str = "127.0.0.1") -> dict[str, tuple[str, str]]:
+    """name → (program, what its output must contain to show the probe really ran). A
+    program prints ``ESCAPED ...`` if it got out. Also sent into compose's sandbox container
+    by tests/deploy/test_compose_run.py."""
+    connect = ("print('child started', flush=True); import socket; "
+               f"socket.create_connection(({host!r}, {listener_port}), timeout=2); print('ESCAPED connected')")
+    return {
+        "subprocess interpreter to loopback": (f"""
+            import subprocess, sys
+            done = subprocess.run([sys.executable, '-I', '-c', {connect!r}], capture_output=True, text=True, timeout=8)
+            print(done.stdout.strip(), done.stderr.strip()[-120:])
+        """, "child started"),
+        "fork_exec interpreter to loopback": (f"""
+            import _posixsubprocess, os, sys
+            r, w = os.pipe()
+            er, ew = os.pipe()
+            pid = _posixsubprocess.fork_exec(  # CPython 3.11's signature (what subprocess calls)
+                [sys.executable, '-I', '-c', {connect!r}], [sys.executable.encode()], True, (ew,), None, None,
+                -1, -1, -1, w, -1, -1, er, ew, False, False, -1, None, None, None, -1, None, False)
+            os.close(w)
+            os.close(ew)
+            out = b''
+            while chunk := os.read(r, 200):
+                out += chunk
+            os.waitpid(pid, 0)
+            print(out.decode().strip())
+        """, "child started"),
+        "posix_spawn interpreter to loopback": (f"""
+            import os, sys
+            pid = os.posix_spawn(sys.executable, [sys.executable, '-I', '-c', {connect!r}], {{}})
+            print('exit status', os.waitpid(pid, 0)[1])
+        """, "child started"),
+        "ctypes raw socket to loopback": (f"""
+            import ctypes, socket, struct
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.socket(2, 1, 0)
+            addr = struct.pack('=H', 2) + struct.pack('!H', {listener_port}) + socket.inet_aton({host!r}) + bytes(8)
+            rc = libc.connect(fd, ctypes.c_char_p(addr), len(addr))
+            print('ESCAPED connected' if rc == 0 else f'blocked errno {{ctypes.get_errno()}}')
+        """, "blocked errno"),
+        "service environment through /proc": (f"""
+            try:
+                data = open('/proc/{service_pid}/environ', 'rb').read()
+                print('ESCAPED read', len(data), 'bytes')
+            except OSError as exc:
+                print('blocked', type(exc).__name__)
+        """, "blocked"),
+        "own environment": (f"import os; print('ESCAPED' if '{SECRET}' in str(os.environ) else 'clean', sorted(os.environ))", "clean"),
+        "write into the service's directory": (f"""
+            try:
+                open({str(service_dir / 'planted.traj')!r}, 'wb').write(b'x')
+                print('ESCAPED wrote')
+            except OSError as exc:
+                print('blocked', type(exc).__name__)
+        """, "blocked"),
+        "signal the service": (f"""
+            import os
+            try:
+                os.kill({service_pid}, 0)
+                print('ESCAPED may signal')
+            except OSError as exc:
+                print('blocked', type(exc).__name__)
+        """, "blocked"),
+        "connect to the sandbox server's socket": (f"""
+            import socket
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect({server_socket!r})
+                print('ESCAPED connected')
+            except OSError as exc:
+                print('blocked', type(exc).__name__)
+        """, "blocked"),
+    }
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _accepted(listener: socket.socket) -> bool:
+    try:
+        listener.accept()[0].close()
+    except BlockingIOError:
+        return False
+    return True
+
+
+@pytest.fixture
+def service_dir(tmp_path: Path) -> Path:
+    """A directory of the service's, as its outbox is: root's, 0755."""
+    d = tmp_path / "outbox"
+    d.mkdir()
+    d.chmod(0o755)
+    return d
+
+
+@pytest.fixture
+def sandbox_server(tmp_path: Path, work_root: Path, monkeypatch) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``asyncrl python-sandbox`` on a unix socket, as a separate process."""
+    path = str(tmp_path / "sock" / "python.sock")
+    limits = {**TIGHT_LIMITS, "work_root": str(work_root), "wall_timeout_s": 10.0}
+    log = tmp_path / "sandbox-server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "python-sandbox", "--socket", path, "--limits", json.dumps(limits)],
+                                stdout=out, stderr=subprocess.STDOUT, env={"PATH": os.environ.get("PATH", "")})
+    try:
+        wait_for_sync(lambda: os.path.exists(path) or proc.poll() is not None, 60, "the sandbox server's socket")
+        assert proc.poll() is None, log_tail(log)
+        yield path, proc
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def _escapes(run, listener: socket.socket, service_dir: Path, server_socket: str) -> dict[str, tuple[str, str]]:
+    out = {}
+    for name, (code, ran) in probes(listener.getsockname()[1], os.getpid(), service_dir, server_socket).items():
+        result = await run(textwrap.dedent(code))
+        out[name] = (result.content, ran)
+    return out
+
+
+def _assert_closed(outcomes: dict[str, tuple[str, str]], listener: socket.socket, service_dir: Path) -> None:
+    escaped = {name: text for name, (text, _) in outcomes.items() if "ESCAPED" in text}
+    assert not escaped, escaped
+    did_not_run = {name: text for name, (text, ran) in outcomes.items() if ran not in text}
+    assert not did_not_run, f"probes that did not get as far as trying: {did_not_run}"
+    assert not _accepted(listener), "the listener saw a connection"
+    assert list(service_dir.iterdir()) == []
+
+
+async def test_the_local_sandbox_closes_every_escape(monkeypatch, listener, service_dir, work_root, tmp_path):
+    monkeypatch.setenv("ASYNCRL_SECURITY__API_TOKEN", SECRET)  # the service's environment holds a secret
+    sandbox = PythonSandbox(**{**TIGHT_LIMITS, "work_root": str(work_root)})
+    server_socket = str(tmp_path / "no-server.sock")
+    outcomes = await _escapes(lambda code: sandbox.call({"code": code}, timeout_s=10), listener, service_dir, server_socket)
+    _assert_closed(outcomes, listener, service_dir)
+    assert sandbox_pids() == {}
+
+
+async def test_a_sandbox_server_closes_every_escape_and_serves_runs(listener, service_dir, sandbox_server):
+    path, proc = sandbox_server
+    mode = os.stat(path)
+    assert stat.S_IMODE(mode.st_mode) == 0o600 and mode.st_uid == os.getuid()
+    client = PythonSandbox(sandbox_url=f"unix://{path}")
+    ok = await client.call({"code": "print(6 * 7)"}, timeout_s=10)
+    assert ok.content == "42\n" and not ok.is_error, ok
+    assert ok.metadata["isolation"]["network"] in ("namespace", "no_network") and ok.metadata["isolation"]["uid"]
+    outcomes = await _escapes(lambda code: client.call({"code": code}, timeout_s=10), listener, service_dir, path)
+    _assert_closed(outcomes, listener, service_dir)
+    transport = httpx.AsyncHTTPTransport(uds=path)
+    async with httpx.AsyncClient(transport=transport, timeout=10) as http:
+        health = (await http.get("http://python-sandbox/health")).json()
+        assert health["isolation"]["network"] in ("namespace", "no_network")
+        bad = await http.post("http://python-sandbox/v1/run", json={"code": 1})
+        assert bad.status_code == 400 and "code" in bad.json()["error"]["message"]
+    assert proc.poll() is None
+
+
+async def test_an_unreachable_sandbox_server_is_a_tool_error_not_a_crash(tmp_path):
+    client = PythonSandbox(sandbox_url=f"unix://{tmp_path / 'nobody-listens.sock'}")
+    result = await client.call({"code": "print(1)"}, timeout_s=5)
+    assert result.is_error and result.metadata["failure"] == "sandbox_unavailable", result
+
+
+def test_a_process_without_network_sees_only_loopback():
+    """What the launcher checks before it accepts ``no_network`` (a container with
+    ``network_mode: none``): here a fresh network namespace made by ``unshare``."""
+    code = "from tools._sandbox_launcher import network_interfaces; print(network_interfaces())"
+    done = subprocess.run(["unshare", "--net", sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip() == "['lo']", done
+    assert len(network_interfaces()) > 1  # and this machine's own namespace has more
+
+
+async def test_the_server_refuses_to_start_where_it_cannot_isolate(tmp_path):
+    """``asyncrl python-sandbox`` with settings it cannot honour exits 2 with the reason."""
+    bad = await asyncio.create_subprocess_exec(sys.executable, "-m", "asyncrl", "python-sandbox", "--socket", str(tmp_path / "s.sock"),
+                                               "--limits", json.dumps({"network_isolation": "audit_hook"}),
+                                               stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(bad.communicate(), 60)
+    assert bad.returncode == 2 and b"refusing to start" in err and b"audit_hook" in err
