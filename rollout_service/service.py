@@ -145,6 +145,10 @@ class RolloutService:
             raise ValueError(f"external tools {sorted(clash)} have the names of builtin tools")
         self.broker = ExternalBroker({t.name: t for t in cfg.rollout.external_tools}, self._announce,
                                      retention_s=cfg.api.tool_call_retention_s)
+        unscoped = sorted({t.environment for t in cfg.rollout.external_tools} - set(cfg.security.environment_tokens))
+        if unscoped:
+            log.warning("external environments %s list their tool calls to any data-plane client: give each its own "
+                        "token in security.environment_tokens (docs/security.md)", unscoped)
         self.chat = ChatTokenizer(tokenizer, self.tools.registry.schemas() + self.broker.schemas())
         self.chats = ChatCache(tokenizer)
         self.model_name = served_model_name(cfg)

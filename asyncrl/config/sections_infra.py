@@ -231,6 +231,10 @@ class SecurityConfig(Section):
     """Bearer token of the data plane (OpenAI routes, sessions). None: open data plane."""
     sync_token: SecretStr | None = None
     """Bearer token of the sync agent's routes."""
+    environment_tokens: dict[str, SecretStr] = Field(default_factory=dict)
+    """Bearer token per external environment (``rollout.external_tools[].environment``): an
+    environment with one lists its parked calls (and gets their session tokens) with it only,
+    never with the data-plane token; one without falls back to ``api_token`` (a warning at start)."""
     nats_password: SecretStr | None = None
     """Password of ``nats.user``."""
     insecure_dev: bool = False

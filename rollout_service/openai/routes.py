@@ -49,6 +49,7 @@ from rollout_service.openai.schemas import (
     ToolResultRequest,
 )
 from rollout_service.openai.sessions import (
+    EXTERNAL_GROUP_PREFIX,
     SessionRecord,
     normalize_message,
     prepare_text_turn,
@@ -151,7 +152,11 @@ def build_openai_router(svc) -> APIRouter:
         if sessions.open_count >= svc.cfg.api.max_sessions:
             raise ApiError(429, f"{sessions.open_count} sessions are open (limit {svc.cfg.api.max_sessions})", headers={"Retry-After": "10"})
         sid = f"sess-{uuid.uuid4().hex[:20]}"
-        group_id = body.group_id or f"g-{sid}"
+        named = body.group_id or f"g-{sid}"
+        group_id = EXTERNAL_GROUP_PREFIX + named  # never one of the service's own groups (s00000001, ...)
+        size = next((r.agent.group_size for r in sessions.sessions.values() if r.agent.group_id == group_id), None)
+        if size is not None and size != body.group_size:
+            raise ApiError(409, f"group {named!r} has group_size {size}, fixed by its first session", param="group_size")
         refused = svc.runner.admit_external(group_id, body.group_size)
         if refused is not None:  # NATS not taking trajectories is an outage (503); quota, pause and the like are backpressure (429)
             status = 503 if refused.startswith("outbox full") else 429
@@ -165,7 +170,7 @@ def build_openai_router(svc) -> APIRouter:
         sessions.add(rec)
         await sessions.save(rec)
         root = (svc.cfg.api.public_url or str(request.base_url)).rstrip("/")
-        return {"id": sid, "token": token, "base_url": f"{root}/v1/sessions/{sid}/v1", "group_id": group_id,
+        return {"id": sid, "token": token, "base_url": f"{root}/v1/sessions/{sid}/v1", "group_id": named,
                 "expires_after_idle_s": svc.cfg.api.session_ttl_s}
 
     @router.get("/v1/sessions/{sid}", responses=errors(404))
@@ -312,9 +317,14 @@ def build_openai_router(svc) -> APIRouter:
     async def tool_result(request: Request, sid: str, body: ToolResultRequest):
         return await broker.post_result(sid, body.tool_call_id, body.content, body.is_error, bearer(request))
 
+    environment_tokens = {name: secret(token) for name, token in svc.cfg.security.environment_tokens.items()}
+
     @router.get("/v1/environments/{env}/tool_calls")
     async def environment_tool_calls(request: Request, env: str, wait: float = Query(0.0, ge=0.0)):
-        data_plane(request)
+        if env in environment_tokens:  # scoped: this environment's token only, not the data plane's
+            require_token(request, environment_tokens[env], f"environment {env!r}")
+        else:
+            data_plane(request)
         calls = await broker.pending(environment=env, wait_s=min(wait, svc.cfg.api.poll_max_wait_s))
         return {"environment": env, "tool_calls": calls}
 

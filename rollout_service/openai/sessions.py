@@ -32,6 +32,10 @@ time. Contract:
   episode; a next request that includes the partial assistant text the client saw renders
   it as an environment segment (loss mask 0), like any message the session did not produce.
 - **Auth.** Each session has its own bearer token (only its hash is stored).
+- **Groups.** A session's ``group_id`` is the client's name for its group; its trajectories
+  carry it as ``x:<name>`` (:data:`EXTERNAL_GROUP_PREFIX`), so an outside client can never join
+  or release one of the service's own groups (``s00000001``, ...). A group's ``group_size`` is
+  fixed by its first session: a join with another size is refused (409).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from rollout_service.agent.state import AgentState, Phase
 log = logging.getLogger(__name__)
 
 EXPIRY_SCAN_S = 5.0  # how often idle sessions are looked for
+EXTERNAL_GROUP_PREFIX = "x:"  # a session's group id on the wire: apart from the service's own groups
 
 
 class SessionRecord(msgspec.Struct, kw_only=True):
@@ -73,7 +78,7 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     def public(self) -> dict[str, Any]:
         a = self.agent
         return {"id": self.id, "status": self.status, "created_at": self.created_at, "last_activity": self.last_activity,
-                "group_id": a.group_id, "group_size": a.group_size, "group_index": a.group_index, "data_source": a.data_source,
+                "group_id": a.group_id.removeprefix(EXTERNAL_GROUP_PREFIX), "group_size": a.group_size, "group_index": a.group_index, "data_source": a.data_source,
                 "turns": a.assistant_turns, "tokens": len(a.token_ids), "prompt_length": a.prompt_length,
                 "model_tokens": sum(a.loss_mask), "segments": self.segments, "divergences": self.divergences,
                 "reward": a.reward if self.reward_set else None, "reward_details": a.reward_details,

@@ -121,7 +121,7 @@ async def test_single_turn_env_keeps_every_rubric_component(tmp_path, nats_serve
             trajs = await fetch_all(nats_server.url, "demo", 2)
     finally:
         await proxy.stop()
-    assert len(trajs) == 2 and {t.group_id for t in trajs} == {"vf00000000"}
+    assert len(trajs) == 2 and {t.group_id for t in trajs} == {"x:vf00000000"}
     for t in trajs:
         assert t.num_turns == 1 and t.num_tool_calls == 0 and not t.failure
         assert t.reward_details == {"correct": 1.0, "brief": 1.0, "num_turns": 1.0} and t.reward == pytest.approx(1.5)

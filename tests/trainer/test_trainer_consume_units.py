@@ -95,6 +95,18 @@ def test_incomplete_group_is_released_after_patience():
     assert taken.groups[0].incomplete and len(taken.groups[0].kept) == 1
 
 
+def test_a_groups_size_is_its_first_members_and_a_later_claim_cannot_hold_it_open():
+    """Issue 30: a member claiming group_size 1024 used to raise the group's size and stall it."""
+    rng = random.Random(0)
+    a = make_group(rng, "a", 2)
+    asm = GroupAssembler(patience=100)
+    asm.add(Held(1, a[0], b""))
+    asm.add(Held(2, a[1].__class__(**{**{f: getattr(a[1], f) for f in a[1].__struct_fields__}, "group_size": 1024}), b""))
+    assert asm.num_ready(2) == 1
+    taken = asm.take(1, 2, version=0, bound=None)
+    assert not taken.groups[0].incomplete and [h.traj.id for h in taken.groups[0].kept] == ["a-0", "a-1"]
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_chunked_and_bulk_reads_take_the_same_groups(seed):
     """Groups and their order depend on the stream alone, not on how it was fetched (exact resume)."""

@@ -7,7 +7,8 @@ Rules (deterministic functions of the stream's content and order, so a restarted
 that replays the same messages builds the same batches):
 
 - A group accepts members up to its release point ``first_seq + patience + 1``; it is
-  *complete* when it holds ``group_size`` distinct trajectory ids (``ready_seq`` = the
+  *complete* when it holds ``group_size`` distinct trajectory ids (the first member's
+  ``group_size``: a later member claiming a larger one cannot hold the group open) (``ready_seq`` = the
   completing member's sequence). A member of the same ``group_id`` arriving after completion
   or after the release point starts a new group.
 - A group still incomplete once the stream reached its release point is *released* incomplete
@@ -109,8 +110,7 @@ class GroupAssembler:
             g = None
         if g is None:
             g = self._open[t.group_id] = _Group(t.group_id, t.group_size, item.seq, item.seq + self.patience + 1)
-        g.size = max(g.size, t.group_size)
-        g.members.setdefault(t.id, item)
+        g.members.setdefault(t.id, item)  # the size stays the first member's (a later claim cannot stall the group)
         if g.complete_seq is None and len(g.members) >= g.size:
             g.complete_seq = item.seq
 
