@@ -37,6 +37,7 @@ from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.external_tools import ExternalBroker
 from rollout_service.agent.tool_parser import PARSERS
+from rollout_service.api.limits import InflightLimit
 from rollout_service.engines import EnginePool
 from rollout_service.loop_lag import LoopLag
 from rollout_service.openai.handlers import ChatCache, served_model_name
@@ -151,6 +152,8 @@ class RolloutService:
                         "token in security.environment_tokens (docs/security.md)", unscoped)
         self.chat = ChatTokenizer(tokenizer, self.tools.registry.schemas() + self.broker.schemas())
         self.chats = ChatCache(tokenizer)
+        self.inflight_stateless = InflightLimit(cfg.api.max_stateless_requests, "stateless completions")
+        self.inflight_polls = InflightLimit(cfg.api.max_long_polls, "tool-call long-polls")
         self.model_name = served_model_name(cfg)
         self.math_reward = MathReward()
         self.math_reward.start()

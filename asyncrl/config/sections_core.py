@@ -221,6 +221,13 @@ class ApiConfig(Section):
     """Largest ``max_tokens`` / ``max_completion_tokens`` a request may ask for."""
     max_sessions: int = Field(1024, ge=1, le=1_000_000)
     """Open sessions at once (429 above it)."""
+    max_session_metadata_bytes: int = Field(65_536, ge=0, le=16 * 2**20)
+    """Largest ``metadata`` of a session (its JSON; 400 above it): with ``max_sessions`` it
+    bounds what sessions hold in memory and the KV bucket."""
+    max_stateless_requests: int = Field(256, ge=1, le=1_000_000)
+    """Stateless completions in progress at once (429 with ``Retry-After`` above it)."""
+    max_long_polls: int = Field(64, ge=1, le=100_000)
+    """Tool-call long-polls (``wait`` > 0) waiting at once (429 above it)."""
     session_ttl_s: float = Field(1800.0, gt=0.0)
     """A session without activity for this long expires (reported, not published)."""
     closed_session_retention_s: float = Field(3600.0, gt=0.0)

@@ -19,6 +19,7 @@ and ``POST /v1/sessions/{id}/tool_results`` (the call's token), and
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 import uuid
 
@@ -30,6 +31,7 @@ from asyncrl.http.errors import ApiError
 from asyncrl.http.openapi import errors, streams
 from rollout_service.agent.state import AgentState
 from rollout_service.api.auth import bearer, check_token, hash_token, new_token, require_token
+from rollout_service.api.limits import hold_until_sent
 from rollout_service.openai.handlers import (
     answer_chat,
     answer_completion,
@@ -93,6 +95,17 @@ def build_openai_router(svc) -> APIRouter:
         return svc.chats.get(key, tools), key
 
     # -- stateless ------------------------------------------------------------------------
+    stateless, long_polls = svc.inflight_stateless, svc.inflight_polls
+
+    async def limited(answer):
+        """Run ``answer()`` in a stateless-request slot, held until the response is sent."""
+        release = stateless.take()
+        try:
+            return hold_until_sent(await answer(), release)
+        except BaseException:
+            release()
+            raise
+
     @router.get("/v1/models")
     async def models(request: Request):
         data_plane(request)
@@ -113,7 +126,7 @@ def build_openai_router(svc) -> APIRouter:
         async def done(out) -> None:
             return None
 
-        return await answer_chat(svc, state, chat, req, spec, done)
+        return await limited(lambda: answer_chat(svc, state, chat, req, spec, done))
 
     @router.post("/v1/completions", responses={**streams(), **errors(404, 503)})
     async def completions(request: Request, req: CompletionRequest):
@@ -129,7 +142,7 @@ def build_openai_router(svc) -> APIRouter:
         async def done(out) -> None:
             return None
 
-        return await answer_completion(svc, state, chat, req, ids, done)
+        return await limited(lambda: answer_completion(svc, state, chat, req, ids, done))
 
     # -- sessions -----------------------------------------------------------------------
     sessions = svc.sessions
@@ -149,6 +162,10 @@ def build_openai_router(svc) -> APIRouter:
     async def create_session(request: Request, body: SessionCreate | None = None):
         data_plane(request)
         body = body or SessionCreate()
+        size = len(json.dumps(body.metadata))
+        if size > svc.cfg.api.max_session_metadata_bytes:
+            raise ApiError(400, f"metadata is {size} bytes of JSON (limit {svc.cfg.api.max_session_metadata_bytes})",
+                           param="metadata")
         if sessions.open_count >= svc.cfg.api.max_sessions:
             raise ApiError(429, f"{sessions.open_count} sessions are open (limit {svc.cfg.api.max_sessions})", headers={"Retry-After": "10"})
         sid = f"sess-{uuid.uuid4().hex[:20]}"
@@ -307,10 +324,21 @@ def build_openai_router(svc) -> APIRouter:
     # -- external environments ----------------------------------------------------------
     broker = svc.broker
 
+    async def polled(pending, wait: float):
+        """``pending(wait_s)``: a long-poll (wait > 0) in a long-poll slot."""
+        wait = min(wait, svc.cfg.api.poll_max_wait_s)
+        if wait <= 0:
+            return await pending(0.0)
+        release = long_polls.take()
+        try:
+            return await pending(wait)
+        finally:
+            release()
+
     @router.get("/v1/sessions/{sid}/tool_calls", responses=errors(404))
     async def session_tool_calls(request: Request, sid: str, wait: float = Query(0.0, ge=0.0)):
         broker.authorize(sid, bearer(request))
-        calls = await broker.pending(session_id=sid, wait_s=min(wait, svc.cfg.api.poll_max_wait_s))
+        calls = await polled(lambda w: broker.pending(session_id=sid, wait_s=w), wait)
         return {"session_id": sid, "tool_calls": [{k: v for k, v in c.items() if k != "token"} for c in calls]}
 
     @router.post("/v1/sessions/{sid}/tool_results", responses=errors(404, 409))
@@ -325,7 +353,7 @@ def build_openai_router(svc) -> APIRouter:
             require_token(request, environment_tokens[env], f"environment {env!r}")
         else:
             data_plane(request)
-        calls = await broker.pending(environment=env, wait_s=min(wait, svc.cfg.api.poll_max_wait_s))
+        calls = await polled(lambda w: broker.pending(environment=env, wait_s=w), wait)
         return {"environment": env, "tool_calls": calls}
 
     return router
