@@ -139,11 +139,11 @@ class Drain:
         self.calls: list[int] = []
         self._stop = asyncio.Event()
 
-    async def run(self, url: str, run_id: str) -> None:
+    async def run(self, url: str, run_id: str, auth: dict) -> None:
         from nats.js.api import AckPolicy, ConsumerConfig
 
         names = NatsNames(run_id)
-        nc = await connect(url, "bench-control-plane", persistent=False)
+        nc = await connect(url, "bench-control-plane", persistent=False, **auth)
         js = nc.jetstream()
         sub = await js.pull_subscribe(names.trajectories, durable=names.trainer_consumer, stream=names.stream,
                                       config=ConsumerConfig(ack_policy=AckPolicy.NONE, max_ack_pending=-1))
@@ -206,7 +206,7 @@ async def run_cell(a, root: Path, engines: int, agents: int, shape: str) -> dict
         url = stack.urls["rollout"]
         rollout = psutil.Process(stack.children["rollout"].proc.pid)
         engine_procs = [psutil.Process(stack.children[f"engine-{i}"].proc.pid) for i in range(engines)]
-        consumer = asyncio.create_task(drain.run(stack.urls["nats"], cfg.run.id))
+        consumer = asyncio.create_task(drain.run(stack.urls["nats"], cfg.run.id, stack.nats_auth()))
         async with aiohttp.ClientSession() as http:
             await asyncio.sleep(a.warmup_s)
             if exited := stack.exited():

@@ -129,7 +129,7 @@ async def run_mode(mode: str, a, root: Path, policy: str = "abort") -> dict:
         from asyncrl.up.live import MetricsTap
 
         tap = MetricsTap(cfg.run.id, run_dir)
-        nc = await connect(stack.urls["nats"], "bench-modes", persistent=False)
+        nc = await connect(stack.urls["nats"], "bench-modes", persistent=False, **stack.nats_auth())
         await tap.start(nc)
         while stack.children["trainer"].poll() is None:
             if any(code not in (None, 0) for _, code in stack.exited()):

@@ -83,7 +83,7 @@ async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyn
     from asyncrl.up.live import MetricsTap, health_line, render
 
     tap = MetricsTap(cfg.run.id, stack.run_dir)
-    nc = await connect(stack.urls["nats"], "asyncrl-up")
+    nc = await connect(stack.urls["nats"], "asyncrl-up", **stack.nats_auth())
     await tap.start(nc)
     token = secret(cfg.security.sync_token)
     headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from asyncrl.config import RunConfig
+from asyncrl.config import RunConfig, secret
 from asyncrl.config_cli import resolved_document
 from asyncrl.jetstream import EmbeddedNats, write_endpoint
 from asyncrl.launch import ChildProcess, free_port, http_ok
@@ -49,15 +49,22 @@ class Stack:
         return proc.start()
 
     def resolve(self) -> RunConfig:
-        """Fill in what the processes need to find each other (ports, URLs, tokens)."""
+        """Fill in what the processes need to find each other (ports, URLs) and the secrets they
+        share: tokens, an engine key for the engines it starts, a NATS user and password for
+        its embedded NATS (generated when not configured)."""
         cfg = self.cfg
         doc = cfg.model_dump(mode="json")
         sec = cfg.security
         doc["security"].update(admin_token=_secret(sec.admin_token), sync_token=_secret(sec.sync_token),
                                api_token=_secret(sec.api_token))
-        if cfg.engines.api_key is not None:
-            doc["engines"]["api_key"] = cfg.engines.api_key.get_secret_value()
-        if sec.nats_password is not None:
+        # nothing runs open (issue 30): engines this stack starts get a key, its embedded NATS a user
+        starts_engines = cfg.engines.backend == "local" and not cfg.engines.urls
+        if cfg.engines.api_key is not None or starts_engines:
+            doc["engines"]["api_key"] = _secret(cfg.engines.api_key)
+        if not cfg.nats.url:
+            doc["nats"]["user"] = cfg.nats.user or "asyncrl"
+            doc["security"]["nats_password"] = _secret(sec.nats_password)
+        elif sec.nats_password is not None:
             doc["security"]["nats_password"] = sec.nats_password.get_secret_value()
         doc["rollout"]["port"] = cfg.rollout.port or free_port()
         doc["sync"]["port"] = cfg.sync.port or free_port()
@@ -85,7 +92,8 @@ class Stack:
         cfg = self.resolve()
         if not cfg.nats.url:
             self.nats = EmbeddedNats(self.run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes,
-                                     sync_always=cfg.nats.sync_always)
+                                     sync_always=cfg.nats.sync_always, user=cfg.nats.user,
+                                     password=secret(cfg.security.nats_password))
             self.doc["nats"]["url"] = self.nats.start()
             write_endpoint(self.nats)
             progress(f"NATS JetStream at {self.doc['nats']['url']}")
@@ -98,6 +106,7 @@ class Stack:
             for i in range(cfg.engines.num_local):
                 port = free_port()
                 engine = EngineSettings.for_run(cfg, port)  # engines.local + the model and run sections
+                engine = engine.model_copy(update={"api_key": secret(cfg.engines.api_key)})  # passed in its environment
                 self._child(f"engine-{i}", [sys.executable, "-m", "asyncrl", "engine", *engine.to_argv()], env=engine.secret_env())
                 urls.append(f"http://127.0.0.1:{port}")
             for i, url in enumerate(urls):
@@ -121,6 +130,10 @@ class Stack:
         progress(f"trainer started (torchrun, {cfg.trainer.nproc_per_node} rank(s)); logs in {self.run_dir / 'logs'}")
         self.urls = {"rollout": rollout_url, "sync": self.doc["sync"]["url"], "nats": self.doc["nats"]["url"]}
         return cfg
+
+    def nats_auth(self) -> dict[str, str | None]:
+        """``user`` and ``password`` for :func:`asyncrl.jetstream.connect` to this stack's NATS."""
+        return {"user": self.doc["nats"].get("user"), "password": self.doc["security"].get("nats_password")}
 
     def exited(self) -> list[tuple[str, int]]:
         """Children that are no longer running, with their exit codes."""

@@ -54,7 +54,7 @@ async def run_mode(tmp_path: Path, mode: str):
     published: dict[str, object] = {}
     try:
         cfg = await asyncio.to_thread(stack.start, lambda m: None)
-        nc = await connect(stack.urls["nats"], "test-modes", persistent=False)
+        nc = await connect(stack.urls["nats"], "test-modes", persistent=False, **stack.nats_auth())
 
         async def on_traj(msg) -> None:
             if is_end_of_data(msg.headers):  # the rollout's last word, not a trajectory
