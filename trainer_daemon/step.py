@@ -49,6 +49,8 @@ from trainer_daemon.algo import (
 )
 from trainer_daemon.batch import MicroBatch, collate
 from trainer_daemon.distributed import DistContext
+from trainer_daemon.logprob_head import log_prob_head
+from trainer_daemon.packing import PackedMicroBatch, pack, packed_attention_mask
 
 SHARE_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss")  # summed over micro-batches
 
@@ -77,9 +79,11 @@ class TrainStep:
             raise ValueError("actor.use_kl_loss needs a reference model")
 
     # -- forward ---------------------------------------------------------------------------
-    def _forward(self, model, mb: MicroBatch, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, model, mb: MicroBatch | PackedMicroBatch, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(logp, entropy)``, ``(B, R)`` each. ``entropy``: None (not computed), ``"metric"``
         (detached, from the same log-softmax) or ``"loss"`` (with grad)."""
+        if isinstance(mb, PackedMicroBatch):
+            return self._forward_packed(model, mb, entropy)
         scaled = bool((mb.temperature != 1.0).any())  # on the host: no device sync
         mb = mb.to(self.ctx.device)
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
@@ -92,8 +96,22 @@ class TrainStep:
             return log_probs_from_logits(z, mb.labels), None
         return log_probs_and_entropy(z, mb.labels, entropy_grad=entropy == "loss")
 
+    def _forward_packed(self, model, mb: PackedMicroBatch, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The packed row through the model, its LM head answering the scored tokens' log-probs
+        in chunks (``trainer_daemon.logprob_head``); results placed in the ``(B, R)`` layout."""
+        b, r = mb.response_shape
+        mb = mb.to(self.ctx.device)
+        attn = packed_attention_mask(mb.seq_lens, model.config._attn_implementation, self.ctx.device)
+        with log_prob_head(model, mb.labels, mb.temperature, self.s.actor.log_prob_chunk_tokens, entropy):
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=attn,
+                        logits_to_keep=mb.score_pos, use_cache=False).logits[0]
+        zeros = out.new_zeros(b * r)
+        logp = zeros.scatter(0, mb.flat_index, out[:, 0]).view(b, r)
+        ent = zeros.scatter(0, mb.flat_index, out[:, 1]).view(b, r) if entropy is not None else None
+        return logp, ent
+
     @torch.no_grad()
-    def _log_probs(self, model, mb: MicroBatch) -> torch.Tensor:
+    def _log_probs(self, model, mb: MicroBatch | PackedMicroBatch) -> torch.Tensor:
         return self._forward(model, mb, None)[0].detach()
 
     # -- planning --------------------------------------------------------------------------
@@ -105,8 +123,10 @@ class TrainStep:
             members = [i for g in groups[start:start + mini] for i in g if keep[i]]
             if not members:
                 continue
+            actor = self.s.actor
             plan = plan_mini_batch([len(trajs[i].token_ids) for i in members], [trajs[i].group_id for i in members],
-                                   self.ctx.world_size, self.s.actor.ppo_micro_batch_size_per_gpu)
+                                   self.ctx.world_size, actor.ppo_micro_batch_size_per_gpu,
+                                   token_budget=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None)
             out.append((members, [[members[j] for j in micro] for micro in plan[self.ctx.rank]]))
         return out
 
@@ -131,7 +151,8 @@ class TrainStep:
         plans = self._plans(trajs, groups, keep)
         # Micro-batches in plan order: every rank runs the same number of forward passes of
         # each (sharded) model, dummies included.
-        mbs = [[collate(trajs, micro, adv, self.s.pad_id) for micro in plan] for _, plan in plans]
+        build = pack if self.s.actor.use_remove_padding else collate
+        mbs = [[build(trajs, micro, adv, self.s.pad_id) for micro in plan] for _, plan in plans]
 
         t1 = time.perf_counter()
         anchors = [[self._log_probs(self.model, mb) for mb in row] for row in mbs] if self.s.async_training.recomputes_log_probs else None

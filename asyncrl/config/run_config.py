@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from asyncrl.config.sections_core import (
     ApiConfig,
@@ -63,6 +63,14 @@ class RunConfig(Section):
     """Tokens."""
     api: ApiConfig = Field(default_factory=ApiConfig)
     """The OpenAI-compatible API and sessions of the rollout service."""
+
+    @model_validator(mode="after")
+    def _token_budget_holds_a_trajectory(self) -> RunConfig:
+        a = self.actor
+        if a.use_dynamic_bsz and a.ppo_max_token_len_per_gpu < self.model.max_model_len:
+            raise ValueError(f"actor.ppo_max_token_len_per_gpu ({a.ppo_max_token_len_per_gpu}) must be >= model.max_model_len "
+                             f"({self.model.max_model_len}): a trajectory that long would fit no micro-batch")
+        return self
 
     @property
     def run_dir(self) -> Path:

@@ -100,6 +100,21 @@ class ActorConfig(Section):
     ``entropy_coeff != 0`` the entropy is in the loss and always reported."""
     activation_checkpointing: bool = False
     """Recompute decoder-block activations in backward to save memory."""
+    use_remove_padding: bool = True
+    """Pack each micro-batch's trajectories end to end in one row, attention kept inside each
+    (verl's name): no padding is processed. False: right-padded rows (the reference path)."""
+    use_dynamic_bsz: bool = False
+    """Micro-batches hold up to ``ppo_max_token_len_per_gpu`` tokens instead of
+    ``ppo_micro_batch_size_per_gpu`` trajectories (verl's name)."""
+    ppo_max_token_len_per_gpu: int = Field(16384, ge=16, le=16_777_216)
+    """Token budget of one micro-batch with ``use_dynamic_bsz`` (prompt + response tokens);
+    must hold ``model.max_model_len`` (a longer trajectory fits no micro-batch)."""
+    log_prob_chunk_tokens: int = Field(1024, ge=0, le=1_048_576)
+    """With ``use_remove_padding``: the LM head projects this many scored tokens onto the
+    vocabulary at a time, recomputed in backward, so the float32 logits of a micro-batch never
+    exist at once (peak O(chunk × vocabulary)). 0: all at once."""
+    use_torch_compile: bool = False
+    """``torch.compile`` each decoder layer (verl's name); pays on GPUs, not on this CPU."""
 
 
 class NatsConfig(Section):

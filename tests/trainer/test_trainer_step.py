@@ -1,7 +1,10 @@
 """The step function across world sizes and loss options (``step_worker.py`` in subprocesses).
 
 - 2 ranks, one of them running dummy micro-batches, give the same SGD update as 1 rank (the
-  global normalisers and ``dp_size`` make the split invisible), for two aggregation modes.
+  global normalisers and ``dp_size`` make the split invisible), for three aggregation modes,
+  one with token-budget micro-batches.
+- Packed rows with the chunked log-prob head give the right-padded path's update, for every
+  objective and aggregation mode.
 - The optional paths run and report their metrics: KL to a frozen reference, proximal
   log-probs (decoupled PPO), entropy bonus, bf16 mixed precision, activation checkpointing.
 """
@@ -35,7 +38,24 @@ def _run(out: Path, nproc: int, *overrides: str) -> dict:
     return torch.load(out, weights_only=False)
 
 
-MODES = ["actor.loss_agg_mode=token-mean", "actor.loss_agg_mode=seq-mean-token-mean"]
+MODES = ["actor.loss_agg_mode=token-mean", "actor.loss_agg_mode=seq-mean-token-mean",
+         # token-budget micro-batches (2-3 packed trajectories each) and dummies on the second rank
+         "actor.loss_agg_mode=seq-mean-token-sum,actor.use_dynamic_bsz=true,model.max_model_len=32,"
+         "actor.ppo_max_token_len_per_gpu=32,actor.log_prob_chunk_tokens=3"]
+# Packed rows (the default) against right-padded rows, same micro-batches of 3 trajectories, for
+# every objective and aggregation of docs/algorithms.md, with KL, entropy, proximal log-probs
+# and temperatures != 1 (the batch has them): the same SGD update (issue 31, item 6).
+PATHS = [
+    "actor.loss_agg_mode=token-mean",
+    "actor.loss_agg_mode=seq-mean-token-sum",
+    "actor.loss_agg_mode=seq-mean-token-sum-norm",
+    "actor.loss_agg_mode=seq-mean-token-mean,actor.use_kl_loss=true,actor.kl_loss_coef=0.1,actor.entropy_coeff=0.01,"
+    "async_training.compute_prox_log_prob=true",
+    "actor.loss_mode=gspo,actor.loss_agg_mode=seq-mean-token-mean,async_training.compute_prox_log_prob=true,"
+    "actor.rollout_is_level=sequence,actor.calculate_entropy=true",
+    "actor.loss_mode=cispo,async_training.compute_prox_log_prob=true,actor.tis_imp_ratio_cap=null,actor.rollout_rs=token,"
+    "actor.rollout_rs_threshold=1.5,actor.rollout_rs_threshold_lower=0.5",
+]
 OPTIONAL = ",".join(["actor.use_kl_loss=true", "actor.kl_loss_coef=0.1", "actor.entropy_coeff=0.01",
                      "async_training.compute_prox_log_prob=true", "trainer.mixed_precision=bf16",
                      "actor.activation_checkpointing=true", "actor.filter_zero_variance_groups=true"])
@@ -51,7 +71,20 @@ OBJECTIVES = [",".join(["actor.loss_mode=gspo", "actor.clip_ratio_low=0.0003", "
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("step")
-    return {"one": _run(d / "one.pt", 1, *MODES, OPTIONAL, *OBJECTIVES), "two": _run(d / "two.pt", 2, *MODES)}
+    micro3 = "actor.ppo_micro_batch_size_per_gpu=3,actor.log_prob_chunk_tokens=2"
+    paths = [f"{v},{micro3},actor.use_remove_padding={packed}" for v in PATHS for packed in ("true", "false")]
+    return {"one": _run(d / "one.pt", 1, *MODES, OPTIONAL, *OBJECTIVES, *paths), "two": _run(d / "two.pt", 2, *MODES)}
+
+
+@pytest.mark.parametrize("variant", range(len(PATHS)), ids=[p.split(",")[0] for p in PATHS])
+def test_packed_rows_and_chunked_log_probs_give_the_padded_paths_update(results, variant):
+    base = len(MODES) + 1 + len(OBJECTIVES) + 2 * variant
+    packed, padded = results["one"][base], results["one"][base + 1]
+    for name, w in padded["weights"].items():
+        torch.testing.assert_close(packed["weights"][name], w, rtol=0, atol=1e-5, msg=name)
+    for key, value in padded["metrics"].items():
+        if key.startswith("actor/") and key != "actor/lr":
+            assert packed["metrics"][key] == pytest.approx(value, abs=1e-5, rel=1e-5), key
 
 
 @pytest.mark.parametrize("variant", range(len(MODES)), ids=MODES)

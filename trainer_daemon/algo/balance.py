@@ -29,8 +29,12 @@ Decisions:
 are lists of indices into the input, sorted ascending inside each micro-batch / rank; the
 output is a pure function of the input (deterministic).
 
-Not covered: dynamic batch size (a token budget per micro-batch instead of a count), sequence
-parallelism, and balancing the attention cost (quadratic in length) instead of token counts.
+4. Token budget instead (``actor.use_dynamic_bsz``, verl's): each rank's trajectories go into
+   micro-batches of at most ``actor.ppo_max_token_len_per_gpu`` tokens, first fit, longest
+   first; ranks needing fewer micro-batches than the most get empty ones (the padding rule of 3).
+
+Not covered: sequence parallelism, and balancing the attention cost (quadratic in length)
+instead of token counts.
 """
 
 from __future__ import annotations
@@ -104,6 +108,28 @@ def split_micro_batches(
     return [sorted(idx[j] for j in b) for b in bins]
 
 
+def split_by_tokens(seq_lens: Sequence[int], indices: Sequence[int], token_budget: int) -> list[list[int]]:
+    """``indices`` (one rank's trajectories) into micro-batches of at most ``token_budget``
+    tokens each (verl's ``use_dynamic_bsz``): first fit, longest first (ties: first index).
+    Raises ValueError for a trajectory longer than the budget (it fits no micro-batch)."""
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    bins: list[list[int]] = []
+    load: list[int] = []
+    for i in sorted(indices, key=lambda i: (-int(seq_lens[i]), i)):
+        n = int(seq_lens[i])
+        if n > token_budget:
+            raise ValueError(f"a trajectory of {n} tokens exceeds the micro-batch token budget of {token_budget}")
+        b = next((k for k in range(len(bins)) if load[k] + n <= token_budget), None)
+        if b is None:
+            bins.append([])
+            load.append(0)
+            b = len(bins) - 1
+        bins[b].append(i)
+        load[b] += n
+    return [sorted(b) for b in bins]
+
+
 def plan_mini_batch(
     seq_lens: Sequence[int],
     group_ids: Sequence[Hashable],
@@ -111,8 +137,16 @@ def plan_mini_batch(
     micro_batch_size: int,
     *,
     keep_groups: bool = True,
+    token_budget: int | None = None,
 ) -> list[list[list[int]]]:
-    """``plan[rank][micro] -> indices``: ranks balanced, every rank with the same number of micro-batches."""
+    """``plan[rank][micro] -> indices``: ranks balanced, every rank with the same number of
+    micro-batches. With ``token_budget`` the micro-batches hold up to that many tokens
+    (:func:`split_by_tokens`; ``micro_batch_size`` is then unused) and a rank that needs fewer
+    than the most gets empty ones (dummies)."""
     ranks = balance_across_ranks(seq_lens, group_ids, world_size, keep_groups=keep_groups)
+    if token_budget is not None:
+        per_rank = [split_by_tokens(seq_lens, r, token_budget) for r in ranks]
+        n_micro = max(len(p) for p in per_rank)
+        return [p + [[] for _ in range(n_micro - len(p))] for p in per_rank]
     n_micro = max(math.ceil(len(r) / micro_batch_size) for r in ranks)
     return [split_micro_batches(seq_lens, r, micro_batch_size, n_micro) for r in ranks]
