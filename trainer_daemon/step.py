@@ -219,10 +219,10 @@ class TrainStep:
         loss, m = compute_actor_loss(
             logp, old, mb.advantages.to(dev), mb.mask.to(dev), self.s.actor, rollout_log_prob=behav, entropy=ent,
             ref_log_prob=None if ref is None else ref.to(dev), global_tokens=tokens, global_seqs=seqs,
-            dp_size=self.ctx.world_size,
+            dp_size=self.ctx.world_size, metrics_on_device=True,
         )
         loss.backward()
-        w = float(mb.mask.sum().item())
+        w = float(mb.mask.sum())  # the host's copy of the mask: no device synchronisation
         for k, v in m.items():
             if k in SHARE_METRICS:
                 sums[k] += v
@@ -243,7 +243,10 @@ class TrainStep:
         """Loss shares: summed per update, averaged over ranks and updates; the rest: token-weighted
         means over micro-batches and ranks (for ``*_max``/``*_min`` that is a mean of extremes)."""
         keys = sorted(set(sums) | set(weights))  # identical on every rank: dummies report every key
-        vec = [sums.get(k, 0.0) for k in keys] + [weights.get(k, 0.0) for k in keys]
+        # the micro-batches' metrics stayed on the device: one transfer for the whole step
+        vec = torch.stack([torch.as_tensor(sums.get(k, 0.0), dtype=torch.float64, device=self.ctx.device) for k in keys]
+                          ).cpu().tolist() if keys else []
+        vec += [weights.get(k, 0.0) for k in keys]
         if self.ctx.world_size > 1 and vec:
             t = torch.tensor(vec, dtype=torch.float64)
             dist.all_reduce(t, group=self.ctx.cpu_group)

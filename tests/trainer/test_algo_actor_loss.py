@@ -126,3 +126,19 @@ def test_micro_batch_split_gradient_equals_full(mode):
         total += part.item()
     assert math.isclose(total, full.item(), rel_tol=1e-12)
     torch.testing.assert_close(lp.grad, full_lp.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_metrics_can_stay_on_the_device_with_the_same_values():
+    """The step asks for device tensors (no host synchronisation per micro-batch: issue 31)."""
+    cfg = ActorConfig(entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.1, tis_imp_ratio_cap=2.0)
+    args = (t(LOGP, True), t(OLD), t(ADV), t(MASK), cfg)
+    kw = dict(entropy=t(ENT), ref_log_prob=t(REF), rollout_log_prob=t(OLD - 0.1))
+    loss, floats = compute_actor_loss(*args, **kw)
+    loss_d, tensors = compute_actor_loss(*args, **kw, metrics_on_device=True)
+    assert loss_d.item() == loss.item() and floats.keys() == tensors.keys()
+    for k, v in tensors.items():
+        if k == "actor/kl_coef":
+            assert v == floats[k]
+            continue
+        assert isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad, k
+        assert v.item() == floats[k], k

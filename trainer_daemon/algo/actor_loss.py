@@ -45,13 +45,17 @@ def compute_actor_loss(
     global_tokens: int | float | torch.Tensor | None = None,
     global_seqs: int | float | torch.Tensor | None = None,
     dp_size: int = 1,
+    metrics_on_device: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Total actor loss (module doc) and its metrics; all tensors ``(B, T)``. ``config`` is the
     run config's ``actor`` section (``entropy_coeff``, ``use_kl_loss``, ``kl_loss_coef``,
     ``kl_loss_type`` and the policy-loss knobs).
 
     ``entropy`` is required when ``entropy_coeff != 0`` and ``ref_log_prob`` when ``use_kl_loss``.
+    ``metrics_on_device``: the metrics stay detached 0-dim tensors on the loss's device (no
+    host synchronisation per micro-batch; the step reads them once per step).
     """
+    read = (lambda t: t.detach()) if metrics_on_device else (lambda t: t.detach().item())
     norm = dict(global_tokens=global_tokens, global_seqs=global_seqs)
     agg_kw = dict(dp_size=dp_size, loss_scale_factor=config.loss_scale_factor)
     pg_loss, metrics = compute_policy_loss(
@@ -62,16 +66,17 @@ def compute_actor_loss(
         config,
         rollout_log_prob=rollout_log_prob,
         dp_size=dp_size,
+        metrics_on_device=metrics_on_device,
         **norm,
     )
     loss = pg_loss
-    metrics["actor/pg_loss"] = pg_loss.detach().item()
+    metrics["actor/pg_loss"] = read(pg_loss)
 
     if config.entropy_coeff != 0.0 and entropy is None:
         raise ValueError("entropy_coeff != 0 needs the per-token entropy")
     if entropy is not None:
         ent = agg_loss(entropy, response_mask, config.loss_agg_mode, **norm, **agg_kw)
-        metrics["actor/entropy"] = ent.detach().item()
+        metrics["actor/entropy"] = read(ent)
         if config.entropy_coeff != 0.0:
             loss = loss - config.entropy_coeff * ent
 
@@ -81,6 +86,6 @@ def compute_actor_loss(
         kld = kl_penalty(log_prob, ref_log_prob.detach(), config.kl_loss_type)
         kl_loss = agg_loss(kld, response_mask, config.loss_agg_mode, **norm, **agg_kw)
         loss = loss + config.kl_loss_coef * kl_loss
-        metrics["actor/kl_loss"] = kl_loss.detach().item()
+        metrics["actor/kl_loss"] = read(kl_loss)
         metrics["actor/kl_coef"] = float(config.kl_loss_coef)
     return loss, metrics

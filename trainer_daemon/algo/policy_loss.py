@@ -108,6 +108,7 @@ def compute_policy_loss(
     global_tokens: int | float | torch.Tensor | None = None,
     global_seqs: int | float | torch.Tensor | None = None,
     dp_size: int = 1,
+    metrics_on_device: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped PPO loss of the module doc and its diagnostics.
 
@@ -121,8 +122,11 @@ def compute_policy_loss(
         rollout_log_prob: ``(B, T)`` behaviour log-probs for the truncated IS weight, or None.
         global_tokens, global_seqs, dp_size: mini-batch normalisers, see ``aggregation.agg_loss``.
 
+        metrics_on_device: leave the diagnostics as detached 0-dim tensors where they were
+            computed (no host synchronisation: the step reads them once per step).
+
     Returns:
-        ``(loss, metrics)``: a 0-dim tensor and a dict of floats.
+        ``(loss, metrics)``: a 0-dim tensor and a dict of floats (or of 0-dim tensors).
     """
     if not (log_prob.shape == old_log_prob.shape == advantages.shape == response_mask.shape):
         raise ValueError(
@@ -190,6 +194,8 @@ def compute_policy_loss(
             "actor/ratio_min": _masked_extreme(r, mask, largest=False),
         }
         stats.update(is_stats)
+        if metrics_on_device:
+            return loss, {k: v.detach() for k, v in stats.items()}
         values = torch.stack(list(stats.values())).cpu().tolist()
     return loss, dict(zip(stats, values, strict=True))
 
