@@ -105,7 +105,8 @@ class TrainerDaemon:
         tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         dev, ws = self.ctx.device, self.ctx.world_size
-        self.model = build_policy(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision, cfg.actor.activation_checkpointing)
+        self.model = build_policy(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision, cfg.actor.activation_checkpointing,
+                                  cfg.actor.use_torch_compile)
         reference = build_reference(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision) if cfg.actor.use_kl_loss else None
         self.optimizer = build_optimizer(self.model, cfg.actor.optim)
         self.total_steps = t.total_training_steps or cfg.derived.total_updates

@@ -54,11 +54,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int, m
     mp = _mp_policy(mixed_precision)
     if mp is not None:
         kwargs["mp_policy"] = mp
-    block_types = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in block_types]
-    if not blocks:
-        raise ValueError(f"{type(model).__name__} declares no decoder block types (_no_split_modules); cannot shard per block")
-    for block in blocks:
+    for block in decoder_blocks(model):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     return model
@@ -78,14 +74,28 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 def build_policy(spec: str, seed: int, device: torch.device, world_size: int, mixed_precision: str = "fp32",
-                 activation_checkpointing: bool = False) -> torch.nn.Module:
-    """The trainable, sharded policy in train mode."""
+                 activation_checkpointing: bool = False, compile_blocks: bool = False) -> torch.nn.Module:
+    """The trainable, sharded policy in train mode. ``compile_blocks`` (``actor.use_torch_compile``):
+    ``torch.compile`` every decoder block in place (dynamic shapes: micro-batch lengths vary),
+    before sharding, as torchtitan does; parameter names are unchanged."""
     model = load_model(spec, dtype="float32", seed=seed)
     model.config.use_cache = False
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if compile_blocks:
+        for block in decoder_blocks(model):
+            block.compile(dynamic=True)
     model.train()
     return shard_model(model, device, world_size, mixed_precision)
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's decoder blocks (the module types it names in ``_no_split_modules``)."""
+    block_types = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in block_types]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} declares no decoder block types (_no_split_modules)")
+    return blocks
 
 
 def build_reference(spec: str, seed: int, device: torch.device, world_size: int, mixed_precision: str = "fp32") -> torch.nn.Module:

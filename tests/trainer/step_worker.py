@@ -30,7 +30,8 @@ def run_variant(ctx, overrides: list[str]) -> dict:
     cfg = load_config(overrides=["rollout.n=2", "actor.ppo_mini_batch_size=3", "actor.ppo_micro_batch_size_per_gpu=1",
                                  "actor.optim.grad_clip=1000", *overrides], environ={})
     t = cfg.trainer
-    model = build_policy("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision, cfg.actor.activation_checkpointing)
+    model = build_policy("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision, cfg.actor.activation_checkpointing,
+                         cfg.actor.use_torch_compile)
     ref = build_reference("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision) if cfg.actor.use_kl_loss else None
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = build_scheduler(opt, cfg.actor.optim, None)

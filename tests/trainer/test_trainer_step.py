@@ -73,7 +73,15 @@ def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("step")
     micro3 = "actor.ppo_micro_batch_size_per_gpu=3,actor.log_prob_chunk_tokens=2"
     paths = [f"{v},{micro3},actor.use_remove_padding={packed}" for v in PATHS for packed in ("true", "false")]
-    return {"one": _run(d / "one.pt", 1, *MODES, OPTIONAL, *OBJECTIVES, *paths), "two": _run(d / "two.pt", 2, *MODES)}
+    compiled = [micro3, f"{micro3},actor.use_torch_compile=true"]
+    return {"one": _run(d / "one.pt", 1, *MODES, OPTIONAL, *OBJECTIVES, *paths, *compiled), "two": _run(d / "two.pt", 2, *MODES)}
+
+
+def test_compiled_decoder_blocks_give_the_same_update(results):
+    """``actor.use_torch_compile`` (every decoder block compiled, dynamic shapes)."""
+    eager, compiled = results["one"][-2], results["one"][-1]
+    for name, w in eager["weights"].items():
+        torch.testing.assert_close(compiled["weights"][name], w, rtol=0, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("variant", range(len(PATHS)), ids=[p.split(",")[0] for p in PATHS])
