@@ -24,7 +24,9 @@ retry gets the same answer:
 - the same result again (content and ``is_error``) → 200 ``{"accepted": true, "duplicate": true}``,
   used once;
 - a different result → 409; a result after the deadline → 409;
-- an unknown call (never parked, or forgotten after the retention) → 404.
+- an unknown call (never parked, or forgotten after the retention) → 404 when the token is
+  valid for a call of that session still on record, else 403, like a wrong token: the answer
+  never tells a prober which session ids exist.
 
 A result accepted while the service then crashed is not lost: the agent, restored from its
 checkpoint, parks the call again and finds the answered record (restored from the bucket by
