@@ -11,13 +11,21 @@ from asyncrl.config import RunConfig, load_config
 from asyncrl.jetstream import EmbeddedNats
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the shipped demo policy's rebuild in the background when its test will run
-    (tests/helpers/shipped_rebuild.py)."""
+def pytest_configure(config: pytest.Config) -> None:
     from tests.helpers import shipped_rebuild
 
-    if any(item.nodeid.endswith(shipped_rebuild.TEST_ID) for item in session.items):
-        shipped_rebuild.start(session.config)
+    shipped_rebuild.configure(config)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the long builds in the background when a collected test needs them: the tests'
+    warm model, then the shipped demo policy's rebuild (tests/helpers/shipped_rebuild.py)."""
+    from tests.helpers import shipped_rebuild
+
+    rebuild = any(item.nodeid.endswith(shipped_rebuild.TEST_ID) for item in session.items)
+    warm = any(shipped_rebuild.WARM_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items)
+    if rebuild or warm:
+        shipped_rebuild.start(session.config, warm=warm, rebuild=rebuild)
 
 
 @pytest.fixture

@@ -77,7 +77,7 @@ def processes_mentioning(*needles: str) -> list[str]:
 def children_left(run_dir: Path) -> list[str]:
     """Every child of a run is started with the run's config file, except engines (by port)."""
     doc = yaml.safe_load((run_dir / "config.yaml").read_text())
-    engine_ports = [f"--port {u.rsplit(':', 1)[1]}" for u in doc["engines"]["urls"]]
+    engine_ports = [f"--port {u.rsplit(':', 1)[1]} " for u in doc["engines"]["urls"]]  # the space: not --port 400001
     with contextlib.suppress(AssertionError):  # the callers assert on what is left, naming it
         wait_for_sync(lambda: not processes_mentioning(str(run_dir), *engine_ports), CHILDREN_EXIT_S, "the run's children to exit")
     return processes_mentioning(str(run_dir), *engine_ports)

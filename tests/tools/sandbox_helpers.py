@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-TEST_UID_BASE = 1_900_000_000  # distinct from the production default
+# distinct from the production default, and per pytest-xdist worker (gw0, gw1, ...): a worker's
+# leftover check must not see (and kill) the runs of the tests another worker runs meanwhile
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+TEST_UID_BASE = 1_900_000_000 + _WORKER * 2**23
 PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 IS_ROOT = os.geteuid() == 0
 
