@@ -1,7 +1,8 @@
 """The python tool's side of a python sandbox server (:mod:`tools.sandbox_server`): send a
 program, get the tool result, over a unix socket.
 
-``RemoteSandbox("unix:///run/asyncrl-sandbox/python.sock").run(code, wall_s)`` POSTs
+``RemoteSandbox("unix:///run/asyncrl-sandbox/python.sock").run(code, wall_s)`` POSTs (aiohttp over the
+socket, with the shared keep-alive of :mod:`asyncrl.http.keepalive`)
 ``{"code", "timeout_s"}`` to ``/v1/run`` and returns the server's :class:`~tools.base.ToolResult`
 (its ``metadata["isolation"]`` says what the server's launcher put in effect). It waits at most
 ``wall_s`` plus :data:`TRANSPORT_GRACE_S` (the server's own cleanup); a server that cannot be
@@ -15,11 +16,14 @@ answer is reported as unavailable, the program is not run twice).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from typing import Any
 
-import httpx
+import aiohttp
 
+from asyncrl.http.keepalive import unix_client_session
 from tools.base import ToolResult
 
 log = logging.getLogger(__name__)
@@ -36,28 +40,30 @@ class RemoteSandbox:
         self.socket_path = url.removeprefix("unix://")
 
     async def run(self, code: str, wall_s: float) -> ToolResult:
-        transport = httpx.AsyncHTTPTransport(uds=self.socket_path)
+        timeout = aiohttp.ClientTimeout(total=wall_s + TRANSPORT_GRACE_S)
         try:
-            async with httpx.AsyncClient(transport=transport, timeout=wall_s + TRANSPORT_GRACE_S) as client:
-                response = await client.post("http://python-sandbox/v1/run", json={"code": code, "timeout_s": wall_s})
-        except httpx.HTTPError as exc:
+            async with unix_client_session(self.socket_path, timeout=timeout) as http, \
+                    http.post("http://python-sandbox/v1/run", json={"code": code, "timeout_s": wall_s}) as response:
+                body = await response.content.read(MAX_RESPONSE_BYTES + 1)
+                status = response.status
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             log.warning("python sandbox server %s: %s: %s", self.url, type(exc).__name__, exc)
             return ToolResult.error("Error: the python sandbox is unavailable; try again later.",
                                     failure="sandbox_unavailable", detail=f"{type(exc).__name__}: {exc}"[:300])
-        return _result(response, self.url)
+        return _result(status, body, self.url)
 
 
-def _result(response: httpx.Response, url: str) -> ToolResult:
+def _result(status: int, raw: bytes, url: str) -> ToolResult:
     body: Any = None
-    if len(response.content) <= MAX_RESPONSE_BYTES:
+    if len(raw) <= MAX_RESPONSE_BYTES:
         try:
-            body = response.json()
+            body = json.loads(raw)
         except ValueError:
             body = None
-    ok = response.status_code == 200 and isinstance(body, dict) and isinstance(body.get("content"), str)
+    ok = status == 200 and isinstance(body, dict) and isinstance(body.get("content"), str)
     if not ok:
-        log.warning("python sandbox server %s answered %d: %s", url, response.status_code, response.text[:300])
+        log.warning("python sandbox server %s answered %d: %s", url, status, raw[:300])
         return ToolResult.error("Error: the python sandbox is unavailable; try again later.",
-                                failure="sandbox_unavailable", detail=f"HTTP {response.status_code}")
+                                failure="sandbox_unavailable", detail=f"HTTP {status}")
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
     return ToolResult(content=body["content"], is_error=bool(body.get("is_error")), metadata=metadata)

@@ -35,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from tools.python_sandbox import PythonSandbox, PythonSandboxConfig, SandboxUnavailable
 
 DEFAULT_SOCKET = "/run/asyncrl-sandbox/python.sock"
@@ -92,7 +93,8 @@ def bind_socket(path: str, owner: int | None) -> socket.socket:
 async def _serve(sandbox: PythonSandbox, sock: socket.socket) -> None:
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(create_app(sandbox), log_level="warning", log_config=None, lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(create_app(sandbox), log_level="warning", log_config=None, lifespan="off",
+                                           timeout_keep_alive=SERVER_KEEP_ALIVE_S))
     await server.serve(sockets=[sock])
 
 

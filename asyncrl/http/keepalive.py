@@ -21,3 +21,9 @@ CLIENT_KEEPALIVE_S = 3.0  # aiohttp keepalive_timeout of every asyncrl client
 def client_session(limit: int = 100, **kwargs) -> aiohttp.ClientSession:
     """An ``aiohttp.ClientSession`` whose pooled connections idle at most ``CLIENT_KEEPALIVE_S``."""
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=CLIENT_KEEPALIVE_S), **kwargs)
+
+
+def unix_client_session(path: str, limit: int = 100, **kwargs) -> aiohttp.ClientSession:
+    """:func:`client_session` over the unix socket at ``path`` (the python sandbox server)."""
+    return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path, limit=limit, keepalive_timeout=CLIENT_KEEPALIVE_S),
+                                 **kwargs)

@@ -103,7 +103,7 @@ async def test_quota_backpressure_is_429_with_retry_after_and_open_sessions_keep
     async with running_service(c) as (svc, url):
         api = {"Authorization": f"Bearer {API}"}
         async with httpx.AsyncClient(timeout=120) as http:
-            first = await http.post(f"{url}/v1/sessions", json={}, headers=api)
+            first = await http.post(f"{url}/v1/sessions", json={"group_size": 2}, headers=api)
             assert first.status_code == 201
             refused = await http.post(f"{url}/v1/sessions", json={}, headers=api)
             assert refused.status_code == 429 and refused.headers["Retry-After"]
@@ -128,7 +128,7 @@ async def test_concurrent_session_limit_and_expiry(tmp_path, nats_server, warm_e
             await wait_for(lambda: svc.sessions.expired_total >= 2, 30, "idle sessions to expire")
             state = (await http.get(f"{url}/v1/sessions/{a['id']}", headers={"Authorization": f"Bearer {a['token']}"})).json()
             assert state["status"] == "expired"
-            assert state["group_id"] not in svc.runner.groups  # an expired member is not waited for
+            assert f"x:{state['group_id']}" not in svc.runner.groups  # an expired member is not waited for
             late = await http.post(f"{a['base_url']}/chat/completions", headers={"Authorization": f"Bearer {a['token']}"},
                                    json={"messages": [{"role": "user", "content": "hi"}]})
             assert late.status_code == 409 and "expired" in late.json()["error"]["message"]
@@ -152,20 +152,20 @@ async def test_context_overflow_is_openais_error_and_a_failed_session_gives_its_
 
             a = (await http.post(f"{url}/v1/sessions", json={"group_id": "g1", "group_size": 2}, headers=api)).json()
             b = (await http.post(f"{url}/v1/sessions", json={"group_id": "g1", "group_size": 2, "group_index": 1}, headers=api)).json()
-            assert svc.runner.groups["g1"] == 2
+            assert svc.runner.groups["x:g1"] == 2  # a session's group, namespaced apart from the service's
             for sess, body, code in ((a, {"failure": "nonsense"}, 400), (a, {"failure": "agent_crash", "error": "tool sandbox died"}, 200)):
                 r = await http.post(f"{url}/v1/sessions/{sess['id']}/finish", json=body, headers={"Authorization": f"Bearer {sess['token']}"})
                 assert r.status_code == code, r.text
             assert r.json()["status"] == "failed" and r.json()["metadata"]["failure"]["error"] == "tool sandbox died"
-            assert svc.runner.groups["g1"] == 1  # one member less to wait for
+            assert svc.runner.groups["x:g1"] == 1  # one member less to wait for
             bauth = {"Authorization": f"Bearer {b['token']}"}
             done = await http.post(f"{b['base_url']}/completions", json={"prompt": [5, 6, 7], "max_tokens": 2}, headers=bauth)
             assert done.status_code == 200, done.text
             r = await http.post(f"{url}/v1/sessions/{b['id']}/finish", json={"failure": "engine_error", "error": "x"}, headers=bauth)
             assert r.status_code == 200 and r.json()["status"] == "finished", r.text
-            assert "g1" not in svc.runner.groups
+            assert "x:g1" not in svc.runner.groups
             await wait_for(lambda: svc.runner.publisher.stats.published >= 2, 120, "the service's one sample and the failed episode")
     from tests.rollout.test_service_episodes import fetch_all
 
-    trajs = [t for t in await fetch_all(nats_server.url, "demo", 2) if t.group_id == "g1"]
+    trajs = [t for t in await fetch_all(nats_server.url, "demo", 2) if t.group_id == "x:g1"]
     assert [(t.id, t.failure, t.reward_details.get("error")) for t in trajs] == [(b["id"], "engine_error", "x")]

@@ -91,7 +91,7 @@ async def test_tool_env_episodes_are_published_token_exact_with_the_rubrics_rewa
     groups: dict[str, list] = {}
     for t in trajs:
         groups.setdefault(t.group_id, []).append(t)
-    assert sorted(groups) == ["vf00000000", "vf00000001"]
+    assert sorted(groups) == ["x:vf00000000", "x:vf00000001"]  # session groups, namespaced
     for members in groups.values():
         assert sorted(t.group_index for t in members) == [0, 1] and {t.group_size for t in members} == {2}
     for t in trajs:
@@ -193,9 +193,9 @@ async def test_a_killed_driver_is_restarted_and_closes_what_it_left_open(tmp_pat
     by_group = {}
     for t in trajs:
         by_group.setdefault(t.group_id, []).append(t)
-    assert sorted(by_group) in (["vf00000001", "vf00000002"], ["vf00000000", "vf00000001", "vf00000002"])
-    assert all(t.failure == "agent_crash" for t in by_group.get("vf00000000", []))  # never trained
-    assert all(not t.failure and t.reward == pytest.approx(1.5) for g in ("vf00000001", "vf00000002") for t in by_group[g])
+    assert sorted(by_group) in (["x:vf00000001", "x:vf00000002"], ["x:vf00000000", "x:vf00000001", "x:vf00000002"])
+    assert all(t.failure == "agent_crash" for t in by_group.get("x:vf00000000", []))  # never trained
+    assert all(not t.failure and t.reward == pytest.approx(1.5) for g in ("x:vf00000001", "x:vf00000002") for t in by_group[g])
 
 
 async def test_an_environment_that_cannot_load_is_reported_not_restarted(tmp_path, nats_server, warm_engine):
