@@ -249,6 +249,7 @@ def test_the_python_tool_cannot_escape_its_sandbox_container(stack):
     proc = stack.compose("exec", "-T", "rollout", "python", "-c", _PROBE_DRIVER, timeout=300, check=False, input=payload)
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"python-sandbox isolation: network {sorted({r[1] for r in results.values()})}")  # shown with -s
     escaped = {name: r for name, r in results.items() if "ESCAPED" in r[0]}
     assert not escaped, escaped
     assert all(r[1] in ("no_network", "namespace") and r[2] for r in results.values()), results

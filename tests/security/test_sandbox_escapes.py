@@ -90,7 +90,7 @@ def probes(listener_port: int, service_pid: int, service_dir: Path | str, server
         "own environment": (f"import os; print('ESCAPED' if '{SECRET}' in str(os.environ) else 'clean', sorted(os.environ))", "clean"),
         "write into the service's directory": (f"""
             try:
-                open({str(service_dir / 'planted.traj')!r}, 'wb').write(b'x')
+                open({str(Path(service_dir) / 'planted.traj')!r}, 'wb').write(b'x')
                 print('ESCAPED wrote')
             except OSError as exc:
                 print('blocked', type(exc).__name__)
