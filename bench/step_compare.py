@@ -99,7 +99,7 @@ def daemon_path(a, spec: str, ctx, trajs, packed: bool):
     """``(step, processed tokens per step)`` of ``TrainStep.run`` on the one-rank policy."""
     from asyncrl.config import load_config
     from trainer_daemon.batch import collate
-    from trainer_daemon.model import build_optimizer, build_policy, build_scheduler
+    from trainer_daemon.model import attention_for, build_optimizer, build_policy, build_scheduler
     from trainer_daemon.packing import pack
     from trainer_daemon.step import StepSettings, TrainStep
 
@@ -109,7 +109,8 @@ def daemon_path(a, spec: str, ctx, trajs, packed: bool):
                  f"actor.ppo_micro_batch_size_per_gpu={a.micro}", f"actor.use_torch_compile={str(a.compile).lower()}",
                  f"trainer.mixed_precision={'bf16' if ctx.device.type == 'cuda' else 'fp32'}"]
     cfg = load_config(overrides=overrides, environ={})
-    model = build_policy(spec, 0, ctx.device, 1, cfg.trainer.mixed_precision, compile_blocks=a.compile)
+    attn = attention_for(cfg.actor.attn_implementation, ctx.device, packed)
+    model = build_policy(spec, 0, ctx.device, 1, cfg.trainer.mixed_precision, compile_blocks=a.compile, attn_implementation=attn)
     opt = build_optimizer(model, cfg.actor.optim)
     step = TrainStep(model, opt, build_scheduler(opt, cfg.actor.optim, None), StepSettings.from_config(cfg, 0), ctx)
     groups = [list(range(i, i + a.n)) for i in range(0, len(trajs), a.n)]

@@ -46,6 +46,7 @@ from trainer_daemon.consume.admission import admission_check
 from trainer_daemon.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
 from trainer_daemon.export import export_hf
 from trainer_daemon.model import (
+    attention_for,
     build_optimizer,
     build_policy,
     build_reference,
@@ -105,9 +106,10 @@ class TrainerDaemon:
         tok = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         dev, ws = self.ctx.device, self.ctx.world_size
+        attn = attention_for(cfg.actor.attn_implementation, dev, cfg.actor.use_remove_padding)
         self.model = build_policy(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision, cfg.actor.activation_checkpointing,
-                                  cfg.actor.use_torch_compile)
-        reference = build_reference(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision) if cfg.actor.use_kl_loss else None
+                                  cfg.actor.use_torch_compile, attn)
+        reference = build_reference(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision, attn) if cfg.actor.use_kl_loss else None
         self.optimizer = build_optimizer(self.model, cfg.actor.optim)
         self.total_steps = t.total_training_steps or cfg.derived.total_updates
         per_step = cfg.async_training.require_batches * cfg.actor.ppo_epochs

@@ -73,13 +73,37 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def attention_for(setting: str, device: torch.device, packed: bool) -> str:
+    """The attention implementation ``actor.attn_implementation`` resolves to (its docstring)."""
+    if setting != "auto":
+        return setting
+    if packed and device.type == "cuda":
+        import importlib.util
+
+        return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "flex_attention"
+    return "sdpa"
+
+
+def set_attention(model: torch.nn.Module, implementation: str) -> None:
+    """Switch ``model``'s attention kernel (before sharding or compiling)."""
+    if getattr(model.config, "_attn_implementation", None) == implementation:
+        return
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(implementation)
+    else:  # older transformers: every attention module reads the shared config at forward time
+        model.config._attn_implementation = implementation
+
+
 def build_policy(spec: str, seed: int, device: torch.device, world_size: int, mixed_precision: str = "fp32",
-                 activation_checkpointing: bool = False, compile_blocks: bool = False) -> torch.nn.Module:
-    """The trainable, sharded policy in train mode. ``compile_blocks`` (``actor.use_torch_compile``):
-    ``torch.compile`` every decoder block in place (dynamic shapes: micro-batch lengths vary),
-    before sharding, as torchtitan does; parameter names are unchanged."""
+                 activation_checkpointing: bool = False, compile_blocks: bool = False,
+                 attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """The trainable, sharded policy in train mode, with ``attn_implementation`` (see
+    :func:`attention_for`). ``compile_blocks`` (``actor.use_torch_compile``): ``torch.compile``
+    every decoder block in place (dynamic shapes: micro-batch lengths vary), before sharding,
+    as torchtitan does; parameter names are unchanged."""
     model = load_model(spec, dtype="float32", seed=seed)
     model.config.use_cache = False
+    set_attention(model, attn_implementation)
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if compile_blocks:
@@ -98,10 +122,12 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return blocks
 
 
-def build_reference(spec: str, seed: int, device: torch.device, world_size: int, mixed_precision: str = "fp32") -> torch.nn.Module:
+def build_reference(spec: str, seed: int, device: torch.device, world_size: int, mixed_precision: str = "fp32",
+                    attn_implementation: str = "sdpa") -> torch.nn.Module:
     """A frozen, sharded copy of the initial policy for the KL loss (no grads, no optimiser state)."""
     model = load_model(spec, dtype="float32", seed=seed)
     model.config.use_cache = False
+    set_attention(model, attn_implementation)
     model.requires_grad_(False)
     model.eval()
     return shard_model(model, device, world_size, mixed_precision)

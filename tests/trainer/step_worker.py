@@ -22,7 +22,13 @@ from asyncrl.config import load_config
 from asyncrl.wire import SamplingSpan
 from tests.trainer.helpers import make_group
 from trainer_daemon.distributed import init_distributed
-from trainer_daemon.model import build_policy, build_reference, build_scheduler, full_state_dict
+from trainer_daemon.model import (
+    attention_for,
+    build_policy,
+    build_reference,
+    build_scheduler,
+    full_state_dict,
+)
 from trainer_daemon.step import StepSettings, TrainStep
 
 
@@ -30,9 +36,10 @@ def run_variant(ctx, overrides: list[str]) -> dict:
     cfg = load_config(overrides=["rollout.n=2", "actor.ppo_mini_batch_size=3", "actor.ppo_micro_batch_size_per_gpu=1",
                                  "actor.optim.grad_clip=1000", *overrides], environ={})
     t = cfg.trainer
+    attn = attention_for(cfg.actor.attn_implementation, ctx.device, cfg.actor.use_remove_padding)
     model = build_policy("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision, cfg.actor.activation_checkpointing,
-                         cfg.actor.use_torch_compile)
-    ref = build_reference("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision) if cfg.actor.use_kl_loss else None
+                         cfg.actor.use_torch_compile, attn)
+    ref = build_reference("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision, attn) if cfg.actor.use_kl_loss else None
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = build_scheduler(opt, cfg.actor.optim, None)
     rng = random.Random(5)

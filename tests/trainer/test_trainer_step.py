@@ -47,6 +47,7 @@ MODES = ["actor.loss_agg_mode=token-mean", "actor.loss_agg_mode=seq-mean-token-m
 # and temperatures != 1 (the batch has them): the same SGD update (issue 31, item 6).
 PATHS = [
     "actor.loss_agg_mode=token-mean",
+    "actor.loss_agg_mode=token-mean,actor.attn_implementation=eager",  # the additive float mask
     "actor.loss_agg_mode=seq-mean-token-sum",
     "actor.loss_agg_mode=seq-mean-token-sum-norm",
     "actor.loss_agg_mode=seq-mean-token-mean,actor.use_kl_loss=true,actor.kl_loss_coef=0.1,actor.entropy_coeff=0.01,"
