@@ -1,5 +1,5 @@
 """The sync agent's HTTP API (bearer ``security.sync_token`` on every route but ``/health``
-and ``/metrics``).
+and ``/metrics``; the read-only ``security.status_token`` on the GET routes).
 
     POST /v1/syncs        asyncrl.wire.sync.SyncRequest → 202 SyncAccepted
                           409 {"error": {"reason": "stale" | "regroup" | "layout" | "nccl_mismatch", ...}}
@@ -37,16 +37,23 @@ MAX_BODY_BYTES = 64 * 2**20  # bucket metadata of a large model (names and shape
 
 def create_app(agent) -> FastAPI:
     token = secret(agent.cfg.security.sync_token)
+    status_token = secret(agent.cfg.security.status_token)
 
     def auth(request: Request) -> None:
+        """The sync token opens every route; the read-only status token (``security.status_token``,
+        for monitoring: it cannot start a sync, which can point engines at any address) opens
+        the GET routes only."""
         if token is None:
             return
         header = request.headers.get("authorization", "")
         got = header[7:].strip() if header.lower().startswith("bearer ") else None
         if not got:
             raise ApiError(401, "the sync agent requires 'Authorization: Bearer <sync token>'", headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(got.encode(), token.encode()):
-            raise ApiError(403, "invalid sync token")
+        if hmac.compare_digest(got.encode(), token.encode()):
+            return
+        if status_token and request.method == "GET" and hmac.compare_digest(got.encode(), status_token.encode()):
+            return
+        raise ApiError(403, "invalid sync token" if request.method != "GET" or not status_token else "invalid sync or status token")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -251,6 +251,10 @@ class SecurityConfig(Section):
     """Bearer token of the data plane (OpenAI routes, sessions). None: open data plane."""
     sync_token: SecretStr | None = None
     """Bearer token of the sync agent's routes."""
+    status_token: SecretStr | None = None
+    """Read-only bearer token of the sync agent's GET routes (``/status``, ``/v1/syncs``): for
+    monitoring (compose's JSON exporter), which must not hold the sync token (a sync can point
+    every engine at any weight-group address)."""
     environment_tokens: dict[str, SecretStr] = Field(default_factory=dict)
     """Bearer token per external environment (``rollout.external_tools[].environment``): an
     environment with one lists its parked calls (and gets their session tokens) with it only,

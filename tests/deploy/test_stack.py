@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import tomllib
+import urllib.error
 import urllib.request
 
 import pytest
@@ -143,9 +144,16 @@ def stack(one_box, tmp_path_factory):
             "trainer": _scrape(out["trainer_metrics"]),
             "engine": _scrape(f"{engine_url}/metrics"),
         }
-        token = sync_env["ASYNCRL_SECURITY__SYNC_TOKEN"]
+        token = sync_env["ASYNCRL_SECURITY__STATUS_TOKEN"]  # the json-exporter's read-only token
         req = urllib.request.Request(f"{out['sync_url']}/status", headers={"Authorization": f"Bearer {token}"})
         out["status"] = json.loads(urllib.request.urlopen(req, timeout=30).read())
+        refused = urllib.request.Request(f"{out['sync_url']}/v1/syncs", data=b"{}", method="POST",
+                                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(refused, timeout=30)
+            out["status_token_post"] = 200
+        except urllib.error.HTTPError as exc:
+            out["status_token_post"] = exc.code
         out["varz"] = json.loads(_scrape(f"{out['nats_monitor']}/varz"))
         yield out
     finally:
@@ -273,7 +281,8 @@ def test_json_exporter_reads_the_real_sync_agent_status(stack):
     cfg = yaml.safe_load((REPO / "docker" / "json-exporter" / "config.yml").read_text())
     status = stack["status"]
     (module,) = cfg["modules"].values()
-    assert module["http_client_config"]["authorization"]["credentials_file"] == "/run/secrets/sync_token"
+    assert module["http_client_config"]["authorization"]["credentials_file"] == "/run/secrets/status_token"
+    assert stack["status_token_post"] == 403, "the status token must not start a sync (issue 30)"
     for m in module["metrics"]:
         objects = _jsonpath(status, m["path"])
         assert isinstance(objects, list) and objects, f"{m['name']}: {m['path']} selects nothing in {status}"
