@@ -8,7 +8,8 @@ the field's type (``"4"`` → 4, ``"true"`` → True). A value starting with ``[
 parsed as YAML flow (so JSON works), ``null`` / ``none`` mean None. Environment variables
 are config overrides only when their name has a double underscore after ``ASYNCRL_``
 (``ASYNCRL_ROLLOUT__SAMPLING__TEMPERATURE=0.7``); single-underscore ``ASYNCRL_*`` variables
-(``ASYNCRL_CACHE_DIR``) are left to the programs that read them.
+(``ASYNCRL_CACHE_DIR``) are left to the programs that read them. ``ASYNCRL_SECTION__KEY_FILE=path``
+gives ``section.key`` the content of the file (Docker/Kubernetes secrets).
 
 Errors raise :class:`ConfigError` naming the field, where its value came from, the value,
 and the allowed range.
@@ -31,6 +32,7 @@ from asyncrl.config.run_config import RunConfig
 
 ENV_PREFIX = "ASYNCRL_"
 ENV_NESTING = "__"
+FILE_SUFFIX = "_file"  # ASYNCRL_SECURITY__ADMIN_TOKEN_FILE: the field's value is that file's content
 
 
 class ConfigError(ValueError):
@@ -99,7 +101,11 @@ def overrides_from_args(args: Sequence[str], sources: dict[str, str]) -> dict[st
 
 
 def overrides_from_env(environ: Mapping[str, str], sources: dict[str, str]) -> dict[str, Any]:
-    """``ASYNCRL_ROLLOUT__N=8`` → ``{"rollout": {"n": "8"}}``."""
+    """``ASYNCRL_ROLLOUT__N=8`` → ``{"rollout": {"n": "8"}}``. A name ending in ``_FILE``
+    (``ASYNCRL_SECURITY__ADMIN_TOKEN_FILE=/run/secrets/admin_token``) gives the content of
+    that file (one trailing newline removed) to the field without the suffix, taken as it is:
+    secrets then never sit in the environment, where ``ps e``, ``docker inspect`` and
+    ``/proc/<pid>/environ`` show them."""
     out: dict[str, Any] = {}
     for name, raw in sorted(environ.items()):
         if not name.upper().startswith(ENV_PREFIX):
@@ -108,6 +114,14 @@ def overrides_from_env(environ: Mapping[str, str], sources: dict[str, str]) -> d
         if ENV_NESTING not in rest:
             continue
         dotted = ".".join(part.lower() for part in rest.split(ENV_NESTING))
+        if dotted.endswith(FILE_SUFFIX):
+            where = f"the file {raw} (environment variable {name})"
+            try:
+                value: Any = Path(raw).read_text().removesuffix("\n")
+            except OSError as exc:
+                raise ConfigError(f"invalid config: {name}: cannot read {raw}: {exc.strerror or exc}") from None
+            _set_dotted(out, dotted.removesuffix(FILE_SUFFIX), value, sources, where)
+            continue
         _set_dotted(out, dotted, parse_value(raw), sources, f"environment variable {name}")
     return out
 

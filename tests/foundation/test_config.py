@@ -155,3 +155,16 @@ def test_secret_reads_optional_secret_fields():
     cfg = load_config(overrides=["security.admin_token=abc", "security.api_token="], environ={})
     assert secret(cfg.security.admin_token) == "abc" and "abc" not in repr(cfg.security)
     assert secret(cfg.security.api_token) is None and secret(cfg.security.sync_token) is None  # empty, unset
+
+
+def test_a_secret_can_come_from_a_file_named_by_its_variable(tmp_path):
+    """``ASYNCRL_SECTION__KEY_FILE`` (Docker/Kubernetes secrets): the token never sits in the
+    environment (issue 30 item 8); a file that cannot be read is a config error naming it."""
+    from asyncrl.config import ConfigError, secret
+
+    (tmp_path / "admin").write_text("admin-token-from-a-file-0123\n")
+    cfg = load_config(environ={"ASYNCRL_SECURITY__ADMIN_TOKEN_FILE": str(tmp_path / "admin"),
+                               "ASYNCRL_ENGINES__API_KEY_FILE": str(tmp_path / "admin")})
+    assert secret(cfg.security.admin_token) == "admin-token-from-a-file-0123" == secret(cfg.engines.api_key)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(environ={"ASYNCRL_SECURITY__SYNC_TOKEN_FILE": str(tmp_path / "missing")})
