@@ -342,3 +342,16 @@ def test_prometheus_finds_the_cpu_engines():
     prom = yaml.safe_load((REPO / "docker" / "prometheus" / "prometheus.yml").read_text())
     (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "engines"]
     assert "engine-cpu" in job["dns_sd_configs"][0]["names"]
+
+
+def test_nats_and_the_engines_run_without_capabilities_or_the_hosts_ipc(one_box):
+    """Issue 30 item 8: nats (run under Docker by ./dev test-deploy) and sglang (GPU only: not run
+    here) drop every capability and cannot gain privileges; nats' root is read-only (it writes
+    its store on its volume only); sglang gets sized shared memory instead of ``ipc: host``."""
+    s = one_box["services"]
+    for name in ("nats", "sglang"):
+        svc = s[name]
+        assert svc["cap_drop"] == ["ALL"] and "no-new-privileges:true" in svc["security_opt"], name
+        assert svc.get("ipc") is None, f"{name} shares the host's IPC namespace"
+    assert s["nats"]["read_only"] is True
+    assert s["sglang"]["shm_size"]
