@@ -19,10 +19,12 @@ each timed over ``--steps`` steps after one warm-up step (medians):
   (``actor.log_prob_chunk_tokens = --chunk``), AdamW; ``--compile``: ``actor.use_torch_compile``;
 - *padded*: the same step with ``actor.use_remove_padding = false``, micro-batches of ``--micro``
   rows (the path before issue 31);
-- *plain*: ~40 lines, independent of the trainer's code: the trajectories first-fit into rows
-  of at most ``--budget`` tokens, position ids restarting per sequence (transformers then keeps
-  attention inside each sequence, no cache), logits only at response positions, float32
-  log-softmax, a token-mean policy-gradient loss, backward, clip, AdamW.
+- *plain*: ~50 lines, independent of the trainer's code: the trajectories first-fit into rows
+  of at most ``--budget`` tokens, position ids restarting per sequence and a block-diagonal
+  causal mask of its own (flex_attention with a ``BlockMask`` on CUDA, the measured reference
+  of issue 31; sdpa with a 4-D boolean mask on the CPU: transformers does not separate packed
+  sequences from position ids alone), logits only at response positions, float32 log-softmax,
+  a token-mean policy-gradient loss, backward, clip, AdamW.
 
 bf16 autocast over fp32 weights on CUDA, fp32 on the CPU. Tokens/s counts useful tokens
 (prompt + response of every trajectory); padding = (processed − useful) / processed, processed
@@ -129,6 +131,8 @@ def plain_path(a, spec: str, device, trajs):
 
     model = load_model(spec).to(device).train()
     model.config.use_cache = False
+    attn = "flex_attention" if device.type == "cuda" else "sdpa"
+    model.set_attn_implementation(attn)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     rows: list[list[int]] = []
     load: list[int] = []
@@ -151,13 +155,23 @@ def plain_path(a, spec: str, device, trajs):
                             device=device)
         labels = ids[0, keep + 1]
         adv = torch.tensor([float(t.reward) - 0.5 for t in ts for _ in range(t.response_length)], device=device)
-        batches.append((ids, pos, keep, labels, adv))
+        doc = torch.tensor([j for j, t in enumerate(ts) for _ in t.token_ids], device=device)
+        n = int(doc.numel())
+        if attn == "flex_attention":
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            mask = create_block_mask(lambda b, h, q, k, doc=doc: (q >= k) & (doc[q] == doc[k]), None, None, n, n,
+                                     device=str(device))
+        else:
+            mask = ((doc[:, None] == doc[None, :]) & torch.ones(n, n, dtype=torch.bool, device=device).tril())[None, None]
+        batches.append((ids, pos, keep, labels, adv, mask))
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
 
     def one_step() -> None:
-        for ids, pos, keep, labels, adv in batches:
+        for ids, pos, keep, labels, adv, mask in batches:
             with amp:
-                logits = model(input_ids=ids, position_ids=pos, logits_to_keep=keep, use_cache=False).logits[0]
+                logits = model(input_ids=ids, position_ids=pos, attention_mask=mask, logits_to_keep=keep,
+                               use_cache=False).logits[0]
             logp = torch.log_softmax(logits.float(), -1).gather(-1, labels[:, None]).squeeze(-1)
             (-(adv * logp).sum() / tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -239,12 +253,18 @@ def main() -> int:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
-                if path == "plain":
-                    fn, processed = plain_path(a, spec, device, trajs)
-                    params = sum(p.numel() for p in load_model(spec).parameters())
-                else:
-                    fn, processed, params = daemon_path(a, spec, ctx, trajs, packed=path == "packed")
-                secs = statistics.median(timed({path: fn}, a.steps, device)[path])
+                fn = None
+                try:
+                    if path == "plain":
+                        fn, processed = plain_path(a, spec, device, trajs)
+                        params = sum(p.numel() for p in load_model(spec).parameters())
+                    else:
+                        fn, processed, params = daemon_path(a, spec, ctx, trajs, packed=path == "packed")
+                    secs = statistics.median(timed({path: fn}, a.steps, device)[path])
+                except torch.OutOfMemoryError:
+                    print(f"  {path:>6}: out of memory (peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB)", flush=True)
+                    del fn
+                    continue
                 rate = useful / secs
                 extra = ""
                 if device.type == "cuda":
