@@ -14,8 +14,9 @@ every published trajectory trained or dropped with a counted reason. Then, on ev
 1. the step (``TrainStep``) — all ranks decode the same batch;
 2. rank 0 commits it: messages resolved and acked, ledger entry, verl's ``fully_async/*``;
 3. every ``async_training.trigger_parameter_sync_step`` steps, if a publisher is configured:
-   the full state dict is gathered to rank 0 (collective) and published in the background —
-   training continues at once; a sync still in flight at the next sync point is waited for
+   the weights are snapshotted on rank 0 (collective: the full state dict on the host, or the
+   packed buckets on the weight group's device, ``sync.staging``) and published in the
+   background — training continues at once; a sync still in flight at the next sync point is waited for
    (bounded by the sync timeouts; if it still runs, that sync point is skipped and counted);
 4. every ``trainer.checkpoint.save_freq`` steps, and at the end: a checkpoint (collective);
 5. rank 0 emits the step's metrics.
@@ -56,6 +57,8 @@ from trainer_daemon.model import (
     policy_vocab_size,
 )
 from trainer_daemon.step import StepSettings, TrainStep
+from trainer_daemon.sync import staging_device, staging_mode
+from trainer_daemon.sync.staging import WeightStager
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,7 @@ class TrainerDaemon:
         self._pending: list | None = None
         self._sync_metrics: dict[str, float] = {}
         self.sync_skipped = 0
+        self._stager: WeightStager | None = None
 
     # -- setup -----------------------------------------------------------------------------
     def _sync_wait_s(self) -> float:
@@ -251,19 +255,32 @@ class TrainerDaemon:
         self._idle_s, self._window_start = 0.0, now
 
     # -- sync and checkpoints --------------------------------------------------------------
-    def _publish(self, same_version: bool = False) -> dict[str, torch.Tensor]:
-        """*Collective.* Gather the full weights; rank 0 starts publishing them."""
-        full = full_state_dict(self.model)
-        if self.ctx.is_rank0 and self.r0.sync is not None:
+    def _publish(self, same_version: bool = False) -> dict[str, torch.Tensor] | None:
+        """*Collective.* Snapshot the weights (``sync.staging``: the full state dict on the
+        host, returned for a checkpoint's export, or the packed buckets on the weight group's
+        device, :mod:`trainer_daemon.sync.staging`); rank 0 starts publishing them once the
+        previous publish has ended (bounded; else this sync point is skipped)."""
+        sender = self.ctx.is_rank0 and self.r0.sync is not None
+        finished = True
+        if sender:
             finished = self.r0.sync.wait(self._sync_wait_s())
             self._sync_metrics.update(self.r0.poll_sync())
             if not finished:
                 self.sync_skipped += 1
                 self._sync_metrics["trainer/sync_skipped"] = float(self.sync_skipped)
                 log.error("skipping the weight sync at step %d: the previous one is still running", self.step)
-                return full
-            dtype = getattr(torch, self.cfg.model.dtype)
-            weights = engine_weights(full, bool(getattr(self.model.config, "tie_word_embeddings", False)), dtype)
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        dtype = getattr(torch, self.cfg.model.dtype)
+        full = None
+        if self._stager is None and staging_mode(self.cfg) == "buckets":
+            self._stager = WeightStager(self.model, tied=tied, dtype=dtype, bucket_bytes=self.cfg.sync.bucket_bytes,
+                                        device=staging_device(self.cfg), is_sender=self.ctx.is_rank0)
+        if self._stager is not None:
+            weights = self._stager.capture(self.model, write=sender and finished)  # every rank: the gathers
+        else:
+            full = full_state_dict(self.model)
+            weights = engine_weights(full, tied, dtype) if sender and finished else None
+        if weights is not None:
             target = self.r0.sync.start(weights, version=self.r0.version if same_version else None)
             self._publishing = (self.step, target)
         return full

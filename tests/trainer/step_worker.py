@@ -19,6 +19,7 @@ import sys
 import torch
 
 from asyncrl.config import load_config
+from asyncrl.weight_sync import unpack_bucket
 from asyncrl.wire import SamplingSpan
 from tests.trainer.helpers import make_group
 from trainer_daemon.distributed import init_distributed
@@ -30,6 +31,7 @@ from trainer_daemon.model import (
     full_state_dict,
 )
 from trainer_daemon.step import StepSettings, TrainStep
+from trainer_daemon.sync.staging import WeightStager
 
 
 def run_variant(ctx, overrides: list[str]) -> dict:
@@ -54,7 +56,15 @@ def run_variant(ctx, overrides: list[str]) -> dict:
     trajs = [t for g in groups for t in g]  # group q2 has equal rewards: zero variance
     step = TrainStep(model, opt, sched, StepSettings.from_config(cfg, 0), ctx, ref)
     metrics = step.run(trajs, [[0, 1], [2, 3], [4, 5]])
-    return {"weights": full_state_dict(model), "metrics": metrics}
+    # the sync's device-path snapshot (sync.staging=buckets): gathered by every rank, packed on rank 0
+    stager = WeightStager(model, tied=bool(model.config.tie_word_embeddings), dtype=torch.bfloat16, bucket_bytes=2**16,
+                          device="cpu", is_sender=ctx.is_rank0)
+    staged = stager.capture(model)
+    unpacked = None
+    if staged is not None:
+        unpacked = {n: t.clone() for b, flat in zip(staged.buckets, staged.flats, strict=True)
+                    for n, t in zip(b.names, unpack_bucket(flat, b.spec().names, b.spec().dtypes, b.spec().shapes), strict=True)}
+    return {"weights": full_state_dict(model), "metrics": metrics, "staged": unpacked}
 
 
 def main(out: str, variants: list[str]) -> None:

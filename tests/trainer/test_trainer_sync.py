@@ -8,7 +8,8 @@ after the trainer reports weight version 1, group B (version 0: now too stale) a
 (version 1) follow. Expected: A and C trained, B dropped, two dead letters, engine at version 2
 serving exactly the trainer's final weights.
 
-Agent run (``SyncAgentPublisher`` + ``fake_sync_agent``): three syncs; the agent fails the
+Agent run (``SyncAgentPublisher`` + ``fake_sync_agent``, weights staged as packed buckets at
+the sync point: ``sync.staging=buckets``, the GPU path's code on gloo): three syncs; the agent fails the
 first at once (engines never join: the trainer's watcher sees the failure and stops hosting
 the group — a failed sync, counted, training goes on), forms the group on the second, reuses
 it on the third.
@@ -163,7 +164,8 @@ def agent_run(module_nats, engine_url, tmp_path_factory, direct_run):
         agent.ignore_next = 1
         overrides = [*base_overrides(run_dir, module_nats.url, "agent"), f"engines.urls=[\"{engine_url}\"]",
                      f"sync.url={agent.url}", f"security.sync_token={TOKEN}", "trainer.total_training_steps=3",
-                     "async_training.staleness_threshold=2", "sync.group_init_timeout_s=5", "sync.pause_timeout_s=1"]
+                     "async_training.staleness_threshold=2", "sync.group_init_timeout_s=5", "sync.pause_timeout_s=1",
+                     "sync.staging=buckets"]  # the device path (packed at the sync point), on gloo
         cfg = load_config(overrides=overrides, environ={})
         rng = random.Random(2)
         publish(cfg, [t for g in range(3) for t in make_group(rng, f"s{g}", N, 0)])
@@ -193,13 +195,10 @@ def test_agent_protocol_bodies(agent_run):
     assert all(b.group.backend == "gloo" and b.group.torch_version for b in bodies)
     model = load_model("builtin:tiny", seed=0)
     expected = [n for n in model.state_dict() if n != "lm_head.weight"]
-    for b in bodies:
+    smallest = min(expected, key=lambda n: model.state_dict()[n].numel())
+    for b in bodies:  # staged buckets (sync.staging=buckets): the smallest tensor first, alone, every time
         names = [n for bucket in b.buckets for n in bucket.names]
-        if b.group.new:  # a new group's first collective is its smallest tensor, alone
-            smallest = min(expected, key=lambda n: model.state_dict()[n].numel())
-            assert b.buckets[0].names == [smallest] and sorted(names) == sorted(expected)
-        else:
-            assert names == expected
+        assert b.buckets[0].names == [smallest] and names[1:] == [n for n in expected if n != smallest]
 
 
 def test_failed_sync_is_counted_and_training_continues(agent_run):

@@ -11,7 +11,7 @@ from trainer_daemon.sync.base import SyncController, WeightPublisher
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SyncController", "WeightPublisher", "build_publisher", "weight_sync_backend"]
+__all__ = ["SyncController", "WeightPublisher", "build_publisher", "staging_device", "staging_mode", "weight_sync_backend"]
 
 
 def weight_sync_backend(cfg) -> str:
@@ -21,6 +21,19 @@ def weight_sync_backend(cfg) -> str:
     if cfg.trainer.weight_sync_backend is not None:
         return cfg.trainer.weight_sync_backend
     return "nccl" if cfg.engines.backend == "sglang" and cfg.trainer.device == "cuda" else "gloo"
+
+
+def staging_mode(cfg) -> str:
+    """``sync.staging`` resolved: ``auto`` is ``buckets`` (packed on the GPU at the sync point)
+    when the weight group is NCCL, ``state_dict`` (through host memory) otherwise."""
+    if cfg.sync.staging != "auto":
+        return cfg.sync.staging
+    return "buckets" if weight_sync_backend(cfg) == "nccl" else "state_dict"
+
+
+def staging_device(cfg) -> str:
+    """Where staged buckets live: where the weight group's collectives read them."""
+    return "cuda" if weight_sync_backend(cfg) == "nccl" else "cpu"
 
 
 def build_publisher(cfg) -> WeightPublisher | None:

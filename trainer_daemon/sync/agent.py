@@ -35,7 +35,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
 
 import aiohttp
 import torch
@@ -46,7 +45,6 @@ from asyncrl.weight_sync import (
     WeightGroup,
     WeightSyncError,
     host_group_async,
-    plan_buckets,
     reserve_listen_socket,
 )
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, GroupSpec, SyncAccepted, SyncRequest, SyncStatus
@@ -54,9 +52,16 @@ from trainer_daemon.sync.base import (
     StaleVersion,
     WeightPublisher,
     trainer_nccl_versions,
+)
+from trainer_daemon.sync.flat import (
+    FlatBuffers,
+    Weights,
+    broadcast_flat,
+    plan_for,
+    send_buckets,
     weights_nbytes,
 )
-from trainer_daemon.sync.flat import FlatBuffers, broadcast_flat, send_buckets
+from trainer_daemon.sync.staging import StagedWeights
 
 log = logging.getLogger(__name__)
 
@@ -203,13 +208,13 @@ class SyncAgentPublisher(WeightPublisher):
                 raise WeightSyncError("the sync agent gave up while the trainer hosted the group")
         return task.result()
 
-    async def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    async def publish(self, version: int, weights: Weights) -> dict[str, float]:
         t0 = time.perf_counter()
         if self._group_dropped:
             self._group_dropped = False
             self._reset_group()
         forming = self.group is None
-        buckets = plan_buckets(weights, self.bucket_bytes, first_tiny=forming)
+        buckets = plan_for(weights, self.bucket_bytes, first_tiny=forming)
         sock = None
         if forming:
             sock = reserve_listen_socket(self.master_address, self.master_port)
@@ -252,6 +257,8 @@ class SyncAgentPublisher(WeightPublisher):
                                       f"{final.error if final is not None else 'no final state'}")
             t4 = time.perf_counter()
         except BaseException as exc:
+            if isinstance(weights, StagedWeights):
+                weights.discard()  # an aborted broadcast may still read them
             if sock is not None:
                 sock.close()
             if forming or self.group is None or self.group.broken:

@@ -10,8 +10,10 @@ weights as version ``v``". Two implementations, chosen by config in
 - :class:`~trainer_daemon.sync.agent.SyncAgentPublisher` (``sync.url`` set): the trainer asks
   the sync agent and only broadcasts; the agent drives engines and rollout.
 
-Contract of ``publish(version, weights)``: ``weights`` maps Hugging Face names to rank 0's
-host tensors (a snapshot: training goes on meanwhile), ``version`` is the new weight version.
+Contract of ``publish(version, weights)``: ``weights`` is a snapshot of one version (training
+goes on meanwhile): Hugging Face names → rank 0's host tensors, or the buckets already packed on
+the weight group's device (:class:`~trainer_daemon.sync.staging.StagedWeights`,
+``sync.staging``); ``version`` is the new weight version.
 It returns metrics on success, and raises :class:`~asyncrl.weight_sync.WeightSyncError` when
 the engines did not get the whole set (they keep serving the previous version, or — partly
 updated — are quarantined by the sync agent). Every network call and collective inside it has a timeout. It runs
@@ -32,7 +34,6 @@ import concurrent.futures
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 
 import torch
 
@@ -58,7 +59,7 @@ class WeightPublisher(ABC):
     name = "publisher"
 
     @abstractmethod
-    async def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    async def publish(self, version: int, weights) -> dict[str, float]:
         """Push ``weights`` as ``version``; metrics on success, WeightSyncError on failure."""
 
     async def current_version(self) -> int | None:
@@ -74,10 +75,6 @@ class WeightPublisher(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release groups and connections (idempotent)."""
-
-
-def weights_nbytes(weights: Mapping[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in weights.values())
 
 
 def trainer_nccl_versions() -> tuple[str | None, str]:
@@ -112,6 +109,7 @@ class SyncController:
         self._target = version
         self._started = 0.0
         self._finished: float | None = None
+        self._stage_metrics: dict[str, float] = {}
         self.outcomes: dict[int, bool] = {}
         """Target version → whether that publish succeeded (the last ``OUTCOMES_KEPT``)."""
 
@@ -119,12 +117,13 @@ class SyncController:
     def in_flight(self) -> bool:
         return self._future is not None
 
-    def start(self, weights: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+    def start(self, weights, version: int | None = None) -> int:
         """Start publishing ``weights`` as ``version`` (default: current + 1); returns that version.
         Call :meth:`wait` first if one may be in flight."""
         if self._future is not None:
             raise RuntimeError("a weight sync is already in flight")
         self._target = self.version + 1 if version is None else version
+        self._stage_metrics = dict(getattr(weights, "timings", {}))  # staged buckets: the capture's timings
         self._started = time.perf_counter()
         self._finished = None
         self._future = self.io.submit(self.publisher.publish(self._target, weights))
@@ -165,7 +164,7 @@ class SyncController:
         self.successes += 1
         self.version = self._target
         self._record(self._target, True)
-        self.last = dict(metrics) | {"timing_s/weight_sync": elapsed, "trainer/sync_failures": float(self.failures)}
+        self.last = dict(metrics) | self._stage_metrics | {"timing_s/weight_sync": elapsed, "trainer/sync_failures": float(self.failures)}
         self.fresh = True
         log.info("weights version %d published in %.2f s", self.version, elapsed)
         return True

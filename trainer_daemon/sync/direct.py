@@ -32,7 +32,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -41,14 +41,21 @@ from asyncrl.weight_sync import (
     WeightGroup,
     WeightSyncError,
     host_group_async,
-    plan_buckets,
     reserve_listen_socket,
 )
 from asyncrl.weight_sync.engine_update import FLUSH_RETRIES, EngineUpdate, Member
 from asyncrl.weight_sync.layout import check_nccl
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, weight_version_number
-from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions, weights_nbytes
-from trainer_daemon.sync.flat import FlatBuffers, broadcast_flat, send_buckets
+from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions
+from trainer_daemon.sync.flat import (
+    FlatBuffers,
+    Weights,
+    broadcast_flat,
+    plan_for,
+    send_buckets,
+    weights_nbytes,
+)
+from trainer_daemon.sync.staging import StagedWeights
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +114,10 @@ class DirectEnginePublisher(WeightPublisher):
             await asyncio.to_thread(group.destroy)
         await update.leave_group()
 
-    async def publish(self, version: int, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    async def publish(self, version: int, weights: Weights) -> dict[str, float]:
         t0 = time.perf_counter()
         forming = self.group is None
-        buckets = plan_buckets(weights, self.bucket_bytes, first_tiny=forming)
+        buckets = plan_for(weights, self.bucket_bytes, first_tiny=forming)
         update = self._update(len(buckets))
         collective = [0.0]
         t3 = None
@@ -138,6 +145,8 @@ class DirectEnginePublisher(WeightPublisher):
             await update.end()
             await update.flush(self.flush_retries)
         except Exception as exc:
+            if isinstance(weights, StagedWeights):
+                weights.discard()  # an aborted broadcast may still read them
             mixed = [m.id for m in update.members if update.outcome(m) == "mixed"]
             if mixed:
                 log.error("weight sync to version %d failed; engines that may hold mixed weights until the next full "

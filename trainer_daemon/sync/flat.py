@@ -10,17 +10,26 @@ the engines load it, so the copy mostly hides behind the engines' own work.
 A bucket goes on the wire as the ``uint8`` view of its packed bytes (SGLang's
 ``flattened_bucket`` receiver allocates one byte buffer of the bucket's size): see
 :mod:`asyncrl.weight_sync.buckets`.
+
+A publish is handed either host tensors by name (``sync.staging = state_dict``: planned and
+packed here) or :class:`~trainer_daemon.sync.staging.StagedWeights` (``buckets``: already
+packed on the group's device at the sync point); :func:`plan_for` and :func:`send_buckets`
+take both, so the publishers have one sequence for either.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import torch
 
-from asyncrl.weight_sync import Bucket, WeightGroup, pack_bucket
+from asyncrl.weight_sync import Bucket, WeightGroup, WeightSyncError, pack_bucket, plan_buckets
+from trainer_daemon.sync.staging import StagedWeights
+
+Weights = Mapping[str, torch.Tensor] | StagedWeights
 
 
 class FlatBuffers:
@@ -41,10 +50,28 @@ class FlatBuffers:
         self._bufs.clear()
 
 
-async def send_buckets(buckets: Sequence[Bucket], weights: Mapping[str, torch.Tensor], buffers: FlatBuffers,
+def plan_for(weights: Weights, bucket_bytes: int, first_tiny: bool) -> list[Bucket]:
+    """The buckets of a publish: the staged plan, or ``plan_buckets`` of the host tensors."""
+    if isinstance(weights, StagedWeights):
+        return list(weights.buckets)
+    return plan_buckets(weights, bucket_bytes, first_tiny=first_tiny)
+
+
+def weights_nbytes(weights: Weights) -> int:
+    if isinstance(weights, StagedWeights):
+        return weights.nbytes
+    return sum(t.numel() * t.element_size() for t in weights.values())
+
+
+async def send_buckets(buckets: Sequence[Bucket], weights: Weights, buffers: FlatBuffers,
                        send: Callable[[int, Bucket, torch.Tensor], Awaitable[None]]) -> None:
-    """``send(i, bucket, flat)`` for every bucket in order, packing the next one meanwhile."""
+    """``send(i, bucket, flat)`` for every bucket in order: staged buffers as they are, host
+    tensors packed one bucket ahead (module docstring)."""
     if not buckets:
+        return
+    if isinstance(weights, StagedWeights):
+        for i, bucket in enumerate(buckets):
+            await send(i, bucket, weights.flats[i])
         return
     nxt = asyncio.create_task(asyncio.to_thread(buffers.fill, 0, buckets[0], weights))
     try:
@@ -58,8 +85,32 @@ async def send_buckets(buckets: Sequence[Bucket], weights: Mapping[str, torch.Te
             await asyncio.gather(nxt, return_exceptions=True)  # a thread cannot be cancelled: let it finish
 
 
+def _broadcast_on_side_stream(group: WeightGroup, flat: torch.Tensor, timeout_s: float, cancel: threading.Event) -> None:
+    # NCCL orders its collective after the calling thread's current stream. The default
+    # stream carries the next training step's kernels: waiting for those would delay the
+    # engines' pause window by a micro-batch. A stream of our own holds only this copy.
+    # An NCCL work's future completes once the collective is queued, not done: the end is
+    # awaited on an event, bounded by the same timeout and cancellation.
+    stream = torch.cuda.Stream(group.device)
+    start = time.monotonic()
+    with torch.cuda.stream(stream):
+        if flat.device != group.device:
+            flat = flat.to(group.device, non_blocking=True)
+        group.broadcast(flat, 0, timeout_s, cancel)
+        done = torch.cuda.Event()
+        done.record(stream)
+    while not done.query():
+        if cancel.is_set() or time.monotonic() - start > timeout_s:
+            why = "cancelled" if cancel.is_set() else f"timed out after {timeout_s:g} s"
+            group.abort(why)
+            raise WeightSyncError(f"broadcast in group {group.group_name!r} {why}")
+        time.sleep(0.001)
+
+
 async def broadcast_flat(group: WeightGroup, flat: torch.Tensor, timeout_s: float, cancel: threading.Event) -> None:
-    """Broadcast one packed bucket from rank 0 (moved to the group's device for NCCL)."""
+    """Broadcast one packed bucket from rank 0 (NCCL: on a side stream, moved to the group's
+    device if it is not there; staged buckets already are)."""
     if group.backend == "nccl":
-        flat = flat.to(group.device, non_blocking=True)
+        await asyncio.to_thread(_broadcast_on_side_stream, group, flat, timeout_s, cancel)
+        return
     await asyncio.to_thread(group.broadcast, flat, 0, timeout_s, cancel)

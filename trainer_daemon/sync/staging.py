@@ -1,0 +1,132 @@
+"""Staging a weight version for the sync: its buckets, packed where the collective reads them.
+
+Two ways from "the optimiser step is done" to "bucket ``i`` is in a byte buffer on the weight
+group's device" (``sync.staging``):
+
+- ``state_dict`` (the host path): every rank gathers the full state dict into host memory
+  (:func:`trainer_daemon.model.full_state_dict`), rank 0 casts it (``engine_weights``) and the
+  publish packs each bucket into a reused host buffer while the previous one is on the wire
+  (``sync/flat.py``), then moves it to the GPU for NCCL. Measured on one H100 (issue 32): 5.5 s
+  for a 1.5B model before the first byte is broadcast. Right for gloo and CPU engines.
+- ``buckets`` (:class:`WeightStager`, the device path): at the sync point every rank walks the
+  bucket plan; each parameter is gathered to its full tensor where it lives (FSDP2: one
+  all-gather per parameter, ``DTensor.full_tensor``; one rank: the parameter itself), and rank
+  0 copies it, cast to the engines' dtype, straight into its place in the bucket's byte buffer
+  (SGLang's flattened-bucket layout, :mod:`asyncrl.weight_sync.buckets`) on the weight group's
+  device: the GPU for NCCL, host memory for gloo. The publish then only broadcasts.
+
+Consistency with training: :meth:`WeightStager.capture` runs in the training loop between the
+optimiser step and the next step, on every rank, and returns only once rank 0's copies are
+complete (a stream synchronisation on CUDA: the step's own kernels are already done, since the
+step's metrics were read): the buffers hold exactly this version's weights, and the next step
+may change the parameters freely. The buffers are reused by the next capture, which comes only
+after the publish reading them ended (the daemon waits for it before capturing), and are
+replaced by new ones after a failed publish (:meth:`StagedWeights.discard`: an aborted
+collective may still read the old ones).
+
+Memory: the buffers are the model's bytes in the engines' dtype on rank 0 (1.5B parameters in
+bf16: 3.1 GB of GPU memory, held for the trainer's lifetime), plus one parameter gathered at a
+time on every rank. Preparation costs one device copy pass (plus the all-gathers with several
+ranks); nothing of it is in the engines' pause window.
+
+The plan puts the smallest tensor first, alone, on every sync (a freshly formed group's first
+collective is then a few bytes: ``plan_buckets(first_tiny=True)``); with ``state_dict`` only a
+forming publish does that.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from asyncrl.weight_sync import Bucket, byte_layout, dtype_name, plan_buckets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StagedWeights:
+    """One version's packed buckets (module docstring): ``flats[i]`` is bucket ``i``'s bytes."""
+
+    buckets: list[Bucket]
+    flats: list[torch.Tensor]
+    timings: dict[str, float] = field(default_factory=dict)
+    discarded: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(f.numel()) for f in self.flats)
+
+    def discard(self) -> None:
+        """The publish reading these buffers failed: the next capture writes into new ones."""
+        self.discarded = True
+
+
+def engine_tensors(model: torch.nn.Module, tied: bool) -> list[tuple[str, torch.Tensor]]:
+    """``(Hugging Face name, tensor)`` of what engines load, in state-dict order: every entry of
+    the state dict (parameters as FSDP2 leaves them: sharded DTensors with several ranks) but
+    ``lm_head.weight`` when the embeddings are tied (as ``engine_weights``)."""
+    return [(n, t) for n, t in model.state_dict().items() if not (tied and n == "lm_head.weight")]
+
+
+class WeightStager:
+    """The bucket plan of a model's engine weights and rank 0's reused byte buffers.
+
+    ``dtype``: the engines' dtype (floating tensors are cast to it; others keep theirs);
+    ``device``: where the buffers live (the weight group's: ``cuda`` for NCCL, ``cpu`` for gloo);
+    ``is_sender``: rank 0 (the others only take part in the gathers)."""
+
+    def __init__(self, model: torch.nn.Module, *, tied: bool, dtype: torch.dtype, bucket_bytes: int,
+                 device: torch.device | str, is_sender: bool) -> None:
+        self.tied, self.dtype, self.device, self.is_sender = tied, dtype, torch.device(device), is_sender
+        meta = {n: torch.empty(tuple(t.shape), dtype=self._target(t.dtype), device="meta")
+                for n, t in engine_tensors(model, tied)}
+        self.buckets = plan_buckets(meta, bucket_bytes, first_tiny=True)
+        self._flats: list[torch.Tensor] | None = None
+        self._last: StagedWeights | None = None
+
+    def _target(self, dtype: torch.dtype) -> torch.dtype:
+        return self.dtype if dtype.is_floating_point else dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+    def _buffers(self) -> list[torch.Tensor]:
+        if self._flats is None or (self._last is not None and self._last.discarded):
+            self._flats = [torch.empty(b.nbytes, dtype=torch.uint8, device=self.device) for b in self.buckets]
+        return self._flats
+
+    @torch.no_grad()
+    def capture(self, model: torch.nn.Module, write: bool = True) -> StagedWeights | None:
+        """*Collective* (every rank, same order). Rank 0 with ``write`` returns the staged
+        version; every other call returns None (``write=False``: rank 0 takes part in the
+        gathers but leaves the buffers alone, e.g. while a publish still reads them)."""
+        t0 = time.perf_counter()
+        tensors = dict(engine_tensors(model, self.tied))
+        keep = self.is_sender and write
+        flats = self._buffers() if keep else None
+        gather_s = 0.0
+        for i, bucket in enumerate(self.buckets):
+            offsets, _ = byte_layout(bucket.names, [dtype_name(d) for d in bucket.dtypes], bucket.shapes)
+            for name, dtype, shape, off in zip(bucket.names, bucket.dtypes, bucket.shapes, offsets, strict=True):
+                g = time.perf_counter()
+                t = tensors[name]
+                full = t.full_tensor() if isinstance(t, DTensor) else t
+                gather_s += time.perf_counter() - g
+                if flats is not None:
+                    n = full.numel() * dtype.itemsize
+                    flats[i][off:off + n].view(dtype).view(shape).copy_(full.detach(), non_blocking=True)
+        if flats is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if flats is not None and self.device.type == "cpu" and any(t.is_cuda for t in tensors.values()):
+            torch.cuda.synchronize()  # non-blocking device-to-host copies
+        if not keep:
+            return None
+        self._last = StagedWeights(list(self.buckets), list(flats),
+                                   {"timing_s/sync_stage": time.perf_counter() - t0, "timing_s/sync_stage_gather": gather_s})
+        return self._last
