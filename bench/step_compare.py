@@ -4,7 +4,7 @@ memory and MFU (CUDA).
 
     .venv/bin/python bench/step_compare.py [--model builtin:tiny | --shape qwen2.5-1.5b] [--device cpu|cuda] \\
         [--groups 16 --n 4 --prompt 256 --median 400 --sigma 1 --cap 4096] [--budget 8192] [--micro 4] \\
-        [--chunk 1024] [--steps 3] [--compile] [--paths packed,padded,plain] [--threads 2]
+        [--chunk 1024] [--steps 3] [--compile] [--paths packed,padded,plain] [--batches long-tail,uniform] [--threads 2]
 
 Batches (``--groups`` × ``--n`` trajectories, prompt ``--prompt`` tokens): *long-tail*:
 responses log-normal with median ``--median`` and sigma ``--sigma``, capped at ``--cap`` (the
@@ -219,6 +219,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="actor.use_torch_compile on the packed path")
     p.add_argument("--paths", default="packed,padded,plain")
+    p.add_argument("--batches", default="long-tail,uniform")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--work", default=str(ROOT / "runs" / "bench-step"))
@@ -245,6 +246,8 @@ def main() -> int:
     print(f"device {name}; model {a.shape or a.model}; torch {torch.__version__}, {a.threads} CPU threads", flush=True)
     try:
         for label, trajs in zip(("long-tail", "uniform"), make_batches(a, vocab), strict=True):
+            if label not in a.batches.split(","):
+                continue
             useful = sum(len(t.token_ids) for t in trajs)
             resp = [t.response_length for t in trajs]
             print(f"\n{label}: {len(trajs)} trajectories, {useful} tokens (responses {min(resp)}-{max(resp)}, "

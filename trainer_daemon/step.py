@@ -29,6 +29,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,18 @@ from trainer_daemon.batch import MicroBatch, collate
 from trainer_daemon.distributed import DistContext
 from trainer_daemon.logprob_head import log_prob_head
 from trainer_daemon.packing import PackedMicroBatch, pack, packed_attention_mask
+
+
+@dataclass
+class Prefetched:
+    """A micro-batch already on the device (``TrainStep._prefetch``), what the loop reads of it
+    on the host, and its packed attention mask once built."""
+
+    mb: MicroBatch | PackedMicroBatch
+    mass: float
+    scaled: bool
+    attn: Any = None
+
 
 SHARE_METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss")  # summed over micro-batches
 
@@ -79,31 +92,47 @@ class TrainStep:
             raise ValueError("actor.use_kl_loss needs a reference model")
 
     # -- forward ---------------------------------------------------------------------------
-    def _forward(self, model, mb: MicroBatch | PackedMicroBatch, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _prefetch(self, mb: MicroBatch | PackedMicroBatch) -> Prefetched:
+        """``mb`` on the device before the micro-batch loop, copied from pinned memory without
+        blocking, plus what the loop reads on the host: no device synchronisation between the
+        passes (a blocking copy in the loop would wait for the queued forward each time)."""
+        mass = float(mb.mask.sum())
+        scaled = bool((mb.temperature != 1.0).any())
+        dev = self.ctx.device
+        if dev.type == "cuda":
+            mb = mb.__class__(**{k: (v.pin_memory().to(dev, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+                                 for k, v in mb.__dict__.items()})
+        else:
+            mb = mb.to(dev)
+        return Prefetched(mb, mass, scaled)
+
+    def _forward(self, model, item: Prefetched, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(logp, entropy)``, ``(B, R)`` each. ``entropy``: None (not computed), ``"metric"``
         (detached, from the same log-softmax) or ``"loss"`` (with grad)."""
+        mb = item.mb
         if isinstance(mb, PackedMicroBatch):
-            return self._forward_packed(model, mb, entropy)
-        scaled = bool((mb.temperature != 1.0).any())  # on the host: no device sync
-        mb = mb.to(self.ctx.device)
+            return self._forward_packed(model, item, entropy)
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                        logits_to_keep=mb.logits_to_keep, use_cache=False).logits
         idx = mb.resp_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
         z = logits.gather(1, idx).float()
-        if scaled:  # skip a (B, R, V) pass in the common T = 1 case
+        if item.scaled:  # skip a (B, R, V) pass in the common T = 1 case
             z = z / mb.temperature[:, :, None]
         if entropy is None:
             return log_probs_from_logits(z, mb.labels), None
         return log_probs_and_entropy(z, mb.labels, entropy_grad=entropy == "loss")
 
-    def _forward_packed(self, model, mb: PackedMicroBatch, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward_packed(self, model, item: Prefetched, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The packed row through the model, its LM head answering the scored tokens' log-probs
-        in chunks (``trainer_daemon.logprob_head``); results placed in the ``(B, R)`` layout."""
+        in chunks (``trainer_daemon.logprob_head``); results placed in the ``(B, R)`` layout.
+        The attention mask is built once per micro-batch (policy, anchor, reference and epochs
+        share it: every model of a step has the same attention implementation)."""
+        mb = item.mb
         b, r = mb.response_shape
-        mb = mb.to(self.ctx.device)
-        attn = packed_attention_mask(mb.seq_lens, model.config._attn_implementation, self.ctx.device)
+        if item.attn is None:
+            item.attn = packed_attention_mask(mb.seq_lens, model.config._attn_implementation, self.ctx.device)
         with log_prob_head(model, mb.labels, mb.temperature, self.s.actor.log_prob_chunk_tokens, entropy):
-            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=attn,
+            out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=item.attn,
                         logits_to_keep=mb.score_pos, use_cache=False).logits[0]
         zeros = out.new_zeros(b * r)
         logp = zeros.scatter(0, mb.flat_index, out[:, 0]).view(b, r)
@@ -111,8 +140,8 @@ class TrainStep:
         return logp, ent
 
     @torch.no_grad()
-    def _log_probs(self, model, mb: MicroBatch | PackedMicroBatch) -> torch.Tensor:
-        return self._forward(model, mb, None)[0].detach()
+    def _log_probs(self, model, item: Prefetched) -> torch.Tensor:
+        return self._forward(model, item, None)[0].detach()
 
     # -- planning --------------------------------------------------------------------------
     def _plans(self, trajs: Sequence[Trajectory], groups: Sequence[Sequence[int]], keep: list[bool]) -> list[tuple[list[int], list[list[int]]]]:
@@ -152,7 +181,7 @@ class TrainStep:
         # Micro-batches in plan order: every rank runs the same number of forward passes of
         # each (sharded) model, dummies included.
         build = pack if self.s.actor.use_remove_padding else collate
-        mbs = [[build(trajs, micro, adv, self.s.pad_id) for micro in plan] for _, plan in plans]
+        mbs = [[self._prefetch(build(trajs, micro, adv, self.s.pad_id)) for micro in plan] for _, plan in plans]
 
         t1 = time.perf_counter()
         anchors = [[self._log_probs(self.model, mb) for mb in row] for row in mbs] if self.s.async_training.recomputes_log_probs else None
@@ -208,11 +237,12 @@ class TrainStep:
         })
         return metrics
 
-    def _micro(self, mb: MicroBatch, anchor, ref, tokens: float, seqs: float, sums, weights) -> None:
+    def _micro(self, item: Prefetched, anchor, ref, tokens: float, seqs: float, sums, weights) -> None:
         """Forward, loss, backward of one micro-batch. A dummy has an all-zero mask: its loss is
         exactly 0 with zero gradients, but the passes (and FSDP's collectives) still happen."""
         actor = self.s.actor
-        logp, ent = self._forward(self.model, mb, "loss" if actor.entropy_coeff != 0.0 else
+        mb = item.mb
+        logp, ent = self._forward(self.model, item, "loss" if actor.entropy_coeff != 0.0 else
                                   "metric" if actor.calculate_entropy else None)
         dev = logp.device
         old, behav = resolve_log_probs(self.s.async_training, mb.rollout_logp.to(dev), None if anchor is None else anchor.to(dev))
@@ -222,7 +252,7 @@ class TrainStep:
             dp_size=self.ctx.world_size, metrics_on_device=True,
         )
         loss.backward()
-        w = float(mb.mask.sum())  # the host's copy of the mask: no device synchronisation
+        w = item.mass  # read on the host before the loop: no device synchronisation
         for k, v in m.items():
             if k in SHARE_METRICS:
                 sums[k] += v
