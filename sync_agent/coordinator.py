@@ -271,7 +271,9 @@ class SyncCoordinator:
 
     async def _form_group(self, rec: SyncRecord, update: EngineUpdate) -> None:
         g = rec.group
-        self.group = None
+        old, self.group = self.group, None
+        if old is not None and old.group_name != g["group_name"]:
+            await update.leave_group(old.group_name)  # trainers name every new group anew: free the old one
         await update.join(g["master_address"], g["master_port"], g["world_size"], backend=g["backend"],
                           timeout_s=self.cfg.sync.group_init_timeout_s)
         self.group = GroupInfo(g["master_address"], g["master_port"], g["backend"], g["group_name"], g["world_size"],

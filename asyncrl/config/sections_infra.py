@@ -109,10 +109,13 @@ class ActorConfig(Section):
     ppo_max_token_len_per_gpu: int = Field(16384, ge=16, le=16_777_216)
     """Token budget of one micro-batch with ``use_dynamic_bsz`` (prompt + response tokens);
     must hold ``model.max_model_len`` (a longer trajectory fits no micro-batch)."""
-    log_prob_chunk_tokens: int = Field(1024, ge=0, le=1_048_576)
-    """With ``use_remove_padding``: the LM head projects this many scored tokens onto the
-    vocabulary at a time, recomputed in backward, so the float32 logits of a micro-batch never
-    exist at once (peak O(chunk × vocabulary)). 0: all at once."""
+    log_prob_chunk_tokens: int = Field(8192, ge=0, le=1_048_576)
+    """With ``use_remove_padding``: the LM head projects at most this many scored tokens onto
+    the vocabulary at a time; a micro-batch with more is done in chunks recomputed in backward,
+    so its float32 logits never exist at once (peak O(chunk × vocabulary)). 0: all at once.
+    The recomputation costs speed: on one H100 (1.5B, 8192-token micro-batches) one chunk ran
+    at 27.0 k tok/s and 65 GiB peak, chunks of 1024 at 25.1 k tok/s and 55 GiB
+    (docs/benchmarks.md): lower it when memory is short."""
     use_torch_compile: bool = False
     """``torch.compile`` each decoder layer (verl's name); pays on GPUs, not on this CPU."""
     attn_implementation: Literal["auto", "sdpa", "flex_attention", "flash_attention_2", "eager"] = "auto"

@@ -280,10 +280,12 @@ class EngineUpdate:
         if _errors(failed):
             log.error("continue_generation failed: %s", _errors(failed))
 
-    async def leave_group(self) -> None:
-        """``/destroy_weights_update_group`` on every member that answers (best effort: after a
-        failure the group is dropped everywhere and the next sync forms a new one)."""
-        await self.each(lambda m: m.client.destroy_weights_update_group(self.group_name, timeout_s=self.control_timeout_s),
+    async def leave_group(self, group_name: str | None = None) -> None:
+        """``/destroy_weights_update_group`` of this update's group (or ``group_name``: a
+        previous one) on every member that answers (best effort: after a failure the group is
+        dropped everywhere and the next sync forms a new one, under a new name)."""
+        name = group_name or self.group_name
+        await self.each(lambda m: m.client.destroy_weights_update_group(name, timeout_s=self.control_timeout_s),
                         self.control_timeout_s, [m for m in self.members if not m.stuck])
 
     async def release(self) -> None:

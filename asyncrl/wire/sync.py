@@ -29,6 +29,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 DEFAULT_GROUP_NAME = "weight_update_group"
 """SGLang's default name of the weight-update process group."""
 
+
+def fresh_group_name(base: str = DEFAULT_GROUP_NAME) -> str:
+    """``base-<8 hex>``: every weight group a trainer forms gets a name of its own. torch (and
+    so SGLang) refuses to create a group under a name it still holds, and a destroy that failed
+    (an engine cut off mid-sync) leaves the old name held until the engine restarts."""
+    import secrets
+
+    return f"{base}-{secrets.token_hex(4)}"
+
 SYNC_PHASES = ("queued", "pausing", "awaiting_broadcast", "loading", "failing", "resuming")
 """Non-final states of a sync, in order (``failing``: an engine failed, containment runs)."""
 SYNC_FINAL = ("succeeded", "failed")

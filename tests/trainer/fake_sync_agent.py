@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from asyncrl.engine_client import EngineClient
 from asyncrl.launch import free_port
 from asyncrl.weight_sync.engine_update import EngineUpdate, Member
-from asyncrl.wire.sync import SyncAccepted, SyncRequest, SyncStatus
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME, SyncAccepted, SyncRequest, SyncStatus
 
 ENGINE_CALL_TIMEOUT_S = 120.0
 
@@ -77,9 +77,9 @@ class FakeSyncAgent:
         for e in self._engines:
             await e.close()
 
-    def _update(self, total_buckets: int = 0) -> EngineUpdate:
+    def _update(self, total_buckets: int = 0, group_name: str = DEFAULT_GROUP_NAME) -> EngineUpdate:
         members = [Member(e.base_url, e, rank_offset=self._offsets[i] if self._offsets else 1) for i, e in enumerate(self._engines)]
-        return EngineUpdate(members, control_timeout_s=ENGINE_CALL_TIMEOUT_S, total_buckets=total_buckets)
+        return EngineUpdate(members, control_timeout_s=ENGINE_CALL_TIMEOUT_S, total_buckets=total_buckets, group_name=group_name)
 
     def _authorized(self, request: web.Request) -> bool:
         return request.headers.get("Authorization") == f"Bearer {self.token}"
@@ -123,7 +123,7 @@ class FakeSyncAgent:
 
     async def _run(self, status: SyncStatus, sync: SyncRequest, join: bool) -> None:
         async with self._lock:
-            update = self._update(len(sync.buckets))
+            update = self._update(len(sync.buckets), sync.group.group_name)
             status.state = "loading"
             try:
                 await update.pause("abort")

@@ -192,6 +192,9 @@ def test_agent_protocol_bodies(agent_run):
     assert [b.version for b in bodies] == [1, 1, 2]
     assert [b.group.new for b in bodies] == [True, True, False]
     assert bodies[0].group.key != bodies[1].group.key == bodies[2].group.key  # re-formed after the failure, then reused
+    # every group formed has a name of its own (a name still held after a failed destroy would refuse the next)
+    names = [b.group.group_name for b in bodies]
+    assert names[0] != names[1] == names[2] and all(n.startswith("weight_update_group-") for n in names)
     assert all(b.group.backend == "gloo" and b.group.torch_version for b in bodies)
     model = load_model("builtin:tiny", seed=0)
     expected = [n for n in model.state_dict() if n != "lm_head.weight"]

@@ -47,7 +47,14 @@ from asyncrl.weight_sync import (
     host_group_async,
     reserve_listen_socket,
 )
-from asyncrl.wire.sync import DEFAULT_GROUP_NAME, GroupSpec, SyncAccepted, SyncRequest, SyncStatus
+from asyncrl.wire.sync import (
+    DEFAULT_GROUP_NAME,
+    GroupSpec,
+    SyncAccepted,
+    SyncRequest,
+    SyncStatus,
+    fresh_group_name,
+)
 from trainer_daemon.sync.base import (
     StaleVersion,
     WeightPublisher,
@@ -95,7 +102,7 @@ class SyncAgentPublisher(WeightPublisher):
         self.url = url.rstrip("/")
         self.token = token
         self.master_address, self.master_port, self.backend = master_address, master_port, backend
-        self.bucket_bytes, self.group_name = bucket_bytes, group_name
+        self.bucket_bytes, self.group_base, self.group_name = bucket_bytes, group_name, group_name
         self.group_timeout_s, self.pause_timeout_s, self.broadcast_timeout_s = group_timeout_s, pause_timeout_s, broadcast_timeout_s
         self.group: WeightGroup | None = None
         self.spec: GroupSpec | None = None
@@ -219,6 +226,7 @@ class SyncAgentPublisher(WeightPublisher):
         if forming:
             sock = reserve_listen_socket(self.master_address, self.master_port)
             nccl, torch_version = trainer_nccl_versions()
+            self.group_name = fresh_group_name(self.group_base)
             self.spec = GroupSpec(master_address=self.master_address, master_port=sock.getsockname()[1], backend=self.backend,
                                   group_name=self.group_name, new=True, nccl_version=nccl, torch_version=torch_version)
         spec = self.spec.model_copy(update={"new": forming})

@@ -45,7 +45,7 @@ from asyncrl.weight_sync import (
 )
 from asyncrl.weight_sync.engine_update import FLUSH_RETRIES, EngineUpdate, Member
 from asyncrl.weight_sync.layout import check_nccl
-from asyncrl.wire.sync import DEFAULT_GROUP_NAME, weight_version_number
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME, fresh_group_name, weight_version_number
 from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions
 from trainer_daemon.sync.flat import (
     FlatBuffers,
@@ -74,6 +74,7 @@ class DirectEnginePublisher(WeightPublisher):
         self.engines = list(engines)
         self.master_address, self.master_port = master_address, master_port
         self.backend, self.group_name, self.bucket_bytes = backend, group_name, bucket_bytes
+        self.group_base = group_name  # each new group: group_base-<hex> (fresh_group_name)
         self.group_timeout_s, self.broadcast_timeout_s = group_timeout_s, broadcast_timeout_s
         self.control_timeout_s, self.pause_mode, self.flush_retries = control_timeout_s, pause_mode, flush_retries
         self.group: WeightGroup | None = None
@@ -87,6 +88,7 @@ class DirectEnginePublisher(WeightPublisher):
                             group_name=self.group_name)
 
     async def _form(self, update: EngineUpdate) -> None:
+        self.group_name = update.group_name = fresh_group_name(self.group_base)
         layouts, world = await update.read_layouts()
         if self.backend == "nccl":
             problems = check_nccl(layouts, *trainer_nccl_versions())
