@@ -265,9 +265,28 @@ class SyncCoordinator:
             await self._contain_failure(rec, update)
         finally:
             await update.release()
+            if rec.error is None:
+                await self._release_loaded(rec)
             if paused_rollout:
                 await self._resume_rollout(rec)
             self._enter(rec, "succeeded" if rec.error is None else "failed")
+
+    async def _release_loaded(self, rec: SyncRecord) -> None:
+        """Members this sync wrote whole (every parameter, the current version) that the agent
+        had quarantined serve again now, before the rollout resumes, not a reconcile round
+        later: a quarantined member keeps no requests, so waiting only idles it (issue 33).
+        Quarantines set by others (an operator, the rollout's health checks) are left alone; a
+        release that fails is retried by the reconcile loop."""
+        try:
+            engines = (await self.rollout.status())["engines"]
+            for e in engines:
+                eid = e["id"]
+                ours = (e.get("reason") or "").startswith(AGENT_REASON)
+                if e["state"] == "quarantined" and ours and rec.engines.get(eid) == "loaded" and eid not in self.needs_reload:
+                    await self.rollout.release(eid)
+                    log.info("engine %s released: sync %s wrote it whole at version %d", eid, rec.id, rec.version)
+        except RolloutAdminError as exc:
+            log.warning("releasing the engines sync %s loaded: %s (the reconcile loop retries)", rec.id, exc)
 
     async def _form_group(self, rec: SyncRecord, update: EngineUpdate) -> None:
         g = rec.group

@@ -186,3 +186,36 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
                 assert time.monotonic() - killed_at < F8_BOUND_S, "RELIABILITY.md F8: back within T_sync"
         finally:
             await pub.close()
+
+
+async def test_a_sync_that_writes_a_quarantined_engine_whole_releases_it_at_once(tmp_path, nats_server, engines, monkeypatch):
+    """Issue 33 item 1: an engine the agent quarantined is routable again as soon as a sync has
+    written every parameter of the current version into it, not a reconcile round later (the
+    reconcile loop is stopped here: any release seen is the sync's). A quarantine the agent did
+    not set (an operator's) is left alone."""
+    rounds = count_reconcile_rounds(monkeypatch)
+    urls = [e.url for e in engines]
+    async with stack(tmp_path, nats_server.url, urls, "sync.reconcile_interval_s=600") as (svc, rollout_url, agent, agent_url, cfg):
+        a_id, b_id = (next(e["id"] for e in svc.pool.snapshot() if e["url"] == u) for u in urls)
+        co = agent.coordinator
+        await wait_for(lambda: rounds[0] >= 1, 30, "the agent's first reconcile round (the next is 600 s away)")
+        await co.rollout.quarantine(a_id, "sync-agent: left behind by an earlier sync (test)")
+        await co.rollout.quarantine(b_id, "operator: maintenance (test)")
+        assert {svc.pool.engines[a_id].state, svc.pool.engines[b_id].state} == {"quarantined"}
+        seen = rounds[0]
+        pub = publisher(agent_url, cfg)
+        try:
+            model, weights = perturbed_weights(1)
+            await pub.publish(1, weights)
+            rec = co.records[-1]
+            assert rec.state == "succeeded", rec.error
+            assert rec.engines == {a_id: "loaded", b_id: "loaded"}
+            assert svc.pool.engines[a_id].state == "healthy", "released by the sync itself"
+            assert svc.pool.engines[b_id].state == "quarantined", "an operator's quarantine is not the agent's to lift"
+            assert rounds[0] == seen, "no reconcile round ran: the release was the sync's"
+            decoded = svc.pool.engines[a_id].tokens_decoded
+            await wait_for(lambda: svc.pool.engines[a_id].tokens_decoded > decoded + 20, 60, "engine A decoding again")
+            ids, lps, wv = await engine_logprobs(urls[0])
+            assert wv == "1" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model, ids))) < 1e-4
+        finally:
+            await pub.close()
