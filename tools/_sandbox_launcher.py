@@ -5,9 +5,17 @@ with an empty environment, in a new session, with the run's temporary directory 
 It uses only the standard library and runs *before* any model code, in this order:
 
 1. resource limits (``setrlimit``) except RLIMIT_NPROC, clamped to our hard limits.
-2. as root: ``unshare(CLONE_NEWNET | CLONE_NEWPID)``: a network namespace whose only
-   interface, ``lo``, is down, and a pid namespace (needs CAP_SYS_ADMIN, which default
-   Docker does not grant). Without the pid namespace if only that is refused.
+2. as root: ``unshare(CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS)``: a network namespace
+   whose only interface, ``lo``, is down, a pid namespace (needs CAP_SYS_ADMIN, which default
+   Docker does not grant; without it if only that is refused) and a private mount namespace
+   in which ``/tmp`` and ``/dev/shm`` are fresh tmpfs of :data:`PRIVATE_TMPFS_BYTES` (and
+   :data:`PRIVATE_TMPFS_INODES` files) each, gone with the run, and ``/proc`` is a new procfs
+   with ``hidepid=2`` (the run's uid sees its own processes only: no host command lines or
+   environments). ``/tmp`` keeps the host's when the interpreter lives under it; the run's
+   own directory, when under a fresh tmpfs, is bind-mounted back at its path (the only thing
+   of the host's left there). These mounts harden what the namespaces and the per-run uid
+   already close: where one is refused (a container's AppArmor profile may refuse a procfs)
+   the run goes on, the error reported as ``private_mounts_error``.
 3. ``chown`` the cwd to the run's own uid/gid (``uid_base`` + launcher pid; the launcher
    must be root, with CAP_SETUID/SETGID/CHOWN at least), drop supplementary groups,
    ``setresgid``/``setresuid``, check that regaining root fails. Model code never runs as
@@ -40,6 +48,10 @@ SETUP_FAILED_EXIT_CODE = 125
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+PRIVATE_TMPFS_BYTES = 16 * 2**20
+PRIVATE_TMPFS_INODES = 1024
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
@@ -61,7 +73,7 @@ def _unshare_network(libc, user_namespace, want_pid_namespace):
     Returns (error text or None, whether a pid namespace was created).
     """
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNET | (CLONE_NEWUSER if user_namespace else 0)
+    flags = CLONE_NEWNET | (CLONE_NEWUSER if user_namespace else CLONE_NEWNS)
     error = "not requested"
     if want_pid_namespace:
         error = _libc_call(libc, "unshare", ctypes.c_int(flags | CLONE_NEWPID))
@@ -77,6 +89,38 @@ def _unshare_network(libc, user_namespace, want_pid_namespace):
             with open(f"/proc/self/{name}", "w") as mapping:
                 mapping.write(text)
     return error, with_pid_namespace
+
+
+def _private_mounts(libc, interpreter):
+    """In the new mount namespace (root): nothing propagates back to the host, fresh capped
+    tmpfs on ``/tmp`` and ``/dev/shm``, a procfs showing only the run's own processes (module
+    docstring). Returns what was mounted; raises on any failure."""
+    def mount(source, target, fstype, flags, data):
+        error = _libc_call(libc, "mount", source, target, fstype, ctypes.c_ulong(flags), data)
+        if error is not None:
+            raise RuntimeError(f"mount {fstype.decode() if fstype else 'propagation'} on {target.decode()}: {error}")
+
+    mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
+    mounted = []
+    real = os.path.realpath(interpreter)
+    cwd = os.getcwd()
+    cwd_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for target in ("/tmp", "/dev/shm"):
+            if not os.path.isdir(target) or interpreter.startswith(target + "/") or real.startswith(target + "/"):
+                continue
+            options = f"size={PRIVATE_TMPFS_BYTES},nr_inodes={PRIVATE_TMPFS_INODES},mode=1777".encode()
+            mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
+            mounted.append(target)
+            if cwd.startswith(target + "/"):  # the run's directory lives there: bind it back at its path, alone
+                os.makedirs(cwd, mode=0o755, exist_ok=True)
+                mount(f"/proc/self/fd/{cwd_fd}".encode(), cwd.encode(), None, MS_BIND, None)
+                os.chdir(cwd)
+    finally:
+        os.close(cwd_fd)
+    mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=2")
+    mounted.append("/proc")
+    return mounted
 
 
 def _apply_rlimits(rlimits):
@@ -148,6 +192,11 @@ def main():
         report["rlimits"] = _apply_rlimits(config["rlimits"])
         if os.geteuid() == 0:  # must happen before dropping root
             attempts["net"], pid_namespace = _unshare_network(libc, False, config["pid_namespace"])
+            if attempts["net"] is None:
+                try:
+                    report["private_mounts"] = _private_mounts(libc, config["interpreter"])
+                except (RuntimeError, OSError) as exc:  # hardening on top: the namespaces above still hold
+                    report["private_mounts_error"] = str(exc)
         if config["uid_base"] is None or os.geteuid() != 0:
             raise RuntimeError("model code runs only as a per-run uid, which needs the launcher to be root")
         uid = config["uid_base"] + os.getpid()  # unique among live processes

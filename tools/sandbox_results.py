@@ -97,6 +97,8 @@ def outcome_to_result(
             "pid_namespace": outcome.report.get("pid_namespace"),
             "nproc_counts": outcome.report.get("nproc_counts"),
             "network_namespace_error": outcome.report.get("network_namespace_error"),
+            "private_mounts": outcome.report.get("private_mounts"),
+            "private_mounts_error": outcome.report.get("private_mounts_error"),
             "uid": outcome.report.get("uid"),
             "rlimits": outcome.report.get("rlimits"),
             "interpreter": interpreter,

@@ -228,3 +228,36 @@ async def test_the_server_refuses_to_start_where_it_cannot_isolate(tmp_path):
                                                stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(bad.communicate(), 60)
     assert bad.returncode == 2 and b"refusing to start" in err and b"audit_hook" in err
+
+
+async def test_root_mode_runs_get_their_own_tmp_shm_and_proc(work_root, tmp_path):
+    """Issue 30 item 9: in root mode each run has a fresh ``/tmp`` and ``/dev/shm`` (capped
+    tmpfs, gone with the run: nothing one run leaves is seen by the next, nothing reaches the
+    host's) and a procfs where only its own processes exist (no host command lines)."""
+    from tools._sandbox_launcher import PRIVATE_TMPFS_BYTES
+
+    sandbox = PythonSandbox(**{**TIGHT_LIMITS, "work_root": str(work_root)})
+    marker = f"asyncrl-leak-{os.getpid()}"
+    first = await sandbox.call({"code": textwrap.dedent(f"""
+        import os
+        for d in ('/tmp', '/dev/shm'):
+            open(os.path.join(d, {marker!r}), 'w').write('x')
+        shm = os.statvfs('/dev/shm')
+        tmp = os.statvfs('/tmp')
+        pids = [p for p in os.listdir('/proc') if p.isdigit()]
+        mine = all(os.stat('/proc/' + p).st_uid == os.getuid() for p in pids)
+        print('shm', shm.f_blocks * shm.f_frsize, 'tmp', tmp.f_blocks * tmp.f_frsize, 'pids', len(pids), 'mine', mine)
+        print('host init visible', os.path.exists('/proc/1/cmdline'))
+    """)}, timeout_s=10)
+    assert not first.is_error, first
+    iso = first.metadata["isolation"]
+    assert iso["private_mounts"] == ["/tmp", "/dev/shm", "/proc"], iso
+    assert f"shm {PRIVATE_TMPFS_BYTES} tmp {PRIVATE_TMPFS_BYTES}" in first.content, first.content
+    assert "mine True" in first.content and "host init visible False" in first.content, first.content
+    pids = int(first.content.split("pids ")[1].split()[0])
+    assert 1 <= pids <= 3, first.content  # the launcher, the namespace's init, the program
+    assert not os.path.exists(f"/tmp/{marker}") and not os.path.exists(f"/dev/shm/{marker}")
+    second = await sandbox.call({"code": f"import os; print([os.path.exists(os.path.join(d, {marker!r})) for d in ('/tmp', '/dev/shm')])"},
+                                timeout_s=10)
+    assert second.content.strip() == "[False, False]", second
+    assert sandbox_pids() == {}

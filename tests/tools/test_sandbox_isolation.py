@@ -126,7 +126,8 @@ async def test_service_environment_is_unreadable_through_proc(sandbox) -> None:
             print('denied', type(exc).__name__)
     """
     result = await run(sandbox, code)
-    assert result.content == "denied PermissionError\n", result.content
+    # root mode: the run's procfs (hidepid=2) has no entry for the service at all
+    assert result.content in ("denied PermissionError\n", "denied FileNotFoundError\n"), result.content
 
 
 async def test_stdin_is_empty(sandbox: PythonSandbox) -> None:
@@ -205,7 +206,7 @@ async def test_program_cannot_signal_the_service(sandbox: PythonSandbox) -> None
 
 @root_only
 async def test_program_cannot_write_outside_its_directory(sandbox: PythonSandbox) -> None:
-    target = Path(tempfile.mkdtemp(prefix="asyncrl-test-readonly-"))
+    target = Path(tempfile.mkdtemp(prefix="asyncrl-test-readonly-", dir="/var/tmp"))  # not a run's private tmpfs
     try:
         target.chmod(0o755)
         code = f"try:\n    open({str(target / 'pwned')!r}, 'w')\n    print('wrote')\nexcept PermissionError:\n    print('denied')"
@@ -238,7 +239,10 @@ async def test_concurrent_runs_cannot_read_each_others_directories(make_sandbox,
                 print(os.listdir(os.path.join('..', other)))
             except PermissionError:
                 print('denied')
+        print('looked at', len(others))
     """
     result = await run(sandbox, peek)
     await writer
-    assert result.content == "denied\n", result.content
+    # root mode: the run's private /tmp holds its own directory alone (the other is not even
+    # there); elsewhere the other's directory is there and closed
+    assert result.content in ("denied\nlooked at 1\n", "looked at 0\n"), result.content
