@@ -3,7 +3,7 @@
 # (pyproject asks only torch>=2.6, which it satisfies, so pip leaves it alone). The trainer
 # and the engines then carry the same torch and the same NCCL, which an NCCL weight-update
 # group needs (a communicator refuses members whose NCCL versions differ; each sglang release
-# pins an exact torch: 0.5.15-0.5.21 torch 2.13.0, 0.5.22-0.5.23 torch 2.14.1). Another base
+# pins an exact torch: 0.5.15-0.5.17 torch 2.11.0, 0.5.18-0.5.21 torch 2.13.0, 0.5.22-0.5.23 torch 2.14.1). Another base
 # works if it has exactly the engines' torch build; the sync agent refuses a mismatch. The entry point is `asyncrl trainer`, which builds the
 # torchrun command line from trainer.nnodes / node_rank / nproc_per_node / master_addr /
 # master_port (compose passes NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT as

@@ -91,7 +91,8 @@ IO_STRUCT = "sglang/srt/managers/io_struct.py"
 SAMPLING_PARAMS = "sglang/srt/sampling/sampling_params.py"
 SERVER_ARGS = "sglang/srt/server_args.py"  # launch flags (tests/contract/test_launch_flags.py)
 FUNCTION_CALL_PARSER = "sglang/srt/function_call/function_call_parser.py"  # --tool-call-parser names
-LAYOUT = "v2"  # bump when the extracted files change: caches of an older layout are rebuilt
+LAYOUT = "v3"  # bump when the extracted files change: caches of an older layout are rebuilt
+METADATA = "METADATA"  # the wheel's dist-info METADATA, kept beside the sources
 # Modules io_struct imports from that are light enough to execute (stdlib, msgspec, pydantic).
 EXECUTED_MODULES = ("sglang.srt.utils.msgspec_utils", "sglang.srt.utils.field_validators")
 _HTTP_METHODS = {"get", "post", "put", "delete", "patch", "head", "options", "trace"}
@@ -169,6 +170,20 @@ def _extract(wheel: Path, stage: Path) -> None:
             target = stage / member
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(zf.read(member))
+        metadata = [n for n in names if n.endswith(".dist-info/METADATA")]
+        if len(metadata) != 1:
+            raise SGLangSourceError(f"{wheel.name} has {len(metadata)} METADATA files; update the kit")
+        (stage / METADATA).write_bytes(zf.read(metadata[0]))
+
+
+def requires_dist(version: str, package: str) -> str | None:
+    """The exact version sglang==version's wheel pins ``package`` to (``Requires-Dist:
+    package==X`` of its METADATA, markers aside), None when it pins none."""
+    pattern = re.compile(rf"^Requires-Dist:\s*{re.escape(package)}\s*==\s*([^\s;,]+)", re.IGNORECASE)
+    for line in (source_dir(version) / METADATA).read_text(errors="replace").splitlines():
+        if m := pattern.match(line):
+            return m.group(1)
+    return None
 
 
 # ---- routes and handlers (ast over http_server.py and included routers) ----------------------

@@ -210,6 +210,7 @@ def test_concurrent_first_calls_download_once(tmp_path, monkeypatch):
             for member in [kit.HTTP_SERVER, kit.IO_STRUCT, kit.SAMPLING_PARAMS, kit.SERVER_ARGS, kit.FUNCTION_CALL_PARSER, "sglang/other.py",
                            *(m.replace(".", "/") + ".py" for m in kit.EXECUTED_MODULES)]:
                 zf.writestr(member, "app = None\n")
+            zf.writestr(f"sglang-{version}.dist-info/METADATA", "Name: sglang\nRequires-Dist: torch==9.0.0\n")
         return wheel
 
     monkeypatch.setattr(kit, "_download", fake_download)
@@ -223,4 +224,5 @@ def test_concurrent_first_calls_download_once(tmp_path, monkeypatch):
     assert calls == ["9.9.9"] and results == [out, out]
     assert (out / "COMPLETE").is_file() and (out / kit.IO_STRUCT).is_file()
     assert not (out / "sglang/other.py").exists()
+    assert kit.requires_dist("9.9.9", "torch") == "9.0.0" and kit.requires_dist("9.9.9", "numpy") is None
     assert sorted(p.name for p in out.parent.iterdir()) == [".9.9.9.lock", "9.9.9"]

@@ -1,0 +1,27 @@
+"""The torch each supported SGLang release pins (so its NCCL), as asyncrl's NCCL check uses it
+(``asyncrl.weight_sync.layout.SGLANG_TORCH_PINS``), equals the wheel's own ``Requires-Dist:
+torch==`` for every release local_engine and the docs claim (issue 35 item 1: 0.5.15-0.5.17
+pin 2.11.0, which the table had as 2.13.0). Downloads each wheel once (the contract kit's
+cache)."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.weight_sync.layout import SGLANG_TORCH_PINS, EngineLayout
+from local_engine.compat import SUPPORTED
+from tests.contract.sglang_source import requires_dist
+
+RELEASES = [f"0.5.{n}" for n in range(SUPPORTED[0][2], SUPPORTED[1][2] + 1)]
+
+
+def test_the_table_covers_exactly_the_supported_releases():
+    assert SUPPORTED[0][:2] == SUPPORTED[1][:2] == (0, 5)
+    assert sorted(SGLANG_TORCH_PINS) == [tuple(map(int, r.split("."))) for r in RELEASES]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_torch_pin_is_the_wheels(release):
+    assert requires_dist(release, "torch") == SGLANG_TORCH_PINS[tuple(map(int, release.split(".")))]
+    layout = EngineLayout(engine="e", version=release)
+    assert layout.torch_pin() == requires_dist(release, "torch")
