@@ -39,6 +39,10 @@ class SglangCompat:
     soft_flush_failure: bool
     align_before_broadcast: bool
     flush_ignores_queue_when_paused: bool
+    abort_once: bool
+    """0.5.20+: the tokenizer passes one exact-rid abort per request to the scheduler and drops
+    every later one (``ReqState.abort_sent``), also when the first found the request not yet
+    scheduled (held at the pause gate)."""
 
     @classmethod
     def of(cls, version: str) -> SglangCompat:
@@ -48,4 +52,4 @@ class SglangCompat:
             raise ValueError(f"--sglang-compat {version!r}: local_engine emulates sglang {lo} to {hi}")
         return cls(version=".".join(map(str, v)), sessions=v >= (0, 5, 21), dp_strict=v >= (0, 5, 22),
                    soft_flush_failure=v >= (0, 5, 22), align_before_broadcast=v >= (0, 5, 23),
-                   flush_ignores_queue_when_paused=v >= (0, 5, 21))
+                   flush_ignores_queue_when_paused=v >= (0, 5, 21), abort_once=v >= (0, 5, 20))

@@ -35,8 +35,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 from local_engine.errors import Refused, validate
 from local_engine.locks import PauseGate, RWLock
@@ -86,6 +86,8 @@ class Engine:
                                      tp_size=settings.tp_size)
         self.metrics.set_version(self.weights.version)
         self.compat = settings.compat
+        self.known: dict[str, Req] = {}
+        """Requests from arrival to end by rid: what ``/abort_request`` can reach (:meth:`tracked`)."""
         self.gate = PauseGate()
         self.rwlock = RWLock()
         self.pause_cond = asyncio.Lock()  # SGLang's is_pause_cond (module docstring)
@@ -162,13 +164,17 @@ class Engine:
         """Gate (waits while paused), then the reader lock. The gate is checked again once
         the lock is held: a call that queued behind a weight update while the engine got
         paused goes back to waiting instead of slipping past ``pause(abort)``."""
-        while True:
-            await self.gate.wait()
-            lock = self.rwlock.read()
-            await lock.__aenter__()
-            if not self.gate.paused:
-                break
-            await lock.__aexit__(None, None, None)
+        self.metrics.gate_waiting.inc()
+        try:
+            while True:
+                await self.gate.wait()
+                lock = self.rwlock.read()
+                await lock.__aenter__()
+                if not self.gate.paused:
+                    break
+                await lock.__aexit__(None, None, None)
+        finally:
+            self.metrics.gate_waiting.dec()
         try:
             yield
         finally:
@@ -184,9 +190,10 @@ class Engine:
         return self.renderer.render(req, self.weights.version)
 
     async def generate(self, req: Req) -> dict:
-        async with self.generation_slot():
-            self.submit(req)
-            await req.done.wait()
+        with self.tracked(req):
+            async with self.generation_slot():
+                self.submit(req)
+                await req.done.wait()
         self.metrics.finished.labels(reason=(req.finish_reason or {}).get("type", "unknown")).inc()
         return self.render(req)
 
@@ -194,12 +201,36 @@ class Engine:
         """End one request (its client went away); no-op once finished."""
         self.scheduler.abort_one(req, message)
 
+    @contextmanager
+    def tracked(self, req: Req) -> Iterator[None]:
+        """``req`` is known to ``/abort_request`` from its arrival to its end, held at the pause
+        gate included (SGLang's tokenizer registers its state before the gate)."""
+        if req.rid in self.known:
+            raise Refused(f"duplicate request id {req.rid!r}: a request with this rid is in flight")
+        self.known[req.rid] = req
+        try:
+            yield
+        finally:
+            self.known.pop(req.rid, None)
+
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
-        """``/abort_request``: exact known rid (then prefix match), or everything (docstring)."""
+        """``/abort_request`` as SGLang's tokenizer and scheduler do it: everything; or an exact
+        rid it tracks (others are dropped), passed on once per request from 0.5.20
+        (``compat.abort_once``: later ones are dropped, also when the first came while the
+        request was held at the pause gate, where the scheduler does not have it yet), which
+        the scheduler matches as a prefix of what it holds."""
         if abort_all:
             self.scheduler.abort(abort_all=True)
-        elif rid and self.scheduler.find(rid) is not None:
-            self.scheduler.abort(rid=rid)
+            return
+        req = self.known.get(rid) if rid else None
+        if req is None:
+            return
+        if self.compat.abort_once:
+            if req.abort_sent:
+                self.metrics.aborts_dropped.inc()
+                return
+            req.abort_sent = True
+        self.scheduler.abort(rid=rid)
 
     # -- pause ---------------------------------------------------------------------------
     async def pause(self, mode: str) -> None:

@@ -31,6 +31,9 @@ class EngineMetrics:
         self.weight_version_info = Gauge("local_engine_weight_version_info", "Weight version as a label", ["version"], registry=r)
         self.weight_updates = Counter("local_engine_weight_updates", "Weight update calls by result", ["kind", "result"], registry=r)
         self.paused = Gauge("local_engine_paused", "1 while generation is paused", registry=r)
+        self.gate_waiting = Gauge("local_engine_gate_waiting", "/generate calls held at the pause gate", registry=r)
+        self.aborts_dropped = Counter("local_engine_aborts_dropped", "Exact-rid aborts dropped: the request's one abort "
+                                      "was already passed on (SGLang 0.5.20+)", registry=r)
         self.recomputed_tokens = Gauge("local_engine_recomputed_prefill_tokens",
                                        "Timing mode: running total of context tokens prefilled again after an "
                                        "abort or retract (0 in model mode, which cannot tell)", registry=r)

@@ -50,6 +50,8 @@ class Req:
     versions: list[list[Any]] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     aborted_in_queue: bool = False
+    abort_sent: bool = False
+    """An exact-rid abort was passed on for this request (SGLang 0.5.20+ passes one only)."""
     retractions: int = 0
     """Times a ``retract`` pause freed this request's KV (``num_retractions``); it is then
     prefilled again from :attr:`context_ids` with the weights of that time."""

@@ -62,14 +62,15 @@ def _sse(obj) -> bytes:
 
 async def _stream(engine: Engine, req: Req) -> AsyncIterator[bytes]:
     try:
-        async with engine.generation_slot():
-            engine.submit(req)
-            while True:
-                await req.updated.wait()
-                req.updated.clear()
-                yield _sse(engine.render(req))
-                if req.finished:
-                    break
+        with engine.tracked(req):
+            async with engine.generation_slot():
+                engine.submit(req)
+                while True:
+                    await req.updated.wait()
+                    req.updated.clear()
+                    yield _sse(engine.render(req))
+                    if req.finished:
+                        break
         engine.metrics.finished.labels(reason=(req.finish_reason or {}).get("type", "unknown")).inc()
     except Refused as exc:
         yield _sse({"error": {"message": exc.message, "type": "invalid_request_error", "code": exc.status, "retryable": exc.status >= 500}})

@@ -310,13 +310,22 @@ class EnginePool:
             handle.set_state("unhealthy", why)
             log.warning("engine %s (%s) marked unhealthy: %s", handle.id, handle.url, why)
 
-    async def abort_inflight(self, prefix: str = "") -> None:
+    async def abort_inflight(self, prefix: str = "", everything: bool = False) -> None:
         """Abort this service's in-flight requests whose rid starts with ``prefix``, on every
-        engine, each by its exact rid (module docstring)."""
-        await asyncio.gather(*(self._abort_on(h, prefix) for h in list(self.engines.values())))
+        engine, each by its exact rid (module docstring). ``everything``: on each engine that
+        still has such a request, abort *all* its requests instead (``abort_all``): SGLang
+        0.5.20+ passes only the first exact-rid abort of a request to its scheduler, so one that
+        arrived before the request was scheduled is used up and its repeats are dropped."""
+        await asyncio.gather(*(self._abort_on(h, prefix, everything) for h in list(self.engines.values())))
 
-    async def _abort_on(self, handle: EngineHandle, prefix: str) -> None:
+    async def _abort_on(self, handle: EngineHandle, prefix: str, everything: bool = False) -> None:
         rids = [r for r in handle.rids if r.startswith(prefix)]
+        if everything and rids:
+            try:
+                await handle.client.abort(abort_all=True, timeout_s=self.control_timeout_s)
+            except EngineError as exc:
+                log.warning("abort of everything on engine %s failed: %s", handle.id, exc)
+            return
 
         async def one(rid: str) -> None:
             try:

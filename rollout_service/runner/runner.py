@@ -57,6 +57,7 @@ ADMISSION_POLL_S = 0.5  # re-check admission at least this often (queue depth ch
 STORE_RETRY_S = 2.0  # retry checkpoint writes/deletes that failed while NATS was unreachable
 LOOP_RESTART_S = 1.0  # pause before restarting a background loop that raised
 PAUSE_REABORT_S = 0.25  # re-send aborts while a pause waits: catches calls that raced the first abort
+EXACT_ABORT_ROUNDS = 8  # then abort everything on the engines still holding our calls (~2 s into a pause)
 
 
 class PauseTimeout(RuntimeError):
@@ -311,8 +312,12 @@ class Runner:
             self.gate.close()
         elif mode == "partial":
             self.gate.close()
+            rounds = 0
             while self.calls.count > 0:
-                await self.abort_engines(self.rid_prefix)
+                rounds += 1
+                # exact rids first (engines may be shared); then every request of an engine that
+                # still holds one of ours (an exact abort can be used up: pool.abort_inflight)
+                await self.abort_engines(self.rid_prefix, everything=rounds > EXACT_ABORT_ROUNDS)
                 if time.monotonic() > deadline:
                     raise PauseTimeout(f"{self.calls.count} generate calls still in flight after {timeout_s:.0f} s")
                 await asyncio.sleep(PAUSE_REABORT_S)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from tests.helpers.reference_model import teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for
@@ -98,3 +99,42 @@ async def _running(client, n: int) -> bool:
 
 async def _waiting(client, n: int) -> bool:
     return (await load(client))["num_waiting_reqs"] == n
+
+
+async def _held_then_aborted_twice(url: str, rid: str) -> tuple:
+    """A request that arrives while the engine is paused (held at the gate) gets an exact-rid
+    abort there; after continue, once it is running, the same abort is sent again."""
+    from asyncrl.engine_client import EngineClient
+
+    async with EngineClient(url) as c:
+        await c.pause("abort")
+        try:
+            task = asyncio.create_task(c.generate(PROMPT, {**LONG, "max_new_tokens": 400}, rid=rid))
+            await wait_for(lambda: _waiting_at_gate(url), WAIT_S, "the request held at the pause gate")
+            await c.abort(rid)  # the tokenizer knows it; the scheduler does not have it yet
+        finally:
+            await c.resume()
+        await wait_for(lambda: _over(c, len(PROMPT) + 8), WAIT_S, "the request running after continue")
+        await c.abort(rid)  # the same abort again
+        return await asyncio.wait_for(task, 60)
+
+
+async def _waiting_at_gate(url: str) -> bool:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    return any(line.startswith("local_engine_gate_waiting ") and float(line.split()[1]) >= 1 for line in text.splitlines())
+
+
+@pytest.mark.parametrize(("compat", "second_abort_works"), [("0.5.19", True), ("0.5.20", False), ("0.5.23", False)])
+async def test_an_abort_used_up_at_the_gate_drops_its_repeats_from_0_5_20(tmp_path, compat, second_abort_works):
+    """SGLang 0.5.20+ passes one abort per rid to the scheduler (``abort_sent``): one that came
+    while the request was held at the pause gate is used up, and every repeat is dropped, so
+    the request runs to its end; 0.5.19 passes every repeat (issue 35 items 2 and 5)."""
+    from tests.helpers.processes import start_engine
+
+    with start_engine(tmp_path, "--sglang-compat", compat, name=f"engine-{compat}") as engine:
+        res = await _held_then_aborted_twice(engine.url, f"held-{compat.replace('.', '-')}")
+    if second_abort_works:
+        assert res.finish_reason.type == "abort" and len(res.output_ids) < 400
+    else:
+        assert res.finish_reason.type == "length" and len(res.output_ids) == 400

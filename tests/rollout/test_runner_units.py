@@ -58,7 +58,7 @@ class StateStore:
         return self.doc
 
 
-def _runner(tmp_path, aborts: list[str], on_abort) -> Runner:
+def _runner(tmp_path, aborts: list, on_abort, everything_only: bool = False) -> Runner:
     cfg = load_config(overrides=[f"run.dir={tmp_path}", "rollout.n=2", "actor.ppo_mini_batch_size=2"], environ={})
     outbox = Outbox(tmp_path / "outbox", 16)
 
@@ -68,9 +68,10 @@ def _runner(tmp_path, aborts: list[str], on_abort) -> Runner:
     async def queue_probe() -> int:
         return 0
 
-    async def abort_engines(prefix: str) -> None:
-        aborts.append(prefix)
-        on_abort()
+    async def abort_engines(prefix: str, everything: bool = False) -> None:
+        aborts.append((prefix, everything) if everything_only else prefix)
+        if everything or not everything_only:
+            on_abort()
 
     return Runner(cfg, deps_factory=lambda runner: None, stream=Stream(), outbox=outbox,
                   publisher=TrajectoryPublisher(outbox, "subject", publish), agent_store=AgentStore(), state_store=StateStore(),
@@ -169,3 +170,25 @@ async def test_a_background_loop_that_raises_is_logged_and_restarted(tmp_path, m
     assert runner.counters.loop_restarts == 1
     assert "background loop of the runner died" in caplog.text
     await runner.stop()
+
+
+async def test_a_pause_whose_exact_aborts_are_used_up_aborts_everything_on_those_engines(tmp_path):
+    """SGLang 0.5.20+ drops every exact-rid abort of a request after the first (issue 35 item
+    2): a call whose first abort came before it was scheduled is never ended by re-sends. After
+    ``EXACT_ABORT_ROUNDS`` rounds the pause aborts everything on the engines still holding one
+    of its calls, and returns."""
+    from rollout_service.runner.runner import EXACT_ABORT_ROUNDS
+
+    aborted = asyncio.Event()
+    aborts: list = []
+    runner = _runner(tmp_path, aborts, aborted.set, everything_only=True)  # exact aborts do nothing here
+
+    async def generate_call() -> None:
+        with runner.calls.tracking():
+            await aborted.wait()
+
+    call = asyncio.create_task(generate_call())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(runner.pause("partial", timeout_s=WAIT_S), WAIT_S)
+    await asyncio.wait_for(call, WAIT_S)
+    assert aborts == [("rl-test.", False)] * EXACT_ABORT_ROUNDS + [("rl-test.", True)]

@@ -92,3 +92,44 @@ async def test_drain_pause_finishes_in_flight_work_and_admits_nothing(tmp_path, 
         assert status == 200 and body["quota"]["version"] == 1
         assert body["quota"]["carried_over_at_reset"] == 0, "drained and consumed: nothing is stale at the new version"
         await wait_for(lambda: svc.runner.counters.samples_started > started, 60, "admission after resume")
+
+
+async def test_a_partial_pause_ends_calls_whose_exact_abort_was_used_up(tmp_path, nats_server):
+    """SGLang 0.5.20+ passes one exact-rid abort per request and drops its repeats; one that
+    arrives while the request is not yet scheduled (here: held at the engine's pause gate) is
+    used up, and the request then runs to its end (issue 35 item 2). The rollout's partial pause
+    therefore aborts everything on the engines still holding its calls after a few rounds: the
+    calls end aborted right after the engine lets them run, far short of their 3000 tokens."""
+    import asyncio
+
+    with start_engine(tmp_path, name="gate-engine") as engine:  # --sglang-compat 0.5.23 (the default)
+        cfg = service_config(tmp_path, nats_server.url, [engine.url], "rollout.n=2", "rollout.total_rollout_steps=1",
+                             "rollout.sampling.max_new_tokens=3000", "rollout.response_length=3000",
+                             "async_training.partial_rollout=true", "async_training.staleness_threshold=1")
+        async with EngineClient(engine.url) as ec, running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+            await wait_for(lambda: svc.runner.snapshot().generating >= 2, 120, "generation under way")
+            await ec.pause("in_place")
+            resumed = False
+            try:
+                await ec.abort(abort_all=True)  # the running calls end (partial); their continuations wait at the gate
+                await wait_for(lambda: _metric_at_least(engine.url, "local_engine_gate_waiting", 2), 120,
+                               "both continuations held at the engine's pause gate")
+                pause = asyncio.create_task(admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"}))
+                await wait_for(lambda: _metric_at_least(engine.url, "local_engine_aborts_dropped_total", 2), 60,
+                               "repeated exact aborts dropped (each call's one abort used up at the gate)")
+                decoded = await _decoded(engine.url)
+                await ec.resume()
+                resumed = True
+                status, body = await asyncio.wait_for(pause, 120)
+                assert status == 200 and body["counts"]["generating"] == 0, body
+                ran = await _decoded(engine.url) - decoded
+                assert ran < 2 * 3000, f"the calls ran to their end ({ran:.0f} tokens): nothing aborted them"
+                assert body["counts"]["partial"] == 2 and body["tokens"]["wasted"] == 0, body
+            finally:
+                if not resumed:
+                    await ec.resume()
+
+
+async def _metric_at_least(url: str, name: str, n: float) -> bool:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
+        return (_value(await resp.text(), name) or 0.0) >= n
