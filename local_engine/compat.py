@@ -40,6 +40,9 @@ class SglangCompat:
     align_before_broadcast: bool
     flush_ignores_queue_when_paused: bool
     abort_once: bool
+    weight_version_spans: bool
+    """0.5.19+: every finished output carries ``meta_info.weight_versions`` (at least one span);
+    unfinished ones (stream chunks) none; before 0.5.19 none at all."""
     """0.5.20+: the tokenizer passes one exact-rid abort per request to the scheduler and drops
     every later one (``ReqState.abort_sent``), also when the first found the request not yet
     scheduled (held at the pause gate)."""
@@ -52,4 +55,5 @@ class SglangCompat:
             raise ValueError(f"--sglang-compat {version!r}: local_engine emulates sglang {lo} to {hi}")
         return cls(version=".".join(map(str, v)), sessions=v >= (0, 5, 21), dp_strict=v >= (0, 5, 22),
                    soft_flush_failure=v >= (0, 5, 22), align_before_broadcast=v >= (0, 5, 23),
-                   flush_ignores_queue_when_paused=v >= (0, 5, 21), abort_once=v >= (0, 5, 20))
+                   flush_ignores_queue_when_paused=v >= (0, 5, 21), abort_once=v >= (0, 5, 20),
+                   weight_version_spans=v >= (0, 5, 19))

@@ -92,7 +92,7 @@ class Engine:
         self.rwlock = RWLock()
         self.pause_cond = asyncio.Lock()  # SGLang's is_pause_cond (module docstring)
         self.session_open = False
-        self.renderer = Renderer(tokenizer)
+        self.renderer = Renderer(tokenizer, spans=self.compat.weight_version_spans)
         self.scheduler = Scheduler(
             runner, StopChecker(tokenizer, self.eos_ids), lambda: self.weights.version,
             settings.max_batch_size, settings.seed, self.metrics.on_step,

@@ -130,8 +130,10 @@ class StopChecker:
 class Renderer:
     """Builds SGLang-shaped responses (final or cumulative stream chunks)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, spans: bool = True):
         self.tokenizer = tokenizer
+        self.spans = spans
+        """Finished outputs carry ``weight_versions`` spans (``SglangCompat.weight_version_spans``)."""
 
     def _token_texts(self, ids: list[int]) -> list[str]:
         return self.tokenizer.batch_decode([[t] for t in ids]) if ids else []
@@ -169,8 +171,9 @@ class Renderer:
             "num_retractions": req.retractions,
             "reasoning_tokens": 0,
         }
-        if len(req.versions) > 1:
-            meta["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in req.versions]
+        if self.spans and req.finished:  # SGLang 0.5.19+: on every finished output, none before
+            spans = req.versions or [[weight_version, 0, 0]]
+            meta["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in spans]
         if req.return_logprob:
             self._logprobs(req, meta)
         if req.finished:

@@ -39,7 +39,7 @@ from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
 from asyncrl.weight_sync.engine_update import EngineUpdate, Member
 from asyncrl.weight_sync.layout import LayoutError, check_nccl
-from asyncrl.weight_sync.pause_policy import plan_for
+from asyncrl.weight_sync.pause_policy import plan_for, policy_problems
 from asyncrl.wire.sync import BucketSpec, SyncRequest, weight_version_number
 from sync_agent.health import SyncTally
 from sync_agent.history import SyncHistory
@@ -153,6 +153,9 @@ class SyncCoordinator:
             problems = check_nccl(layouts, request.group.nccl_version, request.group.torch_version)
             if problems:
                 raise SyncConflict(409, "nccl_mismatch", "NCCL versions cannot form one group: " + "; ".join(problems))
+        problems = policy_problems(self.plan, layouts)
+        if problems:
+            raise SyncConflict(409, "pause_policy", "; ".join(problems))
         return {m.id: m.rank_offset for m in update.members}, world
 
     # -- accepting ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Any
 SGLANG_TORCH_PINS = ({(0, 5, n): "2.11.0" for n in range(15, 18)} | {(0, 5, n): "2.13.0" for n in range(18, 22)}
                      | {(0, 5, 22): "2.14.1", (0, 5, 23): "2.14.1"})
 """``Requires-Dist: torch==`` of each sglang wheel, read from the wheels' METADATA
-(tests/contract/test_torch_pins.py checks every supported release against its wheel)."""
+(tests/contract/test_release_facts.py checks every supported release against its wheel)."""
 DP_STRICT_FROM = (0, 5, 22)
 """First sglang version that asserts ``dp_size == 1`` on every weight-update route."""
 

@@ -63,3 +63,28 @@ def pause_plan(policy: PausePolicyName, partial_rollout_active: bool) -> PausePl
 def plan_for(cfg) -> PausePlan:
     """:func:`pause_plan` of a run config."""
     return pause_plan(cfg.sync.pause_policy, cfg.async_training.partial_rollout_active)
+
+
+SPANS_FROM = (0, 5, 19)
+"""First sglang release whose finished outputs carry ``meta_info.weight_versions`` spans (read
+from the wheels: ``compute_weight_version_spans`` in the scheduler's output path)."""
+
+
+def policy_problems(plan: PausePlan, layouts) -> list[str]:
+    """Why ``plan`` cannot run on these engines (``EngineLayout`` s): ``retract`` and
+    ``in_place`` keep requests across a sync, so their tokens carry two versions, which only
+    the engines' ``weight_versions`` spans tell apart; before :data:`SPANS_FROM` the client
+    would label old-weight tokens with the new version. Engines of an unknown release pass."""
+    if plan.engine_mode not in ("retract", "in_place"):
+        return []
+    from asyncrl.weight_sync.layout import parse_version
+
+    out = []
+    for layout in layouts:
+        v = parse_version(layout.version)
+        if v is not None and v < SPANS_FROM:
+            out.append(f"engine {layout.engine} runs sglang {layout.version}, whose outputs carry no weight_versions spans "
+                       f"(from {'.'.join(map(str, SPANS_FROM))}): sync.pause_policy={plan.policy} would label its "
+                       f"old-weight tokens with the new version; use pause_policy=abort or sglang >= "
+                       f"{'.'.join(map(str, SPANS_FROM))}")
+    return out

@@ -91,8 +91,9 @@ IO_STRUCT = "sglang/srt/managers/io_struct.py"
 SAMPLING_PARAMS = "sglang/srt/sampling/sampling_params.py"
 SERVER_ARGS = "sglang/srt/server_args.py"  # launch flags (tests/contract/test_launch_flags.py)
 FUNCTION_CALL_PARSER = "sglang/srt/function_call/function_call_parser.py"  # --tool-call-parser names
-LAYOUT = "v3"  # bump when the extracted files change: caches of an older layout are rebuilt
+LAYOUT = "v4"  # bump when the extracted files change: caches of an older layout are rebuilt
 METADATA = "METADATA"  # the wheel's dist-info METADATA, kept beside the sources
+FACTS = "facts.json"  # behaviour read from the wheel's source (_behaviour_facts)
 # Modules io_struct imports from that are light enough to execute (stdlib, msgspec, pydantic).
 EXECUTED_MODULES = ("sglang.srt.utils.msgspec_utils", "sglang.srt.utils.field_validators")
 _HTTP_METHODS = {"get", "post", "put", "delete", "patch", "head", "options", "trace"}
@@ -174,6 +175,28 @@ def _extract(wheel: Path, stage: Path) -> None:
         if len(metadata) != 1:
             raise SGLangSourceError(f"{wheel.name} has {len(metadata)} METADATA files; update the kit")
         (stage / METADATA).write_bytes(zf.read(metadata[0]))
+        (stage / FACTS).write_text(json.dumps(_behaviour_facts(zf, names), sort_keys=True))
+
+
+def _behaviour_facts(zf: zipfile.ZipFile, names: set[str]) -> dict[str, bool]:
+    """What differs by release in behaviour asyncrl depends on, read from the wheel's source:
+
+    - ``abort_once``: the tokenizer passes one exact-rid abort per request (``abort_sent``);
+    - ``weight_version_spans``: the scheduler's output path computes ``weight_versions`` spans
+      (``compute_weight_version_spans``) for finished requests."""
+    def source(name: str) -> str:
+        return zf.read(name).decode(errors="replace") if name in names else ""
+
+    managers = [n for n in names if n.startswith("sglang/srt/managers/") and n.endswith(".py")]
+    return {
+        "abort_once": "abort_sent" in source("sglang/srt/managers/tokenizer_manager.py"),
+        "weight_version_spans": any("compute_weight_version_spans(" in source(n) for n in managers),
+    }
+
+
+def behaviour_facts(version: str) -> dict[str, bool]:
+    """:func:`_behaviour_facts` of sglang==version (cached with its source)."""
+    return json.loads((source_dir(version) / FACTS).read_text())
 
 
 def requires_dist(version: str, package: str) -> str | None:

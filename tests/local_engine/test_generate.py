@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import aiohttp
 import orjson
 import pytest
@@ -30,7 +32,9 @@ async def test_logprobs_match_teacher_forcing(client, ref_model, params):
     expected = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids, params["temperature"])
     assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < TOL
     assert res.prompt_tokens == len(PROMPT) and res.completion_tokens == 24 and res.cached_tokens == 0
-    assert res.weight_version == "default" and res.weight_versions == []
+    assert res.weight_version == "default"
+    # SGLang 0.5.19+ (the default emulates 0.5.23): a finished output carries its spans, here one
+    assert [(w.version, w.start, w.end) for w in res.weight_versions] == [("default", 0, 24)]
 
 
 async def test_greedy_is_argmax_of_reference(client, ref_model):
@@ -152,3 +156,23 @@ async def test_top_logprobs(client):
 async def test_max_new_tokens_zero(client):
     res = await client.generate(PROMPT, {"max_new_tokens": 0})
     assert res.output_ids == [] and res.finish_reason.type == "length" and res.finish_reason.length == 0
+
+
+@pytest.mark.parametrize(("compat", "spans"), [("0.5.18", False), ("0.5.19", True)])
+async def test_weight_version_spans_only_on_finished_outputs_from_0_5_19(tmp_path, compat, spans):
+    """Read from the wheels (tests/contract/test_release_facts.py): finished outputs carry
+    ``weight_versions`` from 0.5.19 on, stream chunks before the end never."""
+    from asyncrl.engine_client import EngineClient
+    from tests.helpers.processes import start_engine
+
+    with start_engine(tmp_path, "--sglang-compat", compat, name=f"engine-{compat}") as engine:
+        async with EngineClient(engine.url) as c:
+            res = await c.generate(PROMPT, {"max_new_tokens": 6, "ignore_eos": True})
+            assert [(w.version, w.start, w.end) for w in res.weight_versions] == ([("default", 0, 6)] if spans else [])
+            async with aiohttp.ClientSession() as http, http.post(
+                    f"{engine.url}/generate", json={"input_ids": PROMPT, "stream": True,
+                                                    "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}) as resp:
+                chunks = [json.loads(line[6:]) for line in (await resp.text()).splitlines() if line.startswith("data: {")]
+    assert len(chunks) >= 2
+    assert all("weight_versions" not in c["meta_info"] for c in chunks[:-1])
+    assert ("weight_versions" in chunks[-1]["meta_info"]) is spans

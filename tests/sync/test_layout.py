@@ -54,3 +54,18 @@ def test_nccl_versions_compared_directly_or_through_the_releases_torch_pin():
     assert len(problems) == 1 and "engine old runs sglang 0.5.18, which pins torch 2.13.0" in problems[0]
     assert "build the trainer image with torch==2.13.0" in problems[0]
     assert check_nccl([layout("x", version="0.6.0")], None, "2.14.1") == []  # unknown pin: nothing to compare
+
+
+def test_retract_and_in_place_are_refused_on_releases_without_spans():
+    """Issue 35 item 3: a request kept across a sync (retract, in_place) holds tokens of two
+    versions, which only the engines' weight_versions spans tell apart (sglang 0.5.19+,
+    tests/contract/test_release_facts.py); the sync agent refuses such a group (409
+    pause_policy) and the direct publisher fails the sync, naming engine and release."""
+    from asyncrl.weight_sync.pause_policy import pause_plan, policy_problems
+
+    old, new, unknown = (EngineLayout(engine=e, version=v) for e, v in (("old", "0.5.18"), ("new", "0.5.19"), ("x", None)))
+    for policy in ("retract", "in_place"):
+        problems = policy_problems(pause_plan(policy, True), [old, new, unknown])
+        assert len(problems) == 1 and "engine old runs sglang 0.5.18" in problems[0] and f"pause_policy={policy}" in problems[0]
+    assert policy_problems(pause_plan("abort", True), [old]) == []
+    assert policy_problems(pause_plan("retract", False), [old]) == [], "no partial rollout: the sync drains, nothing is kept"

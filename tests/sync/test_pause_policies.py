@@ -91,3 +91,26 @@ async def _running_tokens(engine, over: int) -> bool:
 
     async with EngineClient(engine.url) as c:
         return (await c.loads())["loads"][0]["num_total_tokens"] > over
+
+
+async def test_a_policy_that_keeps_requests_is_refused_on_an_engine_without_spans(tmp_path, nats_server):
+    """Issue 35 item 3: an engine emulating sglang 0.5.18 returns no weight_versions spans, so
+    under ``retract`` the trainer could not tell the old weights' tokens from the new: the sync
+    agent refuses the sync (409 ``pause_policy``, naming the engine and its release) and the
+    engine keeps serving its version."""
+    from asyncrl.weight_sync import WeightSyncError
+    from tests.helpers.processes import start_engine
+
+    with start_engine(tmp_path, "--sglang-compat", "0.5.18", name="engine-0.5.18") as engine:
+        async with stack(tmp_path, nats_server.url, [engine.url], "async_training.partial_rollout=true",
+                         "sync.pause_policy=retract") as (svc, rollout_url, agent, agent_url, cfg):
+            pub = publisher(agent_url, cfg)
+            try:
+                _, weights = perturbed_weights(1)
+                with pytest.raises(WeightSyncError, match="409") as refused:
+                    await pub.publish(1, weights)
+                message = str(refused.value)
+                assert '"pause_policy"' in message and "runs sglang 0.5.18" in message and "pause_policy=retract" in message
+                assert agent.coordinator.records == [] and not svc.runner.paused
+            finally:
+                await pub.close()

@@ -45,6 +45,7 @@ from asyncrl.weight_sync import (
 )
 from asyncrl.weight_sync.engine_update import FLUSH_RETRIES, EngineUpdate, Member
 from asyncrl.weight_sync.layout import check_nccl
+from asyncrl.weight_sync.pause_policy import pause_plan, policy_problems
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, fresh_group_name, weight_version_number
 from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions
 from trainer_daemon.sync.flat import (
@@ -90,6 +91,9 @@ class DirectEnginePublisher(WeightPublisher):
     async def _form(self, update: EngineUpdate) -> None:
         self.group_name = update.group_name = fresh_group_name(self.group_base)
         layouts, world = await update.read_layouts()
+        problems = policy_problems(pause_plan(self.pause_mode, True), layouts)
+        if problems:
+            raise WeightSyncError("; ".join(problems))
         if self.backend == "nccl":
             problems = check_nccl(layouts, *trainer_nccl_versions())
             if problems:

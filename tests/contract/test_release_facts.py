@@ -1,4 +1,4 @@
-"""The torch each supported SGLang release pins (so its NCCL), as asyncrl's NCCL check uses it
+"""Facts of every supported SGLang release read from its wheel. The torch each release pins (so its NCCL), as asyncrl's NCCL check uses it
 (``asyncrl.weight_sync.layout.SGLANG_TORCH_PINS``), equals the wheel's own ``Requires-Dist:
 torch==`` for every release local_engine and the docs claim (issue 35 item 1: 0.5.15-0.5.17
 pin 2.11.0, which the table had as 2.13.0). Downloads each wheel once (the contract kit's
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.weight_sync.layout import SGLANG_TORCH_PINS, EngineLayout
-from local_engine.compat import SUPPORTED
-from tests.contract.sglang_source import requires_dist
+from local_engine.compat import SUPPORTED, SglangCompat
+from tests.contract.sglang_source import behaviour_facts, requires_dist
 
 RELEASES = [f"0.5.{n}" for n in range(SUPPORTED[0][2], SUPPORTED[1][2] + 1)]
 
@@ -25,3 +25,12 @@ def test_torch_pin_is_the_wheels(release):
     assert requires_dist(release, "torch") == SGLANG_TORCH_PINS[tuple(map(int, release.split(".")))]
     layout = EngineLayout(engine="e", version=release)
     assert layout.torch_pin() == requires_dist(release, "torch")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_local_engines_release_switches_are_the_wheels(release):
+    """local_engine's per-release behaviour (``--sglang-compat``) where asyncrl depends on it,
+    against facts read out of each release's wheel (issue 35)."""
+    compat = SglangCompat.of(release)
+    facts = behaviour_facts(release)
+    assert {"abort_once": compat.abort_once, "weight_version_spans": compat.weight_version_spans} == facts
