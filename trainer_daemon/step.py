@@ -106,9 +106,13 @@ class TrainStep:
             mb = mb.to(dev)
         return Prefetched(mb, mass, scaled)
 
-    def _forward(self, model, item: Prefetched, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, model, item: Prefetched | MicroBatch | PackedMicroBatch,
+                 entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(logp, entropy)``, ``(B, R)`` each. ``entropy``: None (not computed), ``"metric"``
-        (detached, from the same log-softmax) or ``"loss"`` (with grad)."""
+        (detached, from the same log-softmax) or ``"loss"`` (with grad). A bare micro-batch is
+        prefetched first."""
+        if not isinstance(item, Prefetched):
+            item = self._prefetch(item)
         mb = item.mb
         if isinstance(mb, PackedMicroBatch):
             return self._forward_packed(model, item, entropy)
@@ -140,7 +144,7 @@ class TrainStep:
         return logp, ent
 
     @torch.no_grad()
-    def _log_probs(self, model, item: Prefetched) -> torch.Tensor:
+    def _log_probs(self, model, item: Prefetched | MicroBatch | PackedMicroBatch) -> torch.Tensor:
         return self._forward(model, item, None)[0].detach()
 
     # -- planning --------------------------------------------------------------------------
