@@ -319,17 +319,22 @@ class EnginePool:
         await asyncio.gather(*(self._abort_on(h, prefix, everything) for h in list(self.engines.values())))
 
     async def _abort_on(self, handle: EngineHandle, prefix: str, everything: bool = False) -> None:
+        # An abort answers at once from a live engine. One that does not answer within the
+        # liveness timeout is hung: its calls are taken back by the health check (``lost``)
+        # within HEALTH_INTERVAL_S + HEALTH_TIMEOUT_S, so a pause never waits the control
+        # timeout on it (issue 33).
+        limit = min(self.control_timeout_s, HEALTH_TIMEOUT_S)
         rids = [r for r in handle.rids if r.startswith(prefix)]
         if everything and rids:
             try:
-                await handle.client.abort(abort_all=True, timeout_s=self.control_timeout_s)
+                await handle.client.abort(abort_all=True, timeout_s=limit)
             except EngineError as exc:
                 log.warning("abort of everything on engine %s failed: %s", handle.id, exc)
             return
 
         async def one(rid: str) -> None:
             try:
-                await handle.client.abort(rid=rid, timeout_s=self.control_timeout_s)
+                await handle.client.abort(rid=rid, timeout_s=limit)
             except EngineError as exc:
                 log.warning("abort of %s on engine %s failed: %s", rid, handle.id, exc)
 

@@ -68,3 +68,34 @@ def test_call_timeout_is_derived_from_what_the_call_asks_for():
     assert pool.call_timeout({"max_new_tokens": 32768}) == 60.0 + 16384.0  # a long response is not cut at 10 minutes
     assert pool.call_timeout({}) == 60.5
     assert EnginePool(request_timeout_s=30.0).call_timeout({"max_new_tokens": 32768}) == 30.0  # an explicit bound wins
+
+
+async def test_a_partial_pause_does_not_wait_on_a_hung_engine(tmp_path, nats_server, warm_model):
+    """Issue 33 item 2: an engine that hangs (SIGSTOP) with calls in flight just as a sync
+    pauses the rollout: the pause's exact aborts to it get no answer, and the pause must not wait
+    the control timeout (60 s) for them. Its calls are taken back by the health check within
+    seconds and the pause returns, bounded by the healthy engine, with nothing generating."""
+    import aiohttp
+
+    from tests.rollout.conftest import admin
+
+    with (start_engine(tmp_path, model=str(warm_model), name="engine-a") as engine_a,
+          start_engine(tmp_path, model=str(warm_model), name="engine-b") as engine_b):
+        cfg = service_config(tmp_path, nats_server.url, [engine_a.url, engine_b.url], "rollout.total_rollout_steps=400",
+                             "async_training.staleness_threshold=100", "async_training.partial_rollout=true")
+        async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+            ids = {e["url"]: e["id"] for e in svc.pool.snapshot()}
+            a, b = svc.pool.engines[ids[engine_a.url]], svc.pool.engines[ids[engine_b.url]]
+            await wait_for(lambda: a.inflight >= 1 and b.inflight >= 1, 60, "both engines busy")
+            engine_b.proc.signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                status, body = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})
+                took = time.monotonic() - started
+                assert status == 200 and body["counts"]["generating"] == 0, body
+                assert took < HANG_BOUND_S, f"the pause took {took:.0f} s: it waited on the hung engine"
+                assert b.state == "unhealthy" and b.inflight == 0
+            finally:
+                engine_b.proc.signal(signal.SIGCONT)
+            status, _ = await admin(http, "POST", f"{url}/admin/resume", {"version": 0})
+            assert status == 200
