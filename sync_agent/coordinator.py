@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 RESUME_RETRIES = 5  # a resume that fails is retried: a rollout left paused stalls the whole run
 RESUME_RETRY_S = 2.0
+LIVENESS_TIMEOUT_S = 5.0  # /model_info answers at once from a live engine; a hung one is not waited for longer
 AGENT_REASON = "sync-agent:"  # prefix of quarantine reasons set by the agent (only those are released by it)
 
 
@@ -100,7 +101,8 @@ class SyncCoordinator:
             out = {"id": e["id"], "url": e["url"], "rollout_state": e["state"], "reason": e.get("reason"), "alive": False,
                    "version": None, "needs_reload": e["id"] in self.needs_reload}
             try:
-                info = await self.client(e["id"], e["url"]).model_info(timeout_s=self.cfg.sync.engine_timeout_s)
+                info = await self.client(e["id"], e["url"]).model_info(timeout_s=min(self.cfg.sync.engine_timeout_s,
+                                                                                     LIVENESS_TIMEOUT_S))
                 out.update(alive=True, version=weight_version_number(info.get("weight_version")))
             except EngineError:
                 pass

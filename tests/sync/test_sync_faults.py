@@ -148,3 +148,24 @@ async def test_one_engine_refusing_pause_fails_the_sync_and_leaves_nothing_pause
                 await pub.close()
     finally:
         await proxy.stop()
+
+
+async def test_a_hung_engine_is_not_waited_for_when_the_agent_looks_at_the_engines(tmp_path, nats_server, engines):
+    """Issue 33 item 2: the agent's look at the engines (at every sync request and reconcile
+    round) asks each for /model_info; a hung one (SIGSTOP) is out after the liveness timeout,
+    not the control timeout (sync.engine_timeout_s, 30 s by default), so a sync request is
+    answered within seconds and its group leaves the hung engine out."""
+    from sync_agent.coordinator import LIVENESS_TIMEOUT_S
+
+    engine_a, engine_b = engines
+    async with stack(tmp_path, nats_server.url, [engine_a.url, engine_b.url], "sync.engine_timeout_s=30") as (
+            svc, rollout_url, agent, agent_url, cfg):
+        engine_b.proc.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            views = await agent.coordinator.engine_views()
+            took = time.monotonic() - started
+            assert {v["url"]: v["alive"] for v in views} == {engine_a.url: True, engine_b.url: False}
+            assert took < LIVENESS_TIMEOUT_S + 5, f"{took:.0f} s: the agent waited on the hung engine"
+        finally:
+            engine_b.proc.signal(signal.SIGCONT)
