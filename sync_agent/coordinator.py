@@ -109,8 +109,27 @@ class SyncCoordinator:
             return out
 
         views = list(await asyncio.gather(*(view(e) for e in engines)))
+        for v in views:
+            v["held_because"] = self.held_because(v)
         self.last_views = views
         return views
+
+    def held_because(self, v: dict[str, Any]) -> str | None:
+        """Why a quarantined engine is still out, and what brings it back (None when routable)."""
+        if v["rollout_state"] != "quarantined":
+            return None
+        if not (v.get("reason") or "").startswith(AGENT_REASON):
+            return f"quarantined by someone else ({v.get('reason')}): only they release it"
+        if not v["alive"]:
+            return "not answering; repaired once it answers"
+        if v["id"] in self.needs_reload:
+            source = self.reload_source()
+            if source is None:
+                return "may hold mixed weights; waits for the trainer's next full push (no reload source)"
+            return f"may hold mixed weights; reload from {source[0]} (version {source[1]}) pending"
+        if v["version"] != self.version:
+            return f"serves version {v['version']}, current is {self.version}; the next sync brings it"
+        return "whole at the current version; released at the next reconcile round"
 
     def reload_source(self) -> tuple[str, int] | None:
         """Where engines that may hold mixed weights reload from: the trainer's newest export named

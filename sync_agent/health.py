@@ -30,12 +30,14 @@ from asyncrl.progress import ProgressWindow
 PHASE_STUCK_S = 60.0  # a sync phase longer than this is reported (pause, group and broadcast timeouts are each shorter by default)
 
 REFUSAL_COMPONENT = {"stale": "trainer", "no_engines": "engines", "recovering": "sync_agent", "regroup": "trainer",
-                     "layout": "engines", "nccl_mismatch": "engines"}
+                     "layout": "engines", "nccl_mismatch": "engines", "pause_policy": "engines"}
 REFUSAL_HINT = {
     "stale": "the trainer asks for versions older than the engines'; it moves past them when told (trainer log: 'stale')",
     "no_engines": "no engine answers; see the rollout service's /admin/status engines",
     "recovering": "the agent is still finishing a sync its previous process left; see the reconcile log lines",
     "regroup": "the engines changed since the weight group was formed; the trainer forms a new group on its next push",
+    "pause_policy": "an engine's sglang release cannot run sync.pause_policy honestly (no weight_versions spans before "
+                    "0.5.19): use pause_policy=abort or upgrade it",
 }
 
 

@@ -202,6 +202,9 @@ async def test_a_sync_that_writes_a_quarantined_engine_whole_releases_it_at_once
         await co.rollout.quarantine(a_id, "sync-agent: left behind by an earlier sync (test)")
         await co.rollout.quarantine(b_id, "operator: maintenance (test)")
         assert {svc.pool.engines[a_id].state, svc.pool.engines[b_id].state} == {"quarantined"}
+        held = {v["id"]: v["held_because"] for v in await co.engine_views()}  # /status says why each is out
+        assert held[a_id] == "whole at the current version; released at the next reconcile round"
+        assert held[b_id].startswith("quarantined by someone else (operator: maintenance")
         seen = rounds[0]
         pub = publisher(agent_url, cfg)
         try:
@@ -213,6 +216,8 @@ async def test_a_sync_that_writes_a_quarantined_engine_whole_releases_it_at_once
             assert svc.pool.engines[a_id].state == "healthy", "released by the sync itself"
             assert svc.pool.engines[b_id].state == "quarantined", "an operator's quarantine is not the agent's to lift"
             assert rounds[0] == seen, "no reconcile round ran: the release was the sync's"
+            held = {v["id"]: v["held_because"] for v in await co.engine_views()}
+            assert held[a_id] is None and held[b_id].startswith("quarantined by someone else")
             decoded = svc.pool.engines[a_id].tokens_decoded
             await wait_for(lambda: svc.pool.engines[a_id].tokens_decoded > decoded + 20, 60, "engine A decoding again")
             ids, lps, wv = await engine_logprobs(urls[0])
