@@ -33,9 +33,10 @@ class _Body(BaseModel):
 
 
 def _version(value: Any) -> Any:
-    """Weight versions are strings; ints are accepted and converted (slime sends str(v))."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
+    """Weight versions are strings, as in SGLang, whose validation (pydantic, lax, after a JSON
+    round trip) refuses a number for a ``str`` field: ``3`` is a 400 there, so it is here."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ValueError(f"a weight version is a string (send \"{value}\"), got the number {value}")
     return value
 
 

@@ -90,6 +90,8 @@ ADMIN_BAD = [
     ("/update_weights_from_disk", J({"model_path": "/tmp", "load_format": "pt"})),
     ("/update_weight_version", J({})),
     ("/update_weight_version", J({"new_version": ""})),
+    ("/update_weight_version", J({"new_version": 3})),  # SGLang refuses a number for its str field
+    ("/update_weights_from_distributed", J({"names": ["a"], "dtypes": ["float32"], "shapes": [[1]], "weight_version": 3})),
     ("/destroy_weights_update_group", J({"group_name": "nope"})),
     ("/update_weights_from_tensor", J({"serialized_named_tensors": ["x"]})),
 ]
@@ -154,3 +156,16 @@ async def test_oversized_body_is_refused_before_reading(engine):
         assert head.startswith(b"HTTP/1.1 413")
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/update_weight_version", {"new_version": 3}),
+    ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]], "weight_version": 3}),
+])
+async def test_a_number_for_a_weight_version_is_refused_as_by_sglang(engine, path, body):
+    """SGLang validates its bodies in pydantic's lax mode after a JSON round trip: a number for a
+    ``str`` field is a 400 (tests/contract/test_sglang_source.py pins that on the wheels);
+    local_engine converted it (issue 35: a leniency that hid a client bug)."""
+    status, ctype, raw = await _post(engine.url + path, J(body))
+    _assert_error(status, ctype, raw)
+    assert "weight version is a string" in error_message(orjson.loads(raw))
