@@ -55,3 +55,10 @@ def error_message(body: Any, fallback: str = "") -> str:
     if isinstance(body, str) and body.strip():
         return body.strip()
     return fallback
+
+
+class PausedWhileRouting(EngineError):
+    """A router gave up on a call before sending it: the rollout paused for a sync while the call
+    waited for a routable engine (none was). It is at no engine, so the caller goes back to its
+    gate instead of holding the pause, which waits for every call in flight, until the pause
+    times out. Not a failure of the call (nothing was sent)."""

@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from asyncrl.engine_client.errors import EngineError, EngineHTTPError
+from asyncrl.engine_client.errors import EngineError, EngineHTTPError, PausedWhileRouting
 from asyncrl.engine_client.types import GenerateResult
 from asyncrl.wire import SamplingSpan
 from rollout_service.agent.deps import AgentDeps
@@ -109,6 +109,8 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
         params = sampling_params(deps, max_new)
         try:
             res = await _generate(state, deps, params, rid, extra, on_chunk)
+        except PausedWhileRouting:
+            continue  # it never reached an engine: back to the gate, which a sync's pause has closed
         except EngineError as exc:
             if isinstance(exc, StreamBroken) and exc.partial.output_ids:
                 _keep(state, exc.partial, deps, kept, params)

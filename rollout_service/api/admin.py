@@ -74,7 +74,8 @@ def build_admin_router(svc) -> APIRouter:
         try:
             await svc.runner.pause(mode, body.timeout_s or svc.cfg.rollout.pause_timeout_s)
         except PauseTimeout as exc:
-            raise ApiError(504, f"pause did not complete: {exc}; the service stays paused", status=service_status(svc)) from None
+            raise ApiError(504, f"pause did not complete: {exc}; the service stays paused",
+                           service_status=service_status(svc)) from None
         return service_status(svc)
 
     @router.post("/resume", responses=errors(409))

@@ -48,7 +48,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.engine_client import EngineClient
-from asyncrl.engine_client.errors import EngineError, EngineHTTPError, EngineUnavailable
+from asyncrl.engine_client.errors import (
+    EngineError,
+    EngineHTTPError,
+    EngineUnavailable,
+    PausedWhileRouting,
+)
 from asyncrl.engine_client.types import GenerateResult
 
 log = logging.getLogger(__name__)
@@ -200,7 +205,9 @@ class EnginePool:
         while True:
             try:
                 return self.pick(affinity)
-            except NoEngineAvailable:
+            except NoEngineAvailable as exc:
+                if self.paused():
+                    raise PausedWhileRouting(f"paused for a sync while waiting for an engine ({exc})") from None
                 if time.monotonic() > deadline:
                     raise
                 self._changed.clear()

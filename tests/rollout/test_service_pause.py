@@ -133,3 +133,34 @@ async def test_a_partial_pause_ends_calls_whose_exact_abort_was_used_up(tmp_path
 async def _metric_at_least(url: str, name: str, n: float) -> bool:
     async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as resp:
         return (_value(await resp.text(), name) or 0.0) >= n
+
+
+async def test_a_partial_pause_does_not_wait_for_calls_that_wait_for_an_engine(tmp_path, nats_server, random_engine):
+    """Found by the under-load run: with every engine quarantined, agents' calls wait in the
+    router for a routable engine; a sync's partial pause waited for them until it timed out (and
+    the timeout itself answered 500). Such a call is at no engine: it goes back to the gate at
+    once, the pause returns, and no failure is counted for it. A pause that does time out
+    answers 504 with the service's status."""
+    import asyncio
+
+    cfg = service_config(tmp_path, nats_server.url, [random_engine], "rollout.n=2", "rollout.total_rollout_steps=2",
+                         "rollout.sampling.max_new_tokens=3000", "rollout.response_length=3000",
+                         "async_training.partial_rollout=true", "async_training.staleness_threshold=1")
+    async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+        await wait_for(lambda: svc.runner.snapshot().generating >= 2, 120, "generation under way")
+        (eid,) = svc.pool.engines
+        svc.pool.set_quarantine(eid, True, "test: no routable engine")
+        await wait_for(lambda: svc.runner.snapshot().generating >= 1 and svc.pool.engines[eid].inflight == 0, 60,
+                       "calls back from the quarantined engine, waiting for another")
+        status, body = await asyncio.wait_for(admin(http, "POST", f"{url}/admin/pause", {"mode": "partial", "timeout_s": 20}), 60)
+        assert status == 200 and body["counts"]["generating"] == 0, body
+        assert svc.runner.counters.finish_reasons.get("error", 0) == 0
+        status, body = await admin(http, "POST", f"{url}/admin/resume", {"version": 0})
+        assert status == 200
+        # a pause that cannot finish in time (drain: trajectories still running, none can progress)
+        status, body = await admin(http, "POST", f"{url}/admin/pause", {"mode": "drain", "timeout_s": 0.5})
+        assert status == 504 and "pause did not complete" in body["error"]["message"], body
+        assert body["error"]["service_status"]["paused"] is True
+        svc.pool.set_quarantine(eid, False)
+        status, _ = await admin(http, "POST", f"{url}/admin/resume", {"version": 0})
+        assert status == 200
