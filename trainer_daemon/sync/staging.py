@@ -86,6 +86,7 @@ class WeightStager:
         meta = {n: torch.empty(tuple(t.shape), dtype=self._target(t.dtype), device="meta")
                 for n, t in engine_tensors(model, tied)}
         self.buckets = plan_buckets(meta, bucket_bytes, first_tiny=True)
+        self._offsets = [byte_layout(b.names, [dtype_name(d) for d in b.dtypes], b.shapes)[0] for b in self.buckets]
         self._flats: list[torch.Tensor] | None = None
         self._last: StagedWeights | None = None
 
@@ -112,8 +113,7 @@ class WeightStager:
         flats = self._buffers() if keep else None
         gather_s = 0.0
         for i, bucket in enumerate(self.buckets):
-            offsets, _ = byte_layout(bucket.names, [dtype_name(d) for d in bucket.dtypes], bucket.shapes)
-            for name, dtype, shape, off in zip(bucket.names, bucket.dtypes, bucket.shapes, offsets, strict=True):
+            for name, dtype, shape, off in zip(bucket.names, bucket.dtypes, bucket.shapes, self._offsets[i], strict=True):
                 g = time.perf_counter()
                 t = tensors[name]
                 full = t.full_tensor() if isinstance(t, DTensor) else t
