@@ -121,6 +121,7 @@ class TrajectoryPublisher:
         self.highest_seq = int(last.get("seq", 0)) if last else 0
         """The highest stream sequence acknowledged so far (a new one at or below it: the server lost messages)."""
         self._pruned_at = 0.0
+        self._windows_in_flight = 0  # a window's acknowledged files leave ready/ before its stats and count are done
 
     def notify(self) -> None:
         """New entries are ready: wake the loop now."""
@@ -144,7 +145,11 @@ class TrajectoryPublisher:
             for start in range(0, len(entries), PUBLISH_WINDOW):
                 if stop.is_set():
                     return
-                await self._publish_window(entries[start:start + PUBLISH_WINDOW], stop)
+                self._windows_in_flight += 1
+                try:
+                    await self._publish_window(entries[start:start + PUBLISH_WINDOW], stop)
+                finally:
+                    self._windows_in_flight -= 1
                 await self._prune_if_due()
 
     async def _prune_if_due(self) -> None:
@@ -219,9 +224,10 @@ class TrajectoryPublisher:
             self._after_ack(seq or 0, duplicate)
 
     async def flush(self, timeout_s: float) -> bool:
-        """Wait until the ready queue is empty (True) or the timeout passes (False)."""
+        """Wait until the ready queue is empty and no window is being acknowledged (True: the
+        stats and the outbox's count include every entry sent), or the timeout passes (False)."""
         deadline = time.monotonic() + timeout_s
-        while self.outbox.ready_entries():
+        while self._windows_in_flight or self.outbox.ready_entries():
             if time.monotonic() > deadline:
                 return False
             self.notify()

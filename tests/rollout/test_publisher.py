@@ -232,3 +232,44 @@ async def test_acknowledged_entries_are_kept_for_the_window_then_pruned(tmp_path
     await task
     assert sorted(p.name.split("-", 1)[1] for p in outbox.acked_dir.iterdir()) == ["t-5.traj", "t-6.traj", "t-7.traj"]
     assert len(outbox) == 0
+
+
+async def test_flush_waits_until_the_acknowledged_window_is_counted(run_config, nats_server, tmp_path: Path):
+    """Found by CI: a window's acknowledged files leave ``ready/`` (in a worker thread) before
+    the outbox's count and the publisher's stats are updated; ``flush`` returned True in that
+    gap. Here the gap is held open until ``flush`` has been waiting in it."""
+    nc = await connect(nats_server.url, "publisher")
+    js = nc.jetstream()
+    await ensure_stream(js, run_config)
+    files_gone, release = asyncio.Event(), asyncio.Event()
+
+    class GappedOutbox(Outbox):
+        async def ack_many(self, acks):
+            for entry, _ in acks:  # the files go first, as in the real worker-thread call
+                entry.path.unlink()
+            files_gone.set()
+            await release.wait()
+            self._count -= len(acks)
+
+    outbox = GappedOutbox(tmp_path / "outbox", max_items=100)
+    pub = TrajectoryPublisher(outbox, NatsNames(run_config.run.id).trajectories,
+                              lambda s, p, h: js.publish(s, p, headers=h))
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    try:
+        for i in range(5):
+            outbox.put_ready(traj(i))
+        pub.notify()
+        await asyncio.wait_for(files_gone.wait(), 30)
+        assert outbox.ready_entries() == [] and len(outbox) == 5
+        flushed = asyncio.create_task(pub.flush(30))
+        await asyncio.sleep(0.3)  # flush polls every 0.05 s: it has seen the empty ready/ several times
+        assert not flushed.done(), "flush returned while the acknowledged window was still being counted"
+        release.set()
+        assert await asyncio.wait_for(flushed, 30)
+        assert len(outbox) == 0 and pub.stats.published == 5
+    finally:
+        release.set()
+        stop.set()
+        await task
+        await nc.close()

@@ -103,8 +103,12 @@ async def test_a_partial_pause_ends_calls_whose_exact_abort_was_used_up(tmp_path
     import asyncio
 
     with start_engine(tmp_path, name="gate-engine") as engine:  # --sglang-compat 0.5.23 (the default)
+        # greedy: the untrained model's continuation is fixed and holds no EOS in 3000 tokens, so a
+        # call ends only by an abort or at its budget (sampled, one could end on EOS while the
+        # pause's abort rounds run on a loaded machine: found by CI)
         cfg = service_config(tmp_path, nats_server.url, [engine.url], "rollout.n=2", "rollout.total_rollout_steps=1",
                              "rollout.sampling.max_new_tokens=3000", "rollout.response_length=3000",
+                             "rollout.sampling.temperature=0",
                              "async_training.partial_rollout=true", "async_training.staleness_threshold=1")
         async with EngineClient(engine.url) as ec, running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
             await wait_for(lambda: svc.runner.snapshot().generating >= 2, 120, "generation under way")
