@@ -60,8 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncrl.config import load_config  # noqa: E402
 from asyncrl.jetstream import connect  # noqa: E402
-from asyncrl.up.stack import Stack  # noqa: E402
 from asyncrl.wire import NatsNames, decode_trajectory, is_end_of_data  # noqa: E402
+from launcher.up.stack import Stack  # noqa: E402
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 LATENCY = ("asyncrl_rollout_publish_request_seconds", "asyncrl_rollout_publish_delay_seconds",

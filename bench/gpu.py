@@ -259,13 +259,13 @@ def up_phase(args, work: Path) -> dict:
 
     from asyncrl.config import load_config
     from asyncrl.launch import ChildProcess, log_tail
-    from asyncrl.up.main import demo_config_path
-    from asyncrl.up.report import read_jsonl
+    from launcher.up.main import demo_config_path
+    from launcher.up.report import read_jsonl
 
     model, warm_s = args.up_model, 0.0
     if model == "builtin:tiny-arith":  # build the demo's warmed-up model first, bounded on its own
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "trainer_daemon.warmup", "--quiet"], cwd=ROOT, capture_output=True, text=True,
+        r = subprocess.run([sys.executable, "-m", "recipes.demo.warmup", "--quiet"], cwd=ROOT, capture_output=True, text=True,
                            timeout=WARMUP_TIMEOUT_S)
         if r.returncode != 0:
             raise RuntimeError(f"building builtin:tiny-arith failed:\n{r.stderr[-2000:]}")
@@ -276,7 +276,7 @@ def up_phase(args, work: Path) -> dict:
     shutil.rmtree(run_dir.with_name("up.prev"), ignore_errors=True)
     required = load_config(demo_config_path(), [f"model.path={model}"]).derived.required_samples
     overrides = up_overrides(model, run_dir, args.up_steps * required, args.device)
-    cmd = [sys.executable, "-m", "asyncrl", "up", "--no-live", "--max-minutes", str(args.up_minutes), *overrides]
+    cmd = [sys.executable, "-m", "launcher", "up", "--no-live", "--max-minutes", str(args.up_minutes), *overrides]
     print(f"[up] $ {shlex.join(['python', *cmd[1:]])}", flush=True)
     t0 = time.monotonic()
     child = ChildProcess("asyncrl-up", cmd, work / "up.log", cwd=ROOT).start()

@@ -46,8 +46,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncrl.config import load_config, secret  # noqa: E402
-from asyncrl.up.report import read_jsonl  # noqa: E402
-from asyncrl.up.stack import Stack  # noqa: E402
+from launcher.up.report import read_jsonl  # noqa: E402
+from launcher.up.stack import Stack  # noqa: E402
 
 
 def modes(trigger: int, staleness: float = 0.5) -> dict[str, tuple[str, list[str]]]:
@@ -126,7 +126,7 @@ async def run_mode(mode: str, a, root: Path, policy: str = "abort") -> dict:
         import aiohttp
 
         from asyncrl.jetstream import connect
-        from asyncrl.up.live import MetricsTap
+        from launcher.up.live import MetricsTap
 
         tap = MetricsTap(cfg.run.id, run_dir)
         nc = await connect(stack.urls["nats"], "bench-modes", persistent=False, **stack.nats_auth())

@@ -3,7 +3,7 @@ final reward and wall time per variant, the default (PPO clip, GRPO, token TIS) 
 
     python bench/objectives.py [--steps 120] [--variants default,gspo,cispo,rloo,icepop] [--dir runs/objectives]
 
-Every variant is the built-in demo (``asyncrl/up/demo.toml``: the warmed-up ~1M-parameter
+Every variant is the built-in demo (``launcher/up/demo.toml``: the warmed-up ~1M-parameter
 policy learning to prefer the exact calculator) with the same seed and ``--steps`` trainer
 steps (``rollout.total_rollout_steps = steps × ppo_mini_batch_size``), run one after the
 other on this machine. Reported per variant: reward over the first and last tenth of the
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncrl.up.report import read_jsonl  # noqa: E402
+from launcher.up.report import read_jsonl  # noqa: E402
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -57,7 +57,7 @@ def run_variant(name: str, overrides: list[str], steps: int, root: Path, max_min
     run_dir = root / name
     shutil.rmtree(run_dir, ignore_errors=True)
     shutil.rmtree(run_dir.with_name(name + ".prev"), ignore_errors=True)
-    argv = [sys.executable, "-m", "asyncrl", "up", "--no-live", "--max-minutes", str(max_minutes), f"run.dir={run_dir}",
+    argv = [sys.executable, "-m", "launcher", "up", "--no-live", "--max-minutes", str(max_minutes), f"run.dir={run_dir}",
             f"run.id=obj-{name}", f"rollout.total_rollout_steps={steps * MINI}", *overrides]
     t0 = time.monotonic()
     with open(root / f"{name}.log", "wb") as log:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 CHILD = """
 import json, sys
 from pathlib import Path
-from trainer_daemon.warmup import WarmupRecipe, _train
+from recipes.demo.warmup import WarmupRecipe, _train
 fields = json.loads(sys.argv[1])
 _train(WarmupRecipe(**{**fields, "tools": tuple(fields["tools"])}), Path(sys.argv[2]), lambda m: None, require_portable=False)
 import torch
@@ -66,8 +66,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--cpus", default="Haswell-v4,EPYC-Rome", help="qemu CPU models to emulate")
     ns = ap.parse_args()
+    from recipes.demo.warmup import DEMO
     from trainer_daemon.portable_numerics import PORTABLE_ENV, portable_environ
-    from trainer_daemon.warmup import DEMO
 
     recipe = dataclasses.replace(DEMO, steps=ns.steps)
     cpus = ns.cpus.split(",") if shutil.which("qemu-x86_64") else []

@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asyncrl.jetstream import connect, resolve_nats_url  # noqa: E402
 
-ROLES = (("-m asyncrl up", "up"), ("-m asyncrl engine", "engine"), ("-m asyncrl rollout", "rollout"),
-         ("-m asyncrl sync-agent", "sync_agent"), ("-m asyncrl trainer", "trainer_cli"), ("trainer_daemon.torchrun", "torchrun"),
+ROLES = (("-m launcher up", "up"), ("-m launcher engine", "engine"), ("-m launcher rollout", "rollout"),
+         ("-m launcher sync-agent", "sync_agent"), ("-m launcher trainer", "trainer_cli"), ("trainer_daemon.torchrun", "torchrun"),
          ("-m trainer_daemon", "trainer_rank"), ("nats-server", "nats"))  # first match wins
 DIR_KINDS = ("rollout", "checkpoints", "nats", "logs", "metrics", "sync")
 
@@ -143,7 +143,7 @@ def main() -> int:
     run_dir = Path(a.dir).resolve()
     if a.analyse:
         return report(json.loads((run_dir / "soak.json").read_text()), a.warm_minutes * 60, a.minutes * 60, a.sample_s)
-    argv = [sys.executable, "-m", "asyncrl", "up", "--no-live", "--max-minutes", str(a.minutes), f"run.dir={run_dir}",
+    argv = [sys.executable, "-m", "launcher", "up", "--no-live", "--max-minutes", str(a.minutes), f"run.dir={run_dir}",
             "rollout.total_rollout_steps=10000000", "rollout.total_epochs=100000", *a.overrides]
     print("running:", " ".join(argv), flush=True)
     up = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

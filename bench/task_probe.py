@@ -55,8 +55,8 @@ def main() -> int:
 
     import torch
 
+    from asyncrl.chat import ChatTokenizer
     from asyncrl.models import load_model, load_tokenizer
-    from rollout_service.agent.chat import ChatTokenizer
     from rollout_service.data.reasoning_gym_task import rows
     from rollout_service.rewards.reasoning_gym_reward import ReasoningGymReward
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/warmup.py [--recipes baseline,demo] [--eval 96]
 
 Each recipe is trained from scratch here (not taken from the cache: the point is the time),
-with the same code :mod:`trainer_daemon.warmup` runs, then evaluated greedily on held-out demo
+with the same code :mod:`recipes.demo.warmup` runs, then evaluated greedily on held-out demo
 questions (level 0, a seed no warm-up uses), as the RL run will meet them, greedily and
 sampled at temperature 1 (how the RL run samples: its starting reward is the sampled one):
 
@@ -17,7 +17,7 @@ sampled at temperature 1 (how the RL run samples: its starting reward is the sam
 Prints, per recipe, the wall time of the SFT and those four figures. ``baseline`` is the recipe
 the demo used before issue 14 with the loss of then (550 steps of 32, every row run
 whole, every position projected onto the vocabulary); ``demo`` is
-:data:`trainer_daemon.warmup.DEMO` with today's loss (the rows' shared prefix run once, only
+:data:`recipes.demo.warmup.DEMO` with today's loss (the rows' shared prefix run once, only
 learned positions projected: the same loss and gradients, tests/trainer/test_sft_loss.py). Extra recipes are named
 ``steps:batch:lr`` (e.g. ``400:16:0.001``). ``shipped`` is not trained: it evaluates the build the
 package ships (``asyncrl/models/assets/tiny-arith``, built with portable numerics), as a first run
@@ -43,7 +43,7 @@ MAX_NEW = 48
 
 
 def recipes(names: list[str]):
-    from trainer_daemon.warmup import DEMO
+    from recipes.demo.warmup import DEMO
 
     out = {}
     for name in names:
@@ -72,7 +72,7 @@ def train(recipe, old_loss: bool = False):
 
     import trainer_daemon.sft as sft_module
     from asyncrl.models import load_model, load_tokenizer
-    from trainer_daemon.warmup import examples_of, sft_config
+    from recipes.demo.warmup import examples_of, sft_config
 
     torch.manual_seed(0)
     tok, model = load_tokenizer(recipe.base), load_model(recipe.base)
@@ -91,12 +91,12 @@ def train(recipe, old_loss: bool = False):
 def shipped():
     """The package's build of DEMO, as :func:`train` returns a model (no SFT: time and loss NaN)."""
     from asyncrl.models import load_model, load_tokenizer
-    from trainer_daemon.warmup import DEMO, examples_of
-    from trainer_daemon.warmup import shipped as shipped_build
+    from recipes.demo.warmup import DEMO, examples_of
+    from recipes.demo.warmup import shipped as shipped_build
 
     path = shipped_build(DEMO)
     if path is None:
-        raise SystemExit("the package's tiny-arith was built by other code: run python -m trainer_daemon.warmup --ship")
+        raise SystemExit("the package's tiny-arith was built by other code: run python -m recipes.demo.warmup --ship")
     tok, model = load_tokenizer(str(path)), load_model(str(path))
     chat, _examples = examples_of(DEMO, tok)
     return model.eval(), chat, float("nan"), float("nan")
@@ -117,7 +117,7 @@ def evaluate(model, chat, n: int, sample: bool = False) -> dict[str, float]:
     import torch
 
     torch.manual_seed(EVAL_SEED)
-    from rollout_service.data.demo_task import ArithSpec, generate_rows
+    from recipes.demo.task import ArithSpec, generate_rows
     from tools.calculator import evaluate_expression, format_number
     from tools.estimate import estimate_value
 

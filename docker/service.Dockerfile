@@ -40,6 +40,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY constraints ./constraints
 COPY asyncrl ./asyncrl
+COPY launcher ./launcher
+COPY recipes ./recipes
 COPY rollout_service ./rollout_service
 COPY sync_agent ./sync_agent
 COPY trainer_daemon ./trainer_daemon

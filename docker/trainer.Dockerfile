@@ -30,6 +30,8 @@ RUN if compgen -G "/opt/local/ca-certificates/*.crt" > /dev/null; then \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY asyncrl ./asyncrl
+COPY launcher ./launcher
+COPY recipes ./recipes
 COPY rollout_service ./rollout_service
 COPY sync_agent ./sync_agent
 COPY trainer_daemon ./trainer_daemon

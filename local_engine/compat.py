@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.weight_sync.layout import parse_version
+from asyncrl.sync_control.layout import parse_version
 
 SUPPORTED = ((0, 5, 15), (0, 5, 23))
 """Oldest and newest release local_engine can emulate."""

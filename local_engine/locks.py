@@ -34,10 +34,6 @@ class RWLock:
     def writers_waiting(self) -> int:
         return self._writers_waiting
 
-    @property
-    def writer_active(self) -> bool:
-        return self._writer
-
     @asynccontextmanager
     async def read(self) -> AsyncIterator[None]:
         async with self._cond:

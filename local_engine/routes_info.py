@@ -99,7 +99,7 @@ async def get_server_info(engine: EngineDep) -> Response:
 
 
 def _nccl_version() -> str | None:
-    """This process's NCCL as ``"2.27.5"`` (SGLang reports none; see asyncrl.weight_sync.layout)."""
+    """This process's NCCL as ``"2.27.5"`` (SGLang reports none; see asyncrl.sync_control.layout)."""
     import torch
 
     try:

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import (
     WeightGroup,
-    WeightSyncError,
     byte_layout,
     in_daemon_thread,
     join_group,

@@ -12,9 +12,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from asyncrl.chat import TemplateError
 from asyncrl.http.errors import BodySizeLimit, error_response, install_error_handlers
 from asyncrl.http.openapi import document_errors
-from rollout_service.agent.chat import TemplateError
 from rollout_service.api.admin import build_admin_router
 from rollout_service.metrics import build_registry, render
 from rollout_service.openai.routes import build_openai_router

@@ -14,15 +14,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.config import RunConfig
-from rollout_service.agent.chat import ChatTokenizer
-from rollout_service.data import (
-    ArithSpec,
-    PromptStream,
-    logging_reporter,
-    read_validation_set,
-    write_demo_dataset,
-)
+from recipes.demo.task import ArithSpec, write_demo_dataset
+from rollout_service.data import PromptStream, logging_reporter, read_validation_set
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.config import RunConfig, secret
 from asyncrl.jetstream import (
     connect,
@@ -33,7 +34,6 @@ from asyncrl.models import load_tokenizer
 from asyncrl.progress import ProgressWindow
 from asyncrl.wire import NatsNames
 from asyncrl.wire.sync import weight_version_number
-from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.external_tools import ExternalBroker
 from rollout_service.agent.tool_parser import PARSERS

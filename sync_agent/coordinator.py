@@ -5,11 +5,11 @@ whether the engines must (re)join a weight-update group (reading each engine's l
 ``/server_info`` and refusing layouts or NCCL versions that cannot work), queues the sync and
 answers at once (202); ``run`` executes queued syncs one at a time (an older or equal version
 is refused with 409). The engine side of a sync is
-:class:`~asyncrl.weight_sync.engine_update.EngineUpdate`; around it:
+:class:`~asyncrl.sync_control.engine_update.EngineUpdate`; around it:
 
 1. **pausing**: ``POST /admin/pause`` on the rollout service, then ``/pause_generation`` and
    ``/begin_weight_update`` on every member engine (the modes from ``sync.pause_policy``:
-   :mod:`asyncrl.weight_sync.pause_policy`);
+   :mod:`asyncrl.sync_control.pause_policy`);
 2. **awaiting_broadcast**: when the group is new, every engine joins it at its rank offset;
    the calls return once the trainer has joined as rank 0;
 3. **loading**: each bucket's ``/update_weights_from_distributed`` on every engine while the
@@ -37,9 +37,9 @@ from typing import Any
 from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
-from asyncrl.weight_sync.engine_update import EngineUpdate, Member
-from asyncrl.weight_sync.layout import LayoutError, check_nccl
-from asyncrl.weight_sync.pause_policy import plan_for, policy_problems
+from asyncrl.sync_control.engine_update import EngineUpdate, Member
+from asyncrl.sync_control.layout import LayoutError, check_nccl
+from asyncrl.sync_control.pause_policy import plan_for, policy_problems
 from asyncrl.wire.sync import BucketSpec, SyncRequest, weight_version_number
 from sync_agent.health import SyncTally
 from sync_agent.history import SyncHistory

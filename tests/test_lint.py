@@ -1,7 +1,14 @@
 """The whole tree passes ruff with the project's rules (pyproject.toml), including the
 security rules S307 (eval), S102 (exec) and S301 (pickle) on code that touches model output
-and the network; and asyncrl/ imports no component (rollout_service, trainer_daemon,
-sync_agent) at module level."""
+and the network; and the imports point down (docs/architecture.md, "Layers"):
+
+    launcher                         the ``asyncrl`` command, ``asyncrl up``
+    recipes                          the demo: task, SFT data, warm-up
+    rollout_service  trainer_daemon  sync_agent  local_engine     (no imports between the first three)
+    tools
+    asyncrl                          config, wire, chat, clients, sync_control (torch-free), weight_sync
+
+and the control plane (the rollout service's and the sync agent's apps) never loads torch."""
 
 from __future__ import annotations
 
@@ -17,18 +24,22 @@ def test_ruff_is_clean():
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 
-# The packages that build on asyncrl; asyncrl itself may reach them only lazily (inside a
-# function, e.g. a CLI subcommand), never when a module of it is imported.
-COMPONENTS = ("rollout_service", "trainer_daemon", "sync_agent")
+ROOT = Path(__file__).resolve().parents[1]
+SERVICES = ("rollout_service", "trainer_daemon", "sync_agent")
+ABOVE_THE_FOUNDATION = (*SERVICES, "local_engine", "tools", "recipes", "launcher")
 
 
-def _module_level_imports(tree: ast.AST):
-    """Import statements that run when the module is imported: everything outside function
-    bodies (class bodies, ``if``/``try`` blocks and ``if TYPE_CHECKING:`` included)."""
+def _imports(tree: ast.AST, *, lazy: bool = True, type_checking: bool = True):
+    """``(node, [module names])`` of the absolute imports in ``tree``: every one, or (``lazy=False``)
+    those that run when the module is imported (function bodies left out); ``type_checking=False``
+    leaves out ``if TYPE_CHECKING:`` blocks (annotations only)."""
     stack = list(ast.iter_child_nodes(tree))
     while stack:
         node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if not lazy and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import):
             yield node, [a.name for a in node.names]
@@ -37,27 +48,86 @@ def _module_level_imports(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def test_asyncrl_imports_no_component_at_module_level():
-    """Dependencies point down: asyncrl/ (CLI, config, wire contracts, launching) wires the
-    components through their entry points and must not import their internals when loaded
-    (DEVELOPERS.md, "Layout")."""
-    root = Path(__file__).resolve().parents[1]
+def _violations(package: str, forbidden, **which) -> list[str]:
     bad = []
-    for path in sorted((root / "asyncrl").rglob("*.py")):
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node, names in _module_level_imports(tree):
-            hits = [n for n in names if n.split(".")[0] in COMPONENTS]
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for node, names in _imports(ast.parse(path.read_text(), filename=str(path)), **which):
+            hits = [n for n in names if forbidden(n)]
             if hits:
-                bad.append(f"{path.relative_to(root)}:{node.lineno} imports {', '.join(hits)}")
-    assert not bad, "module-level imports of components in asyncrl/ (import them inside the function that needs them):\n" + "\n".join(bad)
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {', '.join(hits)}")
+    return bad
 
 
-def test_the_lint_sees_module_level_but_not_lazy_imports():
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_the_foundation_imports_nothing_above_it():
+    """asyncrl/ is what every service shares: it imports no service, tool, recipe or the
+    launcher, not even lazily."""
+    bad = _violations("asyncrl", lambda n: _top(n) in ABOVE_THE_FOUNDATION)
+    assert not bad, "asyncrl/ reaches up:\n" + "\n".join(bad)
+
+
+def test_no_service_imports_another():
+    bad = []
+    for service in SERVICES:
+        bad += _violations(service, lambda n, s=service: _top(n) in SERVICES and _top(n) != s)
+    assert not bad, "services import each other (share through asyncrl/ instead):\n" + "\n".join(bad)
+
+
+def test_only_the_launcher_imports_the_launcher():
+    bad = []
+    for package in ("asyncrl", *ABOVE_THE_FOUNDATION):
+        if package != "launcher":
+            bad += _violations(package, lambda n: _top(n) == "launcher")
+    assert not bad, "\n".join(bad)
+
+
+def test_services_import_a_recipes_data_but_never_its_builders():
+    """A recipe module that reaches a service (the warm-up trains with the trainer's SFT) is a
+    builder; the services may import only the others (the demo task's prompts)."""
+    builders = set()
+    for path in sorted((ROOT / "recipes").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        if any(_top(n) in (*SERVICES, "local_engine", "launcher") for _, names in _imports(tree) for n in names):
+            builders.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
+    assert "recipes.demo.warmup" in builders and "recipes.demo.task" not in builders
+    bad = []
+    for package in (*SERVICES, "local_engine", "tools"):
+        bad += _violations(package, lambda n: n in builders or n == "recipes" or _top(n) == "recipes" and n not in _data_modules())
+    assert not bad, "\n".join(bad)
+
+
+def _data_modules() -> set[str]:
+    return {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "recipes").rglob("*.py")
+            if p.name != "__init__.py" and p.stem != "warmup"}
+
+
+def test_the_sync_control_package_is_torch_free():
+    bad = _violations("asyncrl/sync_control", lambda n: _top(n) == "torch" or n.startswith("asyncrl.weight_sync"),
+                      type_checking=False)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_control_plane_apps_load_no_torch():
+    """The rollout service and the sync agent never train: importing their apps leaves torch
+    unloaded (bench/import_cost.py measures what it saves)."""
+    code = ("import sys, rollout_service.app, sync_agent.app, rollout_service.__main__, sync_agent.__main__;"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'safetensors')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]", f"loaded by the control plane's apps: {out.stdout[:500]}"
+
+
+def test_the_lint_sees_lazy_and_type_checking_imports_only_when_asked():
     source = (
         "import os\nfrom rollout_service.app import create_app\n"
-        "if True:\n    import trainer_daemon.sft\n"
+        "if TYPE_CHECKING:\n    import torch\n"
         "class A:\n    import sync_agent\n"
-        "def cli():\n    from rollout_service.__main__ import main\n"
+        "def cli():\n    from trainer_daemon.sft import sft\n"
     )
-    found = sorted(names[0] for _, names in _module_level_imports(ast.parse(source)))
-    assert found == ["os", "rollout_service.app", "sync_agent", "trainer_daemon.sft"]
+    tree = ast.parse(source)
+    assert sorted(n[0] for _, n in _imports(tree)) == ["os", "rollout_service.app", "sync_agent", "torch", "trainer_daemon.sft"]
+    assert sorted(n[0] for _, n in _imports(tree, lazy=False)) == ["os", "rollout_service.app", "sync_agent", "torch"]
+    assert sorted(n[0] for _, n in _imports(tree, lazy=False, type_checking=False)) == ["os", "rollout_service.app", "sync_agent"]

@@ -155,11 +155,6 @@ def live_pids_of_uid(uid: int) -> list[int]:
     return sorted(_tasks_by_pid_of_uid(uid))
 
 
-def count_tasks_of_uid(uid: int) -> int:
-    """Threads owned by ``uid``: what RLIMIT_NPROC counts against that user."""
-    return sum(_tasks_by_pid_of_uid(uid).values())
-
-
 async def sweep_uid(uid: int, interpreter: str) -> tuple[int, int]:
     """Kill every process of ``uid``; returns (found alive at first, still alive at the end)."""
     found = survivors = len(await asyncio.to_thread(live_pids_of_uid, uid))

@@ -72,14 +72,6 @@ class DistContext:
             dist.broadcast(buf, src=0, group=self.cpu_group)
         return buf.numpy().tobytes()
 
-    def all_reduce_mean(self, values: list[float]) -> list[float]:
-        """Element-wise mean over ranks of a list of floats (same length everywhere)."""
-        if self.world_size == 1 or not values:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, group=self.cpu_group)
-        return (t / self.world_size).tolist()
-
     def barrier(self) -> None:
         dist.barrier(group=self.cpu_group)
 

@@ -236,7 +236,7 @@ class SyncConfig(Section):
     them (the rollout resends prompt + kept tokens after the sync: re-prefilled), ``retract``
     (the engines keep them queued with their KV freed and re-prefill them: SGLang 0.5.21+ to
     flush the prefix cache), ``in_place`` (engines keep requests and KV; no flush; tokens after
-    the sync are decoded over KV of the old weights). ``asyncrl.weight_sync.pause_policy``;
+    the sync are decoded over KV of the old weights). ``asyncrl.sync_control.pause_policy``;
     docs/sync_agent.md, "Pause policies"."""
     broadcast_timeout_s: float = Field(300.0, gt=0.0)
     """Limit of the weight broadcast (all buckets)."""

@@ -127,10 +127,6 @@ class EmbeddedNats:
             self._child.kill()
             self._child = None
 
-    def restart(self, timeout_s: float = READY_TIMEOUT_S) -> str:
-        self.stop()
-        return self.start(timeout_s)
-
     def __enter__(self) -> "EmbeddedNats":
         self.start()
         return self

@@ -1,16 +1,14 @@
-"""Weight sync between one sender (trainer rank 0) and inference engines.
+"""Weight sync between one sender (trainer rank 0) and inference engines: the tensors (torch).
 
 - :mod:`~asyncrl.weight_sync.buckets`: byte buckets (``plan_buckets``, ``pack_bucket``,
   ``unpack_bucket``) in SGLang's ``flattened_bucket`` format.
 - :mod:`~asyncrl.weight_sync.group`: hosting (trainer) and joining (local_engine) the
   weight-update group; broadcasts with timeouts and cancellation.
-- :mod:`~asyncrl.weight_sync.layout`: what an engine's ``/server_info`` says about its ranks,
-  and whether SGLang can update it over a group.
 - :mod:`~asyncrl.weight_sync.checksum`: a checksum of weights both sides compute alike.
-- :mod:`~asyncrl.weight_sync.engine_update`: the engine side of one update (pause → session →
-  group → buckets → session end → resume), used by the sync agent and the direct publisher.
 
-The messages between trainer and sync agent are in :mod:`asyncrl.wire.sync`.
+The control side (pause policy, engine layouts, the engine-update sequence,
+:class:`~asyncrl.sync_control.errors.WeightSyncError`), torch-free, is :mod:`asyncrl.sync_control`;
+the messages between trainer and sync agent are in :mod:`asyncrl.wire.sync`.
 """
 
 from asyncrl.weight_sync.buckets import (
@@ -25,7 +23,6 @@ from asyncrl.weight_sync.buckets import (
 from asyncrl.weight_sync.group import (
     DEFAULT_GROUP_TIMEOUT_S,
     WeightGroup,
-    WeightSyncError,
     host_group,
     host_group_async,
     in_daemon_thread,
@@ -38,7 +35,6 @@ __all__ = [
     "DEFAULT_GROUP_TIMEOUT_S",
     "Bucket",
     "WeightGroup",
-    "WeightSyncError",
     "byte_layout",
     "dtype_name",
     "host_group",

@@ -48,6 +48,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME
 
 T = TypeVar("T")
@@ -61,10 +62,6 @@ DESTROY_WAIT_S = 5.0  # destroy() waits this long for an ordinary shutdown befor
 # NCCL's own watchdog timeout exceeds ours by this much, so our cancel/timeout acts first.
 NCCL_WATCHDOG_SLACK_S = 60.0
 _ENV_LOCK = threading.Lock()  # the error-handling variable is read when an NCCL group is built
-
-
-class WeightSyncError(RuntimeError):
-    """Forming the group, a broadcast, or an engine's side of an update failed or timed out."""
 
 
 def is_loopback(address: str) -> bool:

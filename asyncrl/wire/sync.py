@@ -45,7 +45,7 @@ REFUSALS = ("stale", "regroup", "recovering", "no_engines", "layout", "nccl_mism
 """``error.reason`` of a refused ``POST /v1/syncs`` (409 or 503): an older version, a group the
 engines left, an unfinished sync being recovered, no live engine, an engine layout SGLang
 cannot update, NCCL versions that cannot form one communicator, a pause policy an engine's
-release cannot run honestly (``asyncrl.weight_sync.pause_policy.policy_problems``)."""
+release cannot run honestly (``asyncrl.sync_control.pause_policy.policy_problems``)."""
 
 _DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
                 "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.config.sections_core import MultiTurnConfig, SamplingConfig
 from asyncrl.engine_client.types import GenerateResult
-from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.state import AgentState
 from rollout_service.agent.tool_parser import ParsedTurn
 

@@ -100,10 +100,6 @@ class AgentState(msgspec.Struct, kw_only=True):
     def response_length(self) -> int:
         return len(self.token_ids) - self.prompt_length
 
-    @property
-    def kept_model_tokens(self) -> int:
-        return sum(self.loss_mask)
-
     def add_timing(self, key: str, seconds: float) -> None:
         self.timings[key] = self.timings.get(key, 0.0) + seconds
 

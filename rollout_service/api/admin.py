@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 from asyncrl.config import secret
 from asyncrl.http.errors import ApiError
 from asyncrl.http.openapi import errors
-from asyncrl.weight_sync.pause_policy import plan_for
+from asyncrl.sync_control.pause_policy import plan_for
 from rollout_service.api.auth import require_token
 from rollout_service.api.status import service_status
 from rollout_service.runner.runner import PauseTimeout
@@ -35,7 +35,7 @@ class _Body(BaseModel):
 
 class PauseRequest(_Body):
     mode: Literal["partial", "drain", "hold"] | None = None
-    """None: the mode of the run's pause plan (``asyncrl.weight_sync.pause_policy``): ``partial``
+    """None: the mode of the run's pause plan (``asyncrl.sync_control.pause_policy``): ``partial``
     or ``hold`` when ``async_training.partial_rollout_active`` (by ``sync.pause_policy``), else ``drain``."""
     timeout_s: float | None = Field(None, gt=0, le=3600)
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.http.errors import ApiError
-from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.state import AgentState, Phase
 from rollout_service.openai.responses import chat_completion, text_completion
 from rollout_service.openai.schemas import ChatCompletionRequest, CompletionRequest

@@ -49,8 +49,8 @@ from typing import Any
 
 import msgspec
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.http.errors import ApiError
-from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.state import AgentState, Phase
 
 log = logging.getLogger(__name__)

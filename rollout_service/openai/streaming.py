@@ -27,9 +27,9 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.engine_client.types import GenerateResult
 from asyncrl.http.errors import error_type
-from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.state import AgentState
 from rollout_service.openai.responses import chat_logprobs, chunk, new_id, sse, usage

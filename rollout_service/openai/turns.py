@@ -24,9 +24,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.config.sections_core import SamplingConfig
 from asyncrl.engine_client.types import GenerateResult
-from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.state import AgentState
 from rollout_service.agent.tool_parser import ParsedTurn, parse_hermes

@@ -31,11 +31,6 @@ class RunnerCounters:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def trajectories_failed(self) -> int:
-        """Trajectories spoiled by an infrastructure failure (any reason)."""
-        return sum(self.failures.values())
-
     def copy(self) -> RunnerCounters:
         return replace(self, finish_reasons=dict(self.finish_reasons), failures=dict(self.failures))
 

@@ -11,8 +11,8 @@ import math
 import time
 from typing import Any
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.wire import REWARD_BOUND, Trajectory
-from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.state import AgentState
 
 REWARD_DETAIL_KEYS_LIMIT = 32

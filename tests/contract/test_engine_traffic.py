@@ -8,7 +8,7 @@ emulating 0.5.23, one 0.5.18) while the product's own code runs against it:
   uses (generate and its stream, exact and all aborts, the three pause modes, flush, sessions,
   group calls, disk reload, version, info routes, health probes);
 - the weight sync's engine side (:class:`~trainer_daemon.sync.direct.DirectEnginePublisher`,
-  i.e. ``asyncrl.weight_sync.engine_update``): two publishes (a new group, then a reused one);
+  i.e. ``asyncrl.sync_control.engine_update``): two publishes (a new group, then a reused one);
 - the rollout service's engine pool: routed generations and exact-rid aborts.
 
 A request the kit reports fails the test with the route, the release and the problem: a new

@@ -1,5 +1,5 @@
 """Facts of every supported SGLang release read from its wheel. The torch each release pins (so its NCCL), as asyncrl's NCCL check uses it
-(``asyncrl.weight_sync.layout.SGLANG_TORCH_PINS``), equals the wheel's own ``Requires-Dist:
+(``asyncrl.sync_control.layout.SGLANG_TORCH_PINS``), equals the wheel's own ``Requires-Dist:
 torch==`` for every release local_engine and the docs claim (issue 35 item 1: 0.5.15-0.5.17
 pin 2.11.0, which the table had as 2.13.0). Downloads each wheel once (the contract kit's
 cache)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.weight_sync.layout import SGLANG_TORCH_PINS, EngineLayout
+from asyncrl.sync_control.layout import SGLANG_TORCH_PINS, EngineLayout
 from local_engine.compat import SUPPORTED, SglangCompat
 from tests.contract.sglang_source import behaviour_facts, requires_dist
 

@@ -9,9 +9,9 @@ import re
 import pytest
 import yaml
 
-from asyncrl.cli import COMMANDS
 from asyncrl.config import ConfigError, load_config
 from asyncrl.config.run_config import RunConfig
+from launcher.cli import COMMANDS
 from tests.deploy.conftest import ALL_PROFILES, CLUSTER_ADDRS, REPO, SECRET_VARS, parse_env_text
 
 RUN_TOML = REPO / "docker" / "config" / "run.toml"
@@ -150,7 +150,7 @@ def _entrypoint(dockerfile: str) -> list[str]:
 
 
 def test_commands_exist_in_the_cli(one_box, capsys):
-    from asyncrl.cli import main
+    from launcher.cli import main
 
     s = one_box["services"]
     assert _entrypoint("service.Dockerfile") == ["asyncrl"]
@@ -335,7 +335,7 @@ def test_cpu_profile_is_the_deployment_with_cpu_stand_ins(one_box, cpu_box):
     assert init["entrypoint"][-1] == "--export" and init["command"] == [s["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]]
     for name in ("rollout", "engine-cpu", "trainer-cpu"):
         assert s[name]["depends_on"]["model-init"]["condition"] == "service_completed_successfully", name
-    load_config(str(REPO / "asyncrl" / "up" / "demo.toml"), environ={k: str(v) for k, v in trainer["environment"].items()})
+    load_config(str(REPO / "launcher" / "up" / "demo.toml"), environ={k: str(v) for k, v in trainer["environment"].items()})
 
 
 def test_prometheus_finds_the_cpu_engines():

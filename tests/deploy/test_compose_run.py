@@ -63,7 +63,7 @@ class CpuStack:
         text = (REPO / ".env.cpu.example").read_text()
         env = parse_env_text(text) | values | {
             "MODELS_DIR": str(self.models),
-            "RUN_CONFIG": str(REPO / "asyncrl" / "up" / "demo.toml"),
+            "RUN_CONFIG": str(REPO / "launcher" / "up" / "demo.toml"),
             "OPENAI_PORT": str(free_port()),
             "GRAFANA_PORT": str(free_port()),
         }

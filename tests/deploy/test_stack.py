@@ -123,7 +123,7 @@ def stack(one_box, tmp_path_factory):
         }
         out["args"] = args
         for name, env in (("rollout", rollout_env), ("sync", sync_env), ("trainer", trainer_env)):
-            procs[name] = ChildProcess(name, [sys.executable, "-m", "asyncrl", *args[name]], tmp / f"{name}.log",
+            procs[name] = ChildProcess(name, [sys.executable, "-m", "launcher", *args[name]], tmp / f"{name}.log",
                                        env=_process_env(env)).start()
         wait_for_sync(lambda: http_ok(f"{out['rollout_url']}/health") and http_ok(f"{out['sync_url']}/health")
                       and http_ok(out["trainer_metrics"]), READY_S, "rollout, sync agent and trainer",

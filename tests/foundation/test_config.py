@@ -132,7 +132,7 @@ def test_seed_example_from_verl_docs():
 
 
 def test_config_show_cli(tmp_path: Path):
-    exe = [sys.executable, "-m", "asyncrl", "config", "show"]
+    exe = [sys.executable, "-m", "launcher", "config", "show"]
     ok = subprocess.run([*exe, "rollout.n=8", "security.admin_token=s3cret", "--json"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
     doc = json.loads(ok.stdout)

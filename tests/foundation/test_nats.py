@@ -141,7 +141,7 @@ def test_max_payload_bound_is_checked(tmp_path: Path):
 
 
 def test_nats_cli_runs_and_stops_cleanly(tmp_path: Path):
-    proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "nats", f"run.dir={tmp_path}"],
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "nats", f"run.dir={tmp_path}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         endpoint = tmp_path / "nats" / "endpoint"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rollout_service.agent.chat import ChatTokenizer
+from asyncrl.chat import ChatTokenizer
 
 LOGPROB = -0.5
 

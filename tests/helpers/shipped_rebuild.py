@@ -5,8 +5,8 @@
    cache, when a collected test uses the ``warm_model`` fixture: the fixture then finds it
    built, or waits on the same build lock (``asyncrl.models.cache.build_once``) instead of
    building it beside the rebuild below (which made it take over 3 minutes);
-2. the shipped demo policy's from-scratch rebuild for tests/trainer/test_warmup_shipped.py
-   (``python -m trainer_daemon.warmup --rebuild``, ~3 CPU-minutes), into a fresh cache.
+2. the shipped demo policy's from-scratch rebuild for tests/recipes/test_warmup_shipped.py
+   (``python -m recipes.demo.warmup --rebuild``, ~3 CPU-minutes), into a fresh cache.
 
 Both overlap with the many tests that wait on timeouts and sleeps instead of adding to the
 suite's wall time. With pytest-xdist, every worker collects the same tests: the first to get
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-TEST_ID = "tests/trainer/test_warmup_shipped.py::test_building_it_again_reproduces_the_shipped_weights"
+TEST_ID = "tests/recipes/test_warmup_shipped.py::test_building_it_again_reproduces_the_shipped_weights"
 TIMEOUT_S = 1500.0  # both builds: ~4 min alone on 2 cores; several times that beside the suite
 WARM_FIXTURE = "warm_model"
 ENV_DIR = "ASYNCRL_TEST_BACKGROUND_DIR"
@@ -51,7 +51,7 @@ try:
     if rebuild:
         env = {**os.environ, "ASYNCRL_CACHE_DIR": str(d / "cache")}
         with open(d / "out", "w") as out:
-            rc = subprocess.run([sys.executable, "-m", "trainer_daemon.warmup", "--rebuild", "--quiet"], env=env, stdout=out).returncode
+            rc = subprocess.run([sys.executable, "-m", "recipes.demo.warmup", "--rebuild", "--quiet"], env=env, stdout=out).returncode
 finally:
     (d / "rc.tmp").write_text(str(rc))
     os.replace(d / "rc.tmp", d / "rc")

@@ -1,5 +1,5 @@
 """A warmed-up builtin:tiny for tests that need tool calls: the trainer's warm-up
-(:func:`trainer_daemon.warmup.warm_up`) with a short recipe — format only: it calls the
+(:func:`recipes.demo.warmup.warm_up`) with a short recipe — format only: it calls the
 calculator and answers in a box, not reliably correctly.
 
 Built once and cached under ``$ASYNCRL_CACHE_DIR/models`` keyed by the recipe and the code
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer_daemon.warmup import WarmupRecipe, warm_up
+from recipes.demo.warmup import WarmupRecipe, warm_up
 
 # 120 steps: enough for the format (tool call, boxed answer); copying digits needs far more.
 TEST_RECIPE = WarmupRecipe(name="tiny-arith-test", tools=("calculator",), exact_fraction=1.0, level=None,

@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from asyncrl.engine_client import EngineClient, EngineHTTPError
-from asyncrl.weight_sync import WeightSyncError, host_group, pack_bucket, reserve_listen_socket
+from asyncrl.sync_control.errors import WeightSyncError
+from asyncrl.weight_sync import host_group, pack_bucket, reserve_listen_socket
 from tests.helpers.processes import start_engine
 from tests.helpers.reference_model import teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
+from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import (
-    WeightSyncError,
     host_group,
     host_group_async,
     is_loopback,

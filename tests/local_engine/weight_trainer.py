@@ -31,8 +31,8 @@ import torch
 
 from asyncrl.engine_client import EngineClient, EngineError
 from asyncrl.models import load_model
+from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import (
-    WeightSyncError,
     host_group,
     pack_bucket,
     plan_buckets,

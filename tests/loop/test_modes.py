@@ -17,8 +17,8 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.jetstream import connect
-from asyncrl.up.stack import Stack
 from asyncrl.wire import NatsNames, decode_trajectory, is_end_of_data
+from launcher.up.stack import Stack
 from tests.helpers.waiting import wait_for
 from trainer_daemon.checkpoint import complete_checkpoints
 from trainer_daemon.ledger import read_lineage
@@ -122,7 +122,7 @@ async def test_mode_invariants(tmp_path, mode):
         # abort needed): every version change inside a turn must have its resume.
         assert all(t.is_partial and changes_within_turns(t) <= t.metadata["resumed_after_abort"] for t in partial), \
             [(t.id, changes_within_turns(t), t.metadata["resumed_after_abort"]) for t in partial]
-        from asyncrl.up.report import read_jsonl
+        from launcher.up.report import read_jsonl
 
         rows = read_jsonl(Path(cfg.run_dir) / "metrics" / "trainer.jsonl")
         counted = sum(r.get("fully_async/partial/total_partial_num", 0) for r in rows)

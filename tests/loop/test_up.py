@@ -26,7 +26,7 @@ CHILDREN_EXIT_S = 10.0  # after asyncrl up returned: its children's SIGTERM → 
 
 def up_args(run_dir: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "asyncrl", "up", "--no-live",
+        sys.executable, "-m", "launcher", "up", "--no-live",
         f"run.dir={run_dir}", "run.id=up-test", "model.path=builtin:tiny", "model.max_model_len=512",
         "rollout.n=2", "actor.ppo_mini_batch_size=2", "rollout.tools=[]", "rollout.sampling.max_new_tokens=32",
         "rollout.response_length=32", "engines.num_local=1", "trainer.nproc_per_node=1", "actor.ppo_micro_batch_size_per_gpu=4",

@@ -145,7 +145,7 @@ async def test_parked_calls_survive_a_restart_of_the_service(tmp_path, nats_serv
     url = f"http://127.0.0.1:{port}"
 
     def start(i: int) -> ChildProcess:
-        proc = ChildProcess("rollout", [sys.executable, "-m", "asyncrl", "rollout", str(cfg_path), f"rollout.port={port}"],
+        proc = ChildProcess("rollout", [sys.executable, "-m", "launcher", "rollout", str(cfg_path), f"rollout.port={port}"],
                             tmp_path / f"rollout-{i}.log").start()
         proc.wait_ready(lambda: http_ok(f"{url}/health"), 120)
         return proc

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.models import load_tokenizer
-from rollout_service.agent.chat import ChatTokenizer
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.scripted_engine import generate_answer
 from tests.rollout.conftest import running_service, service_config

@@ -37,8 +37,8 @@ def test_the_served_name_never_shows_where_the_weights_lie():
 
 
 def test_a_template_failure_is_a_template_error_naming_the_reason():
+    from asyncrl.chat import ChatTokenizer, TemplateError
     from asyncrl.models import load_tokenizer
-    from rollout_service.agent.chat import ChatTokenizer, TemplateError
 
     bad = [{"type": "function", "function": {"name": "f", "description": "", "parameters": {"type": "object", "properties": "x"}}}]
     with pytest.raises(TemplateError, match="could not render the request: UndefinedError"):

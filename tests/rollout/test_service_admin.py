@@ -143,6 +143,6 @@ def test_time_quarantined_at_the_current_version_is_counted():
 @pytest.mark.parametrize("extra,fragment", [([], "admin_token is empty"), (["security.admin_token=changeme"], "admin_token is empty"),
                                             (["security.admin_token=same-token-123456", "security.api_token=same-token-123456"], "must differ")])
 def test_service_refuses_to_start_with_a_weak_admin_token(tmp_path, extra, fragment):
-    out = subprocess.run([sys.executable, "-m", "asyncrl", "rollout", f"run.dir={tmp_path}", *extra],
+    out = subprocess.run([sys.executable, "-m", "launcher", "rollout", f"run.dir={tmp_path}", *extra],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and fragment in out.stderr and "Traceback" not in out.stderr

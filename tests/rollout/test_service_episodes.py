@@ -3,10 +3,10 @@ published trajectories are exact records of the conversation and of what the eng
 
 from __future__ import annotations
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.jetstream import connect
 from asyncrl.models import load_tokenizer
 from asyncrl.wire import NatsNames, decode_trajectory, is_end_of_data
-from rollout_service.agent.chat import ChatTokenizer
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import running_service, service_config

@@ -83,7 +83,7 @@ async def test_nats_outage_mid_run_loses_and_duplicates_nothing(tmp_path, nats_s
 
 
 def _rollout_process(cfg_path, log, port) -> ChildProcess:
-    return ChildProcess("rollout", [sys.executable, "-m", "asyncrl", "rollout", str(cfg_path), f"rollout.port={port}"], log).start()
+    return ChildProcess("rollout", [sys.executable, "-m", "launcher", "rollout", str(cfg_path), f"rollout.port={port}"], log).start()
 
 
 async def _status(http, url):

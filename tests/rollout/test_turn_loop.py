@@ -10,12 +10,12 @@ import json
 
 import pytest
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.config.sections_core import MultiTurnConfig, SamplingConfig
 from asyncrl.engine_client.errors import EngineHTTPError, EngineUnavailable
 from asyncrl.engine_client.types import GenerateResult
 from asyncrl.models import load_tokenizer
 from rollout_service.agent import turn as turn_mod
-from rollout_service.agent.chat import ChatTokenizer
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.state import AgentState, Phase
 from rollout_service.agent.tool_parser import parse_hermes

@@ -16,8 +16,8 @@ import signal
 import httpx
 import pytest
 
+from asyncrl.chat import ChatTokenizer
 from asyncrl.models import load_tokenizer
-from rollout_service.agent.chat import ChatTokenizer
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.scripted_engine import scripted_generate
 from tests.helpers.waiting import wait_for

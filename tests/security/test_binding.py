@@ -34,7 +34,7 @@ def test_the_data_plane_needs_a_token_off_loopback_and_insecure_dev_stays_on_loo
 
 
 def _refused(argv: list[str], env_tokens: dict[str, str]) -> str:
-    done = subprocess.run([sys.executable, "-m", "asyncrl", *argv], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-m", "launcher", *argv], capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", **env_tokens})
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     return done.stderr

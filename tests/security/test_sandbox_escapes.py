@@ -149,7 +149,7 @@ def sandbox_server(tmp_path: Path, work_root: Path, monkeypatch) -> Iterator[tup
     limits = {**TIGHT_LIMITS, "work_root": str(work_root), "wall_timeout_s": 10.0}
     log = tmp_path / "sandbox-server.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "asyncrl", "python-sandbox", "--socket", path, "--limits", json.dumps(limits)],
+        proc = subprocess.Popen([sys.executable, "-m", "launcher", "python-sandbox", "--socket", path, "--limits", json.dumps(limits)],
                                 stdout=out, stderr=subprocess.STDOUT, env={"PATH": os.environ.get("PATH", "")})
     try:
         wait_for_sync(lambda: os.path.exists(path) or proc.poll() is not None, 60, "the sandbox server's socket")
@@ -223,7 +223,7 @@ def test_a_process_without_network_sees_only_loopback():
 
 async def test_the_server_refuses_to_start_where_it_cannot_isolate(tmp_path):
     """``asyncrl python-sandbox`` with settings it cannot honour exits 2 with the reason."""
-    bad = await asyncio.create_subprocess_exec(sys.executable, "-m", "asyncrl", "python-sandbox", "--socket", str(tmp_path / "s.sock"),
+    bad = await asyncio.create_subprocess_exec(sys.executable, "-m", "launcher", "python-sandbox", "--socket", str(tmp_path / "s.sock"),
                                                "--limits", json.dumps({"network_isolation": "audit_hook"}),
                                                stderr=asyncio.subprocess.PIPE)
     _, err = await asyncio.wait_for(bad.communicate(), 60)

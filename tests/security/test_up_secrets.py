@@ -13,7 +13,7 @@ import yaml
 
 from asyncrl.config import load_config
 from asyncrl.jetstream import connect
-from asyncrl.up.stack import Stack
+from launcher.up.stack import Stack
 
 
 async def test_up_generates_an_engine_key_and_nats_credentials(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.weight_sync.layout import (
+from asyncrl.sync_control.layout import (
     SGLANG_TORCH_PINS,
     EngineLayout,
     LayoutError,
@@ -61,7 +61,7 @@ def test_retract_and_in_place_are_refused_on_releases_without_spans():
     versions, which only the engines' weight_versions spans tell apart (sglang 0.5.19+,
     tests/contract/test_release_facts.py); the sync agent refuses such a group (409
     pause_policy) and the direct publisher fails the sync, naming engine and release."""
-    from asyncrl.weight_sync.pause_policy import pause_plan, policy_problems
+    from asyncrl.sync_control.pause_policy import pause_plan, policy_problems
 
     old, new, unknown = (EngineLayout(engine=e, version=v) for e, v in (("old", "0.5.18"), ("new", "0.5.19"), ("x", None)))
     for policy in ("retract", "in_place"):

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from asyncrl.weight_sync.pause_policy import pause_plan
+from asyncrl.sync_control.pause_policy import pause_plan
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import WAIT_S, wait_for
 from tests.sync.conftest import perturbed_weights, publisher, stack
@@ -20,7 +20,7 @@ CALL_S = 180.0
 
 
 def test_pause_plans():
-    """The table of asyncrl.weight_sync.pause_policy, and partial rollout off overriding it."""
+    """The table of asyncrl.sync_control.pause_policy, and partial rollout off overriding it."""
     assert pause_plan("abort", True) == pause_plan("abort", True).__class__("abort", "partial", "abort", 30)
     assert (pause_plan("retract", True).rollout_mode, pause_plan("retract", True).engine_mode,
             pause_plan("retract", True).flush_retries) == ("hold", "retract", 1)
@@ -98,7 +98,7 @@ async def test_a_policy_that_keeps_requests_is_refused_on_an_engine_without_span
     under ``retract`` the trainer could not tell the old weights' tokens from the new: the sync
     agent refuses the sync (409 ``pause_policy``, naming the engine and its release) and the
     engine keeps serving its version."""
-    from asyncrl.weight_sync import WeightSyncError
+    from asyncrl.sync_control.errors import WeightSyncError
     from tests.helpers.processes import start_engine
 
     with start_engine(tmp_path, "--sglang-compat", "0.5.18", name="engine-0.5.18") as engine:

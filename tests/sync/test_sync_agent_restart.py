@@ -33,7 +33,7 @@ KILL_AFTER_BUCKETS = 10  # of the ~46 (one per parameter): the engines hold part
 
 
 def agent_process(tmp_path, name: str, port: int, overrides: list[str]) -> ChildProcess:
-    return ChildProcess(name, [sys.executable, "-m", "asyncrl", "sync-agent", *overrides, "--port", str(port)],
+    return ChildProcess(name, [sys.executable, "-m", "launcher", "sync-agent", *overrides, "--port", str(port)],
                         tmp_path / f"{name}.log").start()
 
 

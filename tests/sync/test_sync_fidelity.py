@@ -24,7 +24,7 @@ from aiohttp import web
 from asyncrl.engine_client import EngineClient
 from asyncrl.launch import free_port
 from asyncrl.models import load_model
-from asyncrl.weight_sync import WeightSyncError
+from asyncrl.sync_control.errors import WeightSyncError
 from tests.helpers.processes import Engine, start_engine
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import wait_for

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from asyncrl.weight_sync import WeightSyncError
+from asyncrl.sync_control.errors import WeightSyncError
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import wait_for
 from tests.sync.conftest import perturbed_weights, publisher, stack

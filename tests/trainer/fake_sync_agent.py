@@ -1,6 +1,6 @@
 """A small sync agent for the trainer's tests: the protocol of ``asyncrl.wire.sync`` on a real
 aiohttp server on 127.0.0.1, driving real engines with the product's own engine-side sequence
-(:class:`asyncrl.weight_sync.engine_update.EngineUpdate`), without the rollout service the real
+(:class:`asyncrl.sync_control.engine_update.EngineUpdate`), without the rollout service the real
 agent pauses (the trainer's tests run none).
 
 - ``POST /v1/syncs`` (bearer token) → ``202 SyncAccepted`` (400 on a body that is not a
@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from asyncrl.engine_client import EngineClient
 from asyncrl.launch import free_port
-from asyncrl.weight_sync.engine_update import EngineUpdate, Member
+from asyncrl.sync_control.engine_update import EngineUpdate, Member
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, SyncAccepted, SyncRequest, SyncStatus
 
 ENGINE_CALL_TIMEOUT_S = 120.0

@@ -100,7 +100,7 @@ def overrides_for(cfg_overrides: list[str]) -> list[str]:
 def start_trainer(run_dir: Path, overrides: list[str], nproc: int = 1, name: str = "trainer") -> ChildProcess:
     """``asyncrl trainer`` (torchrun under the loopback wrapper) as a child process."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "asyncrl", "trainer", f"trainer.nproc_per_node={nproc}", *overrides]
+    argv = [sys.executable, "-m", "launcher", "trainer", f"trainer.nproc_per_node={nproc}", *overrides]
     return ChildProcess(name, argv, Path(run_dir) / "logs" / f"{name}.log", env=env).start()
 
 

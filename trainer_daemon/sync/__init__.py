@@ -57,7 +57,7 @@ def build_publisher(cfg) -> WeightPublisher | None:
         e = cfg.engines
         engines = [EngineClient(u, api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key),
                                 control_timeout_s=e.control_timeout_s) for u in e.urls]
-        from asyncrl.weight_sync.pause_policy import plan_for
+        from asyncrl.sync_control.pause_policy import plan_for
 
         plan = plan_for(cfg)
         return DirectEnginePublisher(

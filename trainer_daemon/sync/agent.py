@@ -41,9 +41,9 @@ import torch
 from pydantic import ValidationError
 
 from asyncrl.http.keepalive import client_session
+from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import (
     WeightGroup,
-    WeightSyncError,
     host_group_async,
     reserve_listen_socket,
 )

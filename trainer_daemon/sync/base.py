@@ -6,7 +6,7 @@ weights as version ``v``". Two implementations, chosen by config in
 
 - :class:`~trainer_daemon.sync.direct.DirectEnginePublisher` (``sync.url`` unset): the trainer
   drives the engines itself (the shared engine-side sequence of
-  :mod:`asyncrl.weight_sync.engine_update`) and broadcasts.
+  :mod:`asyncrl.sync_control.engine_update`) and broadcasts.
 - :class:`~trainer_daemon.sync.agent.SyncAgentPublisher` (``sync.url`` set): the trainer asks
   the sync agent and only broadcasts; the agent drives engines and rollout.
 
@@ -37,7 +37,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from asyncrl.weight_sync import WeightSyncError
+from asyncrl.sync_control.errors import WeightSyncError
 from trainer_daemon.io_loop import IoLoop
 from trainer_daemon.lineage import Lineage
 
@@ -79,7 +79,7 @@ class WeightPublisher(ABC):
 
 def trainer_nccl_versions() -> tuple[str | None, str]:
     """This process's NCCL version (``"2.27.5"``; None without CUDA) and torch version, which
-    the engines' must match for an NCCL weight group (asyncrl.weight_sync.layout.check_nccl)."""
+    the engines' must match for an NCCL weight group (asyncrl.sync_control.layout.check_nccl)."""
     nccl = None
     if torch.cuda.is_available():
         try:

@@ -1,7 +1,7 @@
 """``DirectEnginePublisher``: the trainer drives the engines itself, no sync agent needed.
 
 Per publish, on the trainer's I/O loop, the engine side is
-:class:`asyncrl.weight_sync.engine_update.EngineUpdate` (the same sequence the sync agent
+:class:`asyncrl.sync_control.engine_update.EngineUpdate` (the same sequence the sync agent
 runs) with the trainer as the in-process sender:
 
 1. ``pause_generation`` on every engine in ``pause_mode`` (``abort``: in-flight requests come
@@ -37,15 +37,15 @@ from collections.abc import Sequence
 import torch
 
 from asyncrl.engine_client import EngineClient
+from asyncrl.sync_control.engine_update import FLUSH_RETRIES, EngineUpdate, Member
+from asyncrl.sync_control.errors import WeightSyncError
+from asyncrl.sync_control.layout import check_nccl
+from asyncrl.sync_control.pause_policy import pause_plan, policy_problems
 from asyncrl.weight_sync import (
     WeightGroup,
-    WeightSyncError,
     host_group_async,
     reserve_listen_socket,
 )
-from asyncrl.weight_sync.engine_update import FLUSH_RETRIES, EngineUpdate, Member
-from asyncrl.weight_sync.layout import check_nccl
-from asyncrl.weight_sync.pause_policy import pause_plan, policy_problems
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, fresh_group_name, weight_version_number
 from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions
 from trainer_daemon.sync.flat import (

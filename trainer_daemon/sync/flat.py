@@ -26,7 +26,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import torch
 
-from asyncrl.weight_sync import Bucket, WeightGroup, WeightSyncError, pack_bucket, plan_buckets
+from asyncrl.sync_control.errors import WeightSyncError
+from asyncrl.weight_sync import Bucket, WeightGroup, pack_bucket, plan_buckets
 from trainer_daemon.sync.staging import StagedWeights
 
 Weights = Mapping[str, torch.Tensor] | StagedWeights

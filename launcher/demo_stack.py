@@ -94,7 +94,7 @@ def main(argv: Sequence[str]) -> int:
     from local_engine.settings import EngineSettings  # a CLI subcommand: components only lazily
 
     settings = EngineSettings.for_run(cfg, port)  # engines.local + the model and run sections, as asyncrl up
-    engine = ChildProcess("engine", [sys.executable, "-m", "asyncrl", "engine", *settings.to_argv()],
+    engine = ChildProcess("engine", [sys.executable, "-m", "launcher", "engine", *settings.to_argv()],
                           run_dir / "logs" / "engine-0.log")
     engine_url = f"http://127.0.0.1:{port}"
     try:

@@ -10,14 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_service.data import (
-    ArithSpec,
-    PromptStream,
-    generate_rows,
-    load_records,
-    write_demo_dataset,
-)
-from rollout_service.data.demo_task import evaluate
+from recipes.demo.task import ArithSpec, evaluate, generate_rows, write_demo_dataset
+from rollout_service.data import PromptStream, load_records
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 _QUESTION = re.compile(r"^What is ([0-9 +*-]+)\? Use the calculator tool, then answer with \\boxed\{N\}\.$")

@@ -1,9 +1,9 @@
 """The demo's starting policy ships with the package (asyncrl/models/assets/tiny-arith/, written
-by ``python -m trainer_daemon.warmup --ship``): it must be what the current code builds.
+by ``python -m recipes.demo.warmup --ship``): it must be what the current code builds.
 
 - Its stamp is the key of the current recipe and code (cheap; fails as soon as a module that
   determines the weights changes without the policy being shipped again).
-- Built again from scratch (``python -m trainer_daemon.warmup --rebuild``, started in the
+- Built again from scratch (``python -m recipes.demo.warmup --rebuild``, started in the
   background when the suite collects this test: tests/helpers/shipped_rebuild.py), the policy
   is the shipped one tensor for tensor, on whatever x86-64 CPU the suite runs: the build pins
   the CPU kernels (:mod:`trainer_daemon.portable_numerics`; bench/portable_numerics.py shows
@@ -17,10 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from recipes.demo.warmup import DEMO, EXPORT_STAMP, recipe_key, shipped, shipped_dir, warm_up
 from tests.helpers import shipped_rebuild
-from trainer_daemon.warmup import DEMO, EXPORT_STAMP, recipe_key, shipped, shipped_dir, warm_up
 
-SHIP = "python -m trainer_daemon.warmup --ship"
+SHIP = "python -m recipes.demo.warmup --ship"
 
 
 def test_the_shipped_policy_is_built_by_the_current_code_and_taken_as_it_is():

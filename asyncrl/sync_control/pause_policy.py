@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from asyncrl.weight_sync.engine_update import FLUSH_RETRIES
+from asyncrl.sync_control.engine_update import FLUSH_RETRIES
 
 PausePolicyName = Literal["abort", "retract", "in_place"]
 
@@ -77,7 +77,7 @@ def policy_problems(plan: PausePlan, layouts) -> list[str]:
     would label old-weight tokens with the new version. Engines of an unknown release pass."""
     if plan.engine_mode not in ("retract", "in_place"):
         return []
-    from asyncrl.weight_sync.layout import parse_version
+    from asyncrl.sync_control.layout import parse_version
 
     out = []
     for layout in layouts:

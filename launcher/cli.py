@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 
 
 def _cmd_config(argv: Sequence[str]) -> int:
-    from asyncrl.config_cli import main as config_main
+    from launcher.config_cli import main as config_main
 
     return config_main(argv)
 
 
 def _cmd_nats(argv: Sequence[str]) -> int:
-    from asyncrl.nats_cli import main as nats_main
+    from launcher.nats_cli import main as nats_main
 
     return nats_main(argv)
 
@@ -70,13 +70,13 @@ def _cmd_audit(argv: Sequence[str]) -> int:
 
 
 def _cmd_up(argv: Sequence[str]) -> int:
-    from asyncrl.up.main import main as up_main
+    from launcher.up.main import main as up_main
 
     return up_main(argv)
 
 
 def _cmd_demo_stack(argv: Sequence[str]) -> int:
-    from asyncrl.demo_stack import main as demo_main
+    from launcher.demo_stack import main as demo_main
 
     return demo_main(argv)
 

@@ -9,7 +9,7 @@ instead of the exact ``calculator`` and box its result: a policy warmed up on th
 with a low reward and one clear thing to learn (choose the exact tool). The chat tokenizer
 must carry the schemas of every tool the examples call.
 
-Used by the trainer's warm-ups (``trainer_daemon.warmup``); no torch here.
+Used by the trainer's warm-ups (``recipes.demo.warmup``); no torch here.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import random
 
-from rollout_service.agent.chat import ChatTokenizer
-from rollout_service.data.demo_task import ArithSpec, generate_rows
+from asyncrl.chat import ChatTokenizer
+from recipes.demo.task import ArithSpec, generate_rows
 from tools.calculator import evaluate_expression, format_number
 from tools.estimate import estimate_value
 

@@ -1,5 +1,5 @@
 import sys
 
-from asyncrl.cli import main
+from launcher.cli import main
 
 sys.exit(main())

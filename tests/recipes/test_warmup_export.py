@@ -1,4 +1,4 @@
-"""``python -m trainer_daemon.warmup --export DIR`` (compose's model-init): the warmed-up model
+"""``python -m recipes.demo.warmup --export DIR`` (compose's model-init): the warmed-up model
 copied into a models directory once, complete and readable by every component."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from asyncrl.models import load_model, load_tokenizer
+from recipes.demo.warmup import EXPORT_STAMP, export, recipe_key
 from tests.helpers.warm_model import TEST_RECIPE
-from trainer_daemon.warmup import EXPORT_STAMP, export, recipe_key
 
 
 def test_export_copies_the_build_once_and_replaces_a_stale_one(tmp_path):
@@ -33,5 +33,5 @@ def test_export_copies_the_build_once_and_replaces_a_stale_one(tmp_path):
 
 
 def test_export_flag_is_in_the_command_line():
-    out = subprocess.run([sys.executable, "-m", "trainer_daemon.warmup", "--help"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "recipes.demo.warmup", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "--export DIR" in out.stdout

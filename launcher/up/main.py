@@ -4,8 +4,8 @@ Runs fully asynchronous RL end to end on this machine: embedded NATS, local engi
 configured SGLang URLs), the rollout service, the sync agent and the trainer, as child
 processes (:mod:`.stack`); a live terminal view (:mod:`.live`); and at the end a summary
 and a PNG plot in the run directory (:mod:`.report`). With no config it runs the built-in
-demo (``asyncrl/up/demo.toml``): ``builtin:tiny-arith`` learning to pick the exact tool on an
-arithmetic task; that policy is the trainer's SFT warm-up (``python -m trainer_daemon.warmup``,
+demo (``launcher/up/demo.toml``): ``builtin:tiny-arith`` learning to pick the exact tool on an
+arithmetic task; that policy is the trainer's SFT warm-up (``python -m recipes.demo.warmup``,
 run as a child process: it returns the build shipped in the package at once, or builds and
 caches it when the code that determines it changed).
 
@@ -40,13 +40,13 @@ WARMUP_TIMEOUT_S = 3600.0  # shipped: instant; built (changed code): ~2 min on 2
 
 
 def demo_config_path() -> str:
-    return str(resources.files("asyncrl.up") / "demo.toml")
+    return str(resources.files("launcher.up") / "demo.toml")
 
 
 def demo_policy() -> str | None:
     """The directory of the demo's warmed-up policy, from the trainer's warm-up entry point
     (its progress goes to this terminal); None, reported, when it fails."""
-    argv = [sys.executable, "-m", "trainer_daemon.warmup"]
+    argv = [sys.executable, "-m", "recipes.demo.warmup"]
     try:
         out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=WARMUP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -80,7 +80,7 @@ async def _watch(stack, cfg, live_view: bool, deadline: float | None, stop: asyn
     from rich.live import Live
 
     from asyncrl.jetstream import connect
-    from asyncrl.up.live import MetricsTap, health_line, render
+    from launcher.up.live import MetricsTap, health_line, render
 
     tap = MetricsTap(cfg.run.id, stack.run_dir)
     nc = await connect(stack.urls["nats"], "asyncrl-up", **stack.nats_auth())
@@ -145,8 +145,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--resume", action="store_true", help="keep the run directory (checkpoints, NATS store) and resume")
     ns = parser.parse_args(argv)
     from asyncrl.cli_args import split_config_args as _split_config_args
-    from asyncrl.up.report import summarize
-    from asyncrl.up.stack import Stack
+    from launcher.up.report import summarize
+    from launcher.up.stack import Stack
 
     path, overrides = _split_config_args(ns.args)
     path = path or demo_config_path()

@@ -33,12 +33,15 @@ import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.engine_client import EngineClient, EngineError, EngineHTTPError
-from asyncrl.weight_sync.group import WeightGroup, WeightSyncError
-from asyncrl.weight_sync.layout import EngineLayout, assign_ranks
+from asyncrl.sync_control.errors import WeightSyncError
+from asyncrl.sync_control.layout import EngineLayout, assign_ranks
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, BucketSpec
+
+if TYPE_CHECKING:  # the direct publisher hosts a group; the control side only hands it back
+    from asyncrl.weight_sync.group import WeightGroup
 
 log = logging.getLogger(__name__)
 

@@ -9,26 +9,26 @@ reward, and the RL run has one clear thing to learn: choose the exact tool.
 
 Entry points:
 
-- ``python -m trainer_daemon.warmup`` builds :data:`DEMO` (progress on stderr) and prints its
+- ``python -m recipes.demo.warmup`` builds :data:`DEMO` (progress on stderr) and prints its
   directory on stdout — what ``asyncrl up`` and ``bench/gpu.py`` run, as a child process;
-- ``python -m trainer_daemon.warmup --export DIR`` also copies it to ``DIR`` (compose's CPU
+- ``python -m recipes.demo.warmup --export DIR`` also copies it to ``DIR`` (compose's CPU
   profile: the ``model-init`` service writes it into the models directory);
-- ``python -m trainer_daemon.warmup --rebuild`` builds it from scratch into the cache even
+- ``python -m recipes.demo.warmup --rebuild`` builds it from scratch into the cache even
   though the package ships it (what the reproduction test runs);
-- ``python -m trainer_daemon.warmup --ship`` builds it from scratch and writes it into the
+- ``python -m recipes.demo.warmup --ship`` builds it from scratch and writes it into the
   package (``asyncrl/models/assets/tiny-arith/``, ~4 MB, with the recipe key it was built
   from), so that a first run takes it at once instead of training 2 minutes;
 - :func:`warm_up` ``(recipe, progress) -> Path`` for any :class:`WarmupRecipe` (the tests'
   warm model is one), :func:`export` ``(recipe, dest)``.
 
 :data:`DEMO` comes from the package when its shipped build carries the current recipe key
-(tests/trainer/test_warmup_shipped.py checks that it does, and that building it again here
+(tests/recipes/test_warmup_shipped.py checks that it does, and that building it again here
 reproduces it tensor for tensor); any other recipe, or a DEMO whose code changed since it was
 shipped, is built and cached under ``$ASYNCRL_CACHE_DIR/models/<name>-<key>``, the key hashing the
 recipe and the code and assets that determine the weights; concurrent processes build it
-once (:func:`asyncrl.models.cache.build_once`). The examples come from the rollout service's
-demo data (:mod:`rollout_service.data.demo_sft`: its chat template and tool-call format),
-imported when a build runs — the one place the trainer package reads them.
+once (:func:`asyncrl.models.cache.build_once`). The examples are :mod:`recipes.demo.sft_data`
+(the rollout service's chat template and tool-call format, :mod:`asyncrl.chat`); the training is
+the trainer's SFT (:mod:`trainer_daemon.sft`), imported when a build runs.
 
 Every build trains with portable numerics (:mod:`trainer_daemon.portable_numerics`): in a
 child process whose environment pins the CPU kernels, so that the same recipe gives the same
@@ -81,10 +81,10 @@ LOG_EVERY = 100
 
 
 def recipe_key(recipe: WarmupRecipe) -> str:
+    import asyncrl.chat as chat
     import asyncrl.models.builtin as builtin
-    import rollout_service.agent.chat as chat
-    import rollout_service.data.demo_sft as demo_sft
-    import rollout_service.data.demo_task as demo_task
+    import recipes.demo.sft_data as demo_sft
+    import recipes.demo.task as demo_task
     import tools.calculator as calculator
     import tools.estimate as estimate
     import trainer_daemon.portable_numerics as numerics
@@ -100,7 +100,7 @@ def recipe_key(recipe: WarmupRecipe) -> str:
 
 
 def shipped_dir() -> Path:
-    """Where the package ships :data:`DEMO`'s build (``python -m trainer_daemon.warmup --ship``)."""
+    """Where the package ships :data:`DEMO`'s build (``python -m recipes.demo.warmup --ship``)."""
     import asyncrl.models
 
     return Path(asyncrl.models.__file__).parent / "assets" / DEMO.name
@@ -134,9 +134,9 @@ def warm_up(recipe: WarmupRecipe = DEMO, progress: Callable[[str], None] = print
 
 def examples_of(recipe: WarmupRecipe, tokenizer):
     """``(chat tokenizer, SFT examples)`` of ``recipe``."""
-    from rollout_service.agent.chat import ChatTokenizer
-    from rollout_service.data.demo_sft import demo_sft_examples
-    from rollout_service.data.demo_task import ArithSpec
+    from asyncrl.chat import ChatTokenizer
+    from recipes.demo.sft_data import demo_sft_examples
+    from recipes.demo.task import ArithSpec
     from tools.registry import ToolRegistry
 
     chat = ChatTokenizer(tokenizer, ToolRegistry.from_names(list(recipe.tools)).schemas())
@@ -161,7 +161,7 @@ def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], sho
     if is_portable():
         _train(recipe, out, progress, show_steps)
         return
-    argv = [sys.executable, "-m", "trainer_daemon.warmup", "--build-into", str(out),
+    argv = [sys.executable, "-m", "recipes.demo.warmup", "--build-into", str(out),
             "--recipe", json.dumps(dataclasses.asdict(recipe)), *(["--show-steps"] if show_steps else [])]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=portable_environ()) as child:
         assert child.stdout is not None
@@ -233,7 +233,7 @@ def export(recipe: WarmupRecipe, dest: Path, progress: Callable[[str], None] = p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer_daemon.warmup",
+    parser = argparse.ArgumentParser(prog="python -m recipes.demo.warmup",
                                      description=f"Build {SPEC} (cached) and print its directory on stdout.")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--export", metavar="DIR", type=Path,

@@ -22,9 +22,9 @@ from pathlib import Path
 import yaml
 
 from asyncrl.config import RunConfig, secret
-from asyncrl.config_cli import resolved_document
 from asyncrl.jetstream import EmbeddedNats, write_endpoint
 from asyncrl.launch import ChildProcess, free_port, http_ok
+from launcher.config_cli import resolved_document
 
 ENGINE_READY_S = 240.0  # model load; builtin:smollm2-135m converts a GGUF on first use
 SERVICE_READY_S = 120.0  # rollout service: tokenizer, dataset, NATS stream; sync agent: instant
@@ -107,7 +107,7 @@ class Stack:
                 port = free_port()
                 engine = EngineSettings.for_run(cfg, port)  # engines.local + the model and run sections
                 engine = engine.model_copy(update={"api_key": secret(cfg.engines.api_key)})  # passed in its environment
-                self._child(f"engine-{i}", [sys.executable, "-m", "asyncrl", "engine", *engine.to_argv()], env=engine.secret_env())
+                self._child(f"engine-{i}", [sys.executable, "-m", "launcher", "engine", *engine.to_argv()], env=engine.secret_env())
                 urls.append(f"http://127.0.0.1:{port}")
             for i, url in enumerate(urls):
                 self.children[f"engine-{i}"].wait_ready(lambda u=url: http_ok(f"{u}/health"), ENGINE_READY_S)
@@ -117,16 +117,16 @@ class Stack:
         path = self.write_config(cfg)
         rollout_url = self.doc["sync"]["rollout_url"]
         progress("starting the rollout service (tokenizer, dataset, NATS stream) ...")
-        self._child("rollout", [sys.executable, "-m", "asyncrl", "rollout", str(path)])
+        self._child("rollout", [sys.executable, "-m", "launcher", "rollout", str(path)])
         self.children["rollout"].wait_ready(lambda: http_ok(f"{rollout_url}/health"), SERVICE_READY_S)
         progress(f"rollout service at {rollout_url}")
         self.urls = {"rollout": rollout_url, "nats": self.doc["nats"]["url"]}
         if not training:
             return cfg
-        self._child("sync-agent", [sys.executable, "-m", "asyncrl", "sync-agent", str(path)])
+        self._child("sync-agent", [sys.executable, "-m", "launcher", "sync-agent", str(path)])
         self.children["sync-agent"].wait_ready(lambda: http_ok(f"{self.doc['sync']['url']}/health"), SERVICE_READY_S)
         progress(f"sync agent at {self.doc['sync']['url']}")
-        self._child("trainer", [sys.executable, "-m", "asyncrl", "trainer", str(path)])
+        self._child("trainer", [sys.executable, "-m", "launcher", "trainer", str(path)])
         progress(f"trainer started (torchrun, {cfg.trainer.nproc_per_node} rank(s)); logs in {self.run_dir / 'logs'}")
         self.urls = {"rollout": rollout_url, "sync": self.doc["sync"]["url"], "nats": self.doc["nats"]["url"]}
         return cfg
