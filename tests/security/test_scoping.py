@@ -6,10 +6,13 @@ is fixed by its first session."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 
+from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import running_service, service_config
 
 API = "data-plane-token-0123456789"
@@ -22,9 +25,21 @@ def _tool(name: str, environment: str) -> dict:
 
 
 async def test_environment_tokens_groups_and_sizes_are_scoped(tmp_path, nats_server, warm_engine):
+    # the service's generate calls are held at a proxy: its first group stays open while the
+    # test uses its id (found by CI: a group that had already finished was gone)
+    proxy = await RecordingProxy(warm_engine).start()
+    proxy.hold = asyncio.Event()
+    try:
+        await _scoped(tmp_path, nats_server, proxy)
+    finally:
+        proxy.hold.set()
+        await proxy.stop()
+
+
+async def _scoped(tmp_path, nats_server, proxy):
     tools = json.dumps([_tool("ask_a", "env-a"), _tool("ask_b", "env-b"), _tool("ask_c", "env-c")])
     tokens = json.dumps({"env-a": ENV_A, "env-b": ENV_B})
-    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.tools=[]", f"rollout.external_tools={tools}",
+    cfg = service_config(tmp_path, nats_server.url, [proxy.url], "rollout.tools=[]", f"rollout.external_tools={tools}",
                          f"security.environment_tokens={tokens}", "rollout.total_rollout_steps=1",
                          "async_training.staleness_threshold=50", f"security.api_token={API}")
     async with running_service(cfg) as (svc, url), httpx.AsyncClient(timeout=60) as http:
@@ -41,6 +56,7 @@ async def test_environment_tokens_groups_and_sizes_are_scoped(tmp_path, nats_ser
         assert (await calls("env-c", API)).status_code == 200  # no token of its own: the data plane's (warned at start)
 
         api = {"Authorization": f"Bearer {API}"}
+        await wait_for(lambda: proxy.held > 0, 60, "the service's first generate call (held)")
         internal = next(iter(svc.runner.groups))  # one of the service's own groups, e.g. s00000000
         s = await http.post(f"{url}/v1/sessions", json={"group_id": internal, "group_size": 2}, headers=api)
         assert s.status_code == 201 and s.json()["group_id"] == internal  # the client keeps its name ...
