@@ -40,6 +40,7 @@ from asyncrl.engine_client.errors import EngineError
 from asyncrl.sync_control.engine_update import EngineUpdate, Member
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import plan_for, policy_problems
+from asyncrl.wire.rollout_admin import EngineState
 from asyncrl.wire.sync import BucketSpec, SyncRequest, weight_version_number
 from sync_agent.health import SyncTally
 from sync_agent.history import SyncHistory
@@ -95,13 +96,13 @@ class SyncCoordinator:
     async def engine_views(self) -> list[dict[str, Any]]:
         """The rollout service's engines with each one's liveness, served version and whether it
         awaits a reload (it may hold mixed weights)."""
-        engines = (await self.rollout.status())["engines"]
+        engines = (await self.rollout.status()).engines
 
-        async def view(e: dict) -> dict:
-            out = {"id": e["id"], "url": e["url"], "rollout_state": e["state"], "reason": e.get("reason"), "alive": False,
-                   "version": None, "needs_reload": e["id"] in self.needs_reload}
+        async def view(e: EngineState) -> dict:
+            out = {"id": e.id, "url": e.url, "rollout_state": e.state, "reason": e.reason, "alive": False,
+                   "version": None, "needs_reload": e.id in self.needs_reload}
             try:
-                info = await self.client(e["id"], e["url"]).model_info(timeout_s=min(self.cfg.sync.engine_timeout_s,
+                info = await self.client(e.id, e.url).model_info(timeout_s=min(self.cfg.sync.engine_timeout_s,
                                                                                      LIVENESS_TIMEOUT_S))
                 out.update(alive=True, version=weight_version_number(info.get("weight_version")))
             except EngineError:
@@ -302,11 +303,10 @@ class SyncCoordinator:
         Quarantines set by others (an operator, the rollout's health checks) are left alone; a
         release that fails is retried by the reconcile loop."""
         try:
-            engines = (await self.rollout.status())["engines"]
-            for e in engines:
-                eid = e["id"]
-                ours = (e.get("reason") or "").startswith(AGENT_REASON)
-                if e["state"] == "quarantined" and ours and rec.engines.get(eid) == "loaded" and eid not in self.needs_reload:
+            for e in (await self.rollout.status()).engines:
+                eid = e.id
+                ours = (e.reason or "").startswith(AGENT_REASON)
+                if e.state == "quarantined" and ours and rec.engines.get(eid) == "loaded" and eid not in self.needs_reload:
                     await self.rollout.release(eid)
                     log.info("engine %s released: sync %s wrote it whole at version %d", eid, rec.id, rec.version)
         except RolloutAdminError as exc:

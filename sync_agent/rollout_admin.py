@@ -1,12 +1,21 @@
-"""The sync agent's client for the rollout service's admin API (bearer admin token)."""
+"""The sync agent's client for the rollout service's admin API (bearer admin token): the
+requests and the answer are :mod:`asyncrl.wire.rollout_admin`, the models the server uses."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import aiohttp
+from pydantic import BaseModel, ValidationError
 
 from asyncrl.http.keepalive import client_session
+from asyncrl.wire.rollout_admin import (
+    PauseMode,
+    PauseRequest,
+    QuarantineRequest,
+    ResumeRequest,
+    RolloutStatus,
+)
 
 
 class RolloutAdminError(RuntimeError):
@@ -25,32 +34,37 @@ class RolloutAdmin:
             self._session = client_session()
         return self._session
 
-    async def _call(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+    async def _call(self, method: str, path: str, body: BaseModel | None = None,
+                    timeout_s: float | None = None) -> RolloutStatus:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        payload: Any = None
         try:
-            async with self._http().request(method, self.url + path, json=body, headers=headers,
+            async with self._http().request(method, self.url + path, json=body.model_dump(mode="json") if body else None,
+                                            headers=headers,
                                             timeout=aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)) as resp:
                 payload = await resp.json(content_type=None)
                 if resp.status != 200:
                     message = (payload or {}).get("error", {}).get("message", str(payload)) if isinstance(payload, dict) else str(payload)
                     raise RolloutAdminError(f"{method} {path}: HTTP {resp.status}: {message}")
-                return payload
+                return RolloutStatus.model_validate(payload)
+        except ValidationError as exc:
+            raise RolloutAdminError(f"{method} {path}: not a rollout status: {exc.errors()[:3]}") from exc
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise RolloutAdminError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> RolloutStatus:
         return await self._call("GET", "/admin/status")
 
-    async def pause(self, mode: str, timeout_s: float) -> dict[str, Any]:
-        return await self._call("POST", "/admin/pause", {"mode": mode, "timeout_s": timeout_s}, timeout_s=timeout_s + 10)
+    async def pause(self, mode: PauseMode, timeout_s: float) -> RolloutStatus:
+        return await self._call("POST", "/admin/pause", PauseRequest(mode=mode, timeout_s=timeout_s), timeout_s=timeout_s + 10)
 
-    async def resume(self, version: int) -> dict[str, Any]:
-        return await self._call("POST", "/admin/resume", {"version": version})
+    async def resume(self, version: int) -> RolloutStatus:
+        return await self._call("POST", "/admin/resume", ResumeRequest(version=version))
 
-    async def quarantine(self, engine_id: str, reason: str) -> dict[str, Any]:
-        return await self._call("POST", f"/admin/engines/{engine_id}/quarantine", {"reason": reason[:500]})
+    async def quarantine(self, engine_id: str, reason: str) -> RolloutStatus:
+        return await self._call("POST", f"/admin/engines/{engine_id}/quarantine", QuarantineRequest(reason=reason[:500]))
 
-    async def release(self, engine_id: str) -> dict[str, Any]:
+    async def release(self, engine_id: str) -> RolloutStatus:
         return await self._call("DELETE", f"/admin/engines/{engine_id}/quarantine")
 
     async def close(self) -> None:

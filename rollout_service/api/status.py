@@ -1,19 +1,20 @@
-"""The JSON status of the rollout service (``GET /admin/status``, and the answer of every
-admin action), and verl's metrics document — both read from one :class:`RunnerSnapshot`."""
+"""The status of the rollout service (``GET /admin/status``, and the answer of every admin
+action: :class:`asyncrl.wire.rollout_admin.RolloutStatus`), and verl's metrics document —
+both read from one :class:`RunnerSnapshot`."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
+from asyncrl.wire.rollout_admin import RolloutStatus
 from rollout_service.runner.snapshot import RunnerSnapshot
 
 
-def service_status(svc) -> dict[str, Any]:
+def service_status(svc) -> RolloutStatus:
     r = svc.runner.snapshot()
     engines = svc.pool.snapshot()
-    return {
+    return RolloutStatus.model_validate({
         "run_id": svc.cfg.run.id,
         "version": r.version,
         "paused": r.paused,
@@ -47,7 +48,7 @@ def service_status(svc) -> dict[str, Any]:
         "derived": svc.cfg.derived.model_dump(),
         "last_validation": r.last_validation,
         "environment": svc.env_driver.status() if svc.env_driver is not None else None,
-    }
+    })
 
 
 def verl_metrics(r: RunnerSnapshot) -> dict[str, float]:

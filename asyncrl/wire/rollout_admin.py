@@ -1,0 +1,125 @@
+"""The rollout service's admin API, typed once for both ends (bearer ``security.admin_token``).
+
+The server (``rollout_service/api/admin.py``) validates the requests with these models and
+answers every action with a :class:`RolloutStatus`; the sync agent's client
+(``sync_agent/rollout_admin.py``) sends the same requests and parses the same answer.
+
+    POST   /admin/pause                      PauseRequest        → RolloutStatus (504: pause timed out)
+    POST   /admin/resume                     ResumeRequest       → RolloutStatus (409: older version)
+    GET    /admin/status                                         → RolloutStatus
+    POST   /admin/engines                    AddEngineRequest    → RolloutStatus
+    DELETE /admin/engines/{id}                                   → RolloutStatus
+    POST   /admin/engines/{id}/quarantine    QuarantineRequest   → RolloutStatus (404: unknown engine)
+    DELETE /admin/engines/{id}/quarantine                        → RolloutStatus
+
+Requests refuse unknown fields (a misspelt knob is a 400 naming it, not ignored). Answers ignore fields
+they do not name, so an older reader keeps working against a newer server; the sections a
+reader never acts on (quota, prompts, tokens, publisher, counters, tools, derived numbers) are
+JSON objects whose keys are documented where they are produced (docs/rollout_service.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+
+PauseMode = Literal["partial", "drain", "hold"]
+EngineRotation = Literal["healthy", "unhealthy", "quarantined"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class PauseRequest(_Request):
+    mode: PauseMode | None = None
+    """None: the mode of the run's pause plan (``asyncrl.sync_control.pause_policy``): ``partial``
+    or ``hold`` when ``async_training.partial_rollout_active`` (by ``sync.pause_policy``), else ``drain``."""
+    timeout_s: float | None = Field(None, gt=0, le=3600)
+    """How long the pause may take (None: ``rollout.pause_timeout_s``)."""
+
+
+class ResumeRequest(_Request):
+    version: int = Field(ge=0)
+    """The weight version the engines now serve; refused (409) when older than the current one."""
+
+
+class AddEngineRequest(_Request):
+    url: HttpUrl
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class QuarantineRequest(_Request):
+    reason: str = Field("quarantined by an operator", max_length=500)
+
+
+class EngineState(_Answer):
+    """One engine as the rollout service routes to it."""
+
+    id: str
+    url: str
+    state: EngineRotation
+    """``healthy`` (routed to), ``unhealthy`` (failed its health checks), ``quarantined`` (held
+    out by an operator or the sync agent until released)."""
+    reason: str | None = None
+    """Why it is out of rotation; the sync agent's quarantines start with its prefix."""
+    inflight: int = 0
+    routed: int = 0
+    served: int = 0
+    weight_version: str | None = None
+    """The version its last health check reported."""
+    tokens_decoded: int = 0
+    evicted: int = 0
+    quarantined_current_s: float = 0.0
+
+
+class StatusCounts(_Answer):
+    active: int
+    parked: int
+    sessions_open: int
+    sessions_expired: int
+    generating: int
+    partial: int
+    in_flight_samples: int
+    queued_samples: int
+    queued_trajectories: int
+    stale: int
+    outbox: int
+    outbox_rejected: int
+
+
+class RolloutStatus(_Answer):
+    """``GET /admin/status``, and the answer of every admin action."""
+
+    run_id: str
+    version: int
+    """The weight version new tokens are tagged with."""
+    paused: bool
+    pause_mode: PauseMode | None = None
+    paused_for_s: float | None = None
+    uptime_s: float
+    health: dict[str, Any]
+    """The run's health block (docs/operations.md)."""
+    counts: StatusCounts
+    quota: dict[str, Any]
+    admission_blocked: str | None = None
+    """Why no new sample starts now (None: one may)."""
+    prompts: dict[str, Any]
+    tokens: dict[str, Any]
+    rollouter: dict[str, Any]
+    publisher: dict[str, Any]
+    counters: dict[str, Any]
+    tools: dict[str, Any]
+    engines: list[EngineState]
+    derived: dict[str, Any]
+    last_validation: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None
+    """The verifiers environment's driver, when one plays the run."""
+
+    def engine(self, engine_id: str) -> EngineState | None:
+        return next((e for e in self.engines if e.id == engine_id), None)
