@@ -41,10 +41,17 @@ from asyncrl.sync_control.engine_update import EngineUpdate, Member
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import plan_for, policy_problems
 from asyncrl.wire.rollout_admin import EngineState
-from asyncrl.wire.sync import BucketSpec, SyncRequest, weight_version_number
+from asyncrl.wire.sync import ReloadSpec, SyncRequest, weight_version_number
 from sync_agent.health import SyncTally
 from sync_agent.history import SyncHistory
-from sync_agent.records import KEEP_RECORDS, AgentState, GroupInfo, StateFile, SyncRecord
+from sync_agent.records import (
+    KEEP_RECORDS,
+    AgentState,
+    GroupInfo,
+    PlannedGroup,
+    StateFile,
+    SyncRecord,
+)
 from sync_agent.rollout_admin import RolloutAdmin, RolloutAdminError
 
 log = logging.getLogger(__name__)
@@ -75,7 +82,7 @@ class SyncCoordinator:
         self.queue: asyncio.Queue[SyncRecord] = asyncio.Queue()
         self.clients: dict[str, EngineClient] = {}
         self.running: SyncRecord | None = None
-        self.reload_hint: dict[str, Any] | None = None
+        self.reload_hint: ReloadSpec | None = None
         self.last_views: list[dict[str, Any]] = []
         self.unfinished: SyncRecord | None = next((r for r in reversed(self.records) if not r.done), None)
         """A sync the previous agent process left unfinished; new syncs wait until it is recovered."""
@@ -135,8 +142,8 @@ class SyncCoordinator:
     def reload_source(self) -> tuple[str, int] | None:
         """Where engines that may hold mixed weights reload from: the trainer's newest export named
         in a sync request, else ``sync.reload_path`` (version 0), else None (a full push)."""
-        if self.reload_hint and self.reload_hint.get("path"):
-            return str(self.reload_hint["path"]), int(self.reload_hint.get("version", 0))
+        if self.reload_hint is not None:
+            return self.reload_hint.path, self.reload_hint.version
         if self.cfg.sync.reload_path:
             return self.cfg.sync.reload_path, 0
         return None
@@ -155,9 +162,9 @@ class SyncCoordinator:
 
     def _update(self, rec: SyncRecord) -> EngineUpdate:
         g = rec.group
-        members = [Member(eid, self.client(eid, g["urls"][eid]), rank_offset=offset) for eid, offset in g["members"].items()]
+        members = [Member(eid, self.client(eid, g.urls[eid]), rank_offset=offset) for eid, offset in g.members.items()]
         return EngineUpdate(members, control_timeout_s=self.cfg.sync.engine_timeout_s, total_buckets=len(rec.buckets),
-                            group_name=g["group_name"])
+                            group_name=g.group_name)
 
     async def _plan_group(self, request: SyncRequest, live: dict[str, str]) -> tuple[dict[str, int], int]:
         """Rank offsets and world size of a new group of the ``live`` engines (id → url), from
@@ -207,10 +214,9 @@ class SyncCoordinator:
             members, world = await self._plan_group(request, live)
             join = True
         if request.reload is not None:
-            self.reload_hint = request.reload.model_dump()
-        rec = SyncRecord(version=version, group={**g.model_dump(), "world_size": world, "members": members, "urls": live},
-                         buckets=[b.model_dump() for b in request.buckets],
-                         reload=request.reload.model_dump() if request.reload else None, join_group=join)
+            self.reload_hint = request.reload
+        planned = PlannedGroup(**{**g.model_dump(), "world_size": world, "members": dict(members), "urls": live})
+        rec = SyncRecord(version=version, group=planned, buckets=list(request.buckets), reload=request.reload, join_group=join)
         self.accepted_version = max(self.accepted_version, version)
         self.records.append(rec)
         del self.records[:-KEEP_RECORDS]  # bounded: the state file keeps as many
@@ -273,8 +279,7 @@ class SyncCoordinator:
             if rec.join_group:
                 await self._form_group(rec, update)
             self._enter(rec, "loading")
-            for i, bucket in enumerate(rec.buckets):
-                spec = BucketSpec(**bucket)
+            for i, spec in enumerate(rec.buckets):
                 last = i == len(rec.buckets) - 1
                 await update.load(spec, weight_version=str(rec.version) if last else None, timeout_s=s.broadcast_timeout_s,
                                   on_failure=lambda why: self._failing(rec, why))
@@ -315,12 +320,11 @@ class SyncCoordinator:
     async def _form_group(self, rec: SyncRecord, update: EngineUpdate) -> None:
         g = rec.group
         old, self.group = self.group, None
-        if old is not None and old.group_name != g["group_name"]:
+        if old is not None and old.group_name != g.group_name:
             await update.leave_group(old.group_name)  # trainers name every new group anew: free the old one
-        await update.join(g["master_address"], g["master_port"], g["world_size"], backend=g["backend"],
+        await update.join(g.master_address, g.master_port, g.world_size, backend=g.backend,
                           timeout_s=self.cfg.sync.group_init_timeout_s)
-        self.group = GroupInfo(g["master_address"], g["master_port"], g["backend"], g["group_name"], g["world_size"],
-                               dict(g["members"]))
+        self.group = GroupInfo(g.master_address, g.master_port, g.backend, g.group_name, g.world_size, dict(g.members))
         self.persist()
 
     async def _contain_failure(self, rec: SyncRecord, update: EngineUpdate) -> None:

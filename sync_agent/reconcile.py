@@ -118,7 +118,7 @@ async def recover(co: SyncCoordinator) -> str | None:
     except RolloutAdminError as exc:
         log.error("cannot recover sync %s yet: %s", rec.id, exc)
         return None
-    members = [views[eid] for eid in rec.group.get("members", {}) if eid in views and views[eid]["alive"]]
+    members = [views[eid] for eid in rec.group.members if eid in views and views[eid]["alive"]]
     complete = bool(members) and all(m["version"] == rec.version for m in members)
     # Died while loading (or failing): an engine that did not get the last bucket (which
     # carries the new version) may hold some new parameters and some old ones, and no failed

@@ -2,6 +2,8 @@
 
 ``SyncRecord`` is one sync's life: its phase, the duration of every phase, bytes moved, the
 per-engine outcome and the error (its public form is :class:`asyncrl.wire.sync.SyncStatus`).
+It keeps the request's typed parts (:class:`PlannedGroup`, :class:`~asyncrl.wire.sync.BucketSpec`,
+:class:`~asyncrl.wire.sync.ReloadSpec`) and dumps them only to persist.
 What must survive a restart of the agent — the current weight version, the weight-update
 group the engines are in (address, port, members and their rank offsets), the engines that
 must be reloaded before they serve again, and the last records, including one still in
@@ -20,18 +22,27 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.files import atomic_write
-from asyncrl.wire.sync import SYNC_FINAL, SyncStatus
+from asyncrl.wire.sync import SYNC_FINAL, BucketSpec, GroupSpec, ReloadSpec, SyncStatus
 
 KEEP_RECORDS = 50  # syncs kept in the state file and in /status
+
+
+class PlannedGroup(GroupSpec):
+    """The request's group as the agent planned it: the world and every member's rank offset."""
+
+    world_size: int
+    members: dict[str, int]
+    """engine id → rank offset."""
+    urls: dict[str, str]
+    """engine id → URL, as the rollout service listed the live engines."""
 
 
 @dataclass
 class SyncRecord:
     version: int
-    group: dict[str, Any]
-    buckets: list[dict[str, Any]]
-    """The request's buckets (BucketSpec dicts)."""
-    reload: dict[str, Any] | None = None
+    group: PlannedGroup
+    buckets: list[BucketSpec]
+    reload: ReloadSpec | None = None
     id: str = field(default_factory=lambda: "sync-" + uuid.uuid4().hex[:12])
     state: str = "queued"
     previous_version: int = 0
@@ -63,8 +74,24 @@ class SyncRecord:
 
     def public(self) -> dict[str, Any]:
         """The record as ``GET /v1/syncs/{id}`` answers it (a SyncStatus)."""
-        out = {k: v for k, v in asdict(self).items() if k in SyncStatus.model_fields and k not in ("buckets", "gb_per_s")}
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name in SyncStatus.model_fields and f.name not in ("buckets", "gb_per_s")}
         return SyncStatus(**out, buckets=len(self.buckets), gb_per_s=self.gb_per_s).model_dump()
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as the state file keeps it."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(group=self.group.model_dump(), buckets=[b.model_dump() for b in self.buckets],
+                   reload=self.reload.model_dump() if self.reload else None)
+        return out
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SyncRecord:
+        known = {k: v for k, v in doc.items() if k in _RECORD_FIELDS}
+        known.update(group=PlannedGroup.model_validate(doc["group"]),
+                     buckets=[BucketSpec.model_validate(b) for b in doc.get("buckets", [])],
+                     reload=ReloadSpec.model_validate(doc["reload"]) if doc.get("reload") else None)
+        return cls(**known)
 
 
 _RECORD_FIELDS = {f.name for f in fields(SyncRecord)}
@@ -109,10 +136,10 @@ class StateFile:
         doc = json.loads(self.path.read_text())
         return AgentState(version=int(doc.get("version", 0)),
                           group=GroupInfo(**doc["group"]) if doc.get("group") else None,
-                          records=[SyncRecord(**{k: v for k, v in r.items() if k in _RECORD_FIELDS}) for r in doc.get("records", [])],
+                          records=[SyncRecord.from_json(r) for r in doc.get("records", [])],
                           needs_reload=set(doc.get("needs_reload", [])))
 
     def save(self, state: AgentState) -> None:
         doc = {"version": state.version, "group": asdict(state.group) if state.group else None,
-               "records": [asdict(r) for r in state.records[-KEEP_RECORDS:]], "needs_reload": sorted(state.needs_reload)}
+               "records": [r.to_json() for r in state.records[-KEEP_RECORDS:]], "needs_reload": sorted(state.needs_reload)}
         atomic_write(self.path, json.dumps(doc))

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from asyncrl.progress import ProgressWindow
 from sync_agent.health import PHASE_STUCK_S, SyncTally, agent_health
-from sync_agent.records import SyncRecord
+from sync_agent.records import PlannedGroup, SyncRecord
 
 WINDOW = 60.0
 
@@ -83,7 +83,9 @@ def test_push_wanted_names_the_trainer_at_once():
 
 
 def test_a_phase_held_too_long_names_where():
-    rec = SyncRecord(version=4, group={}, buckets=[])
+    group = PlannedGroup(master_address="127.0.0.1", master_port=29500, world_size=2, members={"e-1": 1},
+                         urls={"e-1": "http://127.0.0.1:30000"})
+    rec = SyncRecord(version=4, group=group, buckets=[])
     rec.state, rec.phase_started_at = "awaiting_broadcast", time.time() - PHASE_STUCK_S - 5
     c = co(running=rec)
     h = agent_health(c, [view()], False, aged_window(c.tally), uptime_s=500)
