@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 from local_engine.errors import Refused, validate
+from local_engine.flush import CacheFlush
 from local_engine.locks import PauseGate, RWLock
 from local_engine.metrics import EngineMetrics
 from local_engine.protocol import (
@@ -92,6 +93,7 @@ class Engine:
         self.rwlock = RWLock()
         self.pause_cond = asyncio.Lock()  # SGLang's is_pause_cond (module docstring)
         self.session_open = False
+        self.cache_flush = CacheFlush(self.can_flush, self.fully_idle)
         self.renderer = Renderer(tokenizer, spans=self.compat.weight_version_spans)
         self.scheduler = Scheduler(
             runner, StopChecker(tokenizer, self.eos_ids), lambda: self.weights.version,
@@ -322,6 +324,10 @@ class Engine:
         """Whether SGLang's ``flush_cache`` would succeed now (module docstring)."""
         queued = 0 if self.compat.flush_ignores_queue_when_paused and self.gate.paused else len(self.scheduler.waiting)
         return not self.scheduler.running and queued == 0
+
+    def fully_idle(self) -> bool:
+        """SGLang's ``is_fully_idle()``: nothing running and nothing queued, paused or not."""
+        return not self.scheduler.running and not self.scheduler.waiting
 
     def _flush_after_update(self, flush: bool) -> None:
         """SGLang flushes the cache after an update with ``flush_cache``; with requests still

@@ -9,7 +9,7 @@ release has them (:mod:`local_engine.compat`): :data:`session_router`.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from local_engine.errors import JSONResp, parse_body, read_capped
@@ -34,6 +34,9 @@ FLUSH_TEXT = (
     "Cache flushed.\nPlease check backend logs for more details. "
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
+
+
+FLUSH_FAILED = "Flush cache failed.\n"
 
 
 def _result(ok: bool, message: str, **extra) -> JSONResp:
@@ -62,9 +65,12 @@ async def continue_generation(request: Request, engine: EngineDep) -> Response:
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
-async def flush_cache(engine: EngineDep) -> Response:
-    ok = engine.can_flush()
-    return Response(FLUSH_TEXT, status_code=200 if ok else 400, media_type="text/plain")
+async def flush_cache(engine: EngineDep, timeout: float = Query(0.0, ge=0.0)) -> Response:
+    """SGLang's ``/flush_cache``: ``timeout`` > 0 waits for the engine to be idle (:mod:`local_engine.flush`)."""
+    failure = await engine.cache_flush.flush(timeout)
+    if failure is None:
+        return Response(FLUSH_TEXT, status_code=200, media_type="text/plain")
+    return Response(failure or FLUSH_FAILED, status_code=400, media_type="text/plain")
 
 
 async def _session_call(request: Request, call) -> Response:

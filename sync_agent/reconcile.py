@@ -90,7 +90,7 @@ async def repair(co: SyncCoordinator, client, path: str, version: int) -> None:
                 raise
     await client.update_weights_from_disk(path, weight_version=str(version), timeout_s=t * 4)
     try:
-        await client.flush_cache(retries=3, interval_s=0.5, timeout_s=t)
+        await client.flush_cache(retries=1, timeout_s=t, wait_s=1.5)
     except EngineHTTPError as exc:  # a stale prefix cache only costs hits; the weights are whole
         log.info("flush after reloading: %s", exc)
     await client.resume(timeout_s=t)

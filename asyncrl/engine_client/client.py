@@ -260,12 +260,17 @@ class EngineClient:
         """``/continue_generation``."""
         await self._post_with_body_fallback("/continue_generation", {}, timeout_s)
 
-    async def flush_cache(self, retries: int = 60, interval_s: float = 1.0, *, timeout_s: float | None = None) -> None:
-        """``/flush_cache``, retried while the engine answers 400 (requests pending)."""
+    async def flush_cache(self, retries: int = 60, interval_s: float = 1.0, *, timeout_s: float | None = None,
+                          wait_s: float = 0.0) -> None:
+        """``/flush_cache``, retried while the engine answers 400 (requests pending). ``wait_s`` > 0
+        asks the engine to wait that long for itself to be idle (``?timeout=``, SGLang 0.5.15+:
+        it flushes the moment nothing runs or waits, paused or not) before it answers."""
         last: EngineHTTPError | None = None
+        params = {"timeout": f"{wait_s:g}"} if wait_s > 0 else None
+        http_timeout = None if timeout_s is None else timeout_s + wait_s
         for attempt in range(max(1, retries)):
             try:
-                await self._call("GET", "/flush_cache", admin=True, timeout_s=timeout_s)
+                await self._call("GET", "/flush_cache", admin=True, timeout_s=http_timeout, params=params)
                 return
             except EngineHTTPError as exc:
                 if exc.status != 400:

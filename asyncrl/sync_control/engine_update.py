@@ -11,7 +11,7 @@ the sync agent (``sync_agent/coordinator.py``) and the trainer's direct publishe
     load(bucket)    /update_weights_from_distributed on every member while the sender
                     broadcasts the bucket's bytes; the first error answer stops the wait
     end()           /end_weight_update (also after a failure)
-    flush()         /flush_cache, retried while aborted requests drain
+    flush()         /flush_cache?timeout=: the engine flushes once its aborted requests drained
     resume()        /continue_generation on every member paused here (callers: in a finally)
 
 Every call is bounded. :meth:`EngineUpdate.load` watches each engine's HTTP answer while the
@@ -263,12 +263,15 @@ class EngineUpdate:
 
     async def flush(self, retries: int = FLUSH_RETRIES) -> None:
         """Best effort: a cache left unflushed keeps prefix KV of the old weights (prefix hits
-        after the sync reuse it). ``retries``: tries while an engine answers 400 (0: no call)."""
+        after the sync reuse it). ``retries``: 0 no call; 1 one immediate call (a paused engine
+        holding retracted requests flushes only this way, 0.5.21+); more: one call in which the
+        engine waits up to ``retries × FLUSH_INTERVAL_S`` for its aborted requests to drain
+        (``/flush_cache?timeout=``), instead of as many round trips."""
         if retries <= 0:
             return
-        failed = await self.each(lambda m: m.client.flush_cache(retries=retries, interval_s=FLUSH_INTERVAL_S,
-                                                                 timeout_s=self.control_timeout_s),
-                                  retries * (FLUSH_INTERVAL_S + self.control_timeout_s))
+        wait_s = retries * FLUSH_INTERVAL_S if retries > 1 else 0.0
+        failed = await self.each(lambda m: m.client.flush_cache(retries=1, timeout_s=self.control_timeout_s, wait_s=wait_s),
+                                 wait_s + self.control_timeout_s + REPLY_SLACK_S)
         if _errors(failed):
             log.warning("flush_cache failed: %s", _errors(failed))
 

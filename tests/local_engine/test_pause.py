@@ -121,3 +121,38 @@ async def test_pause_and_continue_require_a_body_like_sglang(small_engine, small
 
 async def _tokens_over(client, n: int) -> bool:
     return await running_tokens(client) > n
+
+
+async def _flush(client, timeout_s: float) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.get(f"{client.base_url}/flush_cache", params={"timeout": str(timeout_s)}) as r:
+        return r.status, await r.text()
+
+
+async def test_a_flush_with_a_timeout_waits_for_the_engine_to_be_idle(small_client):
+    """``/flush_cache?timeout=T`` (SGLang's SchedulerFlushWrapper): it flushes the moment nothing
+    runs or waits; a second flush while one waits is refused; an engine held busy past ``T``
+    (paused in place, or retracted requests queued while paused) answers 'Timed out waiting
+    for idle state.', although an immediate flush of the retracted engine succeeds (0.5.21+)."""
+    task = asyncio.create_task(small_client.generate(PROMPT, LONG, rid="flush-run"))
+    await wait_for(lambda: _tokens_over(small_client, len(PROMPT) + 2), WAIT_S, "tokens from the running request")
+    waiting = asyncio.create_task(_flush(small_client, 120))
+
+    async def refused_as_in_progress() -> bool:  # before the waiting flush arrives: 'Flush cache failed.'
+        return await _flush(small_client, 0) == (400, "Another flush_cache is already in progress.")
+
+    await wait_for(refused_as_in_progress, WAIT_S, "the flush to wait while the request runs")
+    assert not waiting.done() and not task.done()
+    await small_client.abort(rid="flush-run")
+    assert (await asyncio.wait_for(waiting, 120))[0] == 200 and (await asyncio.wait_for(task, 30)).finish_reason.type == "abort"
+    assert await _flush(small_client, 5) == (200, (await _flush(small_client, 0))[1])  # idle: at once
+    held = asyncio.create_task(small_client.generate(PROMPT, LONG, rid="flush-held"))
+    await wait_for(lambda: _tokens_over(small_client, len(PROMPT) + 2), WAIT_S, "tokens before the pause")
+    for mode, immediate in (("in_place", 400), ("retract", 200)):
+        await small_client.pause(mode)
+        try:
+            assert await _flush(small_client, 0.3) == (400, "Timed out waiting for idle state.")
+            assert (await _flush(small_client, 0))[0] == immediate
+        finally:
+            await small_client.resume()
+    await small_client.abort(rid="flush-held")
+    assert (await asyncio.wait_for(held, 60)).finish_reason.type == "abort"
