@@ -40,6 +40,7 @@ from asyncrl.engine_client.errors import EngineError
 from asyncrl.sync_control.engine_update import EngineUpdate, Member
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import plan_for, policy_problems
+from asyncrl.sync_control.sequence import UpdateSteps, run_update
 from asyncrl.wire.rollout_admin import EngineState
 from asyncrl.wire.sync import ReloadSpec, SyncRequest, weight_version_number
 from sync_agent.health import SyncTally
@@ -268,33 +269,36 @@ class SyncCoordinator:
         s = self.cfg.sync
         rec.previous_version = self.version
         update = self._update(rec)
-        paused_rollout = False
-        try:
-            self._enter(rec, "pausing")
-            await self.rollout.pause(self.pause_mode, s.pause_timeout_s)
-            paused_rollout = True
-            await update.pause(self.plan.engine_mode)
-            await update.begin()
-            self._enter(rec, "awaiting_broadcast")
-            if rec.join_group:
-                await self._form_group(rec, update)
-            self._enter(rec, "loading")
+        paused_rollout = contained = False
+
+        async def load() -> None:
             for i, spec in enumerate(rec.buckets):
                 last = i == len(rec.buckets) - 1
                 await update.load(spec, weight_version=str(rec.version) if last else None, timeout_s=s.broadcast_timeout_s,
                                   on_failure=lambda why: self._failing(rec, why))
                 rec.bytes += spec.nbytes
-            await update.end()
-            self._enter(rec, "resuming")
-            await update.flush(self.plan.flush_retries)
+
+        async def contain(exc: BaseException) -> None:
+            nonlocal contained
+            contained = True
+            self._failing(rec, f"{type(exc).__name__}: {exc}")
+            await self._contain_failure(rec, update)
+
+        try:
+            self._enter(rec, "pausing")
+            await self.rollout.pause(self.pause_mode, s.pause_timeout_s)
+            paused_rollout = True
+            steps = UpdateSteps(load=load, form=(lambda: self._form_group(rec, update)) if rec.join_group else None,
+                                phase=lambda phase: self._enter(rec, phase), contain=contain)
+            await run_update(update, self.plan.engine_mode, self.plan.flush_retries, steps)
             self.version = rec.version
             rec.engines = {m.id: "loaded" for m in update.members}
             self.needs_reload -= {m.id for m in update.members}  # a full push rewrote every parameter
         except Exception as exc:  # noqa: BLE001 - every failure ends in the same safe state
-            self._failing(rec, f"{type(exc).__name__}: {exc}")
-            await self._contain_failure(rec, update)
+            if not contained:  # the rollout's pause failed: nothing was sent to an engine
+                self._failing(rec, f"{type(exc).__name__}: {exc}")
+                await self._contain_failure(rec, update)
         finally:
-            await update.release()
             if rec.error is None:
                 await self._release_loaded(rec)
             if paused_rollout:

@@ -1,8 +1,8 @@
 """``DirectEnginePublisher``: the trainer drives the engines itself, no sync agent needed.
 
 Per publish, on the trainer's I/O loop, the engine side is
-:class:`asyncrl.sync_control.engine_update.EngineUpdate` (the same sequence the sync agent
-runs) with the trainer as the in-process sender:
+:func:`asyncrl.sync_control.sequence.run_update` (the sequence the sync agent runs, one owner)
+with the trainer as the in-process sender:
 
 1. ``pause_generation`` on every engine in ``pause_mode`` (``abort``: in-flight requests come
    back as aborted and the rollout service resumes them as partial rollouts; ``retract`` /
@@ -15,8 +15,9 @@ runs) with the trainer as the in-process sender:
    ``sync/flat.py``): engines' update calls and the broadcast run together, and the first
    engine that refuses a bucket cancels the broadcast; ``weight_version`` goes with the last
    bucket only, so an engine whose update failed half-way still reports the old version;
-4. ``end_weight_update``, ``flush_cache`` (``flush_retries`` tries; 0: none), and
-   ``continue_generation`` in a ``finally``.
+4. ``end_weight_update``, ``flush_cache`` (``flush_retries``: 0 none, 1 immediate, more: the
+   engine waits that many × 0.2 s for its aborted requests to drain), and
+   ``continue_generation`` in a ``finally`` (after a failure: the group dropped first).
 
 Timeouts: control calls ``engines.control_timeout_s``, group ``sync.group_init_timeout_s``,
 each bucket ``sync.broadcast_timeout_s``.
@@ -41,6 +42,7 @@ from asyncrl.sync_control.engine_update import FLUSH_RETRIES, EngineUpdate, Memb
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.sync_control.layout import check_nccl
 from asyncrl.sync_control.pause_policy import pause_plan, policy_problems
+from asyncrl.sync_control.sequence import UpdateSteps, run_update
 from asyncrl.weight_sync import (
     WeightGroup,
     host_group_async,
@@ -126,15 +128,9 @@ class DirectEnginePublisher(WeightPublisher):
         buckets = plan_for(weights, self.bucket_bytes, first_tiny=forming)
         update = self._update(len(buckets))
         collective = [0.0]
-        t3 = None
-        try:
-            await update.pause(self.pause_mode)
-            await update.begin()
-            t1 = time.perf_counter()
-            if forming:
-                await self._form(update)
-            t2 = time.perf_counter()
+        marks: dict[str, float] = {}
 
+        async def load() -> None:
             async def send(i: int, bucket, flat: torch.Tensor) -> None:
                 limit = self.group_timeout_s if forming and i == 0 else self.broadcast_timeout_s
 
@@ -147,10 +143,8 @@ class DirectEnginePublisher(WeightPublisher):
                                   timeout_s=limit, send=sender)
 
             await send_buckets(buckets, weights, self.buffers, send)
-            t3 = time.perf_counter()
-            await update.end()
-            await update.flush(self.flush_retries)
-        except Exception as exc:
+
+        async def contain(_: BaseException) -> None:
             if isinstance(weights, StagedWeights):
                 weights.discard()  # an aborted broadcast may still read them
             mixed = [m.id for m in update.members if update.outcome(m) == "mixed"]
@@ -158,11 +152,16 @@ class DirectEnginePublisher(WeightPublisher):
                 log.error("weight sync to version %d failed; engines that may hold mixed weights until the next full "
                           "publish: %s", version, ", ".join(mixed))
             await self._drop_group(update)
-            if isinstance(exc, WeightSyncError):
-                raise
+
+        steps = UpdateSteps(load=load, form=(lambda: self._form(update)) if forming else None,
+                            phase=lambda phase: marks.setdefault(phase, time.perf_counter()), contain=contain)
+        try:
+            await run_update(update, self.pause_mode, self.flush_retries, steps)
+        except WeightSyncError:
+            raise
+        except Exception as exc:
             raise WeightSyncError(f"weight sync to version {version} failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            await update.release()
+        t1, t2, t3 = marks["awaiting_broadcast"], marks["loading"], marks["resuming"]
         t4 = time.perf_counter()
         nbytes = weights_nbytes(weights)
         return {
