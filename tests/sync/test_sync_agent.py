@@ -31,6 +31,30 @@ def model_logprobs(model, ids: list[int]) -> list[float]:
     return teacher_forced_logprobs(model, PROMPT, ids)
 
 
+class HeldBroadcast:
+    def __init__(self) -> None:
+        self.waiting = False
+        self.release = asyncio.Event()
+
+
+def hold_broadcast_after(monkeypatch, sent: int) -> HeldBroadcast:
+    """The trainer's first publish stops before bucket ``sent`` until ``release`` is set."""
+    import trainer_daemon.sync.agent as trainer_side
+
+    real, held = trainer_side.send_buckets, HeldBroadcast()
+
+    async def holding(buckets, weights, buffers, send):
+        async def held_send(i, bucket, flat):
+            if i == sent and not held.release.is_set():
+                held.waiting = True
+                await held.release.wait()
+            await send(i, bucket, flat)
+        return await real(buckets, weights, buffers, held_send)
+
+    monkeypatch.setattr(trainer_side, "send_buckets", holding)
+    return held
+
+
 def count_reconcile_rounds(monkeypatch) -> list[int]:
     """A one-element list counting the agent's finished reconcile rounds (in this process)."""
     import sync_agent.reconcile as reconcile
@@ -119,6 +143,7 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
     from tests.helpers.processes import start_engine
 
     rounds = count_reconcile_rounds(monkeypatch)
+    held = hold_broadcast_after(monkeypatch, 2)
     engine_a, engine_b = engines
     url_a, url_b = engine_a.url, engine_b.url
     async with stack(tmp_path, nats_server.url, [url_a, url_b], "sync.broadcast_timeout_s=10") as (svc, rollout_url, agent, agent_url, cfg):
@@ -126,9 +151,13 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
         try:
             _, weights1 = perturbed_weights(1)
             publish = asyncio.create_task(pub.publish(1, weights1))
+            # the trainer holds its third bucket until B is dead: A has two and misses the rest,
+            # however slowly this machine runs (found under load: a late kill let A load them all)
+            await wait_for(lambda: held.waiting, 60, "two buckets broadcast, the third held")
             await wait_for(lambda: agent.coordinator.running is not None and agent.coordinator.running.bytes > 0, 60,
                            "both engines loading, a bucket applied")
             engine_b.proc.kill()
+            held.release.set()
             killed_at = time.monotonic()
             try:
                 await publish
