@@ -11,7 +11,7 @@
 # Build from the repository root:
 #   docker build -f docker/trainer.Dockerfile -t asyncrl/trainer:0.1.0 .
 
-ARG TRAINER_BASE_IMAGE=lmsysorg/sglang:v0.5.18
+ARG TRAINER_BASE_IMAGE=lmsysorg/sglang:v0.5.23
 
 FROM ${TRAINER_BASE_IMAGE}
 LABEL org.opencontainers.image.title="asyncrl trainer" \

@@ -62,3 +62,9 @@ def test_engine_sh_uses_only_flags_and_parsers_sglang_has(tmp_path, version):
     assert set(used) <= flags, set(used) - flags
     parser = argv[argv.index("--tool-call-parser") + 1]
     assert parser in tool_call_parsers(version) and parser == "qwen"
+
+
+@pytest.mark.parametrize("version", kit.PINNED)
+def test_the_flags_docs_deployment_advises_exist(version):
+    """docs/deployment.md ("SGLang versions") advises them through ENGINE_EXTRA_ARGS."""
+    assert {"--disable-radix-cache", "--enable-deterministic-inference"} <= launch_flags(version)

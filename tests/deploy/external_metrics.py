@@ -8,7 +8,8 @@ way the exporter derives them).
 
 from __future__ import annotations
 
-# lmsysorg/sglang:v0.5.18, python/sglang/srt/metrics/collector.py (--enable-metrics):
+# lmsysorg/sglang:v0.5.18 (python/sglang/srt/metrics/collector.py) and v0.5.23
+# (python/sglang/srt/observability/metrics_collector.py), --enable-metrics:
 # SchedulerMetricsCollector gauges and TokenizerMetricsCollector counters/histograms used by
 # the dashboard. Histograms expose _bucket/_sum/_count, counters _total.
 SGLANG_GAUGES = {

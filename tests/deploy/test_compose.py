@@ -355,3 +355,20 @@ def test_nats_and_the_engines_run_without_capabilities_or_the_hosts_ipc(one_box)
         assert svc.get("ipc") is None, f"{name} shares the host's IPC namespace"
     assert s["nats"]["read_only"] is True
     assert s["sglang"]["shm_size"]
+
+
+def test_the_engine_image_is_a_checked_release_on_which_every_pause_policy_is_exact():
+    """compose and the trainer image pin one SGLang release; the contract kit checks the
+    product's requests against it (``tests.contract.sglang_source.PINNED``), and on it every
+    documented pause policy is exact (docs/deployment.md, "SGLang versions"): weight-version spans
+    for retract and in_place (0.5.19+), a paused engine's flush that ignores its retracted queue
+    (0.5.21+: before, the retracted requests re-prefill over prompt KV of the old weights)."""
+    from local_engine.compat import SglangCompat
+    from tests.contract.sglang_source import PINNED
+
+    tags = set(re.findall(r"lmsysorg/sglang:v([0-9.]+)", (REPO / "compose.yaml").read_text()))
+    tags |= set(re.findall(r"lmsysorg/sglang:v([0-9.]+)", (REPO / "docker" / "trainer.Dockerfile").read_text()))
+    assert len(tags) == 1, tags
+    [version] = tags
+    compat = SglangCompat.of(version)
+    assert version in PINNED and compat.weight_version_spans and compat.flush_ignores_queue_when_paused, version
