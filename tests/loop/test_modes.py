@@ -56,7 +56,10 @@ async def run_mode(tmp_path: Path, mode: str):
         cfg = await asyncio.to_thread(stack.start, lambda m: None)
         nc = await connect(stack.urls["nats"], "test-modes", persistent=False, **stack.nats_auth())
 
+        seen_seq = [0]
+
         async def on_traj(msg) -> None:
+            seen_seq[0] = max(seen_seq[0], msg.metadata.sequence.stream)
             if is_end_of_data(msg.headers):  # the rollout's last word, not a trajectory
                 return
             t = decode_trajectory(msg.data)
@@ -74,6 +77,10 @@ async def run_mode(tmp_path: Path, mode: str):
 
         await wait_for(trainer_exited, RUN_LIMIT_S, "the trainer to finish its steps", interval_s=0.5)
         assert stack.children["trainer"].poll() == 0, (stack.run_dir / "logs" / "trainer.log").read_text()[-3000:]
+        # the subscription may lag behind the stream (found under load: the last group was
+        # trained but not yet delivered here): read up to the stream's last message
+        last = (await nc.jetstream().stream_info(NatsNames(cfg.run.id).stream)).state.last_seq
+        await wait_for(lambda: seen_seq[0] >= last, 60, f"the subscription to reach stream sequence {last}")
         await nc.close()
     finally:
         await asyncio.to_thread(stack.stop)

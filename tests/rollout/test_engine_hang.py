@@ -8,12 +8,14 @@ call without affinity lands on it), serves, and the run ends healthy.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 
 from rollout_service.api.status import service_status
 from rollout_service.engines.pool import HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S
 from tests.helpers.processes import start_engine
+from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.run_health import wait_run_healthy
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import ADMIN, running_service, service_config
@@ -42,7 +44,7 @@ async def test_a_hung_engine_loses_its_calls_to_the_other_within_seconds(tmp_pat
                 routed, served = b.routed, b.served  # nothing in flight on b from here on
                 decoded = a.tokens_decoded
                 await wait_for(lambda: a.tokens_decoded > decoded + 50, 30, "the other engine carrying the rollout")
-                health = service_status(svc)["health"]
+                health = service_status(svc).health
                 assert health["state"] == "progressing", health
                 assert [w["component"] for w in health["warnings"]] == [f"engine {b.id}"], health
             finally:
@@ -81,21 +83,30 @@ async def test_a_partial_pause_does_not_wait_on_a_hung_engine(tmp_path, nats_ser
 
     with (start_engine(tmp_path, model=str(warm_model), name="engine-a") as engine_a,
           start_engine(tmp_path, model=str(warm_model), name="engine-b") as engine_b):
-        cfg = service_config(tmp_path, nats_server.url, [engine_a.url, engine_b.url], "rollout.total_rollout_steps=400",
+        # B's generate calls are held at a proxy: they are in flight when B stops, whatever the
+        # timing (found under load: B's last calls could finish just before the SIGSTOP)
+        proxy = await RecordingProxy(engine_b.url).start()
+        proxy.hold = asyncio.Event()
+        cfg = service_config(tmp_path, nats_server.url, [engine_a.url, proxy.url], "rollout.total_rollout_steps=400",
                              "async_training.staleness_threshold=100", "async_training.partial_rollout=true")
-        async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
-            ids = {e["url"]: e["id"] for e in svc.pool.snapshot()}
-            a, b = svc.pool.engines[ids[engine_a.url]], svc.pool.engines[ids[engine_b.url]]
-            await wait_for(lambda: a.inflight >= 1 and b.inflight >= 1, 60, "both engines busy")
-            engine_b.proc.signal(signal.SIGSTOP)
-            try:
-                started = time.monotonic()
-                status, body = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})
-                took = time.monotonic() - started
-                assert status == 200 and body["counts"]["generating"] == 0, body
-                assert took < HANG_BOUND_S, f"the pause took {took:.0f} s: it waited on the hung engine"
-                assert b.state == "unhealthy" and b.inflight == 0
-            finally:
-                engine_b.proc.signal(signal.SIGCONT)
-            status, _ = await admin(http, "POST", f"{url}/admin/resume", {"version": 0})
-            assert status == 200
+        try:
+            async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
+                ids = {e["url"]: e["id"] for e in svc.pool.snapshot()}
+                a, b = svc.pool.engines[ids[engine_a.url]], svc.pool.engines[ids[proxy.url]]
+                await wait_for(lambda: a.inflight >= 1 and proxy.held >= 1 and b.inflight >= 1, 60, "both engines busy")
+                engine_b.proc.signal(signal.SIGSTOP)
+                try:
+                    started = time.monotonic()
+                    status, body = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})
+                    took = time.monotonic() - started
+                    assert status == 200 and body["counts"]["generating"] == 0, body
+                    assert took < HANG_BOUND_S, f"the pause took {took:.0f} s: it waited on the hung engine"
+                    assert b.state == "unhealthy" and b.inflight == 0
+                finally:
+                    engine_b.proc.signal(signal.SIGCONT)
+                    proxy.hold.set()
+                status, _ = await admin(http, "POST", f"{url}/admin/resume", {"version": 0})
+                assert status == 200
+        finally:
+            proxy.hold.set()
+            await proxy.stop()
