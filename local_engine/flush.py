@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 CHECK_INTERVAL_S = 0.02  # SGLang checks a waiting flush once per scheduler loop iteration
+FAILED = "Flush cache failed.\n"  # SGLang's text when the flush itself is refused (no message)
 IN_PROGRESS = "Another flush_cache is already in progress."
 TIMED_OUT = "Timed out waiting for idle state."
 
@@ -30,21 +31,22 @@ class CacheFlush:
         self._fully_idle = fully_idle
         self._waiting = False
 
+    def _now(self) -> str | None:
+        return None if self._can_flush() else FAILED
+
     async def flush(self, timeout_s: float) -> str | None:
         """None when flushed, else SGLang's failure message (module docstring)."""
         if self._waiting:
             return IN_PROGRESS
-        if timeout_s <= 0:
-            return None if self._can_flush() else ""
-        if self._fully_idle():
-            return None if self._can_flush() else ""
+        if timeout_s <= 0 or self._fully_idle():
+            return self._now()
         self._waiting = True
         try:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 await asyncio.sleep(CHECK_INTERVAL_S)
                 if self._fully_idle():
-                    return None if self._can_flush() else ""
+                    return self._now()
             return TIMED_OUT
         finally:
             self._waiting = False

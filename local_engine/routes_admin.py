@@ -36,9 +36,6 @@ FLUSH_TEXT = (
 )
 
 
-FLUSH_FAILED = "Flush cache failed.\n"
-
-
 def _result(ok: bool, message: str, **extra) -> JSONResp:
     return JSONResp({"success": ok, "message": message, **extra}, status_code=200 if ok else 400)
 
@@ -70,7 +67,7 @@ async def flush_cache(engine: EngineDep, timeout: float = Query(0.0, ge=0.0)) ->
     failure = await engine.cache_flush.flush(timeout)
     if failure is None:
         return Response(FLUSH_TEXT, status_code=200, media_type="text/plain")
-    return Response(failure or FLUSH_FAILED, status_code=400, media_type="text/plain")
+    return Response(failure, status_code=400, media_type="text/plain")
 
 
 async def _session_call(request: Request, call) -> Response:

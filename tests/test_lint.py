@@ -93,15 +93,12 @@ def test_services_import_a_recipes_data_but_never_its_builders():
         if any(_top(n) in (*SERVICES, "local_engine", "launcher") for _, names in _imports(tree) for n in names):
             builders.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
     assert "recipes.demo.warmup" in builders and "recipes.demo.task" not in builders
+    data = {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "recipes").rglob("*.py")
+            if p.name != "__init__.py"} - builders
     bad = []
     for package in (*SERVICES, "local_engine", "tools"):
-        bad += _violations(package, lambda n: n in builders or n == "recipes" or _top(n) == "recipes" and n not in _data_modules())
+        bad += _violations(package, lambda n: _top(n) == "recipes" and n not in data)
     assert not bad, "\n".join(bad)
-
-
-def _data_modules() -> set[str]:
-    return {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "recipes").rglob("*.py")
-            if p.name != "__init__.py" and p.stem != "warmup"}
 
 
 def test_the_sync_control_package_is_torch_free():

@@ -133,6 +133,9 @@ async def test_a_flush_with_a_timeout_waits_for_the_engine_to_be_idle(small_clie
     runs or waits; a second flush while one waits is refused; an engine held busy past ``T``
     (paused in place, or retracted requests queued while paused) answers 'Timed out waiting
     for idle state.', although an immediate flush of the retracted engine succeeds (0.5.21+)."""
+    for bad in ("-1", "soon"):  # Query(0.0, ge=0.0), as SGLang declares it: refused, never a 500
+        async with aiohttp.ClientSession() as s, s.get(f"{small_client.base_url}/flush_cache", params={"timeout": bad}) as r:
+            assert 400 <= r.status < 500 and "timeout" in await r.text(), (bad, r.status)
     task = asyncio.create_task(small_client.generate(PROMPT, LONG, rid="flush-run"))
     await wait_for(lambda: _tokens_over(small_client, len(PROMPT) + 2), WAIT_S, "tokens from the running request")
     waiting = asyncio.create_task(_flush(small_client, 120))
