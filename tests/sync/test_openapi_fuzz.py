@@ -27,6 +27,8 @@ API = "data-plane-token-0123456789"
 MAX_EXAMPLES = 10
 MAX_TIME_S = 30
 RUN_TIMEOUT_S = MAX_TIME_S + 120  # the CLI's own start and report, on a busy machine
+FUZZ_CONTEXT = 64  # the engine run's context: no /generate decodes more than this
+MAX_TOKENS = 32  # the rollout's largest (and default) completion
 CHECKS = "not_a_server_error,status_code_conformance"
 SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))
 
@@ -50,10 +52,16 @@ async def fuzz(url: str, token: str | None, tmp_path: Path, *selection: str) -> 
 
 
 async def test_every_service_answers_as_its_openapi_document_says(tmp_path, nats_server):
-    with start_engine(tmp_path, name="engine-fuzz") as engine:
+    # Each request's cost is bounded so that none waits long behind another on a busy machine
+    # (CI once timed out a chat completion at 60 s that asked for no max_tokens, so it decoded to
+    # the context end, queued behind the engine run's boundary-value max_new_tokens): the
+    # engine run has its own engine with a short context, and the rollout's completions are
+    # capped by ``api.max_tokens`` (its default when a request names none).
+    with start_engine(tmp_path, "--max-model-len", str(FUZZ_CONTEXT), name="engine-fuzz") as fuzzed, \
+            start_engine(tmp_path, name="engine-rollout") as engine:
         async with stack(tmp_path, nats_server.url, [engine.url], f"security.api_token={API}", "rollout.total_rollout_steps=1",
-                         "rollout.n=1", "actor.ppo_mini_batch_size=1") as (svc, rollout_url, agent, agent_url, cfg):
-            runs = [(engine.url, None, ("--exclude-path-regex",
+                         "rollout.n=1", "actor.ppo_mini_batch_size=1", f"api.max_tokens={MAX_TOKENS}") as (svc, rollout_url, agent, agent_url, cfg):
+            runs = [(fuzzed.url, None, ("--exclude-path-regex",
                                          "^/(pause_generation|init_weights_update_group|update_weights_from_distributed)$")),
                     (rollout_url, API, ("--include-path-regex", "^/(v1/|health|metrics)")),
                     (rollout_url, ADMIN, ("--include-path-regex", "^/admin/", "--exclude-path", "/admin/pause")),
