@@ -18,7 +18,9 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 # The torch version of constraints/cpu.txt, from PyTorch's CPU wheel index: pip never
-# pulls a multi-GB CUDA wheel into this image.
+# pulls a multi-GB CUDA wheel into this image. Every other package comes from
+# constraints/runtime.lock, each file checked against its hash; a local torch wheel
+# (docker/local/wheels) against constraints/torch-cpu.lock's.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
@@ -26,19 +28,20 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     PIP_FIND_LINKS=/opt/local/wheels
 COPY docker/local/ /opt/local/
+COPY constraints /src/constraints
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN if compgen -G "/opt/local/ca-certificates/*.crt" > /dev/null; then \
         cp /opt/local/ca-certificates/*.crt /usr/local/share/ca-certificates/ && update-ca-certificates; \
     fi \
     && python -m venv /opt/asyncrl \
     && if compgen -G "/opt/local/wheels/torch-${TORCH_VERSION}*.whl" > /dev/null; then \
-        /opt/asyncrl/bin/pip install "$(compgen -G "/opt/local/wheels/torch-${TORCH_VERSION}*.whl" | head -n1)"; \
+        /opt/asyncrl/bin/pip install --no-deps --require-hashes -r /src/constraints/torch-cpu.lock; \
     else \
-        /opt/asyncrl/bin/pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; \
-    fi
+        /opt/asyncrl/bin/pip install --no-deps --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"; \
+    fi \
+    && /opt/asyncrl/bin/pip install --no-deps --require-hashes -r /src/constraints/runtime.lock
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY constraints ./constraints
 COPY asyncrl ./asyncrl
 COPY launcher ./launcher
 COPY recipes ./recipes
@@ -47,7 +50,8 @@ COPY sync_agent ./sync_agent
 COPY trainer_daemon ./trainer_daemon
 COPY tools ./tools
 COPY local_engine ./local_engine
-RUN /opt/asyncrl/bin/pip install -c constraints/cpu.txt .
+RUN /opt/asyncrl/bin/pip install --no-deps --no-build-isolation . \
+    && /opt/asyncrl/bin/pip check
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="asyncrl service" \

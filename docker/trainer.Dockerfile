@@ -1,6 +1,7 @@
 # asyncrl trainer: the project installed from its own pyproject on the SGLang image the
 # engines run (compose passes SGLANG_IMAGE), keeping that image's CUDA build of torch
-# (pyproject asks only torch>=2.6, which it satisfies, so pip leaves it alone). The trainer
+# (the install takes constraints/runtime.lock, which has no torch, into a venv over the base's
+# site-packages; the build fails if the venv's torch is not the base's). The trainer
 # and the engines then carry the same torch and the same NCCL, which an NCCL weight-update
 # group needs (a communicator refuses members whose NCCL versions differ; each sglang release
 # pins an exact torch: 0.5.15-0.5.17 torch 2.11.0, 0.5.18-0.5.21 torch 2.13.0, 0.5.22-0.5.23 torch 2.14.1). Another base
@@ -13,15 +14,13 @@
 
 ARG TRAINER_BASE_IMAGE=lmsysorg/sglang:v0.5.23
 
-FROM ${TRAINER_BASE_IMAGE}
-LABEL org.opencontainers.image.title="asyncrl trainer" \
-      org.opencontainers.image.description="asyncrl trainer daemon under torchrun (FSDP2, NCCL)" \
-      org.opencontainers.image.licenses="Apache-2.0"
+# Build stage: the only one that sees docker/local/ (build CA certificates, wheels) and pip's
+# downloads. The project and constraints/runtime.lock's packages (each checked against its
+# hash; torch is not in the lock) go into a venv that sees the base's site-packages, so the
+# base's torch (and its NCCL) is the one the trainer imports: the build fails otherwise.
+FROM ${TRAINER_BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONUNBUFFERED=1
-# Air-gapped builds (as docker/service.Dockerfile): extra CA certificates from
-# docker/local/ca-certificates/ are trusted, wheels in docker/local/wheels/ come first.
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY docker/local/ /opt/local/
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN if compgen -G "/opt/local/ca-certificates/*.crt" > /dev/null; then \
@@ -29,6 +28,7 @@ RUN if compgen -G "/opt/local/ca-certificates/*.crt" > /dev/null; then \
     fi
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY constraints ./constraints
 COPY asyncrl ./asyncrl
 COPY launcher ./launcher
 COPY recipes ./recipes
@@ -37,11 +37,21 @@ COPY sync_agent ./sync_agent
 COPY trainer_daemon ./trainer_daemon
 COPY tools ./tools
 COPY local_engine ./local_engine
-# Fail the build if installing the project would replace the base image's torch.
-RUN python3 -c "import torch; print(torch.__version__)" > /tmp/torch-before \
-    && PIP_CERT=/etc/ssl/certs/ca-certificates.crt python3 -m pip install --find-links /opt/local/wheels . \
-    && python3 -c "import torch; print(torch.__version__)" | cmp - /tmp/torch-before \
-    && rm -rf /src /tmp/torch-before
+RUN python3 -c "import torch; print(torch.__version__, torch.__file__)" > /tmp/torch-before \
+    && python3 -m venv --system-site-packages /opt/asyncrl \
+    && export PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_FIND_LINKS=/opt/local/wheels \
+    && /opt/asyncrl/bin/pip install --no-deps --require-hashes -r constraints/runtime.lock \
+    && /opt/asyncrl/bin/pip install --no-deps --no-build-isolation . \
+    && /opt/asyncrl/bin/python -c "import torch; print(torch.__version__, torch.__file__)" | cmp - /tmp/torch-before
+
+# The image: the base plus the venv, nothing else from the build stage.
+FROM ${TRAINER_BASE_IMAGE}
+LABEL org.opencontainers.image.title="asyncrl trainer" \
+      org.opencontainers.image.description="asyncrl trainer daemon under torchrun (FSDP2, NCCL)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/asyncrl /opt/asyncrl
+ENV PATH=/opt/asyncrl/bin:$PATH \
+    PYTHONUNBUFFERED=1
 RUN groupadd --system --gid 10001 asyncrl \
     && useradd --system --uid 10001 --gid asyncrl --home-dir /var/lib/asyncrl --create-home asyncrl
 ENV ASYNCRL_CACHE_DIR=/var/lib/asyncrl/cache

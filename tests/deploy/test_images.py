@@ -66,18 +66,52 @@ def test_dockerfile_rules(name):
     assert not any(op == "ADD" for op, _ in ins), f"{name}: use COPY, not ADD"
 
 
+def _stages(name: str) -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for op, rest in _instructions(name):
+        if op == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((op, rest))
+    return stages
+
+
+@pytest.mark.parametrize("name", PROJECT_DOCKERFILES)
+def test_every_pip_install_takes_locked_hash_checked_files(name):
+    """Nothing reaches an image by dependency resolution: each install is --no-deps, and each is
+    hash-checked against a lock file except the project itself (from the build context) and the
+    service image's torch from PyTorch's CPU index (no local wheel), pinned by version."""
+    installs = [cmd.strip() for op, rest in _instructions(name) if op == "RUN"
+                for cmd in re.split(r"&&|;|\bthen\b|\belse\b", rest) if re.search(r"\bpip install\b", cmd)]
+    assert installs
+    for cmd in installs:
+        assert "--no-deps" in cmd, f"{name}: {cmd!r} resolves dependencies outside the lock"
+        hashed = re.search(r"--require-hashes -r \S*constraints/(runtime|torch-cpu)\.lock\b", cmd)
+        project = cmd.endswith(" .") and "--no-build-isolation" in cmd
+        torch_by_version = '--index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"' in cmd
+        assert hashed or project or torch_by_version, f"{name}: {cmd!r} installs something not hash-checked"
+    assert any("constraints/runtime.lock" in cmd for cmd in installs), f"{name}: the runtime lock is not installed"
+
+
 def test_service_image_takes_the_cpu_torch():
     text = (REPO / "docker" / "service.Dockerfile").read_text()
     pinned = re.search(r"^torch==(\S+)", (REPO / "constraints" / "cpu.txt").read_text(), re.M).group(1)
     assert f"ARG TORCH_VERSION={pinned}" in text, "the image's torch differs from constraints/cpu.txt"
-    assert "download.pytorch.org/whl/cpu" in text and "-c constraints/cpu.txt ." in text
+    assert "download.pytorch.org/whl/cpu" in text and "--require-hashes -r /src/constraints/torch-cpu.lock" in text
+    assert "pip check" in text
 
 
-def test_trainer_image_keeps_the_base_torch():
-    text = (REPO / "docker" / "trainer.Dockerfile").read_text()
-    install = re.search(r"pip install [^\n]*?\s\.\s", text)
-    assert install and "constraints" not in text.split("FROM", 2)[-1][: install.start()]
-    assert "cmp - /tmp/torch-before" in text  # the build fails if pip replaced torch
+def test_trainer_image_is_built_in_stages_and_keeps_the_base_torch():
+    build, final = _stages("trainer.Dockerfile")[-2:]
+    base = "FROM ${TRAINER_BASE_IMAGE}"
+    assert f"FROM {build[0][1]}".startswith(base + " ") and f"FROM {final[0][1]}" == base
+    build_text = " ".join(rest for _, rest in build)
+    assert "venv --system-site-packages" in build_text and "cmp - /tmp/torch-before" in build_text
+    # the image itself: the base and the venv; no build CA certificates, wheels or pip run
+    copies = [rest for op, rest in final if op in ("COPY", "ADD")]
+    assert copies == ["--from=build /opt/asyncrl /opt/asyncrl"], copies
+    final_text = " ".join(rest for _, rest in final)
+    assert "pip" not in final_text and "ca-certificates" not in final_text and "/opt/local" not in final_text
 
 
 def test_dockerignore_sends_only_the_sources():
