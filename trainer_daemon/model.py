@@ -34,6 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from asyncrl.models import load_model
+from trainer_daemon import segmented_attention
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +82,15 @@ def attention_for(setting: str, device: torch.device, packed: bool) -> str:
         import importlib.util
 
         return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "flex_attention"
-    return "sdpa"
+    return segmented_attention.NAME if packed else "sdpa"
 
 
 def set_attention(model: torch.nn.Module, implementation: str) -> None:
     """Switch ``model``'s attention kernel (before sharding or compiling)."""
     if getattr(model.config, "_attn_implementation", None) == implementation:
         return
+    if implementation == segmented_attention.NAME:
+        segmented_attention.register()
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation(implementation)
     else:  # older transformers: every attention module reads the shared config at forward time

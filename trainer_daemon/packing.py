@@ -137,12 +137,15 @@ def packed_attention_mask(seq_lens: Sequence[int], attn_implementation: str, dev
 
     - ``flash_attention_2`` / ``flash_attention_3``: None (transformers derives the varlen
       boundaries from ``position_ids``);
+    - ``segmented_sdpa`` (:mod:`trainer_daemon.segmented_attention`): None (it takes the
+      boundaries from ``cu_seq_lens_q``);
     - ``flex_attention``: a ``BlockMask`` (block-diagonal causal, from the document ids);
     - anything else (``sdpa``; also ``eager``, which takes an additive float mask): a 4-D
       ``(1, 1, T, T)`` block-diagonal causal mask, boolean for sdpa (transformers passes a 4-D
-      mask through unchanged). O(T²) memory: fine on CPU, slow on GPU (use flex there).
+      mask through unchanged). O(T²) memory and work: slow on GPU (use flex there) and on
+      the CPU (segmented_sdpa there).
     """
-    if attn_implementation.startswith("flash_attention"):
+    if attn_implementation.startswith("flash_attention") or attn_implementation == "segmented_sdpa":
         return None
     doc = document_ids(seq_lens, device)
     if attn_implementation == "flex_attention":

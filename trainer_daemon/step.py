@@ -52,6 +52,8 @@ from trainer_daemon.batch import MicroBatch, collate
 from trainer_daemon.distributed import DistContext
 from trainer_daemon.logprob_head import log_prob_head
 from trainer_daemon.packing import PackedMicroBatch, pack, packed_attention_mask
+from trainer_daemon.segmented_attention import NAME as SEGMENTED
+from trainer_daemon.segmented_attention import cu_seq_lens
 
 
 @dataclass
@@ -135,9 +137,11 @@ class TrainStep:
         b, r = mb.response_shape
         if item.attn is None:
             item.attn = packed_attention_mask(mb.seq_lens, model.config._attn_implementation, self.ctx.device)
+        bounds = ({"cu_seq_lens_q": cu_seq_lens(mb.seq_lens, self.ctx.device)}
+                  if model.config._attn_implementation == SEGMENTED else {})
         with log_prob_head(model, mb.labels, mb.temperature, self.s.actor.log_prob_chunk_tokens, entropy):
             out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=item.attn,
-                        logits_to_keep=mb.score_pos, use_cache=False).logits[0]
+                        logits_to_keep=mb.score_pos, use_cache=False, **bounds).logits[0]
         zeros = out.new_zeros(b * r)
         logp = zeros.scatter(0, mb.flat_index, out[:, 0]).view(b, r)
         ent = zeros.scatter(0, mb.flat_index, out[:, 1]).view(b, r) if entropy is not None else None

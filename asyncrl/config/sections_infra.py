@@ -118,11 +118,12 @@ class ActorConfig(Section):
     (docs/benchmarks.md): lower it when memory is short."""
     use_torch_compile: bool = False
     """``torch.compile`` each decoder layer (verl's name); pays on GPUs, not on this CPU."""
-    attn_implementation: Literal["auto", "sdpa", "flex_attention", "flash_attention_2", "eager"] = "auto"
+    attn_implementation: Literal["auto", "sdpa", "segmented_sdpa", "flex_attention", "flash_attention_2", "eager"] = "auto"
     """The trainer's attention kernel. auto: with ``use_remove_padding`` on CUDA,
     ``flash_attention_2`` when the ``flash-attn`` package is installed, else ``flex_attention``
     (packed rows need a block-diagonal mask, which sdpa only takes dense: 2.2x slower on an
-    H100); ``sdpa`` otherwise (the CPU: flex has no backward there)."""
+    H100); with ``use_remove_padding`` on the CPU ``segmented_sdpa`` (causal sdpa on each
+    sequence of a packed row: no dense mask; flex has no backward there); ``sdpa`` otherwise."""
 
 
 class NatsConfig(Section):

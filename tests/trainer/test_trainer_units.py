@@ -255,12 +255,15 @@ def test_one_rank_policy_is_plain_and_its_full_state_dict_is_a_copy(monkeypatch)
 
 
 def test_the_attention_kernel_follows_the_device_and_packing():
-    """Packed rows need a block-diagonal mask: flex (or flash-attention's varlen) on CUDA, where
-    sdpa would take it dense; sdpa on the CPU, where flex has no backward (issue 31)."""
+    """Packed rows need attention kept inside each sequence: flex (or flash-attention's varlen) on
+    CUDA, where sdpa would take a dense mask; sdpa per sequence on the CPU, where flex has no
+    backward (issue 31)."""
     from trainer_daemon.model import attention_for, build_policy
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert attention_for("auto", cpu, True) == "sdpa" and attention_for("auto", cuda, False) == "sdpa"
+    assert attention_for("auto", cpu, True) == "segmented_sdpa" and attention_for("auto", cpu, False) == "sdpa"
+    assert attention_for("auto", cuda, False) == "sdpa"
+    assert build_policy("builtin:tiny", 0, cpu, 1, attn_implementation="segmented_sdpa").config._attn_implementation == "segmented_sdpa"
     assert attention_for("auto", cuda, True) in ("flex_attention", "flash_attention_2")
     assert attention_for("eager", cuda, True) == "eager"
     assert build_policy("builtin:tiny", 0, cpu, 1, attn_implementation="eager").config._attn_implementation == "eager"

@@ -1,0 +1,85 @@
+"""``segmented_sdpa`` (trainer_daemon/segmented_attention.py), the CPU's attention for packed
+rows: on fixed tensors it gives the dense block-diagonal mask's hidden states, log-probs, loss
+and gradients, and it refuses what it cannot do."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+import torch
+
+from asyncrl.models import load_model
+from tests.trainer.helpers import make_group
+from trainer_daemon.algo import log_probs_from_logits
+from trainer_daemon.model import set_attention
+from trainer_daemon.packing import pack, packed_attention_mask
+from trainer_daemon.segmented_attention import NAME, cu_seq_lens, segmented_sdpa_forward
+
+
+def _packed():
+    """Five trajectories of five different lengths (3 extra response tokens per index)."""
+    rng = random.Random(5)
+    trajs = make_group(rng, "a", 3) + make_group(rng, "b", 2)
+    longer = []
+    for i, t in enumerate(trajs):
+        extra = [rng.randrange(300, 1500) for _ in range(3 * i)]
+        longer.append(msgspec.structs.replace(
+            t, token_ids=t.token_ids + extra, loss_mask=t.loss_mask + [1] * len(extra),
+            rollout_logprobs=t.rollout_logprobs + [-7.0] * len(extra), weight_versions=t.weight_versions + [0] * len(extra)))
+    return pack(longer, list(range(len(longer))), [1.0] * len(longer), 0)
+
+
+def _loss_and_grads(impl: str, pk) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    model = load_model("builtin:tiny", seed=0).float()
+    set_attention(model, impl)
+    extra = {"cu_seq_lens_q": cu_seq_lens(pk.seq_lens)} if impl == NAME else {}
+    logits = model(input_ids=pk.input_ids, position_ids=pk.position_ids, use_cache=False,
+                   attention_mask=packed_attention_mask(pk.seq_lens, impl), **extra).logits[0]
+    logp = log_probs_from_logits(logits[pk.score_pos], pk.labels)
+    loss = -(logp * torch.linspace(0.5, 1.5, logp.numel())).sum()  # every token weighted differently
+    loss.backward()
+    return logp.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_log_probs_loss_and_gradients_equal_the_dense_block_diagonal_mask():
+    pk = _packed()
+    assert len(pk.seq_lens) == 5 and len(set(pk.seq_lens)) > 1
+    dense, fast = _loss_and_grads("sdpa", pk), _loss_and_grads(NAME, pk)
+    torch.testing.assert_close(fast[0], dense[0], rtol=0, atol=2e-5)
+    torch.testing.assert_close(fast[1], dense[1], rtol=1e-5, atol=1e-5)
+    assert fast[2].keys() == dense[2].keys() and len(dense[2]) > 10
+    for name, g in dense[2].items():
+        torch.testing.assert_close(fast[2][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_without_boundaries_it_is_not_whole_row_causal_attention():
+    """The boundaries matter: the same row as one sequence gives other log-probs (the test above
+    would pass on plain causal attention only if packing changed nothing)."""
+    pk = _packed()
+    whole = _loss_and_grads(NAME, pk.__class__(**{**pk.__dict__, "seq_lens": [sum(pk.seq_lens)]}))[0]
+    assert (whole - _loss_and_grads(NAME, pk)[0]).abs().max() > 1e-3
+
+
+def test_position_ids_give_the_boundaries_when_cu_seq_lens_are_not_passed():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 10, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 0, 1, 2, 3]])
+    by_pos, _ = segmented_sdpa_forward(None, q, k, v, None, position_ids=pos)
+    by_cu, _ = segmented_sdpa_forward(None, q, k, v, None, cu_seq_lens_q=cu_seq_lens([4, 2, 4]))
+    torch.testing.assert_close(by_pos, by_cu, rtol=0, atol=0)
+    assert by_cu.shape == (1, 10, 4, 8)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "needs the sequences' boundaries"),
+    ({"cu_seq_lens_q": torch.tensor([0, 4, 9])}, "do not tile"),
+    ({"cu_seq_lens_q": torch.tensor([0, 4, 4, 10])}, "do not tile"),
+])
+def test_it_refuses_what_it_cannot_do(kwargs, message):
+    q = torch.randn(1, 2, 10, 8)
+    with pytest.raises(ValueError, match=message):
+        segmented_sdpa_forward(None, q, q, q, None, **kwargs)
+    with pytest.raises(ValueError, match="one packed row"):
+        segmented_sdpa_forward(None, torch.randn(2, 2, 10, 8), q, q, None, cu_seq_lens_q=cu_seq_lens([10]))
