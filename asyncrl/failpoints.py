@@ -15,11 +15,14 @@ Contract (all through files, so it works across ``torchrun`` and any number of p
 - Names are dotted, ``<component>.<place>``; each call site documents its name.
 
 Failpoints in the product: ``checkpoint.write`` (trainer, inside the background write of a
-checkpoint, while ``dcp.async_save``'s future is pending).
+checkpoint, while ``dcp.async_save``'s future is pending); ``trainer.sync_bucket`` (trainer
+rank 0, through the sync agent, before broadcasting every bucket after the first: the engines
+hold part new, part old weights while it holds; :func:`hold_async`, the event loop runs on).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -41,6 +44,21 @@ def hold(name: str) -> bool:
     deadline = time.monotonic() + float(os.environ.get(ENV_MAX_S, "600"))
     while not (d / f"{name}.release").exists() and time.monotonic() < deadline:
         time.sleep(POLL_S)
+    return True
+
+
+async def hold_async(name: str) -> bool:
+    """:func:`hold` for a coroutine: the same files, waiting with ``asyncio.sleep``."""
+    root = os.environ.get(ENV_DIR)
+    if not root:
+        return False
+    d = Path(root)
+    if not (d / f"{name}.arm").exists():
+        return False
+    (d / f"{name}.reached.{os.getpid()}").touch()
+    deadline = time.monotonic() + float(os.environ.get(ENV_MAX_S, "600"))
+    while not (d / f"{name}.release").exists() and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_S)
     return True
 
 

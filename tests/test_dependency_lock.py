@@ -11,6 +11,7 @@ import importlib.metadata
 import re
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -80,7 +81,10 @@ def test_this_environment_is_the_dev_lock():
     """What ``./dev install`` made: every locked package at its locked version, and nothing else
     installed but the project itself and torch (a drift here means the install bypassed the lock)."""
     locked = read_lock("dev.lock")
-    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions()}
+    # the environment's own site-packages only: sys.path can also hold copies vendored inside a
+    # package (setuptools appends setuptools/_vendor when it is imported: older packaging, zipp, ...)
+    site = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in importlib.metadata.distributions(path=site)}
     wrong = {n: (v, installed.get(n)) for n, (v, _) in locked.items() if installed.get(n) != v}
     assert not wrong, f"installed versions differ from dev.lock (locked, installed): {wrong}"
     extra = set(installed) - set(locked) - {"asyncrl", "torch", "pip"}

@@ -40,6 +40,7 @@ import aiohttp
 import torch
 from pydantic import ValidationError
 
+from asyncrl import failpoints
 from asyncrl.http.keepalive import client_session
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import (
@@ -250,6 +251,7 @@ class SyncAgentPublisher(WeightPublisher):
                     limit = self.pause_timeout_s + (self.group_timeout_s if forming else self.broadcast_timeout_s)
                 else:
                     limit = self.broadcast_timeout_s
+                    await failpoints.hold_async("trainer.sync_bucket")  # fault tests: engines mixed while it holds
                 await broadcast_flat(group, flat, limit, cancel)
 
             await send_buckets(buckets, weights, self.buffers, send)
