@@ -58,6 +58,7 @@ STORE_RETRY_S = 2.0  # retry checkpoint writes/deletes that failed while NATS wa
 LOOP_RESTART_S = 1.0  # pause before restarting a background loop that raised
 PAUSE_REABORT_S = 0.25  # re-send aborts while a pause waits: catches calls that raced the first abort
 EXACT_ABORT_ROUNDS = 8  # then abort everything on the engines still holding our calls (~2 s into a pause)
+SLOW_PAUSE_S = 1.0  # a pause longer than this is logged with where its time went
 
 
 class PauseTimeout(RuntimeError):
@@ -307,7 +308,8 @@ class Runner:
         if self.paused_at is None:
             self.paused_at = time.monotonic()
         self.pause_mode = mode
-        deadline = time.monotonic() + timeout_s
+        started, calls_at_start = time.monotonic(), self.calls.count
+        deadline = started + timeout_s
         if mode == "hold":
             self.gate.close()
         elif mode == "partial":
@@ -331,9 +333,14 @@ class Runner:
                 if time.monotonic() > deadline:
                     raise PauseTimeout(f"{self.calls.count} generate calls still in flight after {timeout_s:.0f} s")
                 await asyncio.sleep(0.05)
+        stopped = time.monotonic()
         self.clock.set_idle(True)
         await self.agent_store.flush_dirty()
         await self._save_state()
+        took = time.monotonic() - started
+        if took > SLOW_PAUSE_S:
+            log.info("pause (%s) took %.1f s: %.1f s until no call was in flight (%d at the start), %.1f s saving state",
+                     mode, took, stopped - started, calls_at_start, time.monotonic() - stopped)
 
     async def resume(self, version: int) -> None:
         if version != self.version:
