@@ -130,20 +130,26 @@ class WeightGroup:
         except Exception as exc:
             self.abort(f"{type(exc).__name__}: {exc}")
             raise WeightSyncError(f"broadcast in group {self.group_name!r} failed: {exc}") from exc
+        # Every raise below first drops the local ``work``: the exception's traceback keeps this
+        # frame alive for as long as anyone holds the exception (a future, a chained error), and
+        # a live Work keeps the group's connections open after destroy(): the peers stay blocked
+        # in their receive until this process lets go (seen: an engine stuck for the full
+        # group timeout after its peer died mid-sync; tests/sync/test_weight_group_release.py).
         waited, step = 0.0, 0.05
         while not done.wait(step):
             waited += step
             if cancel is not None and cancel.is_set():
-                self._abandoned, self._abandoned_work = True, work
+                self._abandoned, self._abandoned_work, work = True, work, None
                 self.abort("cancelled")
                 raise WeightSyncError(f"broadcast in group {self.group_name!r} cancelled")
             if waited >= limit:
-                self._abandoned, self._abandoned_work = True, work
+                self._abandoned, self._abandoned_work, work = True, work, None
                 self.abort(f"timed out after {limit:g} s")
                 raise WeightSyncError(f"broadcast in group {self.group_name!r} timed out after {limit:g} s")
         try:
             work.wait()
         except Exception as exc:
+            work = None
             self.abort(f"{type(exc).__name__}: {exc}")
             raise WeightSyncError(f"broadcast in group {self.group_name!r} failed: {exc}") from exc
 
