@@ -171,6 +171,8 @@ class TrainerDaemon:
         self._background()
         if self.stop_requested or (self.total_steps and self.step >= self.total_steps):
             return Command("stop")
+        if self.r0.sync_failed and self.r0.push_wanted():
+            return Command("push")  # a failed sync left engines waiting for weights: before the next batch
         k = self.cfg.derived.required_samples
         t0 = time.perf_counter()
         self._wait_started = self._wait_started or t0

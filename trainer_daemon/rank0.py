@@ -30,6 +30,7 @@ from trainer_daemon.tracking import tracking_sinks
 log = logging.getLogger(__name__)
 
 PUSH_CHECK_S = 5.0  # an idle trainer asks the sync agent this often whether engines wait for a full push
+RETRY_CHECK_S = 0.5  # ... and this often after a failed sync, until one succeeds (engines may be left mixed)
 IO_TIMEOUT_S = 60.0  # slack on top of an I/O call's own wait: acks, purges, a JetStream API round trip
 CONNECT_TIMEOUT_S = 60.0  # NATS port poll (10 s) + connect + stream setup on a busy machine
 NATS_CLOSE_TIMEOUT_S = 10.0
@@ -92,11 +93,17 @@ class Rank0Services:
             self.jumped = self.sync.adopt(self._engines_version())
         self.metrics.live("trainer/weight_version", self.version)
 
+    @property
+    def sync_failed(self) -> bool:
+        """The last sync failed: engines it left mixed may wait for a push (asked every ``RETRY_CHECK_S``)."""
+        return self.sync is not None and self.sync.last_failed
+
     def push_wanted(self) -> bool:
-        """Engines wait for a full push (bounded; asked at most every ``PUSH_CHECK_S``, never
-        while a sync is in flight)."""
+        """Engines wait for a full push (bounded; asked at most every ``PUSH_CHECK_S``, or
+        ``RETRY_CHECK_S`` after a failed sync; never while a sync is in flight)."""
         now = time.monotonic()
-        if self.sync is None or self.sync.in_flight or now - self._push_checked < PUSH_CHECK_S:
+        every = RETRY_CHECK_S if self.sync_failed else PUSH_CHECK_S
+        if self.sync is None or self.sync.in_flight or now - self._push_checked < every:
             return False
         self._push_checked = now
         try:

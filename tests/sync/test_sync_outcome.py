@@ -50,6 +50,7 @@ async def test_a_sync_failed_after_its_broadcast_is_a_failed_publish(tmp_path, n
                 ctl.start(weights2)
                 assert await asyncio.to_thread(ctl.wait, 180)
                 assert ctl.version == 0 and ctl.failures == 1 and ctl.outcomes == {1: False}
+                assert ctl.last_failed, "the trainer asks sooner whether engines wait for a push (rank0.RETRY_CHECK_S)"
                 refusing[0] = False
                 for _attempt in range(3):  # the next sync points retry the same number (the first may only regroup)
                     await wait_for(lambda: agent.coordinator.running is None, 60, "the agent idle")
@@ -58,6 +59,7 @@ async def test_a_sync_failed_after_its_broadcast_is_a_failed_publish(tmp_path, n
                     if ctl.version == 1:
                         break
                 assert ctl.version == 1 and ctl.outcomes[1] is True and "timing_s/sync_outcome" in ctl.last, ctl.last
+                assert not ctl.last_failed
                 await asyncio.to_thread(io.run, ctl.publisher.close(), 30)
             finally:
                 io.close()

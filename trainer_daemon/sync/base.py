@@ -103,6 +103,8 @@ class SyncController:
         self.lineage = lineage if lineage is not None else Lineage()
         self.failures = 0
         self.successes = 0
+        self.last_failed = False
+        """The last publish that finished failed (the trainer then asks sooner whether engines wait for a push)."""
         self.last: dict[str, float] = {}
         self.fresh = False  # `last` holds an outcome nobody has reported yet
         self._future: concurrent.futures.Future | None = None
@@ -153,6 +155,7 @@ class SyncController:
             metrics = fut.result()
         except Exception as exc:  # noqa: BLE001 - any failure is a failed sync, never a crash
             self.failures += 1
+            self.last_failed = True
             log.error("weight sync to version %d failed after %.1f s (%s); training continues, next sync retries",
                       self._target, elapsed, exc)
             self._record(self._target, False)
@@ -162,6 +165,7 @@ class SyncController:
             self.fresh = True
             return True
         self.successes += 1
+        self.last_failed = False
         self.version = self._target
         self._record(self._target, True)
         self.last = dict(metrics) | self._stage_metrics | {"timing_s/weight_sync": elapsed, "trainer/sync_failures": float(self.failures)}
