@@ -37,7 +37,7 @@ from typing import Any
 from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
-from asyncrl.sync_control.engine_update import EngineUpdate, Member
+from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import plan_for, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
@@ -59,7 +59,6 @@ log = logging.getLogger(__name__)
 
 RESUME_RETRIES = 5  # a resume that fails is retried: a rollout left paused stalls the whole run
 RESUME_RETRY_S = 2.0
-LIVENESS_TIMEOUT_S = 5.0  # /model_info answers at once from a live engine; a hung one is not waited for longer
 AGENT_REASON = "sync-agent:"  # prefix of quarantine reasons set by the agent (only those are released by it)
 
 

@@ -17,7 +17,11 @@ the sync agent (``sync_agent/coordinator.py``) and the trainer's direct publishe
 Every call is bounded. :meth:`EngineUpdate.load` watches each engine's HTTP answer while the
 broadcast runs: an error answer (SGLang answers at once when it refuses a bucket, e.g. without
 a session, and then never joins the broadcast) calls ``on_failure`` and sets the sender's
-cancel event at once, instead of leaving the sender in the collective until its timeout.
+cancel event at once, instead of leaving the sender in the collective until its timeout. It
+also asks every member still loading for ``/model_info`` each ``LIVENESS_INTERVAL_S``: a
+member that does not answer within ``LIVENESS_TIMEOUT_S`` is hung (a live SGLang answers it
+from its tokenizer manager while its scheduler loads), and the bucket fails then, not at the
+broadcast's timeout (issue 33: the others were paused for the whole of it).
 
 Outcome per member after a failure (:meth:`EngineUpdate.outcome`): ``loaded`` (confirmed
 every bucket and closed its session), ``unchanged`` (no bucket call was sent to it), else
@@ -46,9 +50,14 @@ if TYPE_CHECKING:  # the direct publisher hosts a group; the control side only h
 log = logging.getLogger(__name__)
 
 REPLY_SLACK_S = 10.0  # an engine answers just after its side of the broadcast and the load
+LIVENESS_TIMEOUT_S = 5.0  # /model_info answers at once from a live engine; a hung one is not waited for longer
+LIVENESS_INTERVAL_S = 1.0  # how often members still loading a bucket are asked
 REPLY_GRACE_S = 3.0  # after one engine failed a bucket, how long the others may still confirm it
 FLUSH_RETRIES = 30  # flush_cache answers 400 while aborted requests drain
 FLUSH_INTERVAL_S = 0.2
+
+LIVENESS = "liveness"
+"""``waiting``'s value for the liveness watch of :meth:`EngineUpdate.load` (not a member, not the sender)."""
 
 Sender = Callable[[threading.Event], Awaitable[None]]
 """The local sender's broadcast of one bucket; must stop (raise) soon after the event is set."""
@@ -194,7 +203,17 @@ class EngineUpdate:
         if send is not None:
             waiting[asyncio.ensure_future(send(cancel))] = None
         limit = timeout_s + REPLY_SLACK_S
-        failures = self._settle(waiting, await self._wait(waiting, limit, stop_on_error=True))
+        watcher = asyncio.ensure_future(self._liveness(waiting))
+        waiting[watcher] = LIVENESS
+        finished: list[asyncio.Future] = []
+        try:
+            finished = await self._wait(waiting, limit, stop_on_error=True, optional=watcher)
+        finally:
+            if watcher not in finished:
+                watcher.cancel()
+                waiting.pop(watcher, None)
+                await asyncio.gather(watcher, return_exceptions=True)
+        failures = self._settle(waiting, finished)
         if not failures and waiting:
             failures = [f"no answer within {limit:g} s from "
                         + ", ".join(m.id if m is not None else "the broadcast" for m in waiting.values())]
@@ -212,12 +231,31 @@ class EngineUpdate:
         raise WeightSyncError("; ".join([why, *more]))
 
     @staticmethod
-    async def _wait(waiting: dict[asyncio.Future, Member | None], timeout_s: float, stop_on_error: bool) -> list[asyncio.Future]:
-        """Wait for the calls in ``waiting`` (all, or until one fails); the finished ones."""
+    async def _liveness(waiting: dict[asyncio.Future, Any]) -> None:
+        """Raise once a member whose bucket call is pending stops answering ``/model_info``."""
+        while True:
+            await asyncio.sleep(LIVENESS_INTERVAL_S)
+            loading = [m for f, m in list(waiting.items()) if isinstance(m, Member) and not f.done()]
+
+            async def probe(m: Member) -> str | None:
+                try:
+                    await m.client.model_info(timeout_s=LIVENESS_TIMEOUT_S)
+                except EngineError as exc:
+                    return f"{m.id}: stopped answering while loading (/model_info: {exc})"
+                return None
+
+            hung = [r for r in await asyncio.gather(*(probe(m) for m in loading)) if r]
+            if hung:
+                raise WeightSyncError("; ".join(hung))
+
+    @staticmethod
+    async def _wait(waiting: dict[asyncio.Future, Any], timeout_s: float, stop_on_error: bool,
+                    optional: asyncio.Future | None = None) -> list[asyncio.Future]:
+        """Wait for the calls in ``waiting`` (all but ``optional``, or until one fails); the finished ones."""
         loop = asyncio.get_running_loop()
         deadline, finished = loop.time() + timeout_s, []
         pending = set(waiting)
-        while pending:
+        while pending - {optional}:
             done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - loop.time()),
                                                return_when=asyncio.FIRST_COMPLETED)
             if not done:
@@ -237,6 +275,8 @@ class EngineUpdate:
             if exc is None:
                 if m is not None:
                     m.confirmed += 1
+            elif m is LIVENESS:
+                failures.append(str(exc))
             elif m is None:
                 failures.append(f"broadcast: {exc}")
             else:

@@ -169,3 +169,39 @@ async def test_a_hung_engine_is_not_waited_for_when_the_agent_looks_at_the_engin
             assert took < LIVENESS_TIMEOUT_S + 5, f"{took:.0f} s: the agent waited on the hung engine"
         finally:
             engine_b.proc.signal(signal.SIGCONT)
+
+
+async def test_a_member_hung_while_loading_fails_the_bucket_at_the_liveness_bound(tmp_path, nats_server, engines, monkeypatch):
+    """Issue 33: an engine that stops mid-load (SIGSTOP while a bucket is on the wire) fails that
+    bucket once it misses /model_info (``LIVENESS_TIMEOUT_S``), not at the broadcast's timeout
+    (120 s here): the others were paused for the whole of it before. The error names it."""
+    from asyncrl.sync_control.engine_update import LIVENESS_INTERVAL_S, LIVENESS_TIMEOUT_S
+    from tests.sync.test_sync_agent import hold_broadcast_after
+
+    held = hold_broadcast_after(monkeypatch, 2)
+    engine_a, engine_b = engines
+    async with stack(tmp_path, nats_server.url, [engine_a.url, engine_b.url], "sync.broadcast_timeout_s=120") as (
+            svc, rollout_url, agent, agent_url, cfg):
+        b_id = next(e["id"] for e in svc.pool.snapshot() if e["url"] == engine_b.url)
+        pub = publisher(agent_url, cfg, bucket_bytes=64 * 1024)
+        stopped = False
+        try:
+            _, weights1 = perturbed_weights(1)
+            publish = asyncio.create_task(pub.publish(1, weights1))
+            await wait_for(lambda: held.waiting, 60, "two buckets broadcast, the third held")
+            engine_b.proc.signal(signal.SIGSTOP)
+            stopped = True
+            stopped_at = time.monotonic()
+            held.release.set()
+            rec = agent.coordinator.records[-1]
+            await wait_for(lambda: rec.done, 110, "the sync to end")
+            took = time.monotonic() - stopped_at
+            assert rec.state == "failed" and f"{b_id}: stopped answering while loading" in (rec.error or ""), rec.error
+            bound = LIVENESS_INTERVAL_S + LIVENESS_TIMEOUT_S + 3 + 15  # + the reply grace and the containment, on a busy machine
+            assert took < bound, f"the sync ended {took:.0f} s after the engine hung (broadcast timeout: 120 s)"
+            with pytest.raises(Exception):  # noqa: B017 - the trainer's side fails, whichever way
+                await asyncio.wait_for(publish, 60)
+        finally:
+            if stopped:
+                engine_b.proc.signal(signal.SIGCONT)
+            await pub.close()
