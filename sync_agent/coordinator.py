@@ -57,6 +57,8 @@ from sync_agent.rollout_admin import RolloutAdmin, RolloutAdminError
 
 log = logging.getLogger(__name__)
 
+RECHECK_TIMEOUT_S = 2.0  # liveness probe of an engine that missed its last one (a live engine answers in ms)
+
 RESUME_RETRIES = 5  # a resume that fails is retried: a rollout left paused stalls the whole run
 RESUME_RETRY_S = 2.0
 AGENT_REASON = "sync-agent:"  # prefix of quarantine reasons set by the agent (only those are released by it)
@@ -84,6 +86,8 @@ class SyncCoordinator:
         self.running: SyncRecord | None = None
         self.reload_hint: ReloadSpec | None = None
         self.last_views: list[dict[str, Any]] = []
+        self.silent: set[str] = set()
+        """Engines whose last liveness probe went unanswered: asked again with ``RECHECK_TIMEOUT_S``."""
         self.unfinished: SyncRecord | None = next((r for r in reversed(self.records) if not r.done), None)
         """A sync the previous agent process left unfinished; new syncs wait until it is recovered."""
         self.plan = plan_for(cfg)
@@ -108,12 +112,17 @@ class SyncCoordinator:
         async def view(e: EngineState) -> dict:
             out = {"id": e.id, "url": e.url, "rollout_state": e.state, "reason": e.reason, "alive": False,
                    "version": None, "needs_reload": e.id in self.needs_reload}
+            # A live engine answers /model_info at once. One that missed its last probe (dead or hung)
+            # is asked again with a short limit, so that every sync request, reconcile round and push
+            # check does not wait the whole liveness timeout on it again (issue 33: 5 s each, twice
+            # before the trainer's push after a member hung mid-sync).
+            limit = RECHECK_TIMEOUT_S if e.id in self.silent else LIVENESS_TIMEOUT_S
             try:
-                info = await self.client(e.id, e.url).model_info(timeout_s=min(self.cfg.sync.engine_timeout_s,
-                                                                                     LIVENESS_TIMEOUT_S))
+                info = await self.client(e.id, e.url).model_info(timeout_s=min(self.cfg.sync.engine_timeout_s, limit))
                 out.update(alive=True, version=weight_version_number(info.get("weight_version")))
+                self.silent.discard(e.id)
             except EngineError:
-                pass
+                self.silent.add(e.id)
             return out
 
         views = list(await asyncio.gather(*(view(e) for e in engines)))
@@ -334,6 +343,7 @@ class SyncCoordinator:
         """Quarantine every member that may hold mixed weights (before the rollout resumes);
         drop the group."""
         rec.engines = {m.id: update.outcome(m) for m in update.members}
+        self.silent |= {m.id for m in update.members if m.stuck}  # hung or gone: the next looks ask them briefly
         for eid, outcome in rec.engines.items():
             if outcome != "mixed":
                 continue

@@ -51,10 +51,18 @@ log = logging.getLogger(__name__)
 
 REPLY_SLACK_S = 10.0  # an engine answers just after its side of the broadcast and the load
 LIVENESS_TIMEOUT_S = 5.0  # /model_info answers at once from a live engine; a hung one is not waited for longer
-LIVENESS_INTERVAL_S = 1.0  # how often members still loading a bucket are asked
+LIVENESS_INTERVAL_S = 0.5  # how often members still loading a bucket are asked
 REPLY_GRACE_S = 3.0  # after one engine failed a bucket, how long the others may still confirm it
 FLUSH_RETRIES = 30  # flush_cache answers 400 while aborted requests drain
 FLUSH_INTERVAL_S = 0.2
+
+class MembersHung(WeightSyncError):
+    """Members that stopped answering ``/model_info`` while loading (``ids``)."""
+
+    def __init__(self, ids: set[str], message: str) -> None:
+        super().__init__(message)
+        self.ids = ids
+
 
 LIVENESS = "liveness"
 """``waiting``'s value for the liveness watch of :meth:`EngineUpdate.load` (not a member, not the sender)."""
@@ -223,6 +231,12 @@ class EngineUpdate:
         cancel.set()
         if on_failure is not None:
             on_failure(why)
+        hung = watcher.exception().ids if watcher in finished and isinstance(watcher.exception(), MembersHung) else set()
+        for fut, m in list(waiting.items()):  # a hung member will not confirm: the grace is for the others
+            if isinstance(m, Member) and m.id in hung:
+                fut.cancel()
+                del waiting[fut]
+                m.error, m.stuck = m.error or "hung while loading", True
         more = self._settle(waiting, await self._wait(waiting, self.reply_grace_s, stop_on_error=False))
         for fut, m in waiting.items():  # still silent after the grace: give up on them
             fut.cancel()
@@ -244,9 +258,10 @@ class EngineUpdate:
                     return f"{m.id}: stopped answering while loading (/model_info: {exc})"
                 return None
 
-            hung = [r for r in await asyncio.gather(*(probe(m) for m in loading)) if r]
+            answers = await asyncio.gather(*(probe(m) for m in loading))
+            hung = {m.id: why for m, why in zip(loading, answers) if why}
             if hung:
-                raise WeightSyncError("; ".join(hung))
+                raise MembersHung(set(hung), "; ".join(hung.values()))
 
     @staticmethod
     async def _wait(waiting: dict[asyncio.Future, Any], timeout_s: float, stop_on_error: bool,

@@ -9,8 +9,11 @@ a fixed seed). Excluded, because they hold the service in a state the other oper
 then wait on, and each has its own tests: the engine's ``/pause_generation`` (parks all
 generation until continued), ``/init_weights_update_group`` and
 ``/update_weights_from_distributed`` (join a collective and wait for the peers the body
-names), the sync agent's ``POST /v1/syncs`` (pauses the rollout and starts a broadcast), and
-the rollout's ``POST /admin/pause`` (stops the data plane being fuzzed beside it).
+names), the sync agent's ``POST /v1/syncs`` (pauses the rollout and starts a broadcast), the
+rollout's ``POST /admin/pause`` (stops the data plane being fuzzed beside it) and its routes on
+one engine, ``/admin/engines/{engine_id}`` and ``.../quarantine``: schemathesis learns the real
+engine's id from ``/admin/status`` answers and quarantines or removes it, and the data plane
+fuzzed beside it then has no engine (its calls wait up to 30 s for one, each retried).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ async def test_every_service_answers_as_its_openapi_document_says(tmp_path, nats
             runs = [(fuzzed.url, None, ("--exclude-path-regex",
                                          "^/(pause_generation|init_weights_update_group|update_weights_from_distributed)$")),
                     (rollout_url, API, ("--include-path-regex", "^/(v1/|health|metrics)")),
-                    (rollout_url, ADMIN, ("--include-path-regex", "^/admin/", "--exclude-path", "/admin/pause")),
+                    (rollout_url, ADMIN, ("--include-path-regex", "^/admin/", "--exclude-path", "/admin/pause",
+                                          "--exclude-path-regex", "^/admin/engines/\\{engine_id\\}")),
                     (agent_url, SYNC_TOKEN, ("--exclude-name", "POST /v1/syncs"))]
             dirs = [tmp_path / f"fuzz-{i}" for i in range(len(runs))]
             for d in dirs:
