@@ -32,32 +32,37 @@ ENV_MAX_S = "ASYNCRL_FAILPOINT_MAX_S"
 POLL_S = 0.05
 
 
-def hold(name: str) -> bool:
-    """Stop here while failpoint ``name`` is armed (module docstring); True if it held."""
+def _armed(name: str) -> tuple[Path, float] | None:
+    """When failpoint ``name`` is armed: mark it reached by this process and return the release
+    file and the deadline of the wait; else None."""
     root = os.environ.get(ENV_DIR)
     if not root:
-        return False
+        return None
     d = Path(root)
     if not (d / f"{name}.arm").exists():
-        return False
+        return None
     (d / f"{name}.reached.{os.getpid()}").touch()
-    deadline = time.monotonic() + float(os.environ.get(ENV_MAX_S, "600"))
-    while not (d / f"{name}.release").exists() and time.monotonic() < deadline:
+    return d / f"{name}.release", time.monotonic() + float(os.environ.get(ENV_MAX_S, "600"))
+
+
+def hold(name: str) -> bool:
+    """Stop here while failpoint ``name`` is armed (module docstring); True if it held."""
+    armed = _armed(name)
+    if armed is None:
+        return False
+    release, deadline = armed
+    while not release.exists() and time.monotonic() < deadline:
         time.sleep(POLL_S)
     return True
 
 
 async def hold_async(name: str) -> bool:
     """:func:`hold` for a coroutine: the same files, waiting with ``asyncio.sleep``."""
-    root = os.environ.get(ENV_DIR)
-    if not root:
+    armed = _armed(name)
+    if armed is None:
         return False
-    d = Path(root)
-    if not (d / f"{name}.arm").exists():
-        return False
-    (d / f"{name}.reached.{os.getpid()}").touch()
-    deadline = time.monotonic() + float(os.environ.get(ENV_MAX_S, "600"))
-    while not (d / f"{name}.release").exists() and time.monotonic() < deadline:
+    release, deadline = armed
+    while not release.exists() and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
     return True
 

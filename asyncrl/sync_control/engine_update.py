@@ -231,7 +231,8 @@ class EngineUpdate:
         cancel.set()
         if on_failure is not None:
             on_failure(why)
-        hung = watcher.exception().ids if watcher in finished and isinstance(watcher.exception(), MembersHung) else set()
+        found = watcher.exception() if watcher in finished else None
+        hung = found.ids if isinstance(found, MembersHung) else set()
         for fut, m in list(waiting.items()):  # a hung member will not confirm: the grace is for the others
             if isinstance(m, Member) and m.id in hung:
                 fut.cancel()
@@ -281,7 +282,7 @@ class EngineUpdate:
         return finished
 
     @staticmethod
-    def _settle(waiting: dict[asyncio.Future, Member | None], finished: list[asyncio.Future]) -> list[str]:
+    def _settle(waiting: dict[asyncio.Future, Any], finished: list[asyncio.Future]) -> list[str]:
         """Account finished calls (removing them from ``waiting``); their failures, named."""
         failures = []
         for fut in finished:
