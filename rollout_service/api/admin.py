@@ -57,6 +57,7 @@ def build_admin_router(svc) -> APIRouter:
         if body.version < current:
             raise ApiError(409, f"version {body.version} is older than the current version {current}", param="version")
         await svc.runner.resume(body.version)
+        svc.pool.refresh_versions_soon()
         return service_status(svc)
 
     @router.post("/validate", responses=errors(409))
@@ -96,6 +97,7 @@ def build_admin_router(svc) -> APIRouter:
         _known(engine_id)
         if svc.pool.engines[engine_id].state == "quarantined":
             svc.pool.set_quarantine(engine_id, False)
+            svc.pool.refresh_versions_soon([engine_id])
         return service_status(svc)
 
     def _known(engine_id: str) -> None:

@@ -87,6 +87,9 @@ class EngineHandle:
     served: int = 0
     consecutive_failures: int = 0
     weight_version: str | None = None
+    """The version the engine said it holds in the newest-asked of its answers (see
+    :meth:`observe_version`)."""
+    version_asked_at: float = float("-inf")
     last_checked: float = 0.0
     tokens_decoded: int = 0
     evicted: int = 0
@@ -105,6 +108,14 @@ class EngineHandle:
                 and self.weight_version == current_version:
             self.quarantined_current_s += now - self._accounted_at
         self._accounted_at = now
+
+    def observe_version(self, version: str | None, asked_at: float) -> None:
+        """Record a version the engine reported in an answer to a request sent at ``asked_at``
+        (monotonic). An answer to an older request than the one recorded is stale (a generate
+        call or a probe sent before a sync and answered after it) and is ignored: the shown
+        version never goes back to what the engine held before a newer answer."""
+        if version is not None and asked_at >= self.version_asked_at:
+            self.weight_version, self.version_asked_at = version, asked_at
 
     @property
     def inflight(self) -> int:
@@ -146,7 +157,7 @@ class EnginePool:
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Event()
-        self._aborts: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()  # aborts of lost calls, version reads after a sync
 
     # -- membership ---------------------------------------------------------------------
     def add(self, url: str, engine_id: str | None = None) -> EngineHandle:
@@ -221,6 +232,7 @@ class EnginePool:
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
         handle.rids.add(rid)
         handle.routed += 1
+        asked_at = time.monotonic()
         try:
             res = await self._unless_lost(handle, rid, handle.client.generate(input_ids, sampling_params, rid=rid, extra=extra,
                                                                               timeout_s=self.call_timeout(sampling_params)))
@@ -236,8 +248,7 @@ class EnginePool:
         handle.consecutive_failures = 0
         handle.served += 1
         handle.tokens_decoded += res.completion_tokens
-        if res.weight_version is not None:
-            handle.weight_version = res.weight_version
+        handle.observe_version(res.weight_version, asked_at)
         if state is not None:
             state.engine_id = handle.id
         return res
@@ -247,6 +258,7 @@ class EnginePool:
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
         handle.rids.add(rid)
         handle.routed += 1
+        asked_at = time.monotonic()
         last = None
         stream = handle.client.generate_stream(input_ids, sampling_params, rid=rid, extra=extra,
                                                timeout_s=self.call_timeout(sampling_params))
@@ -268,8 +280,7 @@ class EnginePool:
         handle.served += 1
         if last is not None:
             handle.tokens_decoded += last.completion_tokens
-            if last.weight_version is not None:
-                handle.weight_version = last.weight_version
+            handle.observe_version(last.weight_version, asked_at)
         if state is not None:
             state.engine_id = handle.id
 
@@ -299,8 +310,8 @@ class EnginePool:
         if task.cancelled() or not task.done():
             await asyncio.gather(task, return_exceptions=True)  # let the cancelled call unwind (a stream closes after it)
             handle.evicted += 1
-            self._aborts.add(abort := asyncio.create_task(self._abort_quietly(handle, rid)))
-            abort.add_done_callback(self._aborts.discard)
+            self._background.add(abort := asyncio.create_task(self._abort_quietly(handle, rid)))
+            abort.add_done_callback(self._background.discard)
             log.warning("engine %s went %s (%s) with %s in flight: taken back", handle.id, handle.state, handle.reason, rid)
             raise EngineLost(f"engine {handle.id} went {handle.state} ({handle.reason}) during the call")
         return task.result()
@@ -391,7 +402,8 @@ class EnginePool:
         ok = why is None
         if ok:
             try:
-                handle.weight_version = await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S)
+                asked_at = time.monotonic()
+                handle.observe_version(await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S), asked_at)
             except EngineError:
                 ok, why = False, "no weight version"
         if ok and handle.state == "unhealthy":
@@ -403,6 +415,28 @@ class EnginePool:
             handle.set_state("unhealthy", why)
             log.warning("engine %s failed its health check (%s): %d calls in flight on it go elsewhere",
                         handle.id, why, handle.inflight)
+
+    async def refresh_versions(self, engine_ids: list[str] | None = None) -> None:
+        """Ask engines (all, or ``engine_ids``) for their weight version now, each within
+        ``HEALTH_TIMEOUT_S``; one that does not answer keeps what it showed. Called after a
+        sync (resume, release) so the status shows what the sync wrote at once, not after the
+        next answer or health check (which can wait up to ``HEALTH_GENERATE_TIMEOUT_S`` on a
+        busy engine)."""
+        async def one(handle: EngineHandle) -> None:
+            asked_at = time.monotonic()
+            try:
+                handle.observe_version(await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S), asked_at)
+            except EngineError as exc:
+                log.debug("engine %s: weight version not read after a sync: %s", handle.id, exc)
+
+        handles = [h for eid, h in list(self.engines.items()) if engine_ids is None or eid in engine_ids]
+        await asyncio.gather(*(one(h) for h in handles))
+
+    def refresh_versions_soon(self, engine_ids: list[str] | None = None) -> None:
+        """:meth:`refresh_versions` in the background (the caller's answer does not wait for it)."""
+        task = asyncio.create_task(self.refresh_versions(engine_ids))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def health_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

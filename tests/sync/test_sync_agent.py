@@ -211,7 +211,8 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
                 decoded_b = svc.pool.engines[b_id].tokens_decoded
                 await wait_for(lambda: svc.pool.engines[b_id].tokens_decoded > decoded_b + 20, 60, "engine B decoding")
                 rollout, agent_doc = await wait_run_healthy(rollout_url, ADMIN, 30, agent_url, SYNC_TOKEN)
-                assert {e["weight_version"] for e in rollout["engines"]} == {"4"} and agent_doc["version"] == 4
+                assert {e["weight_version"] for e in rollout["engines"]} == {"4"} and agent_doc["version"] == 4, \
+                    (rollout["engines"], [(r.version, r.state, r.engines, r.error) for r in agent.coordinator.records])
                 assert time.monotonic() - killed_at < F8_BOUND_S, "RELIABILITY.md F8: back within T_sync"
         finally:
             await pub.close()

@@ -1,0 +1,57 @@
+"""The weight version the rollout service shows for each engine (``/admin/status``'s
+``engines[].weight_version``): the newest-asked answer wins, and a sync's resume or release
+reads the engines at once (found in CI: an engine kept showing the version before a sync
+because a busy health check and no finished call had read it since)."""
+
+from __future__ import annotations
+
+import aiohttp
+
+import rollout_service.engines.pool as pool_module
+from asyncrl.engine_client import EngineClient
+from rollout_service.engines.pool import EngineHandle
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import admin, running_service, service_config
+
+
+def test_an_answer_to_an_older_request_does_not_take_the_version_back():
+    h = EngineHandle(id="e", url="http://127.0.0.1:9", client=None)
+    h.observe_version("3", asked_at=10.0)
+    h.observe_version("4", asked_at=20.0)  # read after the sync
+    h.observe_version("3", asked_at=15.0)  # a call sent before the sync, answered after the read
+    assert h.weight_version == "4"
+    h.observe_version(None, asked_at=30.0)  # an answer without a version says nothing
+    assert h.weight_version == "4"
+    h.observe_version("default", asked_at=30.0)  # a newer answer wins, whatever it says (a restarted engine)
+    assert h.weight_version == "default"
+
+
+async def test_resume_and_release_show_the_engines_new_version_without_waiting_for_a_health_check(
+        tmp_path, nats_server, warm_engine, monkeypatch):
+    # no health check after the first one, and no generation once the data is played out:
+    # only the resume's and the release's reads can show the new version
+    monkeypatch.setattr(pool_module, "HEALTH_INTERVAL_S", 600.0)
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.n=2", "rollout.total_rollout_steps=1",
+                         "rollout.sampling.max_new_tokens=8")
+    async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http, EngineClient(warm_engine) as engine:
+        await wait_for(lambda: svc.runner.counters.trajectories_finished >= 2 and svc.runner.snapshot().generating == 0, 120,
+                       "the data played out")
+        (handle,) = svc.pool.engines.values()
+        before = handle.weight_version
+        assert before is not None
+
+        status, _ = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})
+        assert status == 200
+        await engine.update_weight_version("11")
+        status, _ = await admin(http, "POST", f"{url}/admin/resume", {"version": 11})
+        assert status == 200
+        await wait_for(lambda: handle.weight_version == "11", 10, "the resumed engine's version shown")
+
+        status, _ = await admin(http, "POST", f"{url}/admin/engines/{handle.id}/quarantine", {"reason": "test"})
+        assert status == 200
+        await engine.update_weight_version("12")
+        status, body = await admin(http, "DELETE", f"{url}/admin/engines/{handle.id}/quarantine")
+        assert status == 200
+        await wait_for(lambda: handle.weight_version == "12", 10, "the released engine's version shown")
+        status, body = await admin(http, "GET", f"{url}/admin/status")
+        assert [e["weight_version"] for e in body["engines"]] == ["12"]
