@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -205,25 +206,41 @@ async def engine_hang(run: Run, a) -> dict[str, float | None]:
 FAULTS = {"engine-kill": engine_kill, "agent-kill": agent_kill, "engine-hang": engine_hang}
 
 
-async def main_async(a, overrides: list[str]) -> int:
+@contextlib.asynccontextmanager
+async def running_loop(run_dir: Path, overrides: list[str], progress=lambda m: None):
+    """The whole loop on the demo config (two engines, small buckets, endless data), its children
+    armed for the failpoint; yields a :class:`Run`. Everything is stopped on the way out."""
     from asyncrl.config import load_config
     from launcher.up.main import demo_config_path, demo_policy
     from launcher.up.stack import Stack
 
-    run_dir = Path(a.run_dir or tempfile.mkdtemp(prefix="asyncrl-faults-"))
     shutil.rmtree(run_dir, ignore_errors=True)
     fp_dir = run_dir / "failpoints"
     fp_dir.mkdir(parents=True)
-    os.environ["ASYNCRL_FAILPOINTS"] = str(fp_dir)  # every child inherits it
-    model = demo_policy()
-    cfg = load_config(demo_config_path(), [f"model.path={model}", f"run.dir={run_dir}", "engines.num_local=2",
+    cfg = load_config(demo_config_path(), [f"model.path={demo_policy()}", f"run.dir={run_dir}", "engines.num_local=2",
                                            "sync.bucket_bytes=65536", "rollout.total_rollout_steps=1000000", *overrides])
     stack = Stack(cfg, run_dir)
     run = None
-    results: dict[str, list[dict[str, float | None]]] = {f: [] for f in a.faults}
+    before = os.environ.get("ASYNCRL_FAILPOINTS")
+    os.environ["ASYNCRL_FAILPOINTS"] = str(fp_dir)  # every child inherits it (restored on the way out)
     try:
-        stack.start(progress=lambda m: print(f"[faults] {m}", flush=True))
+        await asyncio.to_thread(stack.start, progress)
         run = Run(stack, fp_dir)
+        yield run
+    finally:
+        if run is not None:
+            await run.http.aclose()
+        await asyncio.to_thread(stack.stop)
+        if before is None:
+            os.environ.pop("ASYNCRL_FAILPOINTS", None)
+        else:
+            os.environ["ASYNCRL_FAILPOINTS"] = before
+
+
+async def main_async(a, overrides: list[str]) -> int:
+    run_dir = Path(a.run_dir or tempfile.mkdtemp(prefix="asyncrl-faults-"))
+    results: dict[str, list[dict[str, float | None]]] = {f: [] for f in a.faults}
+    async with running_loop(run_dir, overrides, lambda m: print(f"[faults] {m}", flush=True)) as run:
         for r in range(a.rounds):
             for name in a.faults:
                 await steady(run)
@@ -231,10 +248,6 @@ async def main_async(a, overrides: list[str]) -> int:
                 res = await FAULTS[name](run, a)
                 results[name].append(res)
                 print(f"[faults]   {fmt(res, a.watch_s)}", flush=True)
-    finally:
-        if run is not None:
-            await run.http.aclose()
-        stack.stop()
     print(f"\nrecovery after each fault mid-sync (bound {BOUND_S:g} s; logs in {run_dir / 'logs'})")
     for name, rounds in results.items():
         for key in [k for k in (rounds[0] if rounds else {}) if not k.startswith("_")]:

@@ -57,6 +57,7 @@ class SyncAgent:
     async def close(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.coordinator.liveness.close()
         for c in self.coordinator.clients.values():
             await c.close()
         await self.rollout.close()

@@ -37,7 +37,7 @@ from typing import Any
 from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
-from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
+from asyncrl.sync_control.engine_update import EngineUpdate, Member
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import plan_for, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
@@ -45,6 +45,7 @@ from asyncrl.wire.rollout_admin import EngineState
 from asyncrl.wire.sync import ReloadSpec, SyncRequest, weight_version_number
 from sync_agent.health import SyncTally
 from sync_agent.history import SyncHistory
+from sync_agent.liveness import EngineLiveness
 from sync_agent.records import (
     KEEP_RECORDS,
     AgentState,
@@ -56,8 +57,6 @@ from sync_agent.records import (
 from sync_agent.rollout_admin import RolloutAdmin, RolloutAdminError
 
 log = logging.getLogger(__name__)
-
-RECHECK_TIMEOUT_S = 2.0  # liveness probe of an engine that missed its last one (a live engine answers in ms)
 
 RESUME_RETRIES = 5  # a resume that fails is retried: a rollout left paused stalls the whole run
 RESUME_RETRY_S = 2.0
@@ -86,8 +85,8 @@ class SyncCoordinator:
         self.running: SyncRecord | None = None
         self.reload_hint: ReloadSpec | None = None
         self.last_views: list[dict[str, Any]] = []
-        self.silent: set[str] = set()
-        """Engines whose last liveness probe went unanswered: asked again with ``RECHECK_TIMEOUT_S``."""
+        self.liveness = EngineLiveness(cfg.sync.engine_timeout_s)
+        """Who answers /model_info; engines that missed a probe are not waited for (:mod:`.liveness`)."""
         self.unfinished: SyncRecord | None = next((r for r in reversed(self.records) if not r.done), None)
         """A sync the previous agent process left unfinished; new syncs wait until it is recovered."""
         self.plan = plan_for(cfg)
@@ -112,17 +111,9 @@ class SyncCoordinator:
         async def view(e: EngineState) -> dict:
             out = {"id": e.id, "url": e.url, "rollout_state": e.state, "reason": e.reason, "alive": False,
                    "version": None, "needs_reload": e.id in self.needs_reload}
-            # A live engine answers /model_info at once. One that missed its last probe (dead or hung)
-            # is asked again with a short limit, so that every sync request, reconcile round and push
-            # check does not wait the whole liveness timeout on it again (issue 33: 5 s each, twice
-            # before the trainer's push after a member hung mid-sync).
-            limit = RECHECK_TIMEOUT_S if e.id in self.silent else LIVENESS_TIMEOUT_S
-            try:
-                info = await self.client(e.id, e.url).model_info(timeout_s=min(self.cfg.sync.engine_timeout_s, limit))
+            info = await self.liveness.model_info(e.id, self.client(e.id, e.url))
+            if info is not None:
                 out.update(alive=True, version=weight_version_number(info.get("weight_version")))
-                self.silent.discard(e.id)
-            except EngineError:
-                self.silent.add(e.id)
             return out
 
         views = list(await asyncio.gather(*(view(e) for e in engines)))
@@ -343,7 +334,7 @@ class SyncCoordinator:
         """Quarantine every member that may hold mixed weights (before the rollout resumes);
         drop the group."""
         rec.engines = {m.id: update.outcome(m) for m in update.members}
-        self.silent |= {m.id for m in update.members if m.stuck}  # hung or gone: the next looks ask them briefly
+        self.liveness.mark_silent({m.id for m in update.members if m.stuck})  # hung or gone: not waited for next time
         for eid, outcome in rec.engines.items():
             if outcome != "mixed":
                 continue

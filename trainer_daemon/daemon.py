@@ -176,7 +176,7 @@ class TrainerDaemon:
         k = self.cfg.derived.required_samples
         t0 = time.perf_counter()
         self._wait_started = self._wait_started or t0
-        groups = self.r0.next_batch(k, self.staleness, IDLE_POLL_S)
+        groups = self.r0.next_batch(k, self.staleness, self.r0.data_wait_s(IDLE_POLL_S))
         now = time.perf_counter()
         self._idle_s += now - t0
         self.r0.metrics.live("trainer/waiting_for_data_s", 0.0 if groups else now - self._wait_started)

@@ -98,6 +98,11 @@ class Rank0Services:
         """The last sync failed: engines it left mixed may wait for a push (asked every ``RETRY_CHECK_S``)."""
         return self.sync is not None and self.sync.last_failed
 
+    def data_wait_s(self, idle_s: float) -> float:
+        """How long to wait for a batch: ``idle_s``, or only ``RETRY_CHECK_S`` after a failed
+        sync, so a push the engines wait for is not held up behind the wait (issue 33)."""
+        return min(idle_s, RETRY_CHECK_S) if self.sync_failed else idle_s
+
     def push_wanted(self) -> bool:
         """Engines wait for a full push (bounded; asked at most every ``PUSH_CHECK_S``, or
         ``RETRY_CHECK_S`` after a failed sync; never while a sync is in flight)."""

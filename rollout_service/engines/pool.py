@@ -63,6 +63,7 @@ HEALTH_TIMEOUT_S = 5.0  # liveness (/model_info) while paused
 HEALTH_GENERATE_TIMEOUT_S = 30.0  # above SGLang's HEALTH_CHECK_TIMEOUT (20 s), after which it answers 503 itself
 UNHEALTHY_AFTER = 2  # consecutive connection failures before an engine stops receiving traffic
 NO_ENGINE_WAIT_S = 30.0  # a generate call waits this long for some engine to become routable
+NO_ENGINE_RECHECK_S = 1.0  # a call waiting for a routable engine looks again at least this often (and at every change)
 
 
 class NoEngineAvailable(EngineError):
@@ -223,7 +224,7 @@ class EnginePool:
                     raise
                 self._changed.clear()
                 try:
-                    await asyncio.wait_for(self._changed.wait(), 1.0)
+                    await asyncio.wait_for(self._changed.wait(), NO_ENGINE_RECHECK_S)
                 except TimeoutError:
                     pass
 
@@ -333,7 +334,10 @@ class EnginePool:
         engine, each by its exact rid (module docstring). ``everything``: on each engine that
         still has such a request, abort *all* its requests instead (``abort_all``): SGLang
         0.5.20+ passes only the first exact-rid abort of a request to its scheduler, so one that
-        arrived before the request was scheduled is used up and its repeats are dropped."""
+        arrived before the request was scheduled is used up and its repeats are dropped.
+        Calls still waiting for a routable engine look again at once (a pause sends them back
+        to the gate: ``PausedWhileRouting``) instead of at their next 1 s wake-up."""
+        self._changed.set()
         await asyncio.gather(*(self._abort_on(h, prefix, everything) for h in list(self.engines.values())))
 
     async def _abort_on(self, handle: EngineHandle, prefix: str, everything: bool = False) -> None:

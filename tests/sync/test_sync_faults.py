@@ -155,7 +155,7 @@ async def test_a_hung_engine_is_not_waited_for_when_the_agent_looks_at_the_engin
     round) asks each for /model_info; a hung one (SIGSTOP) is out after the liveness timeout,
     not the control timeout (sync.engine_timeout_s, 30 s by default), so a sync request is
     answered within seconds and its group leaves the hung engine out."""
-    from sync_agent.coordinator import LIVENESS_TIMEOUT_S
+    from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S
 
     engine_a, engine_b = engines
     async with stack(tmp_path, nats_server.url, [engine_a.url, engine_b.url], "sync.engine_timeout_s=30") as (

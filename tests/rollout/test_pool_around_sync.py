@@ -1,7 +1,9 @@
-"""The weight version the rollout service shows for each engine (``/admin/status``'s
-``engines[].weight_version``): the newest-asked answer wins, and a sync's resume or release
-reads the engines at once (found in CI: an engine kept showing the version before a sync
-because a busy health check and no finished call had read it since)."""
+"""The engine pool around a weight sync. What ``/admin/status`` shows as each engine's
+``weight_version``: the newest-asked answer wins, and a sync's resume or release reads the
+engines at once (found in CI: an engine kept showing the version before a sync because a busy
+health check and no finished call had read it since). And a pause sends the calls that wait
+for a routable engine back to the gate at once.
+"""
 
 from __future__ import annotations
 
@@ -55,3 +57,32 @@ async def test_resume_and_release_show_the_engines_new_version_without_waiting_f
         await wait_for(lambda: handle.weight_version == "12", 10, "the released engine's version shown")
         status, body = await admin(http, "GET", f"{url}/admin/status")
         assert [e["weight_version"] for e in body["engines"]] == ["12"]
+
+
+async def test_a_pause_sends_calls_waiting_for_a_routable_engine_back_at_once(monkeypatch):
+    """Issue 33: after a failed sync every engine can be out of rotation; the agents' calls then
+    wait in the router. The next sync's pause aborts this service's calls: those waiting must
+    go back to the gate at that abort, not at their next periodic look (1 s per pause before)."""
+    import asyncio
+
+    from asyncrl.engine_client.errors import PausedWhileRouting
+    from rollout_service.engines.pool import EnginePool
+
+    monkeypatch.setattr(pool_module, "NO_ENGINE_RECHECK_S", 600.0)  # only a wake-up can end the wait
+    paused = [False]
+    pool = EnginePool(paused=lambda: paused[0])
+    pool.add("http://127.0.0.1:9")
+    (handle,) = pool.engines.values()
+    pool.set_quarantine(handle.id, True, "sync-agent: mixed")
+    waiting = asyncio.create_task(pool.generate(None, [1, 2], {}, rid="r-1"))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    paused[0] = True
+    await pool.abort_inflight("r-")
+    try:
+        await asyncio.wait_for(waiting, 5)
+        raise AssertionError("the call went on")
+    except PausedWhileRouting:
+        pass
+    finally:
+        await pool.close()
