@@ -99,9 +99,11 @@ class Rank0Services:
         return self.sync is not None and self.sync.last_failed
 
     def data_wait_s(self, idle_s: float) -> float:
-        """How long to wait for a batch: ``idle_s``, or only ``RETRY_CHECK_S`` after a failed
-        sync, so a push the engines wait for is not held up behind the wait (issue 33)."""
-        return min(idle_s, RETRY_CHECK_S) if self.sync_failed else idle_s
+        """How long to wait for a batch: ``idle_s``, or only ``RETRY_CHECK_S`` while a sync is in
+        flight or after a failed one, so that a failure is seen, and the push the engines then
+        wait for is made, without waiting out the idle poll (issue 33)."""
+        busy = self.sync is not None and (self.sync.in_flight or self.sync.last_failed)
+        return min(idle_s, RETRY_CHECK_S) if busy else idle_s
 
     def push_wanted(self) -> bool:
         """Engines wait for a full push (bounded; asked at most every ``PUSH_CHECK_S``, or

@@ -35,6 +35,7 @@ async def test_the_loop_decodes_again_within_the_bound_after_each_fault_mid_sync
         for name in ("engine-kill", "agent-kill", "engine-hang"):
             await steady(run)
             results[name] = {k: v for k, v in (await FAULTS[name](run, args)).items() if not k.startswith("_")}
+    print(f"recovery figures (s): {results}")  # shown with -rP / -s: docs/operations.md records them
     logs = tmp_path / "run" / "logs"
     missed = {f"{name}: {what}": took for name, figures in results.items() for what, took in figures.items()
               if took is None or took > BOUND_S}
