@@ -354,7 +354,9 @@ class Engine:
                                             "and end_weight_update()")
                 ranks = self.weights.plan_receive(body, check_alignment=self.compat.align_before_broadcast)
                 tensors = await self.weights.receive(ranks, body)
-                self.weights.validate(body.names, tensors)
+                # off the loop: a big bucket's finiteness check would keep /model_info (the sync
+                # agent's liveness probe while members load) from answering
+                await asyncio.to_thread(self.weights.validate, body.names, tensors)
                 async with self.scheduler.hold():
                     self.weights.apply(body.names, tensors)
                 self._flush_after_update(body.flush_cache)

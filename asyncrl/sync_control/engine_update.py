@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # the direct publisher hosts a group; the control side only h
 log = logging.getLogger(__name__)
 
 REPLY_SLACK_S = 10.0  # an engine answers just after its side of the broadcast and the load
-LIVENESS_TIMEOUT_S = 5.0  # /model_info answers at once from a live engine; a hung one is not waited for longer
+LIVENESS_TIMEOUT_S = 3.0  # /model_info answers at once from a live engine (ms, also under load); a hung one is not waited for longer
 LIVENESS_INTERVAL_S = 0.5  # how often members still loading a bucket are asked
 REPLY_GRACE_S = 3.0  # after one engine failed a bucket, how long the others may still confirm it
 FLUSH_RETRIES = 30  # flush_cache answers 400 while aborted requests drain
