@@ -187,14 +187,13 @@ class RolloutService:
         async def queue_probe() -> int:
             return await self._unconsumed_trajectories(js)
 
+        self.val_records = await asyncio.to_thread(validation_records, cfg)
         self.runner = Runner(
             cfg, deps_factory=self._deps, stream=stream, outbox=outbox, publisher=publisher,
             agent_store=AgentStore(agents_kv, js, self.names.agents_bucket), state_store=RunnerStateStore(state_kv), queue_probe=queue_probe,
             abort_engines=self.pool.abort_inflight, rid_prefix=self.rid_prefix,
+            validator=self._validation_rollouts if self.val_records else None,
         )
-        self.val_records = await asyncio.to_thread(validation_records, cfg)
-        if self.val_records:
-            self.runner.validation.validator = self._validation_rollouts
 
     def health(self, r, engines: list[dict]) -> dict:
         """The run's health block (:func:`rollout_service.api.run_health.rollout_health`) from a

@@ -128,8 +128,7 @@ class TrainerDaemon:
         if self.ctx.is_rank0:
             from trainer_daemon.rank0 import Rank0Services
 
-            self.r0 = Rank0Services(cfg, state)
-            self.r0.source.admit = admission_check(cfg.run.id, policy_vocab_size(self.model), cfg.model.max_model_len)
+            self.r0 = Rank0Services(cfg, state, admission_check(cfg.run.id, policy_vocab_size(self.model), cfg.model.max_model_len))
             self.r0.start()
             republish = b"1" if int(state.get("weight_version", 0)) > 0 or self.r0.jumped else b"0"
         if self.has_sync and self.ctx.broadcast_bytes(republish) == b"1":

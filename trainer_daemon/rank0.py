@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import secret
 from asyncrl.jetstream import connect, ensure_stream, resolve_nats_url
-from asyncrl.wire import NatsNames
+from asyncrl.wire import NatsNames, Trajectory
 from trainer_daemon.algo import StalenessBound
 from trainer_daemon.consume import ConsumptionState, PendingGroup, TrajectorySource
 from trainer_daemon.consume.exclusion import excluder
@@ -39,7 +40,7 @@ NATS_CLOSE_TIMEOUT_S = 10.0
 class Rank0Services:
     """See the module docstring."""
 
-    def __init__(self, cfg, trainer_state: dict[str, Any]) -> None:
+    def __init__(self, cfg, trainer_state: dict[str, Any], admit: Callable[[Trajectory], str]) -> None:
         self.cfg = cfg
         self.names = NatsNames(cfg.run.id)
         self.io = IoLoop()
@@ -66,9 +67,9 @@ class Rank0Services:
         ledger.adopt_lost(lost)
         required = cfg.derived.required_samples * cfg.rollout.n
         self.source = TrajectorySource(self.names, state, ledger, required, ack_wait_s=cfg.trainer.ack_wait_s,
-                                       in_flight=cfg.derived.max_concurrent_samples, dead_letters_keep=cfg.nats.dead_letters_keep)
-        self.source.effective = self.lineage.effective
-        self.source.exclude = excluder(cfg.actor.truncated_sampling)
+                                       in_flight=cfg.derived.max_concurrent_samples, dead_letters_keep=cfg.nats.dead_letters_keep,
+                                       effective=self.lineage.effective, exclude=excluder(cfg.actor.truncated_sampling),
+                                       admit=admit)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:

@@ -49,7 +49,7 @@ from rollout_service.runner.inflight import InFlightCalls
 from rollout_service.runner.quota import StalenessQuota
 from rollout_service.runner.restore import restore, runner_document
 from rollout_service.runner.snapshot import PromptProgress, RunnerSnapshot, TokenCounts
-from rollout_service.runner.validation import ValidationSchedule
+from rollout_service.runner.validation import ValidationSchedule, Validator
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Runner:
 
     def __init__(self, cfg: RunConfig, *, deps_factory: Callable[["Runner"], AgentDeps], stream, outbox, publisher,
                  agent_store, state_store, queue_probe: Callable[[], Awaitable[int]], abort_engines: Callable[[str], Awaitable[None]],
-                 rid_prefix: str) -> None:
+                 rid_prefix: str, validator: Validator | None = None) -> None:
         self.cfg = cfg
         d = cfg.derived
         self.n = cfg.rollout.n
@@ -97,7 +97,7 @@ class Runner:
         self._stop = asyncio.Event()
         self._loops: list[asyncio.Task] = []
         self.deps = deps_factory(self)
-        self.validation = ValidationSchedule(cfg.rollout.test_freq)
+        self.validation = ValidationSchedule(cfg.rollout.test_freq, validator)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:

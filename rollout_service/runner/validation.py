@@ -35,10 +35,10 @@ Validator = Callable[[int], Awaitable[dict]]
 class ValidationSchedule:
     """When validation runs (see the module docstring); no validator: never."""
 
-    def __init__(self, test_freq: int) -> None:
+    def __init__(self, test_freq: int, validator: Validator | None = None) -> None:
         self.test_freq = test_freq
-        self.validator: Validator | None = None
-        """Set by the service when a validation set exists (rollouts + publishing the metrics)."""
+        self.validator = validator
+        """The service's when a validation set exists (rollouts + publishing the metrics)."""
         self.last_result: dict | None = None
         self._task: asyncio.Task | None = None
 

@@ -89,7 +89,9 @@ class TrajectorySource:
     """See the module docstring."""
 
     def __init__(self, names: NatsNames, state: ConsumptionState, ledger: Ledger, required_trajectories: int,
-                 ack_wait_s: float = ACK_WAIT_S, in_flight: int = 0, dead_letters_keep: int = 10_000) -> None:
+                 ack_wait_s: float = ACK_WAIT_S, in_flight: int = 0, dead_letters_keep: int = 10_000, *,
+                 effective: Callable[[int], int] = lambda v: v, exclude: Callable | None = None,
+                 admit: Callable[[Trajectory], str] = lambda traj: "") -> None:
         self.names = names
         self.dead_letters_keep = dead_letters_keep
         self.ack_wait_s = ack_wait_s
@@ -102,11 +104,11 @@ class TrajectorySource:
         self._msgs: dict[int, object] = {}  # seq -> latest Msg of every held message
         self._held_ids: set[str] = set()
         self._pending: list[PendingGroup] = []
-        self.effective = lambda v: v
+        self.effective = effective
         """Maps a weight version to training steps (``trainer_daemon.lineage.Lineage.effective``)."""
-        self.exclude = excluder("train")
-        """Names why a trajectory must not be trained (``exclusion.py``); set from the run's config."""
-        self.admit: Callable[[Trajectory], str] = lambda traj: ""
+        self.exclude = exclude or excluder("train")
+        """Names why a trajectory must not be trained (``exclusion.py``), from the run's config."""
+        self.admit = admit
         """Names why a decoded trajectory cannot be trained by this run's policy at all
         (``admission.py``: run id, vocabulary, length): it is dead-lettered as poison."""
         self.redelivered_skipped = 0
