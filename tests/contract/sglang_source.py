@@ -34,7 +34,10 @@ What ``check_request(version, method, path, body, query)`` checks, reading that 
 * ``/generate``: ``GenerateReqInput`` (a dataclass) the same way, and every key of
   ``sampling_params`` (dict or list of dicts) must be an argument of ``SamplingParams(...)``
   (its ``__init__`` or, for a Struct/dataclass, its fields): an unknown one is a TypeError,
-  HTTP 400. Sampling-param values are not type-checked (the constructor does not either).
+  HTTP 400. From 0.5.22 the route also runs its contract gate (:func:`generate_contract`): the
+  generated schema decoder, executed from the wheel, types every field and sampling value
+  (``max_new_tokens: 16.0`` is a 400 there); before, sampling values are not type-checked
+  (the constructor does not either).
 * query parameters: scalar handler parameters (``timeout: float = Query(0.0, ge=0.0)``) with
   their type and ge/gt/le/lt bounds; unknown query keys are reported.
 
@@ -91,7 +94,8 @@ IO_STRUCT = "sglang/srt/managers/io_struct.py"
 SAMPLING_PARAMS = "sglang/srt/sampling/sampling_params.py"
 SERVER_ARGS = "sglang/srt/server_args.py"  # launch flags (tests/contract/test_launch_flags.py)
 FUNCTION_CALL_PARSER = "sglang/srt/function_call/function_call_parser.py"  # --tool-call-parser names
-LAYOUT = "v4"  # bump when the extracted files change: caches of an older layout are rebuilt
+API_TYPES = "sglang/api/v1/api_types.py"  # 0.5.22+: the schema decoder of the /generate contract gate (msgspec only)
+LAYOUT = "v5"  # bump when the extracted files change: caches of an older layout are rebuilt
 METADATA = "METADATA"  # the wheel's dist-info METADATA, kept beside the sources
 FACTS = "facts.json"  # behaviour read from the wheel's source (_behaviour_facts)
 # Modules io_struct imports from that are light enough to execute (stdlib, msgspec, pydantic).
@@ -167,6 +171,7 @@ def _extract(wheel: Path, stage: Path) -> None:
             raise SGLangSourceError(f"{wheel.name} lacks {missing}: SGLang moved them; update the kit")
         server = ast.parse(zf.read(HTTP_SERVER))
         wanted += [_module_file(module, names) for module, _, _ in _included_routers(server)]
+        wanted += [API_TYPES] if API_TYPES in names else []  # optional: releases before the gate have none
         for member in wanted:
             target = stage / member
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -505,6 +510,33 @@ def _body_problems(version: str, cls: type, body: object) -> list[str]:
     return problems
 
 
+@functools.cache
+def generate_contract(version: str):
+    """The /generate contract gate of sglang==version, or None where it has none: 0.5.22+
+    refuse (HTTP 400, ``{"error": <text>}``) a body that ``GenerateRequest.from_json_value`` of
+    the generated ``sglang/api/v1/api_types.py`` rejects (``entrypoints/api_contract.py``), also
+    values the dataclass parse admits (``max_new_tokens: 16.0``, an unknown sampling key). Read
+    from the source: the module must exist and ``http_server.py`` must call the gate. Returns
+    ``f(body) -> error text or None`` running that module's own decoder."""
+    src = source_dir(version)
+    if not (src / API_TYPES).exists() or "generate_contract_error(" not in (src / HTTP_SERVER).read_text():
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_sglang_api_types_{version.replace('.', '_')}", src / API_TYPES)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # msgspec resolves the Structs' annotations through it
+    spec.loader.exec_module(module)
+
+    def check(body: object) -> str | None:
+        try:
+            module.GenerateRequest.from_json_value(body)
+        except module.JsonContractError as exc:
+            return str(exc)
+        return None
+    return check
+
+
 def check_request(version: str, method: str, path: str, body: object = None,
                   query: dict[str, object] | None = None) -> list[str]:
     """The problems a real sglang==version server would have with this request (empty: fine).
@@ -543,4 +575,8 @@ def check_request(version: str, method: str, path: str, body: object = None,
         for item in [p for p in (params if isinstance(params, list) else [params]) if isinstance(p, dict)]:
             problems += [f"sampling param {k} is not an argument of SamplingParams in sglang {version} "
                          f"(TypeError, HTTP 400)" for k in item if k not in accepted]
+        gate = generate_contract(version)
+        error = None if gate is None else gate(json.loads(json.dumps(body)))  # what the server parsed
+        if error is not None:
+            problems.append(f"the /generate contract gate of sglang {version} refuses the body (HTTP 400): {error}")
     return problems

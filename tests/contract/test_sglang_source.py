@@ -102,17 +102,26 @@ def test_update_weights_from_distributed_bodies(sglang_version):
 
 def test_generate_bodies(sglang_version):
     v = sglang_version
+    gated = kit.generate_contract(v) is not None  # 0.5.23: its decoder reports what the dataclass parse does too
+
+    def dataclass_problems(body) -> list[str]:
+        return [p for p in kit.check_request(v, "POST", "/generate", body) if "contract gate" not in p]
+
+    def gate_problems(body) -> list[str]:
+        return [p for p in kit.check_request(v, "POST", "/generate", body) if "contract gate" in p]
+
     assert kit.check_request(v, "POST", "/generate", GENERATE) == []
     assert kit.check_request(v, "PUT", "/generate", GENERATE) == []
     foo = {**GENERATE, "sampling_params": {"max_new_tokens": 4, "foo": 1}}
-    assert kit.check_request(v, "POST", "/generate", foo) == [
+    assert dataclass_problems(foo) == [
         f"sampling param foo is not an argument of SamplingParams in sglang {v} (TypeError, HTTP 400)"]
+    assert [("unknown field `foo`" in p) for p in gate_problems(foo)] == ([True] if gated else [])
     batch = {**GENERATE, "input_ids": [[1], [2]], "rid": ["a", "b"], "sampling_params": [{"n": 1}, {"bar": 2}]}
-    assert [p.split()[2] for p in kit.check_request(v, "POST", "/generate", batch)] == ["bar"]
+    assert [p.split()[2] for p in dataclass_problems(batch)] == ["bar"]
     # pydantic (lax python mode, as FastAPI runs it) has no int -> str coercion: SGLang rejects it.
-    [rid] = kit.check_request(v, "POST", "/generate", {**GENERATE, "rid": 5})
+    [rid] = dataclass_problems({**GENERATE, "rid": 5})
     assert rid.startswith("field rid=5 is not a valid Optional[Union[str, List[str]]] for GenerateReqInput")
-    [ids] = kit.check_request(v, "POST", "/generate", {**GENERATE, "input_ids": ["a"]})
+    [ids] = dataclass_problems({**GENERATE, "input_ids": ["a"]})
     assert "elements must be int or list" in ids  # SGLang's own PlainValidator ran
     assert {"max_new_tokens", "temperature", "top_p", "stop", "n"} <= kit.sampling_param_names(v)
 
@@ -226,3 +235,24 @@ def test_concurrent_first_calls_download_once(tmp_path, monkeypatch):
     assert not (out / "sglang/other.py").exists()
     assert kit.requires_dist("9.9.9", "torch") == "9.0.0" and kit.requires_dist("9.9.9", "numpy") is None
     assert sorted(p.name for p in out.parent.iterdir()) == [".9.9.9.lock", "9.9.9"]
+
+
+@pytest.mark.parametrize("version,gated", [("0.5.21", False), ("0.5.22", True), ("0.5.23", True)])
+def test_generate_values_are_type_checked_where_the_release_has_its_contract_gate(version, gated):
+    """0.5.22+ run /generate bodies through the generated schema decoder (api_contract.py) before
+    the dataclass: a float max_new_tokens, a string temperature, a bool top_k are 400s there,
+    though ``SamplingParams(**params)`` takes them. The kit runs that decoder from the wheel."""
+    try:
+        kit.source_dir(version)
+    except kit.SGLangSourceError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    assert (kit.generate_contract(version) is not None) is gated
+    assert kit.check_request(version, "POST", "/generate", GENERATE) == []
+    for bad in ({"max_new_tokens": 16.0}, {"temperature": "0.5"}, {"top_k": True}, {"stop_token_ids": [1.0]}):
+        body = {**GENERATE, "sampling_params": {**GENERATE["sampling_params"], **bad}}
+        problems = kit.check_request(version, "POST", "/generate", body)
+        gate = [p for p in problems if "contract gate" in p]
+        assert bool(gate) is gated, (bad, problems)
+        if gated:
+            assert "invalid type" in gate[0], gate
+    assert kit.check_request(version, "POST", "/generate", {**GENERATE, "sampling_params": {"max_new_tokens": 16}}) == []
