@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.contract import sglang_source as kit
+from tests.rollout.conftest import warm_engine, warm_model  # noqa: F401 - fixtures of test_rollout_traffic.py
 
 
 @pytest.fixture(scope="session", params=kit.PINNED)

@@ -1,0 +1,63 @@
+"""The /generate bodies the rollout service's own request builders make, checked against every
+SGLang release asyncrl supports (issue 35: the kit took its sampling parameters from the test).
+
+A recording proxy sits in front of a local engine while the real service runs: its own agent
+plays a sample (the runner's turn builder, the configured sampling), and the official openai
+client drives the OpenAI path (a chat completion with tools, ``stop``, ``seed``, ``top_p``,
+log-probs; a text completion with ``stop`` and ``seed``). Every recorded /generate body must be
+one each release's request classes accept and, from 0.5.22, its contract gate too (the
+generated schema decoder, run from the wheel: ``sglang_source.generate_contract``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from openai import AsyncOpenAI
+
+from local_engine.compat import SUPPORTED
+from tests.contract import sglang_source as kit
+from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import running_service
+from tests.rollout.test_openai_api import CALC, QUESTION, idle_cfg, new_session
+
+RELEASES = [f"0.5.{n}" for n in range(SUPPORTED[0][2], SUPPORTED[1][2] + 1)]
+
+
+@pytest.fixture(scope="module")
+def releases() -> list[str]:
+    for release in RELEASES:
+        try:
+            kit.source_dir(release)
+        except kit.SGLangSourceError as exc:
+            pytest.fail(str(exc), pytrace=False)
+    return RELEASES
+
+
+async def test_every_generate_body_the_service_builds_is_one_every_release_accepts(tmp_path, nats_server, warm_engine,
+                                                                                  releases):
+    proxy = await RecordingProxy(warm_engine).start()
+    try:
+        cfg = idle_cfg(tmp_path, nats_server.url, proxy.url, "rollout.sampling.top_p=0.95", "rollout.sampling.top_k=40",
+                       "rollout.sampling.max_new_tokens=12")
+        async with running_service(cfg) as (svc, url):
+            await wait_for(lambda: svc.runner.counters.trajectories_finished >= 1, 120, "the service's own sample")
+            sess = await new_session(url)
+            client = AsyncOpenAI(base_url=sess["base_url"], api_key=sess["token"], timeout=120, max_retries=0)
+            await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": QUESTION}], tools=CALC,
+                                                 stop=["\n\n", "###"], seed=7, temperature=0.7, top_p=0.9, max_tokens=8,
+                                                 logprobs=True, top_logprobs=2)
+            text = await new_session(url, data_source="external/text", group_size=1)
+            plain = AsyncOpenAI(base_url=text["base_url"], api_key=text["token"], timeout=120, max_retries=0)
+            await plain.completions.create(model="policy", prompt=[5, 6, 7, 8], max_tokens=4, stop=["x"], seed=3, temperature=1.0)
+    finally:
+        await proxy.stop()
+    bodies = [body for method, path, _, body in proxy.requests if (method, path) == ("POST", "/generate")]
+    params = [b["sampling_params"] for b in bodies]
+    # the recording covers what it claims: the runner's sampling and the OpenAI path's extras
+    assert any(p.get("top_k") == 40 for p in params), params
+    assert any(p.get("sampling_seed") == 7 and p.get("stop") for p in params), params
+    assert any(p.get("sampling_seed") == 3 for p in params), params
+    problems = [f"sglang {release}: {problem} in {body!r:.300}" for release in releases for body in bodies
+                for problem in kit.check_request(release, "POST", "/generate", body)]
+    assert not problems, "\n".join(problems)
