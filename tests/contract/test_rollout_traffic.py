@@ -61,3 +61,29 @@ async def test_every_generate_body_the_service_builds_is_one_every_release_accep
     problems = [f"sglang {release}: {problem} in {body!r:.300}" for release in releases for body in bodies
                 for problem in kit.check_request(release, "POST", "/generate", body)]
     assert not problems, "\n".join(problems)
+
+
+WRONG_TYPES = {"max_new_tokens": [16.0, "16", True], "min_new_tokens": [1.0], "temperature": ["0.5", False], "top_p": ["1"],
+               "top_k": [20.0, True], "min_p": ["0"], "stop": [5, [1]], "stop_token_ids": [[1.0], ["2"], 3],
+               "ignore_eos": [1, "true"], "skip_special_tokens": [0], "no_stop_trim": ["no"], "sampling_seed": [7.0, "7"],
+               "n": [1.0]}
+
+
+async def test_local_engine_refuses_every_sampling_value_the_contract_gate_refuses(warm_engine, releases):
+    """local_engine is at least as strict as the newest release's gate on the sampling values
+    asyncrl sends: each wrong-typed value the gate refuses is a 400 from local_engine too."""
+    import httpx
+
+    gate = kit.generate_contract(RELEASES[-1])
+    assert gate is not None
+    checked = 0
+    async with httpx.AsyncClient(timeout=60) as http:
+        for key, values in WRONG_TYPES.items():
+            for value in values:
+                body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2, key: value}}
+                if gate(body) is None:
+                    continue  # the gate takes it: nothing to match
+                checked += 1
+                r = await http.post(f"{warm_engine}/generate", json=body)
+                assert r.status_code == 400, (key, value, r.status_code, r.text[:300])
+    assert checked >= 20, checked
