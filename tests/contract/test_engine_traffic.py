@@ -1,5 +1,5 @@
 """Everything asyncrl sends to an engine, checked against SGLang's own route table and request
-classes for both pinned releases (``sglang_source``).
+classes for every release asyncrl supports, 0.5.15 to 0.5.23 (``sglang_source``).
 
 The traffic is recorded, not re-typed: a recording proxy sits in front of a local_engine (one
 emulating 0.5.23, one 0.5.18) while the product's own code runs against it:
@@ -27,6 +27,7 @@ import torch
 
 from asyncrl.engine_client import EngineClient, EngineHTTPError
 from asyncrl.models import load_model
+from local_engine.compat import SUPPORTED, SglangCompat
 from rollout_service.engines.pool import EnginePool
 from tests.contract import sglang_source as kit
 from tests.helpers.processes import start_engine
@@ -141,13 +142,20 @@ def test_the_recording_covers_what_the_product_sends(traffic):
     assert not any(b.get("rid") == "rl-contract." for b in aborts), "no prefix aborts"
 
 
-@pytest.mark.parametrize("version", kit.PINNED)
+@pytest.mark.parametrize("version", [f"0.5.{n}" for n in range(SUPPORTED[0][2], SUPPORTED[1][2] + 1)])
 def test_every_request_is_one_sglang_accepts(traffic, version):
-    assert version in EMULATED
+    """Every supported release, with the traffic recorded against the emulation of its side of
+    the weight-update sessions (0.5.21+ have them: the 0.5.23 recording; older: the 0.5.18 one)."""
+    try:
+        kit.source_dir(version)
+    except kit.SGLangSourceError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    sessions = SglangCompat.of(version).sessions
+    recorded = traffic["0.5.23" if sessions else "0.5.18"]
     problems = []
-    for method, path, query, body in traffic[version]:
+    for method, path, query, body in recorded:
         issues = kit.check_request(version, method, path, body if body is not None else None, query or None)
-        if version == "0.5.18" and (method, path) in SESSION_ROUTES:
+        if not sessions and (method, path) in SESSION_ROUTES:
             assert all("no route" in i for i in issues), issues  # absent on purpose: the product handles the 404
             continue
         problems += [f"{method} {path} {body!r:.200}: {i}" for i in issues]
