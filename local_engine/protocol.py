@@ -1,7 +1,11 @@
 """Request bodies of the SGLang HTTP subset local_engine serves, as strict pydantic models.
 
-Like SGLang, unknown fields are ignored and ``null`` means "use the default". Unlike a
-plain pydantic model, types are strict (``"5"`` is not an int, ``1`` is not a bool) and
+Like SGLang, unknown fields are ignored, and ``null`` means "use the default" for the fields
+SGLang types ``Optional``; a field SGLang types without ``None`` (``flush_cache: bool``,
+``group_name: str``, ``mode: Literal[...]``) refuses ``null`` with 400 here as there
+(``NULL_REFUSED`` per body, checked against every release's classes by
+``tests/contract/test_null_strictness.py``: as strict as the strictest supported release).
+Unlike a plain pydantic model, types are strict (``"5"`` is not an int, ``1`` is not a bool) and
 floats must be finite, so malformed input fails here with 400 instead of deeper down.
 
 Fields SGLang has but local_engine cannot honour (batches, ``n>1``, penalties, grammars,
@@ -11,7 +15,7 @@ silently ignored: an RL client must not believe it got a behaviour it did not.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,12 +27,14 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's cap; each one costs a triple per generated tok
 
 class _Body(BaseModel):
     model_config = _STRICT
+    NULL_REFUSED: ClassVar[frozenset[str]] = frozenset()
+    """Fields SGLang types without ``None``: ``null`` there is a 400, not the default."""
 
     @model_validator(mode="before")
     @classmethod
     def _null_is_default(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
+            return {k: v for k, v in data.items() if v is not None or k in cls.NULL_REFUSED}
         return data
 
 
@@ -112,6 +118,8 @@ class SamplingParams(_Body):
 class GenerateBody(_Body):
     """Body of /generate (single request only)."""
 
+    NULL_REFUSED = frozenset({"stream", "return_text_in_logprobs", "return_prompt_token_ids", "return_routed_experts",
+                              "return_hidden_states"})  # a plain bool up to 0.5.16
     text: str | list[Any] | None = None
     input_ids: list[Any] | None = None
     sampling_params: dict[str, Any] | list[Any] = Field(default_factory=dict)
@@ -169,6 +177,7 @@ class AbortBody(_Body):
     """/abort_request: ``rid`` must be a request the engine tracks exactly (else nothing
     happens, as on SGLang); or ``abort_all``."""
 
+    NULL_REFUSED = frozenset({"abort_all"})
     rid: str = ""
     abort_all: bool = False
 
@@ -176,24 +185,28 @@ class AbortBody(_Body):
 class SessionBody(_Body):
     """/begin_weight_update and /end_weight_update (SGLang 0.5.21+)."""
 
+    NULL_REFUSED = frozenset({"selector"})
     selector: Literal["target", "draft", "all"] = "all"
 
 
 class PauseBody(_Body):
     """/pause_generation: ``abort``, ``retract`` (requests kept, KV freed, prefilled again on continue) or ``in_place`` (requests and KV kept)."""
 
+    NULL_REFUSED = frozenset({"mode"})
     mode: Literal["abort", "retract", "in_place"] = "abort"
 
 
 class ContinueBody(_Body):
     """/continue_generation. ``torch_empty_cache`` is accepted and has no effect on CPU."""
 
+    NULL_REFUSED = frozenset({"torch_empty_cache"})
     torch_empty_cache: bool = True
 
 
 class InitGroupBody(_Body):
     """/init_weights_update_group. Only ``gloo`` exists on CPU; like SGLang, the default is nccl."""
 
+    NULL_REFUSED = frozenset({"group_name", "backend"})
     master_address: str = Field(min_length=1)
     master_port: int = Field(ge=1, le=65535)
     rank_offset: int = Field(ge=1)
@@ -211,12 +224,14 @@ class InitGroupBody(_Body):
 class DestroyGroupBody(_Body):
     """/destroy_weights_update_group."""
 
+    NULL_REFUSED = frozenset({"group_name"})
     group_name: str = DEFAULT_GROUP_NAME
 
 
 class UpdateDistributedBody(_Body):
     """/update_weights_from_distributed (SGLang ``UpdateWeightsFromDistributedReqInput``)."""
 
+    NULL_REFUSED = frozenset({"group_name", "flush_cache", "abort_all_requests", "selector", "torch_empty_cache"})
     names: list[str] = Field(min_length=1)
     dtypes: list[str]
     shapes: list[list[int]]
@@ -244,6 +259,7 @@ class UpdateDistributedBody(_Body):
 class UpdateDiskBody(_Body):
     """/update_weights_from_disk: a Hugging Face safetensors directory, same parameter names."""
 
+    NULL_REFUSED = frozenset({"abort_all_requests", "flush_cache", "keep_pause"})
     model_path: str = Field(min_length=1)
     load_format: Literal["auto", "safetensors"] | None = None
     abort_all_requests: bool = False
@@ -257,6 +273,7 @@ class UpdateDiskBody(_Body):
 class UpdateVersionBody(_Body):
     """/update_weight_version."""
 
+    NULL_REFUSED = frozenset({"abort_all_requests"})
     new_version: str = Field(min_length=1)
     abort_all_requests: bool = True
 
