@@ -24,6 +24,10 @@ def rollout_url(cfg) -> str:
     return f"http://{host}:{cfg.rollout.port}"
 
 
+class PolicyRefused(RuntimeError):
+    """``sync.pause_policy`` cannot run on the configured engines (see the message)."""
+
+
 class SyncAgent:
     def __init__(self, cfg) -> None:
         self.cfg = cfg
@@ -36,6 +40,11 @@ class SyncAgent:
         self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> None:
+        """Recover an interrupted sync and start the loops. Raises :class:`PolicyRefused` (the
+        process does not start) when ``sync.pause_policy`` cannot run on the configured engines."""
+        problems = await self.coordinator.policy_problems_at_start()
+        if problems:
+            raise PolicyRefused("refusing to start: " + "; ".join(problems))
         try:
             state = await recover(self.coordinator)
             if state:

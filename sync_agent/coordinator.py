@@ -37,7 +37,7 @@ from typing import Any
 from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
-from asyncrl.sync_control.engine_update import EngineUpdate, Member
+from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import plan_for, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
@@ -186,6 +186,28 @@ class SyncCoordinator:
         if problems:
             raise SyncConflict(409, "pause_policy", "; ".join(problems))
         return {m.id: m.rank_offset for m in update.members}, world
+
+    async def policy_problems_at_start(self) -> list[str]:
+        """Why ``sync.pause_policy`` cannot run on the configured engines (``engines.urls``), read
+        from their ``/server_info`` at the agent's start (issue 35: a ``retract``/``in_place``
+        run on engines without ``weight_versions`` spans is refused before its first sync).
+        Engines that do not answer within the liveness bound are not judged here; every sync
+        judges its members again (:meth:`_plan_group`)."""
+        urls = list(self.cfg.engines.urls or [])
+        if self.plan.engine_mode not in ("retract", "in_place") or not urls:
+            return []
+        limit = min(self.cfg.sync.engine_timeout_s, LIVENESS_TIMEOUT_S)
+
+        async def one(url: str) -> list[str]:
+            update = EngineUpdate([Member(url, self.client(url, url))], control_timeout_s=limit)
+            try:
+                layouts, _ = await update.read_layouts()
+            except (LayoutError, EngineError) as exc:
+                log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
+                return []
+            return policy_problems(self.plan, layouts)
+
+        return [p for found in await asyncio.gather(*(one(u) for u in urls)) for p in found]
 
     # -- accepting ------------------------------------------------------------------------
     async def submit(self, request: SyncRequest) -> tuple[SyncRecord, int]:

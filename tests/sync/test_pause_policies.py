@@ -12,7 +12,8 @@ import pytest
 from asyncrl.sync_control.pause_policy import pause_plan
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import WAIT_S, wait_for
-from tests.sync.conftest import perturbed_weights, publisher, stack
+from tests.rollout.conftest import ADMIN
+from tests.sync.conftest import SYNC_TOKEN, config, perturbed_weights, publisher, stack
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
 LONG = 1500  # tokens: the generation is still running when the sync pauses, even on a loaded box
@@ -95,22 +96,55 @@ async def _running_tokens(engine, over: int) -> bool:
 
 async def test_a_policy_that_keeps_requests_is_refused_on_an_engine_without_spans(tmp_path, nats_server):
     """Issue 35 item 3: an engine emulating sglang 0.5.18 returns no weight_versions spans, so
-    under ``retract`` the trainer could not tell the old weights' tokens from the new: the sync
-    agent refuses the sync (409 ``pause_policy``, naming the engine and its release) and the
-    engine keeps serving its version."""
+    under ``retract`` the trainer could not tell the old weights' tokens from the new. One that
+    joins the run after the agent started (added at the rollout service) makes the agent refuse
+    the sync (409 ``pause_policy``, naming the engine and its release); every engine keeps
+    serving its version."""
     from asyncrl.sync_control.errors import WeightSyncError
     from tests.helpers.processes import start_engine
 
-    with start_engine(tmp_path, "--sglang-compat", "0.5.18", name="engine-0.5.18") as engine:
-        async with stack(tmp_path, nats_server.url, [engine.url], "async_training.partial_rollout=true",
+    with start_engine(tmp_path, name="engine-0.5.23") as new, \
+            start_engine(tmp_path, "--sglang-compat", "0.5.18", name="engine-0.5.18") as old:
+        async with stack(tmp_path, nats_server.url, [new.url], "async_training.partial_rollout=true",
                          "sync.pause_policy=retract") as (svc, rollout_url, agent, agent_url, cfg):
+            old_id = svc.pool.add(old.url).id
             pub = publisher(agent_url, cfg)
             try:
                 _, weights = perturbed_weights(1)
                 with pytest.raises(WeightSyncError, match="409") as refused:
                     await pub.publish(1, weights)
                 message = str(refused.value)
-                assert '"pause_policy"' in message and "runs sglang 0.5.18" in message and "pause_policy=retract" in message
+                assert '"pause_policy"' in message and f"engine {old_id} runs sglang 0.5.18" in message, message
+                assert "pause_policy=retract" in message
                 assert agent.coordinator.records == [] and not svc.runner.paused
             finally:
                 await pub.close()
+
+
+async def test_the_agent_refuses_to_start_with_a_policy_its_engines_cannot_run(tmp_path, nats_server):
+    """Issue 35 item 3, at start: ``retract`` on a configured engine without spans stops the
+    agent from starting (the process exits naming the engine and its release) instead of
+    failing every sync later; ``abort`` on the same engine starts."""
+    import subprocess
+    import sys
+
+    from tests.helpers.processes import start_engine
+
+    with start_engine(tmp_path, "--sglang-compat", "0.5.18", name="engine-0.5.18") as engine:
+        cfg = config(tmp_path, nats_server.url, [engine.url], "async_training.partial_rollout=true", "sync.pause_policy=retract")
+        from sync_agent.agent import PolicyRefused, SyncAgent
+
+        agent = SyncAgent(cfg)
+        try:
+            with pytest.raises(PolicyRefused, match=f"engine {engine.url} runs sglang 0.5.18"):
+                await agent.start()
+        finally:
+            await agent.close()
+        relaxed = config(tmp_path, nats_server.url, [engine.url], "async_training.partial_rollout=true", "sync.pause_policy=abort")
+        assert await SyncAgent(relaxed).coordinator.policy_problems_at_start() == []
+        # the real process: it exits, saying why
+        argv = [sys.executable, "-m", "sync_agent", f"run.dir={tmp_path / 'run'}", f"engines.urls=[\"{engine.url}\"]",
+                f"security.sync_token={SYNC_TOKEN}", f"security.admin_token={ADMIN}", "async_training.partial_rollout=true",
+                "sync.pause_policy=retract", "sync.port=0"]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "runs sglang 0.5.18" in proc.stdout + proc.stderr, (proc.returncode, proc.stderr[-2000:])
