@@ -195,6 +195,11 @@ class EnginePool:
         return handle
 
     async def close(self) -> None:
+        """Stop the background aborts and version reads, then close every engine's client."""
+        tasks = [t for t in self._background if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for handle in self.engines.values():
             await handle.client.close()
 
