@@ -411,8 +411,7 @@ class EnginePool:
         ok = why is None
         if ok:
             try:
-                asked_at = time.monotonic()
-                handle.observe_version(await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S), asked_at)
+                await self._read_version(handle)
             except EngineError:
                 ok, why = False, "no weight version"
         if ok and handle.state == "unhealthy":
@@ -432,14 +431,20 @@ class EnginePool:
         next answer or health check (which can wait up to ``HEALTH_GENERATE_TIMEOUT_S`` on a
         busy engine)."""
         async def one(handle: EngineHandle) -> None:
-            asked_at = time.monotonic()
             try:
-                handle.observe_version(await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S), asked_at)
+                await self._read_version(handle)
             except EngineError as exc:
                 log.debug("engine %s: weight version not read after a sync: %s", handle.id, exc)
 
         handles = [h for eid, h in list(self.engines.items()) if engine_ids is None or eid in engine_ids]
         await asyncio.gather(*(one(h) for h in handles))
+
+    @staticmethod
+    async def _read_version(handle: EngineHandle) -> None:
+        """Ask the engine for its weight version (``HEALTH_TIMEOUT_S``) and record the answer;
+        raises EngineError when it does not answer."""
+        asked_at = time.monotonic()
+        handle.observe_version(await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S), asked_at)
 
     def refresh_versions_soon(self, engine_ids: list[str] | None = None) -> None:
         """:meth:`refresh_versions` in the background (the caller's answer does not wait for it)."""

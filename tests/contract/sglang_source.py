@@ -69,8 +69,11 @@ import msgspec
 import pydantic
 
 from asyncrl.models.cache import MARKER, build_once
+from local_engine.compat import SUPPORTED
 
 PINNED = ("0.5.18", "0.5.23")
+SUPPORTED_RELEASES = tuple(f"0.5.{n}" for n in range(SUPPORTED[0][2], SUPPORTED[1][2] + 1))
+"""Every release asyncrl claims (local_engine's range; test_release_facts.py: all 0.5.x)."""
 DOWNLOAD_TIMEOUT_S = 240  # under the 300 s per-test timeout, so its message is the one seen
 ROUTE_BODIES = {
     "/abort_request": "AbortReq",

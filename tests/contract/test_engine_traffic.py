@@ -27,7 +27,7 @@ import torch
 
 from asyncrl.engine_client import EngineClient, EngineHTTPError
 from asyncrl.models import load_model
-from local_engine.compat import SUPPORTED, SglangCompat
+from local_engine.compat import SglangCompat
 from rollout_service.engines.pool import EnginePool
 from tests.contract import sglang_source as kit
 from tests.helpers.processes import start_engine
@@ -142,14 +142,10 @@ def test_the_recording_covers_what_the_product_sends(traffic):
     assert not any(b.get("rid") == "rl-contract." for b in aborts), "no prefix aborts"
 
 
-@pytest.mark.parametrize("version", [f"0.5.{n}" for n in range(SUPPORTED[0][2], SUPPORTED[1][2] + 1)])
-def test_every_request_is_one_sglang_accepts(traffic, version):
+@pytest.mark.parametrize("version", kit.SUPPORTED_RELEASES)
+def test_every_request_is_one_sglang_accepts(traffic, releases, version):
     """Every supported release, with the traffic recorded against the emulation of its side of
     the weight-update sessions (0.5.21+ have them: the 0.5.23 recording; older: the 0.5.18 one)."""
-    try:
-        kit.source_dir(version)
-    except kit.SGLangSourceError as exc:
-        pytest.fail(str(exc), pytrace=False)
     sessions = SglangCompat.of(version).sessions
     recorded = traffic["0.5.23" if sessions else "0.5.18"]
     problems = []

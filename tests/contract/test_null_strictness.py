@@ -12,13 +12,10 @@ kit) and by local_engine's model: the verdicts must agree. A field a release doe
 from __future__ import annotations
 
 import pydantic
-import pytest
 
 from local_engine import protocol as P
-from local_engine.compat import SUPPORTED
 from tests.contract import sglang_source as kit
 
-RELEASES = [f"0.5.{n}" for n in range(SUPPORTED[0][2], SUPPORTED[1][2] + 1)]
 GROUP = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 2, "group_name": "g",
          "backend": "gloo"}
 BUCKET = {"names": ["a"], "dtypes": ["float32"], "shapes": [[2]], "group_name": "g", "weight_version": "1", "flush_cache": False}
@@ -52,16 +49,6 @@ def sglang_refuses(release: str, route: str, body: dict) -> bool | None:
     if any(s in p for p in problems for s in SAYS_NOTHING):
         return None
     return bool(problems)
-
-
-@pytest.fixture(scope="module")
-def releases() -> list[str]:
-    for release in RELEASES:
-        try:
-            kit.source_dir(release)
-        except kit.SGLangSourceError as exc:
-            pytest.fail(str(exc), pytrace=False)
-    return RELEASES
 
 
 def test_null_is_refused_exactly_where_a_supported_release_refuses_it(releases):

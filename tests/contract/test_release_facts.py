@@ -10,9 +10,8 @@ import pytest
 
 from asyncrl.sync_control.layout import SGLANG_TORCH_PINS, EngineLayout
 from local_engine.compat import SUPPORTED, SglangCompat
+from tests.contract.sglang_source import SUPPORTED_RELEASES as RELEASES
 from tests.contract.sglang_source import behaviour_facts, requires_dist
-
-RELEASES = [f"0.5.{n}" for n in range(SUPPORTED[0][2], SUPPORTED[1][2] + 1)]
 
 
 def test_the_table_covers_exactly_the_supported_releases():
