@@ -202,6 +202,49 @@ def timed(fns: dict, steps: int, device) -> dict[str, list[float]]:
     return times
 
 
+def sync_points(fn) -> None:
+    """One step under ``torch.cuda.set_sync_debug_mode("warn")``: where (file:line, most
+    frequent first) it made the host wait for the device."""
+    import collections
+    import warnings
+
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+    print(f"    synchronisations in one step: {sum(where.values())}: " + ", ".join(f"{k} x{n}" for k, n in where.most_common(8)),
+          flush=True)
+
+
+def profile_step(fn, device, rows: int) -> None:
+    """One profiled step: the wall time against the time the device (or the CPU) was busy, and
+    the ``rows`` ops with the most self time on the device (the CPU without one)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    avg = prof.key_averages()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    busy = sum(getattr(e, key) for e in avg) / 1e6
+    print(f"    profiled step: {wall:.3f} s wall (profiler on), {busy:.3f} s {key}", flush=True)
+    print("    " + avg.table(sort_by=key, row_limit=rows, max_name_column_width=60).replace("\n", "\n    "), flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="builtin:tiny")
@@ -222,6 +265,10 @@ def main() -> int:
     p.add_argument("--batches", default="long-tail,uniform")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, profile one step of each path and print its N costliest ops")
+    p.add_argument("--sync-debug", action="store_true",
+                   help="CUDA: after timing, list where one step of each path synchronises with the device")
     p.add_argument("--work", default=str(ROOT / "runs" / "bench-step"))
     a = p.parse_args()
     print("+ " + shlex.join([".venv/bin/python", "bench/step_compare.py", *sys.argv[1:]]), flush=True)
@@ -276,6 +323,13 @@ def main() -> int:
                         extra += f", MFU {6 * params * rate / (peak * 1e12) * 100:.1f} %"
                 print(f"  {path:>6}: {rate:10.1f} tok/s ({secs:.3f} s/step), padding {(processed - useful) / processed * 100:4.1f} %"
                       f"{extra}", flush=True)
+                if a.profile:
+                    profile_step(fn, device, a.profile)
+                if a.sync_debug and device.type == "cuda":
+                    try:
+                        sync_points(fn)
+                    except Exception as exc:  # noqa: BLE001 - a diagnostic: the figures above stand
+                        print(f"    sync debug failed: {type(exc).__name__}: {exc}", flush=True)
                 del fn
     finally:
         ctx.destroy()

@@ -58,7 +58,7 @@ from trainer_daemon.model import (
 )
 from trainer_daemon.step import StepSettings, TrainStep
 from trainer_daemon.sync import staging_device, staging_mode
-from trainer_daemon.sync.staging import WeightStager
+from trainer_daemon.sync.staging import WeightStager, engine_tensors
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ class TrainerDaemon:
         self._sync_metrics: dict[str, float] = {}
         self.sync_skipped = 0
         self._stager: WeightStager | None = None
+        self._staging: str | None = None  # sync.staging, resolved at the first sync
 
     # -- setup -----------------------------------------------------------------------------
     def _sync_wait_s(self) -> float:
@@ -273,9 +274,13 @@ class TrainerDaemon:
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         dtype = getattr(torch, self.cfg.model.dtype)
         full = None
-        if self._stager is None and staging_mode(self.cfg) == "buckets":
+        mode = self._staging_mode(tied, dtype)
+        if self._stager is None and mode != "state_dict":
             self._stager = WeightStager(self.model, tied=tied, dtype=dtype, bucket_bytes=self.cfg.sync.bucket_bytes,
                                         device=staging_device(self.cfg), is_sender=self.ctx.is_rank0)
+        if mode == "two_buckets":
+            self._stream(sender and finished, same_version)  # every rank: the gathers, while rank 0 publishes
+            return None
         if self._stager is not None:
             weights = self._stager.capture(self.model, write=sender and finished)  # every rank: the gathers
         else:
@@ -285,6 +290,31 @@ class TrainerDaemon:
             target = self.r0.sync.start(weights, version=self.r0.version if same_version else None)
             self._publishing = (self.step, target)
         return full
+
+    def _staging_mode(self, tied: bool, dtype: torch.dtype) -> str:
+        """``sync.staging`` resolved once (``auto`` weighs the model's bytes against the GPU's)."""
+        if self._staging is None:
+            nbytes = sum(t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size())
+                         for _, t in engine_tensors(self.model, tied))
+            dev = self.ctx.device
+            total = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else None
+            self._staging = staging_mode(self.cfg, nbytes, total)
+            log.info("weight sync staging: %s (%.2f GB in %s)", self._staging, nbytes / 1e9, dtype)
+        return self._staging
+
+    def _stream(self, send: bool, same_version: bool) -> None:
+        """*Collective.* ``sync.staging = two_buckets``: rank 0 (``send``) starts the publish of
+        a bucket stream, then every rank walks the buckets; rank 0 packs each into a slot the
+        publish has freed (trainer_daemon/sync/streaming.py). Returns when the last is packed."""
+        stream = self._stager.open_stream(self._sync_wait_s()) if send else None
+        if stream is not None:
+            try:
+                target = self.r0.sync.start(stream, version=self.r0.version if same_version else None)
+            except BaseException:
+                stream.close("the publish did not start", discard=True)
+                raise
+            self._publishing = (self.step, target)
+        self._stager.stream(self.model, stream)
 
     def _save(self, full: dict[str, torch.Tensor] | None = None) -> None:
         """*Collective.* Checkpoint the current step (rank 0 adds the stream state and the ledger).

@@ -35,8 +35,10 @@ from torch.utils.checkpoint import checkpoint
 
 
 def _chunk(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-           temperature: torch.Tensor, entropy: str | None) -> torch.Tensor:
-    z = F.linear(h, weight, bias).float() / temperature[:, None]
+           temperature: torch.Tensor | None, entropy: str | None) -> torch.Tensor:
+    z = F.linear(h, weight, bias).float()
+    if temperature is not None:  # None: every temperature is 1, and a (chunk × V) pass each way is saved
+        z = z / temperature[:, None]
     logq = torch.log_softmax(z, dim=-1)
     logp = logq.gather(-1, labels[:, None]).squeeze(-1)
     if entropy is None:
@@ -47,23 +49,28 @@ def _chunk(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lab
 
 
 def chunked_log_probs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
-                      temperature: torch.Tensor, chunk_tokens: int, entropy: str | None = None) -> torch.Tensor:
+                      temperature: torch.Tensor | None, chunk_tokens: int, entropy: str | None = None) -> torch.Tensor:
     """``(N, H) -> (N, K)`` (module docstring). ``chunk_tokens <= 0``: one chunk. Chunks are
-    checkpointed when a gradient is being recorded and there is more than one of them."""
+    checkpointed when a gradient is being recorded and there is more than one of them.
+    ``temperature`` None means 1 for every position (the caller knows it on the host: asking a
+    device tensor would synchronise): the division, a float32 pass over the chunk's logits
+    forward and backward, is skipped."""
     n = hidden.shape[0]
     step = n if chunk_tokens <= 0 else chunk_tokens
     recompute = torch.is_grad_enabled() and 0 < chunk_tokens < n
     parts = []
     for s in range(0, n, max(step, 1)):
-        args = (hidden[s:s + step], weight, bias, labels[s:s + step], temperature[s:s + step], entropy)
+        temps = None if temperature is None else temperature[s:s + step]
+        args = (hidden[s:s + step], weight, bias, labels[s:s + step], temps, entropy)
         parts.append(checkpoint(_chunk, *args, use_reentrant=False) if recompute else _chunk(*args))
     return torch.cat(parts, dim=0) if parts else hidden.new_zeros((0, 1 if entropy is None else 2), dtype=torch.float32)
 
 
 @contextlib.contextmanager
-def log_prob_head(model: torch.nn.Module, labels: torch.Tensor, temperature: torch.Tensor, chunk_tokens: int,
+def log_prob_head(model: torch.nn.Module, labels: torch.Tensor, temperature: torch.Tensor | None, chunk_tokens: int,
                   entropy: str | None = None) -> Iterator[None]:
-    """Within the block, ``model``'s output embedding answers log-probs (module docstring)."""
+    """Within the block, ``model``'s output embedding answers log-probs (module docstring);
+    ``temperature`` None: 1 everywhere (:func:`chunked_log_probs`)."""
     head = model.get_output_embeddings()
     if "forward" in head.__dict__:
         raise RuntimeError("log_prob_head: the output embedding's forward is already swapped")

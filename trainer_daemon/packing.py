@@ -127,9 +127,13 @@ def dummy_packed(pad_id: int) -> PackedMicroBatch:
 
 
 def document_ids(seq_lens: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
-    """``(T,)``: the index of the sequence each packed position belongs to."""
-    lens = torch.tensor(list(seq_lens), dtype=torch.long, device=device)
-    return torch.repeat_interleave(torch.arange(len(lens), device=device), lens)
+    """``(T,)``: the index of the sequence each packed position belongs to. Built on the host
+    and copied without blocking (on CUDA a blocking copy, or ``repeat_interleave`` on the device,
+    would wait for the queued kernels)."""
+    lens = torch.tensor(list(seq_lens), dtype=torch.long)
+    doc = torch.repeat_interleave(torch.arange(len(lens)), lens)
+    dev = torch.device(device)
+    return doc.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else doc.to(dev)
 
 
 def packed_attention_mask(seq_lens: Sequence[int], attn_implementation: str, device: torch.device | str = "cpu"):

@@ -106,7 +106,10 @@ class TrainStep:
                                  for k, v in mb.__dict__.items()})
         else:
             mb = mb.to(dev)
-        return Prefetched(mb, mass, scaled)
+        attn = None
+        if isinstance(mb, PackedMicroBatch):  # built now, before the passes: its construction may synchronise
+            attn = packed_attention_mask(mb.seq_lens, self.model.config._attn_implementation, dev)
+        return Prefetched(mb, mass, scaled, attn)
 
     def _forward(self, model, item: Prefetched | MicroBatch | PackedMicroBatch,
                  entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -131,15 +134,17 @@ class TrainStep:
     def _forward_packed(self, model, item: Prefetched, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The packed row through the model, its LM head answering the scored tokens' log-probs
         in chunks (``trainer_daemon.logprob_head``); results placed in the ``(B, R)`` layout.
-        The attention mask is built once per micro-batch (policy, anchor, reference and epochs
-        share it: every model of a step has the same attention implementation)."""
+        The attention mask was built once per micro-batch by :meth:`_prefetch` (policy, anchor,
+        reference and epochs share it: every model of a step has the same attention
+        implementation, checked here)."""
         mb = item.mb
         b, r = mb.response_shape
-        if item.attn is None:
-            item.attn = packed_attention_mask(mb.seq_lens, model.config._attn_implementation, self.ctx.device)
+        if model.config._attn_implementation != self.model.config._attn_implementation:
+            raise ValueError(f"{model.config._attn_implementation} for a micro-batch packed for {self.model.config._attn_implementation}")
         bounds = ({"cu_seq_lens_q": cu_seq_lens(mb.seq_lens, self.ctx.device)}
                   if model.config._attn_implementation == SEGMENTED else {})
-        with log_prob_head(model, mb.labels, mb.temperature, self.s.actor.log_prob_chunk_tokens, entropy):
+        temps = mb.temperature if item.scaled else None  # known on the host: no device read
+        with log_prob_head(model, mb.labels, temps, self.s.actor.log_prob_chunk_tokens, entropy):
             out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=item.attn,
                         logits_to_keep=mb.score_pos, use_cache=False, **bounds).logits[0]
         zeros = out.new_zeros(b * r)

@@ -222,14 +222,19 @@ class SyncConfig(Section):
     bucket_bytes: int = Field(256 * 2**20, ge=2**16)
     """Most bytes of one weight bucket (tensors packed as bytes, SGLang's ``flattened_bucket``;
     dtypes may mix; a larger tensor gets a bucket of its own)."""
-    staging: Literal["auto", "buckets", "state_dict"] = "auto"
+    staging: Literal["auto", "buckets", "two_buckets", "state_dict"] = "auto"
     """How the trainer snapshots a version for the sync. ``buckets``: at the sync point every
     rank gathers the parameters bucket by bucket and rank 0 packs them, cast to
     ``model.dtype``, into reused byte buffers on the weight group's device (the GPU for NCCL):
     milliseconds, and the publish only broadcasts; costs the model's bytes in ``model.dtype``
-    of memory there for the trainer's lifetime. ``state_dict``: the full state dict to host
-    memory, packed bucket by bucket during the publish (the CPU path). ``auto``: ``buckets``
-    with an NCCL weight group, else ``state_dict``. ``trainer_daemon.sync.staging``."""
+    of memory there for the trainer's lifetime. ``two_buckets``: the same walk during the
+    publish, rank 0 packing each bucket into one of two reused buffers while the other is
+    broadcast: memory bounded by ``2 × bucket_bytes``, but training waits for the publish
+    (engines' pause and broadcast) until the last bucket is packed. ``state_dict``: the full
+    state dict to host memory, packed bucket by bucket during the publish (the CPU path).
+    ``auto``: ``state_dict`` unless the weight group is NCCL; with NCCL ``buckets`` while the
+    model's bytes are at most 10 % of the GPU's memory, else ``two_buckets``.
+    ``trainer_daemon.sync.staging``, ``trainer_daemon.sync.streaming``."""
     pause_timeout_s: float = Field(120.0, gt=0.0)
     """Limit of the pause phase (drain mode waits for in-flight generations)."""
     pause_policy: Literal["abort", "retract", "in_place"] = "abort"

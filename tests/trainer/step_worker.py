@@ -8,13 +8,17 @@ different world sizes are comparable to float rounding. The batch has 3 groups o
 mini-batch with micro-batches of 1, so on 2 ranks one rank holds 4 trajectories and the other
 2 + 2 dummy micro-batches. Each argument after OUT is one variant: comma-separated config
 overrides (loss knobs, mixed precision...); each variant starts from the initial weights.
-OUT holds ``[{"weights", "metrics"}, ...]`` in variant order.
+OUT holds ``[{"weights", "metrics", "staged", "streamed"}, ...]`` in variant order (``staged``
+and ``streamed``: rank 0's weights as the sync's ``buckets`` and ``two_buckets`` staging pack
+them, unpacked).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sys
+import threading
 
 import torch
 
@@ -31,6 +35,7 @@ from trainer_daemon.model import (
     full_state_dict,
 )
 from trainer_daemon.step import StepSettings, TrainStep
+from trainer_daemon.sync.flat import FlatBuffers, send_buckets
 from trainer_daemon.sync.staging import WeightStager
 
 
@@ -64,7 +69,27 @@ def run_variant(ctx, overrides: list[str]) -> dict:
     if staged is not None:
         unpacked = {n: t.clone() for b, flat in zip(staged.buckets, staged.flats, strict=True)
                     for n, t in zip(b.names, unpack_bucket(flat, b.spec().names, b.spec().dtypes, b.spec().shapes), strict=True)}
-    return {"weights": full_state_dict(model), "metrics": metrics, "staged": unpacked}
+    return {"weights": full_state_dict(model), "metrics": metrics, "staged": unpacked, "streamed": streamed(ctx, stager, model)}
+
+
+def streamed(ctx, stager: WeightStager, model) -> dict | None:
+    """``sync.staging=two_buckets``: every rank walks the buckets; rank 0 packs them into two
+    slots while a publish (a thread here) takes them; what it took, unpacked (rank 0)."""
+    stream = stager.open_stream(wait_s=60) if ctx.is_rank0 else None
+    got: dict = {}
+    consumer = None
+    if stream is not None:
+        async def send(i, bucket, flat):
+            spec = bucket.spec()
+            got.update(zip(spec.names, (t.clone() for t in unpack_bucket(flat, spec.names, spec.dtypes, spec.shapes)), strict=True))
+
+        consumer = threading.Thread(target=lambda: asyncio.run(send_buckets(stream.buckets, stream, FlatBuffers(), send)))
+        consumer.start()
+    stager.stream(model, stream)
+    if consumer is None:
+        return None
+    consumer.join(60)
+    return got
 
 
 def main(out: str, variants: list[str]) -> None:

@@ -119,6 +119,26 @@ def test_chunked_log_probs_equal_the_full_logits_and_their_gradients(chunk, entr
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [0, 4])
+@pytest.mark.parametrize("entropy", [None, "loss"])
+def test_no_temperature_is_temperature_one_bit_for_bit(chunk, entropy):
+    """The step passes None when every temperature is 1 (known on the host) to skip the
+    division; the results and gradients are those of all-ones temperatures, exactly."""
+    torch.manual_seed(1)
+    n, h, v = 9, 16, 50
+    hidden = torch.randn(n, h, requires_grad=True)
+    weight = torch.randn(v, h, requires_grad=True)
+    labels = torch.randint(0, v, (n,))
+    outs, grads = [], []
+    for temps in (torch.ones(n), None):
+        out = chunked_log_probs(hidden, weight, None, labels, temps, chunk, entropy)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.sum(), (hidden, weight)))
+    assert torch.equal(outs[0], outs[1])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_the_head_is_restored_and_refuses_positions_that_do_not_match_its_labels(model):
     head = model.get_output_embeddings()
     ids = torch.tensor([[5, 6, 7, 8]])

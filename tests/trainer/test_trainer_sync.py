@@ -6,7 +6,9 @@ Direct run (``DirectEnginePublisher``), one group per step, sync after every ste
 ``staleness_threshold=0``: the stream starts with group A (version 0) and two poison messages;
 after the trainer reports weight version 1, group B (version 0: now too stale) and group C
 (version 1) follow. Expected: A and C trained, B dropped, two dead letters, engine at version 2
-serving exactly the trainer's final weights.
+serving exactly the trainer's final weights. Its weights go through ``sync.staging=two_buckets``
+(streamed through two reused buffers while the engine loads them); the agent run's are packed at
+the sync point (``buckets``); the loop tests use the host path (``state_dict``).
 
 Agent run (``SyncAgentPublisher`` + ``fake_sync_agent``, weights staged as packed buckets at
 the sync point: ``sync.staging=buckets``, the GPU path's code on gloo): three syncs; the agent fails the
@@ -93,7 +95,8 @@ def max_logprob_gap(model, samples) -> float:
 def direct_run(module_nats, engine_url, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("direct") / "run"
     overrides = [*base_overrides(run_dir, module_nats.url, "direct"), f"engines.urls=[\"{engine_url}\"]",
-                 "trainer.total_training_steps=2", "async_training.staleness_threshold=0"]
+                 "trainer.total_training_steps=2", "async_training.staleness_threshold=0",
+                 "sync.staging=two_buckets", "sync.bucket_bytes=1048576"]  # streamed through two buffers, several buckets
     cfg = load_config(overrides=overrides, environ={})
     rng = random.Random(1)
     a, b, c = make_group(rng, "a", N, 0), make_group(rng, "b", N, 0), make_group(rng, "c", N, 1)

@@ -123,5 +123,6 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _clamp1(denom: int | float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    d = denom if isinstance(denom, torch.Tensor) else torch.tensor(float(denom))
-    return d.to(device=like.device, dtype=like.dtype).clamp(min=1.0)
+    if not isinstance(denom, torch.Tensor):  # filled on the device: a copied host scalar would synchronise
+        return torch.full((), float(denom), dtype=like.dtype, device=like.device).clamp(min=1.0)
+    return denom.to(device=like.device, dtype=like.dtype).clamp(min=1.0)

@@ -202,9 +202,6 @@ def compute_policy_loss(
 
 def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, *, largest: bool) -> torch.Tensor:
     """Max (or min) over the masked entries as a 0-dim tensor; 0 when no entry is selected."""
-    fill = torch.tensor(
-        -torch.inf if largest else torch.inf, dtype=values.dtype, device=values.device
-    )
-    picked = torch.where(mask, values, fill)
+    picked = torch.where(mask, values, -torch.inf if largest else torch.inf)  # a scalar: no host-to-device copy
     ext = picked.amax() if largest else picked.amin()
     return torch.where(mask.any(), ext, torch.zeros_like(ext))

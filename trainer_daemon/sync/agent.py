@@ -65,11 +65,11 @@ from trainer_daemon.sync.flat import (
     FlatBuffers,
     Weights,
     broadcast_flat,
+    discard,
     plan_for,
     send_buckets,
     weights_nbytes,
 )
-from trainer_daemon.sync.staging import StagedWeights
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +267,7 @@ class SyncAgentPublisher(WeightPublisher):
                                       f"{final.error if final is not None else 'no final state'}")
             t4 = time.perf_counter()
         except BaseException as exc:
-            if isinstance(weights, StagedWeights):
-                weights.discard()  # an aborted broadcast may still read them
+            discard(weights)  # an aborted broadcast may still read packed buffers
             if sock is not None:
                 sock.close()
             if forming or self.group is None or self.group.broken:

@@ -111,7 +111,7 @@ class SyncController:
         self._target = version
         self._started = 0.0
         self._finished: float | None = None
-        self._stage_metrics: dict[str, float] = {}
+        self._stage_timings: dict[str, float] = {}
         self.outcomes: dict[int, bool] = {}
         """Target version → whether that publish succeeded (the last ``OUTCOMES_KEPT``)."""
 
@@ -125,11 +125,20 @@ class SyncController:
         if self._future is not None:
             raise RuntimeError("a weight sync is already in flight")
         self._target = self.version + 1 if version is None else version
-        self._stage_metrics = dict(getattr(weights, "timings", {}))  # staged buckets: the capture's timings
+        # packed buckets: the capture's timings (a stream's are written while it is sent), read with the outcome
+        self._stage_timings: dict[str, float] = getattr(weights, "timings", {})
         self._started = time.perf_counter()
         self._finished = None
         self._future = self.io.submit(self.publisher.publish(self._target, weights))
-        self._future.add_done_callback(lambda _f: setattr(self, "_finished", time.perf_counter()))
+
+        def done(f: concurrent.futures.Future) -> None:
+            self._finished = time.perf_counter()
+            close = getattr(weights, "close", None)
+            if close is not None:  # a bucket stream: its producer must not wait for a publish that ended
+                failed = f.cancelled() or f.exception() is not None
+                close("the publish failed" if failed else "the publish ended", discard=failed)
+
+        self._future.add_done_callback(done)
         return self._target
 
     def adopt(self, engines_version: int | None) -> bool:
@@ -168,7 +177,7 @@ class SyncController:
         self.last_failed = False
         self.version = self._target
         self._record(self._target, True)
-        self.last = dict(metrics) | self._stage_metrics | {"timing_s/weight_sync": elapsed, "trainer/sync_failures": float(self.failures)}
+        self.last = dict(metrics) | dict(self._stage_timings) | {"timing_s/weight_sync": elapsed, "trainer/sync_failures": float(self.failures)}
         self.fresh = True
         log.info("weights version %d published in %.2f s", self.version, elapsed)
         return True

@@ -54,11 +54,11 @@ from trainer_daemon.sync.flat import (
     FlatBuffers,
     Weights,
     broadcast_flat,
+    discard,
     plan_for,
     send_buckets,
     weights_nbytes,
 )
-from trainer_daemon.sync.staging import StagedWeights
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +145,7 @@ class DirectEnginePublisher(WeightPublisher):
             await send_buckets(buckets, weights, self.buffers, send)
 
         async def contain(_: BaseException) -> None:
-            if isinstance(weights, StagedWeights):
-                weights.discard()  # an aborted broadcast may still read them
+            discard(weights)  # an aborted broadcast may still read packed buffers
             mixed = [m.id for m in update.members if update.outcome(m) == "mixed"]
             if mixed:
                 log.error("weight sync to version %d failed; engines that may hold mixed weights until the next full "

@@ -11,10 +11,12 @@ A bucket goes on the wire as the ``uint8`` view of its packed bytes (SGLang's
 ``flattened_bucket`` receiver allocates one byte buffer of the bucket's size): see
 :mod:`asyncrl.weight_sync.buckets`.
 
-A publish is handed either host tensors by name (``sync.staging = state_dict``: planned and
-packed here) or :class:`~trainer_daemon.sync.staging.StagedWeights` (``buckets``: already
-packed on the group's device at the sync point); :func:`plan_for` and :func:`send_buckets`
-take both, so the publishers have one sequence for either.
+A publish is handed host tensors by name (``sync.staging = state_dict``: planned and packed
+here), :class:`~trainer_daemon.sync.staging.StagedWeights` (``buckets``: already packed on the
+group's device at the sync point) or a :class:`~trainer_daemon.sync.streaming.BucketStream`
+(``two_buckets``: packed by the training thread into two slots while they are sent, each slot
+released once its broadcast is complete); :func:`plan_for`, :func:`weights_nbytes`,
+:func:`send_buckets` and :func:`discard` take all three, so the publishers have one sequence.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ import torch
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import Bucket, WeightGroup, pack_bucket, plan_buckets
 from trainer_daemon.sync.staging import StagedWeights
+from trainer_daemon.sync.streaming import BucketStream
 
-Weights = Mapping[str, torch.Tensor] | StagedWeights
+Weights = Mapping[str, torch.Tensor] | StagedWeights | BucketStream
+PACKED = (StagedWeights, BucketStream)
 
 
 class FlatBuffers:
@@ -53,21 +57,38 @@ class FlatBuffers:
 
 def plan_for(weights: Weights, bucket_bytes: int, first_tiny: bool) -> list[Bucket]:
     """The buckets of a publish: the staged plan, or ``plan_buckets`` of the host tensors."""
-    if isinstance(weights, StagedWeights):
+    if isinstance(weights, PACKED):
         return list(weights.buckets)
     return plan_buckets(weights, bucket_bytes, first_tiny=first_tiny)
 
 
+def discard(weights: Weights) -> None:
+    """A publish of ``weights`` failed: packed buffers an aborted collective may still read are
+    not written again (host tensors need nothing)."""
+    if isinstance(weights, PACKED):
+        weights.discard()
+
+
 def weights_nbytes(weights: Weights) -> int:
-    if isinstance(weights, StagedWeights):
+    if isinstance(weights, PACKED):
         return weights.nbytes
     return sum(t.numel() * t.element_size() for t in weights.values())
 
 
 async def send_buckets(buckets: Sequence[Bucket], weights: Weights, buffers: FlatBuffers,
                        send: Callable[[int, Bucket, torch.Tensor], Awaitable[None]]) -> None:
-    """``send(i, bucket, flat)`` for every bucket in order: staged buffers as they are, host
-    tensors packed one bucket ahead (module docstring)."""
+    """``send(i, bucket, flat)`` for every bucket in order: staged buffers as they are, a
+    stream's buckets as the training thread hands them over, host tensors packed one bucket
+    ahead (module docstring)."""
+    if isinstance(weights, BucketStream):
+        try:
+            for i, bucket in enumerate(buckets):
+                await send(i, bucket, await weights.get(i))
+                weights.release(i)  # the broadcast is complete: the producer may reuse its slot
+        except BaseException:
+            weights.discard()
+            raise
+        return
     if not buckets:
         return
     if isinstance(weights, StagedWeights):

@@ -1,6 +1,6 @@
 """Staging a weight version for the sync: its buckets, packed where the collective reads them.
 
-Two ways from "the optimiser step is done" to "bucket ``i`` is in a byte buffer on the weight
+Three ways from "the optimiser step is done" to "bucket ``i`` is in a byte buffer on the weight
 group's device" (``sync.staging``):
 
 - ``state_dict`` (the host path): every rank gathers the full state dict into host memory
@@ -14,6 +14,10 @@ group's device" (``sync.staging``):
   0 copies it, cast to the engines' dtype, straight into its place in the bucket's byte buffer
   (SGLang's flattened-bucket layout, :mod:`asyncrl.weight_sync.buckets`) on the weight group's
   device: the GPU for NCCL, host memory for gloo. The publish then only broadcasts.
+- ``two_buckets`` (:meth:`WeightStager.stream`): the same walk, but rank 0 packs each bucket
+  into one of two reused buffers while the publish broadcasts the other
+  (:mod:`trainer_daemon.sync.streaming`): memory bounded by two buckets, and the training
+  thread waits for the publish until the last bucket is packed.
 
 Consistency with training: :meth:`WeightStager.capture` runs in the training loop between the
 optimiser step and the next step, on every rank, and returns only once rank 0's copies are
@@ -24,7 +28,7 @@ after the publish reading them ended (the daemon waits for it before capturing),
 replaced by new ones after a failed publish (:meth:`StagedWeights.discard`: an aborted
 collective may still read the old ones).
 
-Memory: the buffers are the model's bytes in the engines' dtype on rank 0 (1.5B parameters in
+Memory (``buckets``): the buffers are the model's bytes in the engines' dtype on rank 0 (1.5B parameters in
 bf16: 3.1 GB of GPU memory, held for the trainer's lifetime), plus one parameter gathered at a
 time on every rank. Preparation costs one device copy pass (plus the all-gathers with several
 ranks); nothing of it is in the engines' pause window.
@@ -44,6 +48,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from asyncrl.weight_sync import Bucket, byte_layout, dtype_name, plan_buckets
+from trainer_daemon.sync.streaming import SLOTS, BucketStream
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +94,8 @@ class WeightStager:
         self._offsets = [byte_layout(b.names, [dtype_name(d) for d in b.dtypes], b.shapes)[0] for b in self.buckets]
         self._flats: list[torch.Tensor] | None = None
         self._last: StagedWeights | None = None
+        self._slots: list[torch.Tensor] | None = None  # two_buckets: the stream's two reused buffers
+        self._last_stream: BucketStream | None = None
 
     def _target(self, dtype: torch.dtype) -> torch.dtype:
         return self.dtype if dtype.is_floating_point else dtype
@@ -103,30 +110,70 @@ class WeightStager:
         return self._flats
 
     @torch.no_grad()
-    def capture(self, model: torch.nn.Module, write: bool = True) -> StagedWeights | None:
-        """*Collective* (every rank, same order). Rank 0 with ``write`` returns the staged
-        version; every other call returns None (``write=False``: rank 0 takes part in the
-        gathers but leaves the buffers alone, e.g. while a publish still reads them)."""
-        t0 = time.perf_counter()
+    def _walk(self, model: torch.nn.Module, dest, done=None) -> float:
+        """*Collective.* Gather every bucket's tensors in plan order on every rank; where
+        ``dest(i)`` gives a byte buffer, copy them, cast, into their places; ``done(i, flat)``
+        after each bucket written. Returns the seconds spent gathering (host time)."""
         tensors = dict(engine_tensors(model, self.tied))
-        keep = self.is_sender and write
-        flats = self._buffers() if keep else None
         gather_s = 0.0
         for i, bucket in enumerate(self.buckets):
+            flat = dest(i)
             for name, dtype, shape, off in zip(bucket.names, bucket.dtypes, bucket.shapes, self._offsets[i], strict=True):
                 g = time.perf_counter()
                 t = tensors[name]
                 full = t.full_tensor() if isinstance(t, DTensor) else t
                 gather_s += time.perf_counter() - g
-                if flats is not None:
+                if flat is not None:
                     n = full.numel() * dtype.itemsize
-                    flats[i][off:off + n].view(dtype).view(shape).copy_(full.detach(), non_blocking=True)
+                    flat[off:off + n].view(dtype).view(shape).copy_(full.detach(), non_blocking=self.device.type == "cuda")
+            if flat is not None and done is not None:
+                done(i, flat)
+        return gather_s
+
+    def capture(self, model: torch.nn.Module, write: bool = True) -> StagedWeights | None:
+        """*Collective* (every rank, same order). Rank 0 with ``write`` returns the staged
+        version; every other call returns None (``write=False``: rank 0 takes part in the
+        gathers but leaves the buffers alone, e.g. while a publish still reads them)."""
+        t0 = time.perf_counter()
+        keep = self.is_sender and write
+        flats = self._buffers() if keep else None
+        gather_s = self._walk(model, lambda i: flats[i] if flats is not None else None)
         if flats is not None and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        if flats is not None and self.device.type == "cpu" and any(t.is_cuda for t in tensors.values()):
-            torch.cuda.synchronize()  # non-blocking device-to-host copies
         if not keep:
             return None
         self._last = StagedWeights(list(self.buckets), list(flats),
                                    {"timing_s/sync_stage": time.perf_counter() - t0, "timing_s/sync_stage_gather": gather_s})
         return self._last
+
+    # -- sync.staging = two_buckets (trainer_daemon/sync/streaming.py) ----------------------
+    def open_stream(self, wait_s: float) -> BucketStream:
+        """Rank 0: a stream of this plan's buckets through two reused slots (new ones after a
+        discarded stream), for a publish to consume while :meth:`stream` fills it."""
+        largest = max((b.nbytes for b in self.buckets), default=0)
+        last = self._last_stream
+        if self._slots is None or (last is not None and last.discarded):
+            self._slots = [torch.empty(largest, dtype=torch.uint8, device=self.device) for _ in range(SLOTS)]
+        self._last_stream = BucketStream(self.buckets, self._slots, wait_s=wait_s, cuda_events=self.device.type == "cuda")
+        return self._last_stream
+
+    def stream(self, model: torch.nn.Module, out: BucketStream | None) -> None:
+        """*Collective* (every rank, same order, as :meth:`capture`). Rank 0 with ``out`` packs
+        each bucket into a free slot of ``out`` and hands it over; returns when the last one is
+        packed (the training thread waits for the publish meanwhile: module docstring of
+        ``streaming``). Others, and rank 0 without ``out``, only take part in the gathers."""
+        t0 = time.perf_counter()
+        if out is None:
+            self._walk(model, lambda i: None)
+            return
+        waited = [0.0]
+
+        def slot(i: int) -> torch.Tensor | None:
+            w = time.perf_counter()
+            flat = out.slot(i)
+            waited[0] += time.perf_counter() - w
+            return flat
+
+        gather_s = self._walk(model, slot, out.put)
+        out.timings.update({"timing_s/sync_stage": time.perf_counter() - t0, "timing_s/sync_stage_gather": gather_s,
+                            "timing_s/sync_stage_wait": waited[0]})
