@@ -19,7 +19,7 @@ ADMIN_PATHS = frozenset({
     "/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
     "/init_weights_update_group", "/destroy_weights_update_group", "/update_weights_from_distributed",
     "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weight_version",
-    "/begin_weight_update", "/end_weight_update",
+    "/begin_weight_update", "/end_weight_update", "/weights_checker",
 })
 
 

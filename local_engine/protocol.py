@@ -189,6 +189,20 @@ class SessionBody(_Body):
     selector: Literal["target", "draft", "all"] = "all"
 
 
+class CheckWeightsBody(_Body):
+    """/weights_checker (SGLang 0.5.15+). local_engine answers ``action`` ``checksum`` only
+    (SGLang's ``snapshot``, ``reset_tensors`` and ``compare`` are debugging aids; others are
+    "Unsupported" there too); ``allow_quant_error`` has no effect (no quantised weights);
+    ``skip_tensor_list`` (0.5.21+): substrings of tensor names left out; ``selector`` (0.5.21+):
+    local_engine has no draft model, so every value checks the target."""
+
+    NULL_REFUSED = frozenset({"action", "allow_quant_error", "selector"})
+    action: str = "checksum"
+    allow_quant_error: bool = False
+    skip_tensor_list: list[str] | None = None
+    selector: Literal["target", "draft", "all"] = "all"
+
+
 class PauseBody(_Body):
     """/pause_generation: ``abort``, ``retract`` (requests kept, KV freed, prefilled again on continue) or ``in_place`` (requests and KV kept)."""
 

@@ -9,12 +9,17 @@ release has them (:mod:`local_engine.compat`): :data:`session_router`.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
+from asyncrl.sync_control.layout import parse_version
 from local_engine.errors import JSONResp, parse_body, read_capped
 from local_engine.protocol import (
     AbortBody,
+    CheckWeightsBody,
     ContinueBody,
     DestroyGroupBody,
     InitGroupBody,
@@ -131,6 +136,54 @@ async def update_weights_from_disk(request: Request, engine: EngineDep) -> Respo
 async def update_weights_from_tensor(request: Request) -> Response:
     await read_capped(request)
     return _result(False, "update_weights_from_tensor needs CUDA IPC handles; local_engine does not support it")
+
+
+@router.api_route("/weights_checker", methods=["GET", "POST"])
+async def weights_checker(request: Request, engine: EngineDep) -> Response:
+    """SGLang's checksum of every weight served (0.5.15+): one rank here. Its answer:
+    ``ranks`` (per rank: ``checksums`` by name, ``per_gpu_checksum`` = SHA-256 over the sorted
+    names and their checksums, ``parallelism_info``) and ``per_engine_checksum`` = SHA-256 over
+    the ranks' ``per_gpu_checksum`` in order; 400 with ``success: false`` when the check fails."""
+    body = await parse_body(request, CheckWeightsBody, optional=True)
+    if body.action != "checksum":
+        return _result(False, f"Unsupported action={body.action!r}")
+    async with engine.rwlock.read():  # no update interleaves
+        checksums = await asyncio.to_thread(engine.weights.tensor_hashes, body.skip_tensor_list)
+    return _result(True, "Success.", **checksum_answer(checksums, parallelism_infos(engine.settings, engine.compat.version)))
+
+
+def checksum_answer(checksums: dict[str, str], infos: list[dict]) -> dict:
+    """``ranks`` (one SGLang ``ChecksumInfo`` per rank) and ``per_engine_checksum``."""
+    per_gpu = overall_checksum(checksums)
+    ranks = [{"checksums": checksums, "per_gpu_checksum": per_gpu, "parallelism_info": info} for info in infos]
+    engine_sum = hashlib.sha256()
+    for r in ranks:
+        engine_sum.update(r["per_gpu_checksum"].encode())
+    return {"ranks": ranks, "per_engine_checksum": engine_sum.hexdigest()}
+
+
+def parallelism_infos(settings, release: str) -> list[dict]:
+    """One ``parallelism_info`` per emulated rank (``tp_size × pp_size``; local_engine does not
+    shard, so every rank reports the whole model's checksums); ``role`` from 0.5.21 on."""
+    tp, pp = settings.tp_size, settings.pp_size
+    infos = []
+    for pp_rank in range(pp):
+        for tp_rank in range(tp):
+            info = {"tp_rank": tp_rank, "tp_size": tp, "dp_rank": 0, "dp_size": settings.dp_size, "pp_rank": pp_rank,
+                    "pp_size": pp, "rank": pp_rank * tp + tp_rank, "size": tp * pp}
+            if parse_version(release) >= (0, 5, 21):
+                info = {"role": "target", **info}
+            infos.append(info)
+    return infos
+
+
+def overall_checksum(checksums: dict[str, str]) -> str:
+    """SGLang's ``overall_checksum``: SHA-256 over each name and its checksum, names sorted."""
+    h = hashlib.sha256()
+    for name in sorted(checksums):
+        h.update(name.encode())
+        h.update(checksums[name].encode())
+    return h.hexdigest()
 
 
 @router.post("/update_weight_version")

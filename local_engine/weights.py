@@ -32,6 +32,7 @@ non-safetensors checkpoints, parameters whose names differ from the Hugging Face
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 from pathlib import Path
 
@@ -91,6 +92,18 @@ class WeightManager:
         from asyncrl.weight_sync.checksum import weights_checksum
 
         return weights_checksum({n: self.params[n] for n in self._all})
+
+    def tensor_hashes(self, skip: list[str] | None = None) -> dict[str, str]:
+        """SGLang's ``/weights_checker`` checksums, per parameter name (tied ones once; a
+        name containing any of ``skip`` left out): 16 hex digits of SHA-256 over the tensor's
+        bytes as served (its dtype; SGLang hashes its own tensors' bytes too)."""
+        out = {}
+        for name in sorted(self._all):
+            if any(s in name for s in skip or ()):
+                continue
+            t = self.params[name].detach().contiguous().cpu()
+            out[name] = hashlib.sha256(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()[:16]
+        return out
 
     # -- groups --------------------------------------------------------------------------
     async def init_group(self, body: InitGroupBody, pp_size: int = 1) -> str:

@@ -16,7 +16,9 @@ is refused with 409). The engine side of a sync is
    trainer broadcasts it; the last bucket carries the new version. The first engine that
    refuses or fails a bucket turns the sync **failing** at once (the trainer watches and stops
    broadcasting);
-4. **resuming**: ``/end_weight_update``, flush caches (as the policy allows), then (in ``finally``, whatever happened)
+4. **resuming**: ``/end_weight_update``, the weights check (``sync.check_weights``: engines whose
+   ``/weights_checker`` checksum disagrees with the others' count as mixed), flush caches (as
+   the policy allows), then (in ``finally``, whatever happened)
    ``/continue_generation`` on every paused engine and ``/admin/resume`` on the rollout service
    — at the new version when every member loaded it, else at the old one.
 
@@ -311,7 +313,7 @@ class SyncCoordinator:
             paused_rollout = True
             steps = UpdateSteps(load=load, form=(lambda: self._form_group(rec, update)) if rec.join_group else None,
                                 phase=lambda phase: self._enter(rec, phase), contain=contain)
-            await run_update(update, self.plan.engine_mode, self.plan.flush_retries, steps)
+            await run_update(update, self.plan.engine_mode, self.plan.flush_retries, steps, check_weights=s.check_weights)
             self.version = rec.version
             rec.engines = {m.id: "loaded" for m in update.members}
             self.needs_reload -= {m.id for m in update.members}  # a full push rewrote every parameter

@@ -235,6 +235,12 @@ class SyncConfig(Section):
     ``auto``: ``state_dict`` unless the weight group is NCCL; with NCCL ``buckets`` while the
     model's bytes are at most 10 % of the GPU's memory, else ``two_buckets``.
     ``trainer_daemon.sync.staging``, ``trainer_daemon.sync.streaming``."""
+    check_weights: bool = True
+    """After every update, while the engines are still paused, ask each (two or more) for the
+    checksum of the weights it serves (SGLang's ``/weights_checker``, 0.5.15+) and treat one
+    that disagrees with the others of its layout as holding mixed weights: the sync fails and
+    the sync agent quarantines it until it is rewritten. Costs one hash of the weights on
+    every engine inside the pause window. ``asyncrl.sync_control.weights_check``."""
     pause_timeout_s: float = Field(120.0, gt=0.0)
     """Limit of the pause phase (drain mode waits for in-flight generations)."""
     pause_policy: Literal["abort", "retract", "in_place"] = "abort"

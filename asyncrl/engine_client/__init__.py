@@ -17,7 +17,12 @@ from asyncrl.engine_client.errors import (
     EngineUnavailable,
     error_message,
 )
-from asyncrl.engine_client.types import FinishReason, GenerateResult, WeightVersionSpan
+from asyncrl.engine_client.types import (
+    FinishReason,
+    GenerateResult,
+    WeightsCheck,
+    WeightVersionSpan,
+)
 
 __all__ = [
     "DEFAULT_CONTROL_TIMEOUT_S",
@@ -30,5 +35,6 @@ __all__ = [
     "FinishReason",
     "GenerateResult",
     "WeightVersionSpan",
+    "WeightsCheck",
     "error_message",
 ]

@@ -44,7 +44,7 @@ from asyncrl.engine_client.errors import (
     EngineUnavailable,
     error_message,
 )
-from asyncrl.engine_client.types import GenerateResult
+from asyncrl.engine_client.types import GenerateResult, WeightsCheck
 from asyncrl.http.keepalive import client_session
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME
 
@@ -373,6 +373,18 @@ class EngineClient:
             if exc.status == 404:
                 return None
             raise
+
+    async def check_weights(self, *, timeout_s: float | None = None) -> WeightsCheck | None:
+        """``POST /weights_checker {"action": "checksum"}`` (SGLang 0.5.15+, local_engine): the
+        engine hashes every weight it serves. None from a server without the route (404); an
+        engine whose check failed answers 400 (raised)."""
+        try:
+            body = await self._call("POST", "/weights_checker", {"action": "checksum"}, admin=True, timeout_s=timeout_s)
+        except EngineHTTPError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return WeightsCheck.parse(body)
 
     async def weight_version(self, *, timeout_s: float | None = None) -> str | None:
         version = (await self.model_info(timeout_s=timeout_s)).get("weight_version")

@@ -105,3 +105,22 @@ class GenerateResult:
             e2e_latency=meta.get("e2e_latency"),
             meta_info=meta,
         )
+
+
+@dataclass(frozen=True)
+class WeightsCheck:
+    """SGLang's ``/weights_checker`` answer to ``{"action": "checksum"}`` (0.5.15+):
+    ``per_engine_checksum`` (SHA-256 over the per-GPU checksums in rank order) and how many
+    ranks answered (``len(ranks)``: with tensor, pipeline or data parallelism, or a draft
+    model, one entry per runner). Equal for two engines of the same layout exactly when they
+    hold the same weights; engines of different layouts cannot be compared."""
+
+    checksum: str
+    ranks: int
+
+    @classmethod
+    def parse(cls, body: Any) -> WeightsCheck:
+        if not isinstance(body, dict) or not isinstance(body.get("per_engine_checksum"), str):
+            raise ValueError(f"a /weights_checker answer without per_engine_checksum: {str(body)[:200]}")
+        ranks = body.get("ranks")
+        return cls(body["per_engine_checksum"], len(ranks) if isinstance(ranks, list) else 1)

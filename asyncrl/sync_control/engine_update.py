@@ -11,6 +11,8 @@ the sync agent (``sync_agent/coordinator.py``) and the trainer's direct publishe
     load(bucket)    /update_weights_from_distributed on every member while the sender
                     broadcasts the bucket's bytes; the first error answer stops the wait
     end()           /end_weight_update (also after a failure)
+    check_weights() /weights_checker: members whose weights disagree with the others' are
+                    ``mixed`` (asyncrl.sync_control.weights_check)
     flush()         /flush_cache?timeout=: the engine flushes once its aborted requests drained
     resume()        /continue_generation on every member paused here (callers: in a finally)
 
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.engine_client import EngineClient, EngineError, EngineHTTPError
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.sync_control.layout import EngineLayout, assign_ranks
+from asyncrl.sync_control.weights_check import disagreeing
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, BucketSpec
 
 if TYPE_CHECKING:  # the direct publisher hosts a group; the control side only hands it back
@@ -316,6 +319,32 @@ class EngineUpdate:
                 m.error = m.error or f"end_weight_update: {failed[m.id]}"
         if _errors(failed):
             raise WeightSyncError(f"end_weight_update failed: {_errors(failed)}")
+
+    async def check_weights(self) -> None:
+        """``/weights_checker`` on every member that loaded the whole update: members whose
+        weights disagree with the others' (:mod:`asyncrl.sync_control.weights_check`) get an
+        error (their outcome is ``mixed``) and the update fails naming them."""
+        members = [m for m in self.members if not m.stuck and self.outcome(m) == "loaded"]
+        if len(members) < 2:
+            return  # nothing to compare with
+        checks: dict[str, Any] = {}
+
+        async def one(m: Member) -> None:
+            checks[m.id] = await m.client.check_weights(timeout_s=self.control_timeout_s)
+
+        failed = await self.each(one, self.control_timeout_s + REPLY_SLACK_S, members)
+        if _errors(failed):
+            log.warning("weights check failed (those engines are not compared): %s", _errors(failed))
+        answered = {eid: c for eid, c in checks.items() if c is not None}
+        bad = disagreeing(answered)
+        for m in members:
+            if m.id in bad:
+                m.error = m.error or f"weights_checker: {bad[m.id]}"
+        if bad:
+            raise WeightSyncError("engines hold different weights after the update: "
+                                  + "; ".join(f"{eid}: {why}" for eid, why in sorted(bad.items())))
+        if len(answered) > 1:
+            log.info("weights check: %d engines agree", len(answered))
 
     async def flush(self, retries: int = FLUSH_RETRIES) -> None:
         """Best effort: a cache left unflushed keeps prefix KV of the old weights (prefix hits

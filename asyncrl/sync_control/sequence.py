@@ -1,7 +1,7 @@
 """One weight update from pause to release, in the one order the sync agent and the trainer's
 direct publisher both run (LoRA adapters will reuse it):
 
-    pause(mode) → begin → [form the group] → load every bucket → end → flush     release (finally)
+    pause(mode) → begin → [form the group] → load every bucket → end → [check weights] → flush     release (finally)
 
 :class:`UpdateSteps` holds what differs per caller: whether and how the group is formed, how
 the buckets are loaded (the agent waits for the trainer's broadcast of each; the direct
@@ -38,8 +38,11 @@ class UpdateSteps:
     """Called with the error before ``release`` (module docstring)."""
 
 
-async def run_update(update: EngineUpdate, engine_mode: str, flush_retries: int, steps: UpdateSteps) -> None:
-    """The sequence of the module docstring; raises what a step raised, after ``contain``."""
+async def run_update(update: EngineUpdate, engine_mode: str, flush_retries: int, steps: UpdateSteps,
+                     check_weights: bool = False) -> None:
+    """The sequence of the module docstring; raises what a step raised, after ``contain``.
+    ``check_weights`` (``sync.check_weights``): the members are asked whether they hold the same
+    weights while still paused (:meth:`EngineUpdate.check_weights`)."""
     try:
         await update.pause(engine_mode)
         await update.begin()
@@ -49,6 +52,8 @@ async def run_update(update: EngineUpdate, engine_mode: str, flush_retries: int,
         steps.phase("loading")
         await steps.load()
         await update.end()
+        if check_weights:
+            await update.check_weights()
         steps.phase("resuming")
         await update.flush(flush_retries)
     except Exception as exc:  # a cancellation (shutdown) only releases

@@ -87,6 +87,7 @@ ROUTE_BODIES = {
     "/begin_weight_update": "BeginWeightUpdateReqInput",
     "/end_weight_update": "EndWeightUpdateReqInput",
     "/generate": "GenerateReqInput",
+    "/weights_checker": "CheckWeightsReqInput",
 }
 # SGLang ships only CPython manylinux_2_34 wheels (no sdist): ask for one fixed tag so every
 # machine (macOS, older glibc, another Python) fetches the same file. Only its .py files are read.
@@ -98,7 +99,8 @@ SAMPLING_PARAMS = "sglang/srt/sampling/sampling_params.py"
 SERVER_ARGS = "sglang/srt/server_args.py"  # launch flags (tests/contract/test_launch_flags.py)
 FUNCTION_CALL_PARSER = "sglang/srt/function_call/function_call_parser.py"  # --tool-call-parser names
 API_TYPES = "sglang/api/v1/api_types.py"  # 0.5.22+: the schema decoder of the /generate contract gate (msgspec only)
-LAYOUT = "v5"  # bump when the extracted files change: caches of an older layout are rebuilt
+WEIGHT_CHECKER = "sglang/srt/utils/weight_checker.py"  # /weights_checker's answer models (read, not executed: it imports torch)
+LAYOUT = "v6"  # bump when the extracted files change: caches of an older layout are rebuilt
 METADATA = "METADATA"  # the wheel's dist-info METADATA, kept beside the sources
 FACTS = "facts.json"  # behaviour read from the wheel's source (_behaviour_facts)
 # Modules io_struct imports from that are light enough to execute (stdlib, msgspec, pydantic).
@@ -175,6 +177,7 @@ def _extract(wheel: Path, stage: Path) -> None:
         server = ast.parse(zf.read(HTTP_SERVER))
         wanted += [_module_file(module, names) for module, _, _ in _included_routers(server)]
         wanted += [API_TYPES] if API_TYPES in names else []  # optional: releases before the gate have none
+        wanted += [WEIGHT_CHECKER] if WEIGHT_CHECKER in names else []
         for member in wanted:
             target = stage / member
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -205,6 +208,19 @@ def _behaviour_facts(zf: zipfile.ZipFile, names: set[str]) -> dict[str, bool]:
 def behaviour_facts(version: str) -> dict[str, bool]:
     """:func:`_behaviour_facts` of sglang==version (cached with its source)."""
     return json.loads((source_dir(version) / FACTS).read_text())
+
+
+def model_fields(version: str, path: str, cls: str) -> dict[str, str] | None:
+    """The annotated fields of class ``cls`` in the release's file ``path`` (name → annotation
+    source), read from the source without executing it; None when the file or class is absent."""
+    file = source_dir(version) / path
+    if not file.is_file():
+        return None
+    for node in ast.parse(file.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return {s.target.id: ast.unparse(s.annotation) for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    return None
 
 
 def requires_dist(version: str, package: str) -> str | None:

@@ -31,6 +31,7 @@ BODIES = {  # route: (local_engine's model, a body both accept)
     "/update_weights_from_disk": (P.UpdateDiskBody, {"model_path": "/m", "weight_version": "1"}),
     "/update_weight_version": (P.UpdateVersionBody, {"new_version": "1"}),
     "/generate": (P.GenerateBody, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}),
+    "/weights_checker": (P.CheckWeightsBody, {"action": "checksum"}),
 }
 SAYS_NOTHING = ("no route", "is not a field of", "is not an argument of")
 

@@ -68,3 +68,13 @@ async def test_a_failing_load_is_contained_and_a_cancellation_only_released():
     with pytest.raises(asyncio.CancelledError):
         await run_update(Recorder(calls), "abort", 30, steps(calls, fail_load=asyncio.CancelledError()))
     assert calls[-2:] == [("load",), ("release",)]
+
+
+async def test_the_weights_are_checked_after_end_while_paused_and_a_disagreement_is_contained():
+    calls: list = []
+    await run_update(Recorder(calls), "abort", 30, steps(calls), check_weights=True)
+    assert calls[calls.index(("end",)) + 1] == ("check_weights",) and calls.index(("check_weights",)) < calls.index(("flush", 30))
+    calls.clear()
+    with pytest.raises(RuntimeError, match="check_weights failed"):
+        await run_update(Recorder(calls, "check_weights"), "abort", 30, steps(calls), check_weights=True)
+    assert calls[-2:] == [("contain", "check_weights failed"), ("release",)] and ("flush", 30) not in calls

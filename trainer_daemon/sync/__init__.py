@@ -78,7 +78,7 @@ def build_publisher(cfg) -> WeightPublisher | None:
             bucket_bytes=s.bucket_bytes,
             group_timeout_s=s.group_init_timeout_s, broadcast_timeout_s=s.broadcast_timeout_s,
             control_timeout_s=max(cfg.engines.control_timeout_s, s.pause_timeout_s),
-            pause_mode=plan.engine_mode, flush_retries=plan.flush_retries,
+            pause_mode=plan.engine_mode, flush_retries=plan.flush_retries, check_weights=s.check_weights,
         )
     log.warning("no sync.url and no engines.urls: weights are not broadcast (checkpoints and HF exports still are)")
     return None

@@ -71,7 +71,7 @@ class DirectEnginePublisher(WeightPublisher):
     def __init__(self, engines: Sequence[EngineClient], *, master_address: str, master_port: int = 0,
                  backend: str = "gloo", bucket_bytes: int, group_timeout_s: float, broadcast_timeout_s: float,
                  control_timeout_s: float, pause_mode: str = "abort", flush_retries: int = FLUSH_RETRIES,
-                 group_name: str = DEFAULT_GROUP_NAME) -> None:
+                 group_name: str = DEFAULT_GROUP_NAME, check_weights: bool = True) -> None:
         if not engines:
             raise ValueError("DirectEnginePublisher needs at least one engine (engines.urls)")
         self.engines = list(engines)
@@ -80,6 +80,7 @@ class DirectEnginePublisher(WeightPublisher):
         self.group_base = group_name  # each new group: group_base-<hex> (fresh_group_name)
         self.group_timeout_s, self.broadcast_timeout_s = group_timeout_s, broadcast_timeout_s
         self.control_timeout_s, self.pause_mode, self.flush_retries = control_timeout_s, pause_mode, flush_retries
+        self.check_weights = check_weights
         self.group: WeightGroup | None = None
         self.offsets: list[int] = []
         self.buffers = FlatBuffers()
@@ -155,7 +156,7 @@ class DirectEnginePublisher(WeightPublisher):
         steps = UpdateSteps(load=load, form=(lambda: self._form(update)) if forming else None,
                             phase=lambda phase: marks.setdefault(phase, time.perf_counter()), contain=contain)
         try:
-            await run_update(update, self.pause_mode, self.flush_retries, steps)
+            await run_update(update, self.pause_mode, self.flush_retries, steps, check_weights=self.check_weights)
         except WeightSyncError:
             raise
         except Exception as exc:

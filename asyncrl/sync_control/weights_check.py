@@ -1,0 +1,54 @@
+"""After an update: do all engines hold the same weights? (SGLang's ``/weights_checker``)
+
+Every member that loaded the whole update is asked for its checksum
+(:meth:`asyncrl.engine_client.EngineClient.check_weights`, ``{"action": "checksum"}``) while
+it is still paused, between ``end`` and ``flush`` of the sequence
+(:mod:`asyncrl.sync_control.sequence`). The trainer cannot compute SGLang's checksum itself
+(each engine hashes its own runners' tensors: fused, sharded by tensor parallelism, in its own
+dtype), so the test is agreement: engines that answer with the same number of ranks (the same
+layout) must give the same ``per_engine_checksum``.
+
+:func:`disagreeing` decides, per layout: the checksum most of them give is right; every member
+with another one holds weights the others do not. With no strict majority (two engines, two
+checksums; or a tie) nothing says which is right, and every member of that layout is
+disagreeing. A member that is alone in its layout cannot be checked (nothing to compare with),
+nor can one without the route (404: a server that is not SGLang 0.5.15+ or local_engine) or
+one whose check failed (logged): neither counts as disagreeing.
+
+A disagreeing member is treated like one that failed a bucket — its outcome is ``mixed``,
+the update fails, and the sync agent quarantines it until a full push (or a reload) rewrites
+it (docs/sync_agent.md, "After the update: the weights checker").
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+
+from asyncrl.engine_client import WeightsCheck
+
+
+def disagreeing(checks: Mapping[str, WeightsCheck]) -> dict[str, str]:
+    """Member id → why its weights disagree, for the members :func:`module <disagreeing>` rules
+    out; the others agree (or cannot be compared)."""
+    layouts: dict[int, dict[str, str]] = defaultdict(dict)
+    for member, check in checks.items():
+        layouts[check.ranks][member] = check.checksum
+    out: dict[str, str] = {}
+    for ranks, sums in layouts.items():
+        if len(sums) < 2:
+            continue
+        counts = Counter(sums.values()).most_common()
+        top, n = counts[0]
+        if len(counts) == 1:
+            continue
+        if n > counts[1][1]:
+            for member, checksum in sums.items():
+                if checksum != top:
+                    out[member] = (f"its weights differ from {n} of the {len(sums)} engines with {ranks} rank(s) after the "
+                                   f"update (checksum {checksum[:12]}, theirs {top[:12]})")
+        else:
+            seen = ", ".join(f"{c[:12]} x{k}" for c, k in counts)
+            for member in sums:
+                out[member] = f"the {len(sums)} engines with {ranks} rank(s) disagree on their weights after the update ({seen})"
+    return out

@@ -1,0 +1,109 @@
+"""After an update the engines must hold the same weights (issue 35): SGLang's
+``/weights_checker`` on every member, asked by :meth:`EngineUpdate.check_weights`
+(asyncrl/sync_control/weights_check.py), here against real local_engines serving it.
+
+Engines A and B hold the same weights, C other ones (another seed), D C's weights on two
+emulated tensor-parallel ranks (another layout: its checksum cannot be compared with the
+others'). The rules: a strict majority of one layout is right and the rest are mixed; no
+majority makes every member of that layout mixed; an engine alone in its layout is not judged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import aiohttp
+import pytest
+
+from asyncrl.engine_client import WeightsCheck
+from asyncrl.sync_control.engine_update import EngineUpdate, Member
+from asyncrl.sync_control.errors import WeightSyncError
+from asyncrl.sync_control.weights_check import disagreeing
+from tests.helpers.processes import start_engine
+
+
+def test_the_majority_of_a_layout_is_right_and_a_tie_convicts_everyone():
+    a, b, c = WeightsCheck("a" * 64, 1), WeightsCheck("b" * 64, 1), WeightsCheck("c" * 64, 1)
+    assert disagreeing({"e1": a, "e2": a, "e3": a}) == {}
+    assert list(disagreeing({"e1": a, "e2": a, "e3": b})) == ["e3"]
+    assert sorted(disagreeing({"e1": a, "e2": b})) == ["e1", "e2"]  # nothing says which is right
+    assert sorted(disagreeing({"e1": a, "e2": a, "e3": b, "e4": b, "e5": c})) == ["e1", "e2", "e3", "e4", "e5"]
+    assert disagreeing({"e1": a, "e2": a, "tp2": WeightsCheck("d" * 64, 2)}) == {}  # alone in its layout
+    assert disagreeing({"e1": a}) == {}
+    assert "differ from 2 of the 3 engines" in disagreeing({"e1": a, "e2": a, "e3": b})["e3"]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("weights-check")
+    with start_engine(logs, name="wc-a") as a, start_engine(logs, name="wc-b") as b, \
+            start_engine(logs, "--seed", "7", name="wc-c") as c, \
+            start_engine(logs, "--seed", "7", "--tp-size", "2", "--sglang-compat", "0.5.20", name="wc-d") as d:
+        yield {"a": a, "b": b, "c": c, "d": d}
+
+
+async def post(engine, body) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as s, s.post(f"{engine.url}/weights_checker", json=body) as r:
+        return r.status, await r.json()
+
+
+async def test_the_route_answers_sglangs_shape(engines):
+    status, body = await post(engines["a"], {"action": "checksum"})
+    assert status == 200 and body["success"] and body["message"] == "Success."
+    (rank,) = body["ranks"]
+    assert body["per_engine_checksum"] == hashlib.sha256(rank["per_gpu_checksum"].encode()).hexdigest()
+    assert rank["parallelism_info"]["role"] == "target" and rank["parallelism_info"]["size"] == 1
+    names = set(rank["checksums"])
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # tied: once
+    _, skipped = await post(engines["a"], {"skip_tensor_list": ["embed_tokens"]})  # the action defaults to checksum
+    assert set(skipped["ranks"][0]["checksums"]) == names - {"model.embed_tokens.weight"}
+    assert skipped["per_engine_checksum"] != body["per_engine_checksum"]
+    _, same = await post(engines["b"], {"action": "checksum", "unknown_field": 1})  # ignored, as SGLang's models do
+    assert same["per_engine_checksum"] == body["per_engine_checksum"]
+    _, d = await post(engines["d"], {})
+    assert [r["parallelism_info"]["tp_rank"] for r in d["ranks"]] == [0, 1] and "role" not in d["ranks"][0]["parallelism_info"]
+    for bad, why in (({"action": "compare"}, "Unsupported action"), ({"action": None}, "action"),
+                     ({"allow_quant_error": "yes"}, "allow_quant_error")):
+        status, body = await post(engines["a"], bad)
+        assert status == 400 and why in str(body), (bad, body)
+
+
+def loaded(engines, ids) -> EngineUpdate:
+    members = [Member(i, engines[i].client(), sent=1, confirmed=1) for i in ids]
+    update = EngineUpdate(members, control_timeout_s=30, total_buckets=1)
+    update.buckets = 1
+    return update
+
+
+async def check(update: EngineUpdate) -> WeightSyncError | None:
+    try:
+        await update.check_weights()
+    except WeightSyncError as exc:
+        return exc
+    finally:
+        for m in update.members:
+            await m.client.close()
+    return None
+
+
+async def test_engines_that_agree_pass_and_one_that_differs_is_mixed(engines):
+    update = loaded(engines, ["a", "b", "d"])  # d is alone in its layout
+    assert await check(update) is None
+    assert {update.outcome(m) for m in update.members} == {"loaded"}
+    update = loaded(engines, ["a", "b", "c"])
+    err = await check(update)
+    assert err is not None and "c:" in str(err) and "a:" not in str(err)
+    assert {m.id: update.outcome(m) for m in update.members} == {"a": "loaded", "b": "loaded", "c": "mixed"}
+
+
+async def test_two_engines_that_disagree_are_both_mixed(engines):
+    update = loaded(engines, ["a", "c"])
+    assert await check(update) is not None
+    assert {update.outcome(m) for m in update.members} == {"mixed"}
+
+
+async def test_a_member_that_did_not_load_everything_is_not_asked(engines):
+    update = loaded(engines, ["a", "b", "c"])
+    update.members[2].confirmed = 0  # c failed a bucket: mixed already, not compared
+    assert await check(update) is None
+    assert update.outcome(update.members[2]) == "mixed"
