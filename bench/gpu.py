@@ -6,6 +6,12 @@ MFU) against a plain PyTorch loop, and a short ``asyncrl up`` with engine and tr
         [--batch 64 --prompt 128 --response 384 --micro 16 --steps 3] \\
         [--up-model builtin:tiny-arith] [--up-steps 8] [--up-minutes 3] [--peak-tflops X] [--device cuda|cpu]
 
+The trainer's figures on realistic shapes (issues 31 and 32: Qwen2.5-0.5B/1.5B built from their
+configurations, the long-tail batch, packed vs a plain packed loop; the sync's preparation per
+``sync.staging`` mode) are the two scripts beside this one, which need no model directory:
+``python bench/step_compare.py --shape qwen2.5-1.5b --device cuda --batches long-tail --paths packed,plain``
+and ``python bench/sync_prepare.py --shape qwen2.5-1.5b --device cuda`` (docs/benchmarks.md).
+
 Exits 2 at once when ``torch.cuda.is_available()`` is false, or when the model directory
 is missing. The model is SmolLM2-135M-Instruct (``builtin:smollm2-135m``) as an already
 converted safetensors directory, because its first use downloads a wheel from PyPI, which a
