@@ -30,6 +30,7 @@ from asyncrl.jetstream import (
     store_sizes,
 )
 from asyncrl.jsonl_log import BoundedJsonl
+from asyncrl.loops import LoopSupervisor
 from asyncrl.models import load_tokenizer
 from asyncrl.progress import ProgressWindow
 from asyncrl.wire import NatsNames
@@ -117,8 +118,8 @@ class RolloutService:
         """The run's NATS stream and KV buckets: messages and bytes (sampled with the metrics)."""
         self.progress = ProgressWindow(cfg.run.progress_window_s)
         """Counters sampled for the ``health`` block of ``/admin/status`` (:mod:`rollout_service.api.run_health`)."""
-        self._stop = asyncio.Event()
-        self._loops: list[asyncio.Task] = []
+        self.loops = LoopSupervisor("the rollout service")
+        """Session expiry, engine health, metrics, progress, loop lag (:mod:`asyncrl.loops`)."""
         self.loop_lag = LoopLag()
         self.math_reward: MathReward | None = None
         self.url: str | None = None
@@ -232,29 +233,21 @@ class RolloutService:
             produced = r.stream.exhausted
         return produced and not r.tasks and len(r.outbox) == 0 and self.sessions.open_count == 0 and not r.paused
 
-    async def _metrics_loop(self) -> None:
+    async def _publish_rollout_metrics(self) -> None:
+        """One pass of the metrics loop: the verl metrics, the end-of-data notice once the data
+        is played out, the NATS store sizes."""
         from rollout_service.api.status import verl_metrics
 
-        while not self._stop.is_set():
-            snap = self.runner.snapshot()
-            await self._publish_metrics({"kind": "rollout", "version": snap.version, "metrics": verl_metrics(snap)})
-            if not self.end_of_data.sent and self.data_played_out():
-                await self.end_of_data.send_once(snap.counters.samples_started, snap.counters.trajectories_finished)
-            self.store_sizes = await store_sizes(self.nc.jetstream(), self.names)
-            try:
-                await asyncio.wait_for(self._stop.wait(), METRICS_INTERVAL_S)
-            except TimeoutError:
-                pass
+        snap = self.runner.snapshot()
+        await self._publish_metrics({"kind": "rollout", "version": snap.version, "metrics": verl_metrics(snap)})
+        if not self.end_of_data.sent and self.data_played_out():
+            await self.end_of_data.send_once(snap.counters.samples_started, snap.counters.trajectories_finished)
+        self.store_sizes = await store_sizes(self.nc.jetstream(), self.names)
 
-    async def _progress_loop(self) -> None:
+    async def _observe_progress(self) -> None:
         from rollout_service.api.run_health import progress_counters
 
-        while not self._stop.is_set():
-            self.progress.observe(progress_counters(self.runner.snapshot()))
-            try:
-                await asyncio.wait_for(self._stop.wait(), self.progress.interval_s)
-            except TimeoutError:
-                pass
+        self.progress.observe(progress_counters(self.runner.snapshot()))
 
     def _deps(self, runner: Runner) -> AgentDeps:
         cfg = self.cfg
@@ -280,19 +273,12 @@ class RolloutService:
     async def _announce(self, environment: str, payload: bytes) -> None:
         await self.nc.publish(self.names.environment(environment), payload)
 
-    async def _expiry_loop(self) -> None:
-        from rollout_service.openai.sessions import EXPIRY_SCAN_S
-
-        while not self._stop.is_set():
-            for rec in self.sessions.expire_idle():
-                await self.sessions.save(rec)
-                await self.runner.drop_member(rec.agent.group_id)
-            await self.sessions.forget_closed()
-            await self.broker.sweep()
-            try:
-                await asyncio.wait_for(self._stop.wait(), EXPIRY_SCAN_S)
-            except TimeoutError:
-                pass
+    async def _expire_sessions(self) -> None:
+        for rec in self.sessions.expire_idle():
+            await self.sessions.save(rec)
+            await self.runner.drop_member(rec.agent.group_id)
+        await self.sessions.forget_closed()
+        await self.broker.sweep()
 
     async def _unconsumed_trajectories(self, js) -> int:
         """Trajectories in the stream the trainer has not acknowledged yet."""
@@ -313,11 +299,13 @@ class RolloutService:
         await self.runner.start()
         if plays_verifiers(self.cfg):
             self._start_env_driver()
-        self._loops.append(asyncio.create_task(self._expiry_loop(), name="session-expiry"))
-        self._loops.append(asyncio.create_task(self.pool.health_loop(self._stop), name=HEALTH_LOOP_NAME))
-        self._loops.append(asyncio.create_task(self._metrics_loop(), name="metrics"))
-        self._loops.append(asyncio.create_task(self._progress_loop(), name="progress"))
-        self._loops.append(asyncio.create_task(self.loop_lag.run(self._stop), name="loop-lag"))
+        from rollout_service.openai.sessions import EXPIRY_SCAN_S
+
+        self.loops.every("session-expiry", EXPIRY_SCAN_S, self._expire_sessions)
+        self.loops.spawn(HEALTH_LOOP_NAME, self.pool.health_loop)
+        self.loops.every("metrics", METRICS_INTERVAL_S, self._publish_rollout_metrics)
+        self.loops.every("progress", self.progress.interval_s, self._observe_progress)
+        self.loops.spawn("loop-lag", self.loop_lag.run)
 
     def _start_env_driver(self) -> None:
         from rollout_service.verifiers_env.supervisor import DriverSupervisor, driver_spec
@@ -330,12 +318,12 @@ class RolloutService:
         self.env_driver.start()
 
     async def close(self) -> None:
-        self._stop.set()
+        self.loops.stop_event.set()
         if self.env_driver is not None:
             await self.env_driver.stop()
         if self.runner is not None:
             await self.runner.stop()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await self.loops.stop()
         await self.pool.close()
         if self.math_reward is not None:
             self.math_reward.close()

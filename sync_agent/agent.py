@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from pathlib import Path
 
 from asyncrl.config import secret
+from asyncrl.loops import LoopSupervisor
 from asyncrl.progress import ProgressWindow
 from sync_agent.coordinator import SyncCoordinator
 from sync_agent.reconcile import reconcile_loop, recover
@@ -36,8 +36,9 @@ class SyncAgent:
         self.progress = ProgressWindow(cfg.run.progress_window_s)
         """The tally's counters sampled for the ``health`` block of ``/status`` (:mod:`sync_agent.health`)."""
         self.started_at = time.time()
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task] = []
+        self.loops = LoopSupervisor("the sync agent")
+        """Queued syncs, reconcile rounds, progress (:mod:`asyncrl.loops`: a bug in one is logged
+        and it starts again, instead of ending syncs or repairs for good)."""
 
     async def start(self) -> None:
         """Recover an interrupted sync and start the loops. Raises :class:`PolicyRefused` (the
@@ -51,21 +52,15 @@ class SyncAgent:
                 log.warning("finished an interrupted sync at start: %s", state)
         except Exception:  # noqa: BLE001 - recovery is retried by the reconcile loop's rules
             log.exception("recovery at start failed")
-        self._tasks = [asyncio.create_task(self.coordinator.run(self._stop), name="syncs"),
-                       asyncio.create_task(reconcile_loop(self.coordinator, self._stop), name="reconcile"),
-                       asyncio.create_task(self._progress_loop(), name="progress")]
+        self.loops.spawn("syncs", self.coordinator.run)
+        self.loops.spawn("reconcile", lambda stop: reconcile_loop(self.coordinator, stop))
+        self.loops.every("progress", self.progress.interval_s, self._observe_progress)
 
-    async def _progress_loop(self) -> None:
-        while not self._stop.is_set():
-            self.progress.observe(self.coordinator.tally.counters())
-            try:
-                await asyncio.wait_for(self._stop.wait(), self.progress.interval_s)
-            except TimeoutError:
-                pass
+    async def _observe_progress(self) -> None:
+        self.progress.observe(self.coordinator.tally.counters())
 
     async def close(self) -> None:
-        self._stop.set()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.loops.stop()
         await self.coordinator.liveness.close()
         for c in self.coordinator.clients.values():
             await c.close()

@@ -39,6 +39,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from asyncrl.config import RunConfig
+from asyncrl.loops import LoopSupervisor
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.loop import run_agent
 from rollout_service.agent.state import AgentState, Phase
@@ -94,8 +95,10 @@ class Runner:
         self._wake = asyncio.Event()
         self.calls = InFlightCalls(on_busy=lambda: self.clock.set_idle(False), on_idle=self._wake.set)
         """Generate calls in flight; the service routes every call through ``calls.routed(pool)``."""
-        self._stop = asyncio.Event()
-        self._loops: list[asyncio.Task] = []
+        self.loops = LoopSupervisor("the runner", restart_s=LOOP_RESTART_S, on_restart=self._loop_restarted)
+        """Admission and publishing (:mod:`asyncrl.loops`: a bug that kills one is logged and it
+        starts again; both keep their state on the runner, so a restart loses nothing)."""
+        self._stop = self.loops.stop_event
         self.deps = deps_factory(self)
         self.validation = ValidationSchedule(cfg.rollout.test_freq, validator)
 
@@ -112,23 +115,11 @@ class Runner:
         log.info("restored %d agents (%d already finished), version %d", len(restored.agents), restored.dropped, self.version)
         if self.cfg.rollout.val_before_train and self.version == 0:
             self.validation.start(0)  # beside the first training rollouts, in the background
-        self._loops = [asyncio.create_task(self._restarting(self._admission_loop), name="admission"),
-                       asyncio.create_task(self._restarting(lambda: self.publisher.run(self._stop)), name="publisher")]
+        self.loops.spawn("admission", lambda _stop: self._admission_loop())
+        self.loops.spawn("publisher", self.publisher.run)
 
-    async def _restarting(self, loop: Callable[[], Awaitable[None]]) -> None:
-        """Run a background loop until stop; a bug that kills it is logged with its traceback and
-        the loop starts again after ``LOOP_RESTART_S`` (both loops keep their state on the runner,
-        so a restart loses nothing; a silent death would stop admission or publishing for good)."""
-        while not self._stop.is_set():
-            try:
-                await loop()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - logged; liveness first
-                self.counters.loop_restarts += 1
-                log.exception("a background loop of the runner died; restarting it in %.0f s", LOOP_RESTART_S)
-                await asyncio.sleep(LOOP_RESTART_S)
+    def _loop_restarted(self, _name: str) -> None:
+        self.counters.loop_restarts += 1
 
     async def stop(self) -> None:
         """Stop admitting and driving agents; their last checkpoints stay in the KV bucket."""
@@ -136,7 +127,7 @@ class Runner:
         self._wake.set()
         for task in self.tasks.values():
             task.cancel()
-        await asyncio.gather(*self.tasks.values(), *self._loops, self.validation.stop(), return_exceptions=True)
+        await asyncio.gather(*self.tasks.values(), self.loops.stop(), self.validation.stop(), return_exceptions=True)
         await self.agent_store.flush_dirty()
         await self._save_state()
 

@@ -168,7 +168,7 @@ async def test_a_background_loop_that_raises_is_logged_and_restarted(tmp_path, m
         assert asyncio.get_running_loop().time() < deadline, "the admission loop did not come back"
         await asyncio.sleep(0.05)
     assert runner.counters.loop_restarts == 1
-    assert "background loop of the runner died" in caplog.text
+    assert "background loop 'admission' of the runner died" in caplog.text
     await runner.stop()
 
 
