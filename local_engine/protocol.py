@@ -139,6 +139,11 @@ class GenerateBody(_Body):
     input_embeds: Any = None
     lora_path: Any = None
     session_params: Any = None
+    return_sampling_mask: bool | list[Any] | None = None
+    """SGLang 0.5.19+: each output token's sampling support and its behaviour log-prob under the
+    truncated distribution; local_engine does not compute them, so ``true`` is refused (older
+    releases drop the unknown field, and a client must not think it got them)."""
+    sampling_logprobs_mode: Any = None
 
     @model_validator(mode="after")
     def _single(self) -> GenerateBody:
@@ -160,7 +165,9 @@ class GenerateBody(_Body):
             for name in ("token_ids_logprob", "image_data", "audio_data", "video_data", "input_embeds", "lora_path", "session_params")
             if getattr(self, name) is not None
         ]
-        unsupported += [n for n in ("return_hidden_states", "return_routed_experts") if getattr(self, n)]
+        unsupported += [n for n in ("return_hidden_states", "return_routed_experts", "return_sampling_mask") if getattr(self, n)]
+        if self.sampling_logprobs_mode is not None:
+            unsupported.append("sampling_logprobs_mode")
         if unsupported:
             raise ValueError(f"fields not supported by local_engine: {', '.join(unsupported)}")
         if self.logprob_start_len < -1:
