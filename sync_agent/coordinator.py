@@ -315,8 +315,9 @@ class SyncCoordinator:
                                 phase=lambda phase: self._enter(rec, phase), contain=contain)
             await run_update(update, self.plan.engine_mode, self.plan.flush_retries, steps, check_weights=s.check_weights)
             self.version = rec.version
-            rec.engines = {m.id: "loaded" for m in update.members}
-            self.needs_reload -= {m.id for m in update.members}  # a full push rewrote every parameter
+            rec.engines = {m.id: update.outcome(m) for m in update.members}  # "mixed": outvoted by the weights check
+            self.needs_reload -= {eid for eid, o in rec.engines.items() if o == "loaded"}  # a full push rewrote every parameter
+            await self._quarantine_mixed(rec)
         except Exception as exc:  # noqa: BLE001 - every failure ends in the same safe state
             if not contained:  # the rollout's pause failed: nothing was sent to an engine
                 self._failing(rec, f"{type(exc).__name__}: {exc}")
@@ -359,6 +360,16 @@ class SyncCoordinator:
         drop the group."""
         rec.engines = {m.id: update.outcome(m) for m in update.members}
         self.liveness.mark_silent({m.id for m in update.members if m.stuck})  # hung or gone: not waited for next time
+        await self._quarantine_mixed(rec)
+        await update.leave_group()
+        self.group = None
+        if all(o == "loaded" for o in rec.engines.values()):
+            self.version = rec.version  # every engine made it: the failure came after the last bucket
+        self.persist()
+
+    async def _quarantine_mixed(self, rec: SyncRecord) -> None:
+        """Quarantine (before the rollout resumes) and mark for reload every member whose
+        outcome in ``rec.engines`` is ``mixed``."""
         for eid, outcome in rec.engines.items():
             if outcome != "mixed":
                 continue
@@ -367,11 +378,6 @@ class SyncCoordinator:
                 await self.rollout.quarantine(eid, f"{AGENT_REASON} failed update to version {rec.version}")
             except RolloutAdminError as exc:
                 log.error("could not quarantine %s: %s", eid, exc)
-        await update.leave_group()
-        self.group = None
-        if all(o == "loaded" for o in rec.engines.values()):
-            self.version = rec.version  # every engine made it: the failure came after the last bucket
-        self.persist()
 
     async def _resume_rollout(self, rec: SyncRecord) -> None:
         for attempt in range(RESUME_RETRIES):

@@ -320,13 +320,15 @@ class EngineUpdate:
         if _errors(failed):
             raise WeightSyncError(f"end_weight_update failed: {_errors(failed)}")
 
-    async def check_weights(self) -> None:
-        """``/weights_checker`` on every member that loaded the whole update: members whose
+    async def check_weights(self) -> dict[str, str]:
+        """``/weights_checker`` on every member that loaded the whole update. Members whose
         weights disagree with the others' (:mod:`asyncrl.sync_control.weights_check`) get an
-        error (their outcome is ``mixed``) and the update fails naming them."""
+        error (their outcome is ``mixed``); returns them (id → why). Raises when a layout has
+        no strict majority (nothing says which members are right); an outvoted minority does
+        not fail the update: the caller takes those members out."""
         members = [m for m in self.members if not m.stuck and self.outcome(m) == "loaded"]
         if len(members) < 2:
-            return  # nothing to compare with
+            return {}  # nothing to compare with
         checks: dict[str, Any] = {}
 
         async def one(m: Member) -> None:
@@ -336,15 +338,19 @@ class EngineUpdate:
         if _errors(failed):
             log.warning("weights check failed (those engines are not compared): %s", _errors(failed))
         answered = {eid: c for eid, c in checks.items() if c is not None}
-        bad = disagreeing(answered)
+        verdict = disagreeing(answered)
+        bad = verdict.all
         for m in members:
             if m.id in bad:
                 m.error = m.error or f"weights_checker: {bad[m.id]}"
-        if bad:
+        if verdict.undecided:
             raise WeightSyncError("engines hold different weights after the update: "
                                   + "; ".join(f"{eid}: {why}" for eid, why in sorted(bad.items())))
-        if len(answered) > 1:
+        if bad:
+            log.error("engines outvoted by the weights check (mixed): %s", "; ".join(f"{e}: {w}" for e, w in sorted(bad.items())))
+        elif len(answered) > 1:
             log.info("weights check: %d engines agree", len(answered))
+        return bad
 
     async def flush(self, retries: int = FLUSH_RETRIES) -> None:
         """Best effort: a cache left unflushed keeps prefix KV of the old weights (prefix hits

@@ -15,26 +15,44 @@ disagreeing. A member that is alone in its layout cannot be checked (nothing to 
 nor can one without the route (404: a server that is not SGLang 0.5.15+ or local_engine) or
 one whose check failed (logged): neither counts as disagreeing.
 
-A disagreeing member is treated like one that failed a bucket — its outcome is ``mixed``,
-the update fails, and the sync agent quarantines it until a full push (or a reload) rewrites
-it (docs/sync_agent.md, "After the update: the weights checker").
+A disagreeing member's outcome is ``mixed``, as one that failed a bucket: the sync agent
+quarantines it until a reload or a full push rewrites it. A *minority* does not fail the
+update: the majority holds the trainer's weights and serves the new version (one misconfigured
+engine among several must not stop every sync). An *undecided* layout (no strict majority)
+fails it: nothing says which engines are right (docs/sync_agent.md, "After the update: the
+weights checker").
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from asyncrl.engine_client import WeightsCheck
 
 
-def disagreeing(checks: Mapping[str, WeightsCheck]) -> dict[str, str]:
-    """Member id → why its weights disagree, for the members :func:`module <disagreeing>` rules
-    out; the others agree (or cannot be compared)."""
+@dataclass(frozen=True)
+class Verdict:
+    """:func:`disagreeing`'s answer: member id → why, for the members outvoted by a strict
+    majority of their layout (``minority``) and for every member of a layout without one
+    (``undecided``)."""
+
+    minority: dict[str, str] = field(default_factory=dict)
+    undecided: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def all(self) -> dict[str, str]:
+        return {**self.minority, **self.undecided}
+
+
+def disagreeing(checks: Mapping[str, WeightsCheck]) -> Verdict:
+    """Which members hold weights their layout's other members do not (module docstring); the
+    others agree or cannot be compared."""
     layouts: dict[int, dict[str, str]] = defaultdict(dict)
     for member, check in checks.items():
         layouts[check.ranks][member] = check.checksum
-    out: dict[str, str] = {}
+    out = Verdict()
     for ranks, sums in layouts.items():
         if len(sums) < 2:
             continue
@@ -45,10 +63,11 @@ def disagreeing(checks: Mapping[str, WeightsCheck]) -> dict[str, str]:
         if n > counts[1][1]:
             for member, checksum in sums.items():
                 if checksum != top:
-                    out[member] = (f"its weights differ from {n} of the {len(sums)} engines with {ranks} rank(s) after the "
-                                   f"update (checksum {checksum[:12]}, theirs {top[:12]})")
+                    out.minority[member] = (f"its weights differ from {n} of the {len(sums)} engines with {ranks} rank(s) "
+                                            f"after the update (checksum {checksum[:12]}, theirs {top[:12]})")
         else:
             seen = ", ".join(f"{c[:12]} x{k}" for c, k in counts)
             for member in sums:
-                out[member] = f"the {len(sums)} engines with {ranks} rank(s) disagree on their weights after the update ({seen})"
+                out.undecided[member] = (f"the {len(sums)} engines with {ranks} rank(s) disagree on their weights after "
+                                         f"the update ({seen})")
     return out

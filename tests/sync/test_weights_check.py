@@ -4,8 +4,9 @@
 
 Engines A and B hold the same weights, C other ones (another seed), D C's weights on two
 emulated tensor-parallel ranks (another layout: its checksum cannot be compared with the
-others'). The rules: a strict majority of one layout is right and the rest are mixed; no
-majority makes every member of that layout mixed; an engine alone in its layout is not judged.
+others'). The rules: a strict majority of one layout is right and the rest are mixed (the
+update goes on without them); no majority makes every member of that layout mixed and fails the
+update; an engine alone in its layout is not judged.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from tests.helpers.processes import start_engine
 
 def test_the_majority_of_a_layout_is_right_and_a_tie_convicts_everyone():
     a, b, c = WeightsCheck("a" * 64, 1), WeightsCheck("b" * 64, 1), WeightsCheck("c" * 64, 1)
-    assert disagreeing({"e1": a, "e2": a, "e3": a}) == {}
-    assert list(disagreeing({"e1": a, "e2": a, "e3": b})) == ["e3"]
-    assert sorted(disagreeing({"e1": a, "e2": b})) == ["e1", "e2"]  # nothing says which is right
-    assert sorted(disagreeing({"e1": a, "e2": a, "e3": b, "e4": b, "e5": c})) == ["e1", "e2", "e3", "e4", "e5"]
-    assert disagreeing({"e1": a, "e2": a, "tp2": WeightsCheck("d" * 64, 2)}) == {}  # alone in its layout
-    assert disagreeing({"e1": a}) == {}
-    assert "differ from 2 of the 3 engines" in disagreeing({"e1": a, "e2": a, "e3": b})["e3"]
+    assert disagreeing({"e1": a, "e2": a, "e3": a}).all == {}
+    v = disagreeing({"e1": a, "e2": a, "e3": b})
+    assert list(v.minority) == ["e3"] and v.undecided == {}
+    assert "differ from 2 of the 3 engines" in v.minority["e3"]
+    v = disagreeing({"e1": a, "e2": b})  # nothing says which is right
+    assert sorted(v.undecided) == ["e1", "e2"] and v.minority == {}
+    assert sorted(disagreeing({"e1": a, "e2": a, "e3": b, "e4": b, "e5": c}).undecided) == ["e1", "e2", "e3", "e4", "e5"]
+    assert disagreeing({"e1": a, "e2": a, "tp2": WeightsCheck("d" * 64, 2)}).all == {}  # alone in its layout
+    assert disagreeing({"e1": a}).all == {}
 
 
 @pytest.fixture(scope="module")
@@ -75,35 +78,64 @@ def loaded(engines, ids) -> EngineUpdate:
     return update
 
 
-async def check(update: EngineUpdate) -> WeightSyncError | None:
+async def check(update: EngineUpdate) -> tuple[dict[str, str] | None, WeightSyncError | None]:
     try:
-        await update.check_weights()
+        return await update.check_weights(), None
     except WeightSyncError as exc:
-        return exc
+        return None, exc
     finally:
         for m in update.members:
             await m.client.close()
-    return None
 
 
-async def test_engines_that_agree_pass_and_one_that_differs_is_mixed(engines):
+async def test_engines_that_agree_pass_and_an_outvoted_one_is_mixed_without_failing_the_update(engines):
     update = loaded(engines, ["a", "b", "d"])  # d is alone in its layout
-    assert await check(update) is None
+    assert await check(update) == ({}, None)
     assert {update.outcome(m) for m in update.members} == {"loaded"}
     update = loaded(engines, ["a", "b", "c"])
-    err = await check(update)
-    assert err is not None and "c:" in str(err) and "a:" not in str(err)
+    outvoted, err = await check(update)
+    assert err is None and list(outvoted) == ["c"]  # the majority serves on; the caller takes c out
     assert {m.id: update.outcome(m) for m in update.members} == {"a": "loaded", "b": "loaded", "c": "mixed"}
 
 
-async def test_two_engines_that_disagree_are_both_mixed(engines):
+async def test_two_engines_that_disagree_fail_the_update_and_are_both_mixed(engines):
     update = loaded(engines, ["a", "c"])
-    assert await check(update) is not None
+    _, err = await check(update)
+    assert err is not None and "a:" in str(err) and "c:" in str(err)
     assert {update.outcome(m) for m in update.members} == {"mixed"}
 
 
 async def test_a_member_that_did_not_load_everything_is_not_asked(engines):
     update = loaded(engines, ["a", "b", "c"])
     update.members[2].confirmed = 0  # c failed a bucket: mixed already, not compared
-    assert await check(update) is None
+    assert await check(update) == ({}, None)
     assert update.outcome(update.members[2]) == "mixed"
+
+
+async def test_the_agent_quarantines_an_outvoted_engine_and_the_sync_succeeds(tmp_path, nats_server):
+    """Three engines, one serving bfloat16 (its peers float32): after a full push its weights
+    differ from the two others'. The sync succeeds at the new version on the two; the third is
+    quarantined before the rollout resumes and marked for reload."""
+    from tests.sync.conftest import ENGINE_ARGS, perturbed_weights, publisher, stack
+    from tests.sync.test_sync_agent import engine_logprobs
+
+    logs = tmp_path / "logs"
+    with start_engine(logs, *ENGINE_ARGS, name="agree-0") as e0, start_engine(logs, *ENGINE_ARGS, name="agree-1") as e1, \
+            start_engine(logs, *ENGINE_ARGS, "--dtype", "bfloat16", name="outvoted") as odd:
+        async with stack(tmp_path, nats_server.url, [e0.url, e1.url, odd.url]) as (svc, _rollout_url, agent, agent_url, cfg):
+            pub = publisher(agent_url, cfg, bucket_bytes=512 * 1024)
+            try:
+                _, weights = perturbed_weights(3)
+                await pub.publish(1, weights)  # returns only when the agent reports "succeeded"
+                rec = agent.coordinator.records[-1]
+                views = {e.url: e for e in (await agent.coordinator.rollout.status()).engines}
+                ids = {url: views[url].id for url in (e0.url, e1.url, odd.url)}
+                assert rec.state == "succeeded"
+                assert rec.engines == {ids[e0.url]: "loaded", ids[e1.url]: "loaded", ids[odd.url]: "mixed"}
+                assert ids[odd.url] in agent.coordinator.needs_reload
+                assert views[odd.url].state == "quarantined" and views[e0.url].state != "quarantined"
+                assert svc.runner.version == 1 and not svc.runner.paused
+                for url in (e0.url, e1.url):
+                    assert (await engine_logprobs(url, 2))[2] == "1"
+            finally:
+                await pub.close()

@@ -157,6 +157,10 @@ class DirectEnginePublisher(WeightPublisher):
                             phase=lambda phase: marks.setdefault(phase, time.perf_counter()), contain=contain)
         try:
             await run_update(update, self.pause_mode, self.flush_retries, steps, check_weights=self.check_weights)
+            outvoted = [m.id for m in update.members if update.outcome(m) == "mixed"]
+            if outvoted:  # this publisher cannot take an engine out (the sync agent quarantines it): fail loudly
+                raise WeightSyncError(f"weight sync to version {version}: engines outvoted by the weights check hold other "
+                                      f"weights than their peers and keep serving: {', '.join(outvoted)}")
         except WeightSyncError:
             raise
         except Exception as exc:
