@@ -12,6 +12,9 @@ configurations, the long-tail batch, packed vs a plain packed loop; the sync's p
 ``python bench/step_compare.py --shape qwen2.5-1.5b --device cuda --batches long-tail --paths packed,plain``
 and ``python bench/sync_prepare.py --shape qwen2.5-1.5b --device cuda`` (docs/benchmarks.md).
 
+The phases ``long-tail`` and ``sync`` (``--phases long-tail,sync``) run those two scripts on
+``--shape`` in child processes and keep what they print in ``gpu.json``.
+
 Exits 2 at once when ``torch.cuda.is_available()`` is false, or when the model directory
 is missing. The model is SmolLM2-135M-Instruct (``builtin:smollm2-135m``) as an already
 converted safetensors directory, because its first use downloads a wheel from PyPI, which a
@@ -56,6 +59,7 @@ import asyncio
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -317,7 +321,10 @@ def parse_args(argv):
     p.add_argument("--model-dir", default=None, help="converted SmolLM2-135M safetensors directory")
     p.add_argument("--random-weights", action="store_true",
                    help="--model-dir holds config.json and tokenizer files only: initialise the weights at random (seed 0)")
-    p.add_argument("--phases", default="engine,trainer,up")
+    p.add_argument("--phases", default="engine,trainer,up",
+                   help="any of engine, trainer, up, long-tail, sync (the last two need no --model-dir)")
+    p.add_argument("--shape", default="qwen2.5-1.5b", choices=["qwen2.5-0.5b", "qwen2.5-1.5b"],
+                   help="long-tail and sync phases: the Qwen2.5 shape built from its configuration in code")
     p.add_argument("--gpu-tokens", type=int, default=256, help="new tokens per request on CUDA")
     p.add_argument("--cpu-tokens", type=int, default=64, help="new tokens per request on the CPU baseline")
     p.add_argument("--concurrency", default="1,8,32", help="concurrent requests, comma-separated")
@@ -412,6 +419,27 @@ def summary_rows(results: dict) -> list[tuple[str, str, str]]:
     return rows
 
 
+PHASES = ("engine", "trainer", "up", "long-tail", "sync")
+SCRIPT_PHASE_TIMEOUT_S = 900
+
+
+def script_phase(script: str, args, *extra: str, cpu_extra: tuple[str, ...] = ()) -> dict:
+    """Issue 31's and 32's figures on ``--shape``: ``bench/step_compare.py`` (the daemon's packed
+    step against a plain packed loop on the long-tail and the uniform batch) or
+    ``bench/sync_prepare.py`` (the sync's preparation per ``sync.staging`` mode), in a child
+    process; its printed figures are kept as they are."""
+    here = Path(__file__).resolve().parent
+    argv = [sys.executable, str(here / script), "--device", args.device, *extra]
+    argv += ["--shape", args.shape] if args.device == "cuda" else ["--model", "builtin:tiny", *cpu_extra]  # cpu: a plumbing check
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=SCRIPT_PHASE_TIMEOUT_S, cwd=here.parent)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip() and "Loading weights" not in ln]
+    print("\n".join(f"[{script}] {ln}" for ln in lines), flush=True)
+    res = {"command": shlex.join(argv[1:]), "output": lines}
+    if proc.returncode != 0:
+        res["error"] = f"{script} exited with {proc.returncode}: {proc.stderr[-1500:]}"
+    return res
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.child == "trainer":
@@ -424,28 +452,33 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     phases = [p for p in args.phases.split(",") if p]
-    unknown = sorted(set(phases) - {"engine", "trainer", "up"})
+    unknown = sorted(set(phases) - set(PHASES))
     if unknown:
-        print(f"bench/gpu.py: unknown phase(s) {', '.join(unknown)}; choose from engine, trainer, up", file=sys.stderr)
+        print(f"bench/gpu.py: unknown phase(s) {', '.join(unknown)}; choose from {', '.join(PHASES)}", file=sys.stderr)
         return 2
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    model_dir, why = find_model_dir(args.model_dir, args.random_weights, work)
-    if model_dir is None:
-        print(f"bench/gpu.py: {why}", file=sys.stderr)
-        return 2
+    model_dir = None
+    if set(phases) & {"engine", "trainer", "up"}:
+        model_dir, why = find_model_dir(args.model_dir, args.random_weights, work)
+        if model_dir is None:
+            print(f"bench/gpu.py: {why}", file=sys.stderr)
+            return 2
     command = shlex.join(["python", "bench/gpu.py", *(sys.argv[1:] if argv is None else argv)])
     name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (plumbing check, --device cpu)"
-    print(f"$ {command}\nGPU: {name} (torch {torch.__version__}, CUDA {torch.version.cuda}); model {model_dir}"
+    print(f"$ {command}\nGPU: {name} (torch {torch.__version__}, CUDA {torch.version.cuda}); model {model_dir or args.shape}"
           f"{' (random weights)' if args.random_weights else ''}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"command": command, "gpu": name, "device": args.device, "torch": torch.__version__, "cuda": torch.version.cuda,
-                     "model_dir": str(model_dir), "random_weights": args.random_weights, "peaks_tflops": {k: v for k, _, v in PEAKS}, "total_s": 0.0}
+                     "model_dir": str(model_dir) if model_dir else None, "random_weights": args.random_weights, "peaks_tflops": {k: v for k, _, v in PEAKS}, "total_s": 0.0}
     started = time.monotonic()
     runners = {"engine": lambda: asyncio.run(engine_phase(args, model_dir, work)),
                "trainer": lambda: trainer_phase(args, model_dir, work, name),
-               "up": lambda: up_phase(args, work)}
+               "up": lambda: up_phase(args, work),
+               "long-tail": lambda: script_phase("step_compare.py", args, "--batches", "long-tail,uniform", "--paths",
+                                                 "packed,plain", "--chunk", "8192", cpu_extra=("--groups", "2", "--steps", "1")),
+               "sync": lambda: script_phase("sync_prepare.py", args)}
     for phase in phases:
         t0 = time.monotonic()
         try:

@@ -2,7 +2,12 @@
 model and batch (the daemon's overhead), and weight broadcast to a real local_engine.
 
     .venv/bin/python bench/trainer.py [--model builtin:tiny] [--batch 16] [--prompt 32] \\
-        [--response 96] [--micro 4] [--steps 3] [--pushes 3] [--threads 1] [--no-sync]
+        [--response 96] [--micro 4] [--steps 3] [--pushes 3] [--threads 1] [--no-sync] [--lengths long-tail]
+
+``--lengths long-tail``: the step part is issue 31's instead (``bench/step_compare.py``): 16
+groups × 4, prompt 256, responses log-normal (median 400, sigma 1, cap 4096) and the uniform
+batch of the same token count; the daemon's packed step against a plain packed loop, tokens/s,
+their ratio and the padding fraction.
 
 Step: one rank (gloo, fp32). *daemon*: ``TrainStep.run`` on the daemon's one-rank policy
 (the plain module: FSDP2 only shards over more than one rank; GRPO advantages, plan, collation
@@ -225,8 +230,30 @@ def main() -> int:
     p.add_argument("--pushes", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-sync", action="store_true")
+    p.add_argument("--lengths", choices=["fixed", "long-tail"], default="fixed",
+                   help="long-tail: the step part on issue 31's batches instead (bench/step_compare.py: packed "
+                        "daemon step vs a plain packed loop, long-tail and uniform lengths, padding)")
     args = p.parse_args()
     print("+ " + shlex.join([".venv/bin/python", "bench/trainer.py", *sys.argv[1:]]))
+    if args.lengths == "long-tail":
+        from bench import step_compare
+
+        sys.argv = ["bench/step_compare.py", "--model", args.model, "--paths", "packed,plain", "--batches", "long-tail,uniform",
+                    "--steps", str(args.steps), "--threads", str(args.threads), "--chunk", "8192"]
+        code = step_compare.main()
+        if code or args.no_sync:
+            return code
+        import torch
+
+        from trainer_daemon.distributed import init_distributed
+
+        torch.set_num_threads(args.threads)
+        ctx = init_distributed("cpu")
+        try:
+            asyncio.run(bench_sync(args, ctx))
+        finally:
+            ctx.destroy()
+        return 0
 
     import torch
 
