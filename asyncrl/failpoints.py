@@ -17,7 +17,9 @@ Contract (all through files, so it works across ``torchrun`` and any number of p
 Failpoints in the product: ``checkpoint.write`` (trainer, inside the background write of a
 checkpoint, while ``dcp.async_save``'s future is pending); ``trainer.sync_bucket`` (trainer
 rank 0, through the sync agent, before broadcasting every bucket after the first: the engines
-hold part new, part old weights while it holds; :func:`hold_async`, the event loop runs on).
+hold part new, part old weights while it holds; :func:`hold_async`, the event loop runs on);
+``local_engine.step`` (local_engine, before each scheduler step: generations stop where they
+are while HTTP, aborts and pauses are still answered; a pause waits for the step to end).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from contextlib import asynccontextmanager
 
 import torch
 
+from asyncrl import failpoints
 from local_engine.request import Req, StopChecker
 from local_engine.runner import ModelRunner
 from local_engine.sampler import RowSampling, SampleOutput, prompt_logprobs, sample
@@ -222,6 +223,7 @@ class Scheduler:
         return admitted
 
     async def _step(self) -> None:
+        await failpoints.hold_async("local_engine.step")  # tests: a generation held mid-way, deterministically
         keep = [i for i, r in enumerate(self.rows) if not r.finished]
         live = [self.rows[i] for i in keep]
         admitted = self._admitting = [] if (live and self._prefilled_last) else self._admit(len(live))

@@ -9,14 +9,17 @@ import asyncio
 
 import pytest
 
+from asyncrl import failpoints
 from asyncrl.sync_control.pause_policy import pause_plan
+from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import WAIT_S, wait_for
 from tests.rollout.conftest import ADMIN
-from tests.sync.conftest import SYNC_TOKEN, config, perturbed_weights, publisher, stack
+from tests.sync.conftest import ENGINE_ARGS, SYNC_TOKEN, config, perturbed_weights, publisher, stack
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
-LONG = 1500  # tokens: the generation is still running when the sync pauses, even on a loaded box
+LONG = 1500  # tokens: the generation's budget (it is held mid-way until the sync's pause reaches the engine)
+STEP = "local_engine.step"
 CALL_S = 180.0
 
 
@@ -35,32 +38,45 @@ def test_pause_plans():
 
 
 @pytest.mark.parametrize("policy", ["abort", "retract", "in_place"])
-async def test_a_sync_treats_the_generation_in_flight_by_its_policy(tmp_path, nats_server, engines, policy):
-    proxy = await RecordingProxy(engines[0].url).start()
-    try:
-        async with stack(tmp_path, nats_server.url, [proxy.url], "async_training.partial_rollout=true",
-                         "rollout.total_rollout_steps=1", "rollout.n=1",  # the service's own agents: one, then none
-                         f"sync.pause_policy={policy}") as (svc, rollout_url, agent, agent_url, cfg):
-            assert agent.coordinator.pause_mode == ("partial" if policy == "abort" else "hold")
-            await wait_for(lambda: _idle(svc, engines[0]), WAIT_S, "the service's own sample to finish")
-            rid = f"{svc.runner.rid_prefix}policy-{policy}"
-            call = asyncio.create_task(svc.pool.generate(None, PROMPT, {"max_new_tokens": LONG, "temperature": 0.0,
-                                                                        "ignore_eos": True}, rid))
-            # decoding (not just queued): its first tokens come from the old weights whatever the policy
-            await wait_for(lambda: _running_tokens(engines[0], len(PROMPT) + 10), WAIT_S, "the long generation to decode")
-            pub = publisher(agent_url, cfg, bucket_bytes=1 << 20)
-            try:
-                _, weights = perturbed_weights(3)
-                await pub.publish(1, weights)
-                rec = agent.coordinator.records[-1]
-                await wait_for(lambda: rec.done, 60, "the sync to finish")
-                assert rec.state == "succeeded", rec.error
-            finally:
-                await pub.close()
-            res = await asyncio.wait_for(call, CALL_S)
-            assert not svc.runner.paused and svc.runner.version == 1
-    finally:
-        await proxy.stop()
+async def test_a_sync_treats_the_generation_in_flight_by_its_policy(tmp_path, nats_server, policy):
+    """The generation is held mid-way at the engine (failpoint ``local_engine.step``) from when it
+    has decoded a few tokens until the sync's pause reaches the engine, so the sync always meets
+    it in flight, however fast or loaded the machine (it once finished first on a loaded box)."""
+    points = tmp_path / "failpoints"
+    points.mkdir()
+    with start_engine(tmp_path, *ENGINE_ARGS, env={failpoints.ENV_DIR: str(points)}, name=f"engine-{policy}") as engine:
+        proxy = await RecordingProxy(engine.url).start()
+        try:
+            async with stack(tmp_path, nats_server.url, [proxy.url], "async_training.partial_rollout=true",
+                             "rollout.total_rollout_steps=1", "rollout.n=1",  # the service's own agents: one, then none
+                             f"sync.pause_policy={policy}") as (svc, rollout_url, agent, agent_url, cfg):
+                assert agent.coordinator.pause_mode == ("partial" if policy == "abort" else "hold")
+                await wait_for(lambda: _idle(svc, engine), WAIT_S, "the service's own sample to finish")
+                rid = f"{svc.runner.rid_prefix}policy-{policy}"
+                call = asyncio.create_task(svc.pool.generate(None, PROMPT, {"max_new_tokens": LONG, "temperature": 0.0,
+                                                                            "ignore_eos": True}, rid))
+                # decoding (not just queued): its first tokens come from the old weights whatever the policy
+                await wait_for(lambda: _running_tokens(engine, len(PROMPT) + 10), WAIT_S, "the long generation to decode")
+                (points / f"{STEP}.arm").touch()
+                await wait_for(lambda: bool(failpoints.reached(points, STEP)), WAIT_S, "the engine to hold the generation")
+                pub = publisher(agent_url, cfg, bucket_bytes=1 << 20)
+                try:
+                    _, weights = perturbed_weights(3)
+                    publish = asyncio.create_task(pub.publish(1, weights))
+                    await wait_for(lambda: any(path == "/pause_generation" for _, path, _, _ in proxy.requests) or publish.done(),
+                                   CALL_S, "the sync's pause to reach the engine")
+                    (points / f"{STEP}.release").touch()
+                    (points / f"{STEP}.arm").unlink()
+                    await publish
+                    rec = agent.coordinator.records[-1]
+                    await wait_for(lambda: rec.done, 60, "the sync to finish")
+                    assert rec.state == "succeeded", rec.error
+                finally:
+                    await pub.close()
+                res = await asyncio.wait_for(call, CALL_S)
+                assert not svc.runner.paused and svc.runner.version == 1
+        finally:
+            await proxy.stop()
     pauses = [body for method, path, _, body in proxy.requests if path == "/pause_generation"]
     flushes = [path for _, path, _, _ in proxy.requests if path == "/flush_cache"]
     assert pauses == [{"mode": policy}]
