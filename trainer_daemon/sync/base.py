@@ -13,7 +13,9 @@ weights as version ``v``". Two implementations, chosen by config in
 Contract of ``publish(version, weights)``: ``weights`` is a snapshot of one version (training
 goes on meanwhile): Hugging Face names → rank 0's host tensors, or the buckets already packed on
 the weight group's device (:class:`~trainer_daemon.sync.staging.StagedWeights`,
-``sync.staging``); ``version`` is the new weight version.
+``sync.staging``), or a :class:`~trainer_daemon.sync.streaming.BucketStream` the training
+thread fills while the publish sends it (``two_buckets``; :meth:`SyncController.start` closes
+it when the publish ends); ``version`` is the new weight version.
 It returns metrics on success, and raises :class:`~asyncrl.weight_sync.WeightSyncError` when
 the engines did not get the whole set (they keep serving the previous version, or — partly
 updated — are quarantined by the sync agent). Every network call and collective inside it has a timeout. It runs
