@@ -10,7 +10,7 @@ import httpx
 
 from asyncrl.engine_client import EngineClient
 from tests.helpers.reference_model import teacher_forced_logprobs
-from tests.helpers.run_health import wait_run_healthy
+from tests.helpers.run_health import get_json, wait_run_healthy
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import ADMIN
 from tests.sync.conftest import ENGINE_ARGS, SYNC_TOKEN, perturbed_weights, publisher, stack
@@ -211,8 +211,14 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
                 decoded_b = svc.pool.engines[b_id].tokens_decoded
                 await wait_for(lambda: svc.pool.engines[b_id].tokens_decoded > decoded_b + 20, 60, "engine B decoding")
                 rollout, agent_doc = await wait_run_healthy(rollout_url, ADMIN, 30, agent_url, SYNC_TOKEN)
-                assert {e["weight_version"] for e in rollout["engines"]} == {"4"} and agent_doc["version"] == 4, \
-                    (rollout["engines"], [(r.version, r.state, r.engines, r.error) for r in agent.coordinator.records])
+                assert agent_doc["version"] == 4, [(r.version, r.state, r.engines, r.error) for r in agent.coordinator.records]
+                # the status shows each engine's version as of its newest answer: the read after the sync runs
+                # in the background, so under load it can land after the run looks healthy (seen in CI), but
+                # within a health period (2 s) plus the read's timeout (5 s)
+                async def all_at_4():
+                    doc = await get_json(f"{rollout_url}/admin/status", ADMIN)
+                    return doc if {e["weight_version"] for e in doc["engines"]} == {"4"} else None
+                await wait_for(all_at_4, 10, "every engine shown at version 4")
                 assert time.monotonic() - killed_at < F8_BOUND_S, "RELIABILITY.md F8: back within T_sync"
         finally:
             await pub.close()
