@@ -9,8 +9,9 @@ from pathlib import Path
 from asyncrl.config import secret
 from asyncrl.loops import LoopSupervisor
 from asyncrl.progress import ProgressWindow
+from sync_agent import reconcile
 from sync_agent.coordinator import SyncCoordinator
-from sync_agent.reconcile import reconcile_loop, recover
+from sync_agent.reconcile import recover
 from sync_agent.records import StateFile
 from sync_agent.rollout_admin import RolloutAdmin
 
@@ -53,7 +54,8 @@ class SyncAgent:
         except Exception:  # noqa: BLE001 - recovery is retried by the reconcile loop's rules
             log.exception("recovery at start failed")
         self.loops.spawn("syncs", self.coordinator.run)
-        self.loops.spawn("reconcile", lambda stop: reconcile_loop(self.coordinator, stop))
+        # looked up on the module at each round (tests count the rounds by wrapping it)
+        self.loops.every("reconcile", self.cfg.sync.reconcile_interval_s, lambda: reconcile.reconcile_once(self.coordinator))
         self.loops.every("progress", self.progress.interval_s, self._observe_progress)
 
     async def _observe_progress(self) -> None:

@@ -23,7 +23,6 @@ after a crash is unknown, and the trainer is told to form a new one (409 regroup
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from asyncrl.engine_client.errors import EngineError, EngineHTTPError
@@ -94,18 +93,6 @@ async def repair(co: SyncCoordinator, client, path: str, version: int) -> None:
     except EngineHTTPError as exc:  # a stale prefix cache only costs hits; the weights are whole
         log.info("flush after reloading: %s", exc)
     await client.resume(timeout_s=t)
-
-
-async def reconcile_loop(co: SyncCoordinator, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        try:
-            await reconcile_once(co)
-        except Exception:  # noqa: BLE001 - the loop must outlive any one bad round
-            log.exception("reconcile round failed")
-        try:
-            await asyncio.wait_for(stop.wait(), co.cfg.sync.reconcile_interval_s)
-        except TimeoutError:
-            pass
 
 
 async def recover(co: SyncCoordinator) -> str | None:

@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.engine_client import EngineClient, EngineError, EngineHTTPError
+from asyncrl.engine_client import EngineClient, EngineError, EngineHTTPError, WeightsCheck
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.sync_control.layout import EngineLayout, assign_ranks
 from asyncrl.sync_control.weights_check import disagreeing
@@ -329,7 +329,7 @@ class EngineUpdate:
         members = [m for m in self.members if not m.stuck and self.outcome(m) == "loaded"]
         if len(members) < 2:
             return {}  # nothing to compare with
-        checks: dict[str, Any] = {}
+        checks: dict[str, WeightsCheck | None] = {}
 
         async def one(m: Member) -> None:
             checks[m.id] = await m.client.check_weights(timeout_s=self.control_timeout_s)
