@@ -12,6 +12,8 @@ Subcommands import their component lazily, so ``asyncrl config show`` never impo
     asyncrl up [FILE] [k=v ...] [--max-minutes M]         the whole loop (no FILE: the built-in demo)
     asyncrl demo-stack [FILE] [k=v ...]                   start NATS + an engine and show them working
     asyncrl audit RUN_DIR [--nats URL] [--json]           reconcile the stream with the trainer's ledger
+    asyncrl slurm [FILE] [k=v ...] [--submit]             write (and submit) a Slurm batch script for the run
+    asyncrl slurm-job RUN_FILE                            the driver the batch script runs inside the allocation
 """
 
 from __future__ import annotations
@@ -75,6 +77,18 @@ def _cmd_up(argv: Sequence[str]) -> int:
     return up_main(argv)
 
 
+def _cmd_slurm(argv: Sequence[str]) -> int:
+    from launcher.slurm.cli import main as slurm_main
+
+    return slurm_main(argv)
+
+
+def _cmd_slurm_job(argv: Sequence[str]) -> int:
+    from launcher.slurm.job import main as job_main
+
+    return job_main(argv)
+
+
 def _cmd_demo_stack(argv: Sequence[str]) -> int:
     from launcher.demo_stack import main as demo_main
 
@@ -91,6 +105,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "python-sandbox": (_cmd_python_sandbox, "run the python tool's programs on a unix socket (in a container of their own)"),
     "audit": (_cmd_audit, "reconcile the trajectory stream with the trainer's ledger: lost or trained twice?"),
     "up": (_cmd_up, "run the whole loop: NATS, engines, rollout, sync agent, trainer (no config: the demo)"),
+    "slurm": (_cmd_slurm, "write (and with --submit submit) a Slurm batch script that runs the whole loop"),
+    "slurm-job": (_cmd_slurm_job, "the job driver a Slurm batch script runs (starts every service as a job step)"),
     "demo-stack": (_cmd_demo_stack, "start embedded NATS and a local engine, and show them working"),
 }
 

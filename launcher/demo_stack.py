@@ -89,7 +89,8 @@ def main(argv: Sequence[str]) -> int:
     if cfg is None:
         return 2
     run_dir = cfg.run_dir
-    nats_server = EmbeddedNats(run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes)
+    nats_server = EmbeddedNats(run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes,
+                               jetstream_dir=cfg.nats.store_dir)
     port = free_port()
     from local_engine.settings import EngineSettings  # a CLI subcommand: components only lazily
 

@@ -1,7 +1,7 @@
 """``asyncrl nats [FILE] [k=v ...]``: run the run's embedded NATS JetStream server.
 
-Starts nats-server bound to 127.0.0.1 (port ``nats.embedded_port``, or a free one) with its
-store in ``<run dir>/nats``, creates the run's stream, records the URL in
+Starts nats-server bound to ``nats.embedded_host`` (port ``nats.embedded_port``, or a free one)
+with its store in ``nats.store_dir`` (default ``<run dir>/nats``), creates the run's stream, records the URL in
 ``<run dir>/nats/endpoint`` (other components of the run find it there when ``nats.url`` is
 unset), prints it, and runs until Ctrl-C / SIGTERM, then stops the server cleanly.
 """
@@ -42,7 +42,8 @@ def main(argv: Sequence[str]) -> int:
     password = secret(cfg.security.nats_password)
     server = EmbeddedNats(
         cfg.run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes,
-        sync_always=cfg.nats.sync_always, user=cfg.nats.user, password=password,
+        sync_always=cfg.nats.sync_always, user=cfg.nats.user, password=password, host=cfg.nats.embedded_host,
+        jetstream_dir=cfg.nats.store_dir,
     )
     stop = {"now": False}
 

@@ -165,7 +165,7 @@ async def audit_run(run_dir: Path, nats_url: str | None, run_id: str | None) -> 
     try:
         url = nats_url or resolve_nats_url(cfg.nats.url, run_dir)
     except LookupError:
-        server = EmbeddedNats(run_dir)
+        server = EmbeddedNats(run_dir, jetstream_dir=cfg.nats.store_dir)
         server.start()
         url = server.url
     from asyncrl.config import secret

@@ -87,6 +87,8 @@ class TrainerDaemon:
         self.r0 = None
         self.step = 0
         self.stop_requested = False
+        self.stop_deadline: float | None = None
+        """Monotonic time by which a signalled stop must have checkpointed (``trainer.stop_timeout_s``)."""
         self._last_saved = -1
         self._publishing: tuple[int, int] | None = None  # (step, target version) of the last sync started
         self._idle_s = 0.0
@@ -100,8 +102,14 @@ class TrainerDaemon:
 
     # -- setup -----------------------------------------------------------------------------
     def _sync_wait_s(self) -> float:
+        """How long rank 0 waits for a sync to end: its timeouts' sum, or after a signal what
+        is left of the stop budget less the checkpoint's share (a quarter of it)."""
         s = self.cfg.sync
-        return s.group_init_timeout_s + s.pause_timeout_s + s.broadcast_timeout_s + s.resume_timeout_s
+        full = s.group_init_timeout_s + s.pause_timeout_s + s.broadcast_timeout_s + s.resume_timeout_s
+        if self.stop_deadline is None:
+            return full
+        reserve = self.cfg.trainer.stop_timeout_s / 4
+        return max(0.0, min(full, self.stop_deadline - time.monotonic() - reserve))
 
     def setup(self) -> None:
         cfg, t = self.cfg, self.cfg.trainer
@@ -155,7 +163,10 @@ class TrainerDaemon:
 
     # -- loop ------------------------------------------------------------------------------
     def request_stop(self, *_: Any) -> None:
+        """SIGTERM/SIGINT: stop after the current step, checkpointed within ``trainer.stop_timeout_s``."""
         self.stop_requested = True
+        if self.stop_deadline is None:
+            self.stop_deadline = time.monotonic() + self.cfg.trainer.stop_timeout_s
 
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -203,7 +214,7 @@ class TrainerDaemon:
         self._sync_metrics.update(self.r0.poll_sync())
         done = self.ckpt.poll()
         if done is not None:
-            self.r0.checkpointed(done, self.ckpt.oldest_kept_cursor())
+            self.r0.checkpointed(done, self.ckpt.oldest_kept_cursor(), purge=self.stop_deadline is None)
 
     def run(self) -> None:
         t = self.cfg.trainer
@@ -337,7 +348,7 @@ class TrainerDaemon:
         self.ckpt.save(self.step, self.model, self.optimizer, state, segment, export, label)
         self._last_saved = self.step
         if self.ctx.is_rank0 and not ck.async_save:
-            self.r0.checkpointed(self.step, self.ckpt.oldest_kept_cursor())
+            self.r0.checkpointed(self.step, self.ckpt.oldest_kept_cursor(), purge=self.stop_deadline is None)
 
     def _version_label(self, target: int):
         """The checkpoint's weights are this step's, handed to the sync to ``target``: once that
@@ -359,7 +370,7 @@ class TrainerDaemon:
             self._save()
         done = self.ckpt.wait()
         if done is not None and self.ctx.is_rank0:
-            self.r0.checkpointed(done, self.ckpt.oldest_kept_cursor())
+            self.r0.checkpointed(done, self.ckpt.oldest_kept_cursor(), purge=self.stop_deadline is None)
         log.info("trainer finished at step %d", self.step)
 
     def close(self) -> None:

@@ -207,11 +207,13 @@ class Rank0Services:
 
         return self.io.run(_snap(), IO_TIMEOUT_S)
 
-    def checkpointed(self, step: int, oldest_kept_cursor: int) -> None:
+    def checkpointed(self, step: int, oldest_kept_cursor: int, purge: bool = True) -> None:
         """Checkpoint ``step`` is complete: trim the ledger's journal, purge the stream up to the
-        oldest kept checkpoint's cursor."""
+        oldest kept checkpoint's cursor (``purge``; skipped by a signalled stop, which NATS may
+        share: the next checkpoint purges as far)."""
         self.source.ledger.trim_journal(step)
-        self.io.run(self.source.purge_through(oldest_kept_cursor), IO_TIMEOUT_S)
+        if purge:
+            self.io.run(self.source.purge_through(oldest_kept_cursor), IO_TIMEOUT_S)
 
     # -- weights ---------------------------------------------------------------------------
     def poll_sync(self) -> dict[str, float]:

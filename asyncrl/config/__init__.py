@@ -2,6 +2,6 @@
 
 from asyncrl.config.loader import ConfigError, load_config, read_config_file
 from asyncrl.config.run_config import DerivedNumbers, RunConfig
-from asyncrl.config.secrets import secret
+from asyncrl.config.secrets import revealed_document, secret
 
-__all__ = ["ConfigError", "DerivedNumbers", "RunConfig", "load_config", "read_config_file", "secret"]
+__all__ = ["ConfigError", "DerivedNumbers", "RunConfig", "load_config", "read_config_file", "revealed_document", "secret"]

@@ -29,6 +29,7 @@ from asyncrl.config.sections_infra import (
     SyncConfig,
     TrainerConfig,
 )
+from asyncrl.config.sections_slurm import SlurmConfig
 
 CONCURRENT_PER_ENGINE = 16  # verl: max_concurrent_samples = len(server_handles) * 16
 WIRE_BYTES_PER_TOKEN_BOUND = 24  # msgpack: token id <=5 B, logprob 9 B, version <=5 B, mask 1 B
@@ -63,6 +64,8 @@ class RunConfig(Section):
     """Tokens."""
     api: ApiConfig = Field(default_factory=ApiConfig)
     """The OpenAI-compatible API and sessions of the rollout service."""
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    """``asyncrl slurm``: the allocation and the placement on it."""
 
     @model_validator(mode="after")
     def _token_budget_holds_a_trajectory(self) -> RunConfig:

@@ -131,6 +131,12 @@ class NatsConfig(Section):
     """NATS server URL (``nats://host:4222``). None: start or use the embedded server."""
     embedded_port: int = Field(0, ge=0, le=65535)
     """Port of the embedded server (0: a free port)."""
+    embedded_host: str = "127.0.0.1"
+    """Address the embedded server binds to (``asyncrl slurm`` binds it to every interface of
+    the batch host, for the trainer nodes; keep that network private)."""
+    store_dir: str | None = None
+    """Directory of the embedded server's JetStream store (a fast local or shared disk that
+    outlives the job). None: ``<run dir>/nats``."""
     stream_max_bytes: int = Field(4 * 2**30, ge=2**20)
     """Byte limit of the run's stream. With discard=new, a full stream rejects publishes."""
     duplicate_window_s: float = Field(1800.0, ge=1.0, le=7 * 86400.0)
@@ -207,6 +213,12 @@ class TrainerConfig(Section):
     (rank 0 sends "in progress" for every held message every quarter of this) for this long is
     redelivered. A trainer that stops answering (SIGSTOP, a long GC pause) gets its held
     messages redelivered; the ID check keeps each trained once (RELIABILITY.md F4)."""
+    stop_timeout_s: float = Field(20.0, gt=0.0, le=3600.0)
+    """After SIGTERM/SIGINT: the time within which the trainer writes its checkpoint and exits,
+    whatever else is stopping with it (``scancel`` and Kubernetes signal every process at
+    once and kill them 30 s later by default). It finishes the step it is in, waits for a
+    weight sync in flight only within this budget (the checkpoint then records that sync's
+    version as pending, which a resume settles), and leaves the stream's purge to the next run."""
 
 
 class SyncConfig(Section):

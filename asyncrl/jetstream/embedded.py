@@ -63,6 +63,7 @@ class EmbeddedNats:
         host: str = "127.0.0.1",
         user: str | None = None,
         password: str | None = None,
+        jetstream_dir: Path | str | None = None,
     ) -> None:
         if max_payload > NATS_MAX_PAYLOAD_LIMIT:
             raise ValueError(
@@ -76,11 +77,19 @@ class EmbeddedNats:
         self.sync_always = sync_always
         self.user = user
         self.password = password
+        self.jetstream_dir = Path(jetstream_dir) if jetstream_dir else self.store_dir
+        """Where JetStream keeps the stream (``nats.store_dir``); the server config and the
+        endpoint file stay in :attr:`store_dir`."""
         self._child: ChildProcess | None = None
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        """Where this machine's clients connect (loopback when bound to every interface)."""
+        return f"nats://{self.connect_host}:{self.port}"
+
+    @property
+    def connect_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
 
     @property
     def store_dir(self) -> Path:
@@ -103,13 +112,14 @@ class EmbeddedNats:
         if self.running:
             return self.url
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.jetstream_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
-            server_config(self.host, self.port, self.store_dir, self.max_payload, self.sync_always, self.user, self.password)
+            server_config(self.host, self.port, self.jetstream_dir, self.max_payload, self.sync_always, self.user, self.password)
         )
         self._child = ChildProcess("nats-server", [find_nats_server(), "-c", str(self.config_path)], self.log_path)
         self._child.start()
         try:
-            self._child.wait_ready(lambda: port_open(self.host, self.port), timeout_s, what="did not accept connections")
+            self._child.wait_ready(lambda: port_open(self.connect_host, self.port), timeout_s, what="did not accept connections")
         except Exception:
             self._child.stop()
             raise

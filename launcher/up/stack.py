@@ -93,7 +93,8 @@ class Stack:
         if not cfg.nats.url:
             self.nats = EmbeddedNats(self.run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes,
                                      sync_always=cfg.nats.sync_always, user=cfg.nats.user,
-                                     password=secret(cfg.security.nats_password))
+                                     password=secret(cfg.security.nats_password), host=cfg.nats.embedded_host,
+                                     jetstream_dir=cfg.nats.store_dir)
             self.doc["nats"]["url"] = self.nats.start()
             write_endpoint(self.nats)
             progress(f"NATS JetStream at {self.doc['nats']['url']}")

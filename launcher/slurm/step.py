@@ -1,0 +1,91 @@
+"""``python -m launcher.slurm.step [options] -- COMMAND ...``: the first thing each job step
+runs on its node, before it ``exec``s the service (so srun's signals reach the service).
+
+- ``--gpus 2,3``: the step sees only those of its node's GPUs (positions in the
+  ``CUDA_VISIBLE_DEVICES`` Slurm gave the step, or GPU indices when it gave none);
+  ``--gpus ''`` hides every GPU.
+- ``--endpoint FILE [--port P]``: the service listens on port P (0: a port free on this node,
+  found here, where it will bind); ``{port}`` in COMMAND becomes it and ``FILE`` gets
+  ``{"host": ..., "port": ...}`` (written atomically) for the job driver, which cannot see
+  which ports are free on another node.
+- ``--node-rank-env VAR``: ``VAR`` = this task's node index in the step (``SLURM_NODEID``),
+  for torchrun's ``--node-rank`` through the config's environment overrides.
+- ``--id-file FILE``: write the step's id (``<job>.<step>``) to FILE, so the job driver can
+  signal the step's tasks (``scancel --signal=TERM``) instead of srun, which answers a SIGTERM
+  by killing its step.
+- ``--secret-flag FLAG=VAR``: append ``FLAG <value of $VAR>`` to COMMAND (SGLang takes its API
+  key as a flag only; the key travels in the environment up to here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+from asyncrl.files import atomic_write
+
+
+def _visible_gpus(wanted: str, inherited: str | None) -> str:
+    picks = [int(x) for x in wanted.split(",") if x.strip()]
+    if inherited is None:
+        return ",".join(str(i) for i in picks)
+    have = [x for x in inherited.split(",") if x.strip()]
+    missing = [i for i in picks if i >= len(have)]
+    if missing:
+        raise SystemExit(f"launcher.slurm.step: GPUs {missing} asked for, but the step sees only {len(have)} "
+                         f"(CUDA_VISIBLE_DEVICES={inherited})")
+    return ",".join(have[i] for i in picks)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))  # noqa: S104 - where the service will listen
+        return s.getsockname()[1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        print("usage: python -m launcher.slurm.step [options] -- COMMAND ...", file=sys.stderr)
+        return 2
+    split = argv.index("--")
+    p = argparse.ArgumentParser(prog="launcher.slurm.step")
+    p.add_argument("--gpus", default=None)
+    p.add_argument("--endpoint", default=None)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--node-rank-env", default=None)
+    p.add_argument("--secret-flag", action="append", default=[])
+    p.add_argument("--id-file", default=None)
+    ns = p.parse_args(argv[:split])
+    command = argv[split + 1:]
+    if not command:
+        print("launcher.slurm.step: no command after --", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    if ns.id_file and os.environ.get("SLURM_STEP_ID"):
+        atomic_write(ns.id_file, f"{os.environ.get('SLURM_JOB_ID')}.{os.environ['SLURM_STEP_ID']}")
+    if ns.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = _visible_gpus(ns.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if ns.node_rank_env:
+        env[ns.node_rank_env] = os.environ.get("SLURM_NODEID", "0")
+    if ns.endpoint:
+        port = ns.port or _free_port()
+        command = [a.replace("{port}", str(port)) for a in command]
+        atomic_write(ns.endpoint, json.dumps({"host": socket.gethostname(), "port": port}))
+    for item in ns.secret_flag:
+        flag, _, var = item.partition("=")
+        if not env.get(var):
+            print(f"launcher.slurm.step: {flag} needs ${var}, which is not set", file=sys.stderr)
+            return 2
+        command += [flag, env[var]]
+    sys.stdout.flush()
+    os.execvpe(command[0], command, env)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
