@@ -102,14 +102,16 @@ class TrainerDaemon:
 
     # -- setup -----------------------------------------------------------------------------
     def _sync_wait_s(self) -> float:
-        """How long rank 0 waits for a sync to end: its timeouts' sum, or after a signal what
-        is left of the stop budget less the checkpoint's share (a quarter of it)."""
         s = self.cfg.sync
-        full = s.group_init_timeout_s + s.pause_timeout_s + s.broadcast_timeout_s + s.resume_timeout_s
+        return s.group_init_timeout_s + s.pause_timeout_s + s.broadcast_timeout_s + s.resume_timeout_s
+
+    def _stop_cutoff(self) -> float | None:
+        """After a signal: when rank 0 stops waiting for a sync, leaving a quarter of
+        ``trainer.stop_timeout_s`` to the checkpoint (read during the wait, so a signal that
+        comes while it waits shortens it); None before."""
         if self.stop_deadline is None:
-            return full
-        reserve = self.cfg.trainer.stop_timeout_s / 4
-        return max(0.0, min(full, self.stop_deadline - time.monotonic() - reserve))
+            return None
+        return self.stop_deadline - self.cfg.trainer.stop_timeout_s / 4
 
     def setup(self) -> None:
         cfg, t = self.cfg, self.cfg.trainer
@@ -276,7 +278,7 @@ class TrainerDaemon:
         sender = self.ctx.is_rank0 and self.r0.sync is not None
         finished = True
         if sender:
-            finished = self.r0.sync.wait(self._sync_wait_s())
+            finished = self.r0.sync.wait(self._sync_wait_s(), self._stop_cutoff)
             self._sync_metrics.update(self.r0.poll_sync())
             if not finished:
                 self.sync_skipped += 1
@@ -356,7 +358,7 @@ class TrainerDaemon:
         ``weights_version = target`` and the version counter is ``target``; if it failed they
         were never published (``weights_version`` null, the counter unchanged)."""
         def label(state: dict[str, Any]) -> dict[str, Any]:
-            ok = self.r0.sync.published(target, self._sync_wait_s())
+            ok = self.r0.sync.published(target, self._sync_wait_s(), self._stop_cutoff)
             if ok:
                 return state | {"weight_version": max(int(state.get("weight_version", 0)), target), "weights_version": target}
             return state | {"weights_version": None, "weights_publish": "failed" if ok is False else f"pending {target}"}
@@ -364,7 +366,7 @@ class TrainerDaemon:
 
     def _finish(self) -> None:
         """*Collective.* Wait for the last sync (so the final checkpoint records its version), save, settle."""
-        if self.ctx.is_rank0 and self.r0.sync is not None and not self.r0.sync.wait(self._sync_wait_s()):
+        if self.ctx.is_rank0 and self.r0.sync is not None and not self.r0.sync.wait(self._sync_wait_s(), self._stop_cutoff):
             log.error("exiting with a weight sync still running; the engines may be left paused or half-updated")
         if self.step != self._last_saved:
             self._save()

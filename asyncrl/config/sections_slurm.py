@@ -69,7 +69,8 @@ class SlurmConfig(Section):
     """Extra ``sglang.launch_server`` flags (``engines.backend = "sglang"``), after the ones
     asyncrl sets (model, host, port, ``--tp-size``, ``--api-key``, ``--enable-metrics``)."""
     stop_grace_s: float = Field(60.0, gt=0.0, le=3600.0)
-    """Seconds each service gets to stop (SIGTERM, forwarded by srun) before it is killed."""
+    """Seconds each service gets to stop when the job driver stops the run in order (SIGTERM to
+    the step's tasks) before srun terminates the step."""
 
     @field_validator("extra_sbatch")
     @classmethod

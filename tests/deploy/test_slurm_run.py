@@ -6,9 +6,11 @@
   ends COMPLETED, nothing left running; an engine killed mid-run is started again by the job;
 - ``scancel`` mid-run leaves a checkpoint and the outbox, and submitting the same run again
   resumes and finishes with nothing lost or trained twice (``asyncrl audit``);
+- the signal Slurm sends before the time limit (``--signal=B:USR1@N``) stops the job with a
+  checkpoint and requeues it; its next start resumes and finishes;
 - a service that dies (the sync agent) fails the job, whose output names it and its log.
 
-Its own command (about 5 minutes; needs root to run the daemons): ``./dev test-slurm``, which
+Its own command (about 5 minutes, half of it Slurm's requeue delay; needs root to run the daemons): ``./dev test-slurm``, which
 installs slurm-wlm and munge when they are missing. Under ``./dev test`` it is skipped unless
 ``ASYNCRL_SLURM_TESTS=1``; with it set, a machine without them skips naming what is missing.
 """
@@ -153,6 +155,27 @@ def test_scancel_keeps_a_checkpoint_and_the_resubmitted_run_loses_nothing(cluste
     result = audit(run_dir)
     assert result["ok"] and result["lost"] == 0 and result["twice"] == 0 and result["lost_after_ack"] == 0, result
     assert result["trained"] + result["dropped"] == 120, result
+    assert processes_of(run_dir) == []
+
+
+def test_the_time_limit_signal_stops_requeues_and_the_job_resumes(cluster, tmp_path):
+    """What ``--signal=B:USR1@N`` does before the time limit, sent now (``scancel --batch
+    --signal=USR1``, as Slurm sends it) rather than waited for: the job stops with a
+    checkpoint, requeues itself, and its next start (after Slurm's requeue delay, ~2 min)
+    resumes and finishes."""
+    run_dir = tmp_path / "run"
+    job = submit(cluster, run_dir, "rollout.total_rollout_steps=60")
+    wait_for_sync(lambda: trained_steps(run_dir) >= 3, JOB_S, "three trainer steps")
+    cluster.run("scancel", "--batch", "--signal=USR1", job)
+    wait_output(run_dir, job, "requeueing the job")
+    wait_output(run_dir, job, "(start 2)", JOB_S)
+    assert cluster.wait_job_end(job, JOB_S) == "COMPLETED", job_output(run_dir, job)
+    out = job_output(run_dir, job)
+    assert out.count("stopping: signal SIGUSR1") == 1 and "stopping: the trainer finished its steps" in out, out
+    resumed = re.search(r"resumed from \S+step-(\d+)", (run_dir / "logs" / "trainer.log").read_text())
+    assert resumed and int(resumed.group(1)) >= 3, "the second start resumed from the checkpoint the first wrote at its stop"
+    result = audit(run_dir)
+    assert result["ok"] and result["lost"] == 0 and result["twice"] == 0 and result["trained"] + result["dropped"] == 120, result
     assert processes_of(run_dir) == []
 
 

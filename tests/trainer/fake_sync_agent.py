@@ -7,7 +7,9 @@ agent pauses (the trainer's tests run none).
   ``SyncRequest``, 401 without the token). Syncs run one after another in arrival order. A new
   group (``group.new`` or another address) is joined with the engines' layouts from
   ``/server_info``. ``ignore_next`` makes it accept a sync and fail it at once without touching
-  the engines (the trainer's watcher must stop it).
+  the engines (the trainer's watcher must stop it); ``hold`` makes it accept every sync and
+  leave it queued forever, its group a world of 2 whose engine never joins (a sync that never
+  ends, as with an agent gone mid-sync; no engine needed).
 - ``GET /v1/syncs/{id}`` → ``SyncStatus``.
 - ``GET /status`` → ``{"version", "accepted_version", "push_wanted"}``: the last succeeded and
   the last accepted version, and ``push_wanted`` (set by a test; cleared by a sync that succeeds).
@@ -41,6 +43,7 @@ class FakeSyncAgent:
         self.bodies: list[dict] = []
         self.syncs: dict[str, SyncStatus] = {}
         self.ignore_next = 0
+        self.hold = False
         self.push_wanted = False
         self.version = 0
         self.accepted_version = 0
@@ -96,7 +99,9 @@ class FakeSyncAgent:
         self.accepted_version = max(self.accepted_version, sync.version)
         sync_id = uuid.uuid4().hex
         join = sync.group.new or sync.group.key != self._group
-        if join:
+        if join and self.hold:
+            self._world = 2  # one engine rank that never joins: the trainer's group init waits for it
+        elif join:
             update = self._update()
             _, world = await update.read_layouts()
             self._offsets, self._world = [m.rank_offset for m in update.members], world
@@ -104,6 +109,8 @@ class FakeSyncAgent:
         if self.ignore_next:
             self.ignore_next -= 1
             status.state, status.error = "failed", "ignored by the test"
+        elif self.hold:
+            pass
         else:
             asyncio.get_running_loop().create_task(self._run(status, sync, join))
         return web.json_response(SyncAccepted(id=sync_id, state=status.state, world_size=self._world, join_group=join).model_dump(),

@@ -36,6 +36,7 @@ import concurrent.futures
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -44,6 +45,11 @@ from trainer_daemon.io_loop import IoLoop
 from trainer_daemon.lineage import Lineage
 
 log = logging.getLogger(__name__)
+
+WAIT_SLICE_S = 0.5
+"""How often a bounded wait for a publish re-reads its cutoff."""
+Cutoff = Callable[[], "float | None"]
+"""A monotonic time after which a wait gives up (None: no cutoff yet), read while waiting."""
 
 
 class StaleVersion(WeightSyncError):
@@ -189,26 +195,37 @@ class SyncController:
         while len(self.outcomes) > OUTCOMES_KEPT:
             del self.outcomes[next(iter(self.outcomes))]
 
-    def published(self, target: int, timeout_s: float | None) -> bool | None:
-        """Whether the publish to ``target`` succeeded, waiting (bounded) while it is the one in
-        flight; None when it is still running after ``timeout_s`` or unknown."""
+    def published(self, target: int, timeout_s: float | None, cutoff: Cutoff | None = None) -> bool | None:
+        """Whether the publish to ``target`` succeeded, waiting (bounded, see :meth:`wait`) while
+        it is the one in flight; None when it is still running after that or unknown."""
         if self._future is not None and self._target == target:
-            self.wait(timeout_s)
+            self.wait(timeout_s, cutoff)
         return self.outcomes.get(target)
 
-    def wait(self, timeout_s: float | None) -> bool:
+    def wait(self, timeout_s: float | None, cutoff: Cutoff | None = None) -> bool:
         """Block until the in-flight publish (if any) finished and record it; False if it is
-        still running after ``timeout_s`` (it is left running: cancelling a broadcast half-way
-        would only break the group — the caller skips its sync point instead)."""
+        still running after ``timeout_s``, or past ``cutoff()`` (a monotonic time or None, read
+        every ``WAIT_SLICE_S``: a stop that comes during the wait shortens it). The publish is
+        left running: cancelling a broadcast half-way would only break the group — the caller
+        skips its sync point instead."""
         if self._future is None:
             return True
-        try:
-            self._future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            if not self._future.done():
-                log.error("weight sync to version %d still running after %s s", self._target, timeout_s)
+        started = time.monotonic()
+        end = None if timeout_s is None else started + timeout_s
+        while not self._future.done():
+            limit = end
+            if cutoff is not None and (c := cutoff()) is not None:
+                limit = c if limit is None else min(limit, c)
+            now = time.monotonic()
+            if limit is not None and now >= limit:
+                log.error("weight sync to version %d still running after %.1f s of waiting", self._target, now - started)
                 return False
-        except Exception:  # noqa: BLE001 - recorded by poll()
-            pass
+            slice_s = None if limit is None and cutoff is None else min(WAIT_SLICE_S, limit - now if limit is not None else WAIT_SLICE_S)
+            try:
+                self._future.result(slice_s)
+            except concurrent.futures.TimeoutError:
+                continue  # the slice ended (or the publish failed with a timeout: done, recorded by poll())
+            except Exception:  # noqa: BLE001 - recorded by poll()
+                break
         self.poll()
         return True
