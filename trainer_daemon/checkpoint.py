@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from asyncrl import failpoints
@@ -65,12 +65,27 @@ class ModelOptimState(Stateful):
     def __init__(self, model, optimizer) -> None:
         self.model, self.optimizer = model, optimizer
 
+    def _adapters_only(self) -> bool:
+        """With LoRA adapters only the trainable parameters are saved and loaded: the frozen
+        base weights come from ``model.path`` at every start, as they did at the first."""
+        from trainer_daemon.lora import has_adapters
+
+        return has_adapters(n for n, _ in self.model.named_parameters())
+
     def state_dict(self) -> dict[str, Any]:
-        msd, osd = get_state_dict(self.model, self.optimizer)
+        partial = self._adapters_only()
+        msd, osd = get_state_dict(self.model, self.optimizer, options=StateDictOptions(ignore_frozen_params=partial))
+        if partial:  # a tied output layer is the frozen embedding under a second name: not saved either
+            trainable = {n for n, p in self.model.named_parameters(remove_duplicate=False) if p.requires_grad}
+            msd = {k: v for k, v in msd.items() if k in trainable}
         return {"model": msd, "optim": osd}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        """With adapters the base weights are absent by design (not strict); an adapter the
+        checkpoint lacks fails DCP's load plan first ("Missing key in checkpoint state_dict")."""
+        partial = self._adapters_only()
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(ignore_frozen_params=partial, strict=not partial))
 
 
 class CheckpointWriter(FileSystemWriter):

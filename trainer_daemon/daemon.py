@@ -105,6 +105,12 @@ class TrainerDaemon:
         s = self.cfg.sync
         return s.group_init_timeout_s + s.pause_timeout_s + s.broadcast_timeout_s + s.resume_timeout_s
 
+    @property
+    def _lora_scaling(self) -> float | None:
+        """``lora_alpha / lora_rank`` with LoRA adapters (merged into what the engines get), else None."""
+        a = self.cfg.actor
+        return a.lora_alpha / a.lora_rank if a.lora_rank else None
+
     def _stop_cutoff(self) -> float | None:
         """After a signal: when rank 0 stops waiting for a sync, leaving a quarter of
         ``trainer.stop_timeout_s`` to the checkpoint (read during the wait, so a signal that
@@ -122,8 +128,9 @@ class TrainerDaemon:
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         dev, ws = self.ctx.device, self.ctx.world_size
         attn = attention_for(cfg.actor.attn_implementation, dev, cfg.actor.use_remove_padding)
-        self.model = build_policy(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision, cfg.actor.activation_checkpointing,
-                                  cfg.actor.use_torch_compile, attn)
+        a = cfg.actor
+        self.model = build_policy(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision, a.activation_checkpointing,
+                                  a.use_torch_compile, attn, (a.lora_rank, a.lora_alpha, a.target_modules) if a.lora_rank else None)
         reference = build_reference(cfg.model.path, cfg.model.seed, dev, ws, t.mixed_precision, attn) if cfg.actor.use_kl_loss else None
         self.optimizer = build_optimizer(self.model, cfg.actor.optim)
         self.total_steps = t.total_training_steps or cfg.derived.total_updates
@@ -298,7 +305,7 @@ class TrainerDaemon:
             weights = self._stager.capture(self.model, write=sender and finished)  # every rank: the gathers
         else:
             full = full_state_dict(self.model)
-            weights = engine_weights(full, tied, dtype) if sender and finished else None
+            weights = engine_weights(full, tied, dtype, self._lora_scaling) if sender and finished else None
         if weights is not None:
             target = self.r0.sync.start(weights, version=self.r0.version if same_version else None)
             self._publishing = (self.step, target)

@@ -99,14 +99,21 @@ def set_attention(model: torch.nn.Module, implementation: str) -> None:
 
 def build_policy(spec: str, seed: int, device: torch.device, world_size: int, mixed_precision: str = "fp32",
                  activation_checkpointing: bool = False, compile_blocks: bool = False,
-                 attn_implementation: str = "sdpa") -> torch.nn.Module:
+                 attn_implementation: str = "sdpa", lora: tuple[int, float, str | list[str]] | None = None) -> torch.nn.Module:
     """The trainable, sharded policy in train mode, with ``attn_implementation`` (see
     :func:`attention_for`). ``compile_blocks`` (``actor.use_torch_compile``): ``torch.compile``
     every decoder block in place (dynamic shapes: micro-batch lengths vary), before sharding,
-    as torchtitan does; parameter names are unchanged."""
+    as torchtitan does; parameter names are unchanged. ``lora``: ``(rank, alpha, target
+    modules)``: LoRA adapters, the only trainable parameters (:mod:`trainer_daemon.lora`)."""
     model = load_model(spec, dtype="float32", seed=seed)
     model.config.use_cache = False
     set_attention(model, attn_implementation)
+    if lora is not None:
+        from trainer_daemon.lora import add_adapters
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # the adapters' initialisation: the same on every rank and every start
+            add_adapters(model, *lora)
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if compile_blocks:
@@ -180,10 +187,16 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return full
 
 
-def engine_weights(full: dict[str, torch.Tensor], tied: bool, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def engine_weights(full: dict[str, torch.Tensor], tied: bool, dtype: torch.dtype | None = None,
+                   lora_scaling: float | None = None) -> dict[str, torch.Tensor]:
     """What engines load by name: the full state dict without ``lm_head.weight`` when the
     embeddings are tied (SGLang and local_engine load the embedding for both), cast to the
-    engines' dtype."""
+    engines' dtype; with ``lora_scaling`` (``lora_alpha / lora_rank``) the adapters merged
+    into the base model's weights first (:func:`trainer_daemon.lora.merged_weights`)."""
+    if lora_scaling is not None:
+        from trainer_daemon.lora import merged_weights
+
+        full = merged_weights(full, lora_scaling)
     out = {}
     for name, t in full.items():
         if tied and name == "lm_head.weight":

@@ -68,6 +68,14 @@ class RunConfig(Section):
     """``asyncrl slurm``: the allocation and the placement on it."""
 
     @model_validator(mode="after")
+    def _lora_merges_on_the_host(self) -> RunConfig:
+        if self.actor.lora_rank and self.sync.staging in ("buckets", "two_buckets"):
+            raise ValueError(f"actor.lora_rank={self.actor.lora_rank} needs sync.staging=auto or state_dict: the adapters "
+                             f"are merged into the weights the engines get from the full state dict, not from "
+                             f"sync.staging={self.sync.staging}'s buckets")
+        return self
+
+    @model_validator(mode="after")
     def _token_budget_holds_a_trajectory(self) -> RunConfig:
         a = self.actor
         if a.use_dynamic_bsz and a.ppo_max_token_len_per_gpu < self.model.max_model_len:

@@ -116,6 +116,17 @@ class ActorConfig(Section):
     The recomputation costs speed: on one H100 (1.5B, 8192-token micro-batches) one chunk ran
     at 27.0 k tok/s and 65 GiB peak, chunks of 1024 at 25.1 k tok/s and 55 GiB
     (docs/benchmarks.md): lower it when memory is short."""
+    lora_rank: int = Field(0, ge=0, le=1024)
+    """LoRA adapter rank (verl's ``lora_rank``). 0: every weight is trained. > 0: peft LoRA
+    adapters on ``target_modules`` are trained, the base weights frozen; checkpoints hold the
+    adapters and their optimiser state only, the engines get the merged weights, and
+    ``export_hf`` adds the peft adapter (docs/trainer.md, "LoRA")."""
+    lora_alpha: float = Field(16.0, gt=0.0, le=65536.0)
+    """LoRA scale numerator: the adapter adds ``(B @ A) * lora_alpha / lora_rank``."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters, by name as peft takes them: ``all-linear`` (every linear
+    layer but the output layer), or names such as ``["q_proj", "v_proj"]``. A name the model
+    lacks is refused when the trainer starts."""
     use_torch_compile: bool = False
     """``torch.compile`` each decoder layer (verl's name); pays on GPUs, not on this CPU."""
     attn_implementation: Literal["auto", "sdpa", "segmented_sdpa", "flex_attention", "flash_attention_2", "eager"] = "auto"

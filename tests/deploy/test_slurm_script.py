@@ -118,3 +118,10 @@ def test_the_step_wrapper_refuses_gpus_the_step_does_not_have(tmp_path):
     out = subprocess.run([sys.executable, "-m", "launcher.slurm.step", "--gpus=4", "--", "true"], capture_output=True, text=True,
                          cwd=REPO, timeout=60, env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"})
     assert out.returncode != 0 and "GPUs [4] asked for, but the step sees only 2" in out.stderr
+
+
+def test_the_batch_hosts_ports_are_distinct():
+    from launcher.slurm.job import distinct_free_ports
+
+    ports = distinct_free_ports(64)
+    assert len(set(ports)) == 64 and all(p > 0 for p in ports)

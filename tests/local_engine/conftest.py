@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl import failpoints
 from tests.helpers.processes import Engine, start_engine
 from tests.helpers.reference_model import load_reference_model
 
@@ -17,8 +18,12 @@ def engine(tmp_path_factory) -> Engine:
 
 @pytest.fixture(scope="session")
 def small_engine(tmp_path_factory) -> Engine:
-    """An engine with --max-batch-size 2 (queued requests exist) for pause and queue tests."""
-    with start_engine(tmp_path_factory.mktemp("small"), "--max-batch-size", "2", name="small-engine") as e:
+    """An engine with --max-batch-size 2 (queued requests exist) for pause and queue tests; its
+    failpoints (``local_engine.step``) live in ``<its log dir>/failpoints``."""
+    d = tmp_path_factory.mktemp("small")
+    (d / "failpoints").mkdir()
+    with start_engine(d, "--max-batch-size", "2", name="small-engine", env={failpoints.ENV_DIR: str(d / "failpoints")}) as e:
+        e.failpoints = d / "failpoints"
         yield e
 
 

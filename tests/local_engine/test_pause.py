@@ -8,12 +8,14 @@ import copy
 
 import aiohttp
 
+from asyncrl import failpoints
 from tests.helpers.reference_model import greedy_continuation, teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for
-from tests.local_engine.helpers import load, running_tokens
+from tests.local_engine.helpers import load, paused_gauge, running_tokens
 from tests.local_engine.weight_trainer import perturb
 
 PROMPT = [9, 10, 11, 12]
+STEP = "local_engine.step"
 LONG = {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}
 RETRACT_TOKENS = 1500
 HOLD_S = 1.0  # how long a blocked request must stay blocked to count as held
@@ -34,12 +36,26 @@ async def test_pause_abort_aborts_running_and_holds_new_until_continue(small_cli
     assert out.finish_reason.type != "abort" and len(out.output_ids) == 3
 
 
-async def test_pause_in_place_keeps_requests_and_they_finish_after_continue(small_client):
+async def test_pause_in_place_keeps_requests_and_they_finish_after_continue(small_engine, small_client):
+    """The generation is held mid-way (failpoint ``local_engine.step``) until the pause has
+    reached the engine, so the pause always meets it running (a loaded CI machine once let it
+    finish its 200 tokens first)."""
     sp = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
     reference = await small_client.generate(PROMPT, sp)
     task = asyncio.create_task(small_client.generate(PROMPT, sp, rid="ip-run"))
     await wait_for(lambda: _tokens_over(small_client, len(PROMPT) + 10), WAIT_S, "tokens before the pause")
-    await small_client.pause("in_place")
+    points = small_engine.failpoints
+    (points / f"{STEP}.arm").touch()
+    try:
+        await wait_for(lambda: bool(failpoints.reached(points, STEP)), WAIT_S, "the engine to hold the generation")
+        pause = asyncio.create_task(small_client.pause("in_place"))
+        await wait_for(lambda: _paused(small_engine), WAIT_S, "the pause to reach the engine")
+    finally:
+        (points / f"{STEP}.arm").unlink()
+        (points / f"{STEP}.release").touch()
+    await pause
+    for f in points.iterdir():
+        f.unlink()
     before = await running_tokens(small_client)
     await asyncio.sleep(0.5)  # not a wait for a state: room for a wrong engine to take a step while paused
     assert await running_tokens(small_client) == before, "no steps while paused in place"
@@ -159,3 +175,7 @@ async def test_a_flush_with_a_timeout_waits_for_the_engine_to_be_idle(small_clie
             await small_client.resume()
     await small_client.abort(rid="flush-held")
     assert (await asyncio.wait_for(held, 60)).finish_reason.type == "abort"
+
+
+async def _paused(engine) -> bool:
+    return await paused_gauge(engine.url) == 1.0

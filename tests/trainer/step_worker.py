@@ -44,8 +44,9 @@ def run_variant(ctx, overrides: list[str]) -> dict:
                                  "actor.optim.grad_clip=1000", *overrides], environ={})
     t = cfg.trainer
     attn = attention_for(cfg.actor.attn_implementation, ctx.device, cfg.actor.use_remove_padding)
-    model = build_policy("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision, cfg.actor.activation_checkpointing,
-                         cfg.actor.use_torch_compile, attn)
+    a = cfg.actor
+    model = build_policy("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision, a.activation_checkpointing,
+                         a.use_torch_compile, attn, (a.lora_rank, a.lora_alpha, a.target_modules) if a.lora_rank else None)
     ref = build_reference("builtin:tiny", 0, ctx.device, ctx.world_size, t.mixed_precision, attn) if cfg.actor.use_kl_loss else None
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = build_scheduler(opt, cfg.actor.optim, None)

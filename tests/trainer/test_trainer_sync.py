@@ -20,6 +20,7 @@ it on the third.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import pytest
@@ -249,3 +250,25 @@ def test_an_idle_trainer_publishes_when_the_agent_asks_for_a_push(module_nats, e
             assert not metrics_lines(run_dir), "no training step happened"
         finally:
             proc.stop()
+
+
+def test_a_lora_trainer_syncs_the_merged_weights(module_nats, engine_url, tmp_path, agent_run):
+    """``actor.lora_rank``: the engine (no adapter support needed) serves base + B @ A * alpha/r,
+    the model the export's ``model.safetensors`` holds (runs last: it rewrites the engine)."""
+    run_dir = tmp_path / "lora" / "run"
+    overrides = [*base_overrides(run_dir, module_nats.url, "lora"), f"engines.urls=[\"{engine_url}\"]",
+                 "trainer.total_training_steps=1", "actor.lora_rank=4", "actor.lora_alpha=8", "actor.optim.lr=0.05"]
+    cfg = load_config(overrides=overrides, environ={})
+    publish(cfg, make_group(random.Random(9), "l", N, 0, run_id="lora"))
+    proc = start_trainer(run_dir, overrides, name="trainer-lora")
+    try:
+        assert wait_exit(proc) == 0
+    finally:
+        proc.stop()
+    view = engine_view(engine_url)
+    export = latest_export(run_dir)
+    state = json.loads((export.parent / "trainer_state.json").read_text())
+    assert view["version"] == str(state["weight_version"])  # (above what the earlier tests left on the engine)
+    assert (export / "adapter" / "adapter_model.safetensors").is_file()
+    assert max_logprob_gap(load_model(str(export)), view["samples"]) < TOL
+    assert max_logprob_gap(load_model("builtin:tiny", seed=0), view["samples"]) > 1e-3  # the adapters did move it

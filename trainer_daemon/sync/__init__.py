@@ -34,9 +34,12 @@ def staging_mode(cfg, model_bytes: int | None = None, device_bytes: int | None =
     weight group is NCCL; with NCCL ``buckets`` (packed on the GPU at the sync point) when
     ``model_bytes`` (the engines' weights in ``model.dtype``) fit in
     ``AUTO_FULL_COPY_FRACTION`` of ``device_bytes`` (or either is unknown), else
-    ``two_buckets`` (:mod:`trainer_daemon.sync.streaming`)."""
+    ``two_buckets`` (:mod:`trainer_daemon.sync.streaming`). LoRA (``actor.lora_rank``):
+    ``state_dict``, where the adapters are merged (the config refuses the others with it)."""
     if cfg.sync.staging != "auto":
         return cfg.sync.staging
+    if cfg.actor.lora_rank:
+        return "state_dict"
     if weight_sync_backend(cfg) != "nccl":
         return "state_dict"
     if model_bytes is not None and device_bytes and model_bytes > AUTO_FULL_COPY_FRACTION * device_bytes:
