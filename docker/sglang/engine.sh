@@ -17,9 +17,11 @@
 # The server: python3 -m sglang.launch_server with the flags asyncrl needs (names checked
 # against sglang 0.5.18 and 0.5.23's server_args.py) —
 #   --enable-metrics (Prometheus sglang:*), --tool-call-parser (OpenAI tool calls; `qwen`,
-#   of which `qwen25` is a deprecated alias), --api-key (every route but /health and
+#   of which `qwen25` is a deprecated alias), the API key (every route but /health and
 #   /metrics; asyncrl's engine client sends it on data and control routes alike, see
-#   docs/deployment.md), --tp-size, --host/--port —
+#   docs/deployment.md) in a `--config` YAML file only the server's user can read, not as
+#   `--api-key` on a command line any process of the container can read (every supported
+#   release reads --config; ENGINE_API_KEY is then unset), --tp-size, --host/--port —
 # then ENGINE_EXTRA_ARGS (word-split), then any arguments given to this script.
 #
 # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0 (unless set otherwise): `/health` answers from
@@ -80,6 +82,12 @@ echo "$probe_host:$port" > "$ENGINE_ADDR_FILE"
 export CUDA_VISIBLE_DEVICES="$visible"
 export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION="${SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION:-0}"
 
+# the key in a private file (mkdtemp: 0700; the file 0600), JSON-quoted (JSON is YAML)
+secrets_dir=$(mktemp -d -t asyncrl-engine-XXXXXX)
+(umask 077 && python3 -c 'import json, os; print(json.dumps({"api-key": os.environ["ENGINE_API_KEY"]}))' \
+    > "$secrets_dir/secrets.yaml")
+unset ENGINE_API_KEY
+
 read -r -a extra <<< "${ENGINE_EXTRA_ARGS:-}"
 cmd=(python3 -m sglang.launch_server
      --model-path "$ENGINE_MODEL_PATH"
@@ -88,15 +96,12 @@ cmd=(python3 -m sglang.launch_server
      --mem-fraction-static "$ENGINE_MEM_FRACTION"
      --enable-metrics
      --tool-call-parser "$ENGINE_TOOL_CALL_PARSER"
-     --api-key "$ENGINE_API_KEY"
+     --config "$secrets_dir/secrets.yaml"
      "${extra[@]}" "$@")
 
 echo "engine.sh: slot $slot of $slots (CUDA_VISIBLE_DEVICES=$visible), listening on $ENGINE_HOST:$port" >&2
 if [[ "${ENGINE_DRY_RUN:-0}" == "1" ]]; then
-    for arg in "${cmd[@]}"; do
-        [[ "$arg" == "$ENGINE_API_KEY" ]] && arg="<api-key>"
-        printf '%s\n' "$arg"
-    done
+    printf '%s\n' "${cmd[@]}"
     exec sleep "${ENGINE_DRY_RUN_HOLD_S:-0}"
 fi
 exec "${cmd[@]}"

@@ -13,8 +13,11 @@ runs on its node, before it ``exec``s the service (so srun's signals reach the s
 - ``--id-file FILE``: write the step's id (``<job>.<step>``) to FILE, so the job driver can
   signal the step's tasks (``scancel --signal=TERM``) instead of srun, which answers a SIGTERM
   by killing its step.
-- ``--secret-flag FLAG=VAR``: append ``FLAG <value of $VAR>`` to COMMAND (SGLang takes its API
-  key as a flag only; the key travels in the environment up to here).
+- ``--secret-config KEY=VAR``: write ``{KEY: <value of $VAR>}`` to a YAML file only this user
+  can read (a fresh private directory) and append ``--config FILE`` to COMMAND: SGLang reads
+  its API key from a flag or from its ``--config`` file (every release asyncrl supports), and
+  a flag would show the key in the command line to every user of the node. The key travels
+  in the environment up to here.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from asyncrl.files import atomic_write
@@ -58,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--endpoint", default=None)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--node-rank-env", default=None)
-    p.add_argument("--secret-flag", action="append", default=[])
+    p.add_argument("--secret-config", action="append", default=[])
     p.add_argument("--id-file", default=None)
     ns = p.parse_args(argv[:split])
     command = argv[split + 1:]
@@ -76,12 +80,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         port = ns.port or _free_port()
         command = [a.replace("{port}", str(port)) for a in command]
         atomic_write(ns.endpoint, json.dumps({"host": socket.gethostname(), "port": port}))
-    for item in ns.secret_flag:
-        flag, _, var = item.partition("=")
+    secrets = {}
+    for item in ns.secret_config:
+        key, _, var = item.partition("=")
         if not env.get(var):
-            print(f"launcher.slurm.step: {flag} needs ${var}, which is not set", file=sys.stderr)
+            print(f"launcher.slurm.step: {key} needs ${var}, which is not set", file=sys.stderr)
             return 2
-        command += [flag, env[var]]
+        secrets[key] = env.pop(var)
+    if secrets:
+        path = os.path.join(tempfile.mkdtemp(prefix="asyncrl-step-"), "secrets.yaml")  # mkdtemp: mode 0700
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(secrets) + "\n")  # JSON is YAML
+        command += ["--config", path]
     sys.stdout.flush()
     os.execvpe(command[0], command, env)
     return 0  # not reached

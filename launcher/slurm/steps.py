@@ -95,7 +95,7 @@ def engine_command(cfg: RunConfig, python: str) -> tuple[list[str], dict[str, st
         key = secret(cfg.engines.api_key)
         if key:
             env[ENGINE_KEY_ENV] = key
-            return command, env, [f"--secret-flag=--api-key={ENGINE_KEY_ENV}"]
+            return command, env, [f"--secret-config=api-key={ENGINE_KEY_ENV}"]
         return command, env, []
     from local_engine.settings import EngineSettings  # components only lazily
 

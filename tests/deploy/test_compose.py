@@ -5,6 +5,7 @@ secrets required, roles per node, ports, healthchecks, commands that exist in th
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -285,7 +286,10 @@ def test_engines_get_the_flags_the_system_needs(one_box, tmp_path):
     flags = dict(zip(argv, argv[1:], strict=False))
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     assert "--enable-metrics" in argv
-    assert flags["--tool-call-parser"] == "qwen" and flags["--api-key"] == "<api-key>"
+    assert flags["--tool-call-parser"] == "qwen" and "--api-key" not in argv
+    secrets = Path(flags["--config"])  # the key in a file only the server's user reads (issue 30, item 8)
+    assert yaml.safe_load(secrets.read_text()) == {"api-key": env["ENGINE_API_KEY"]}
+    assert secrets.stat().st_mode & 0o077 == 0 and secrets.parent.stat().st_mode & 0o077 == 0
     assert flags["--tp-size"] == "1" and "--tp" not in argv  # the flag sglang has (--tp is not one)
     assert (flags["--host"], flags["--port"]) == ("0.0.0.0", "30000")
     assert flags["--model-path"] == one_box["services"]["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]

@@ -15,6 +15,7 @@ import yaml
 
 from asyncrl.config import load_config
 from launcher.slurm.placement import PlacementError, place, requirements
+from launcher.slurm.steps import engine_command
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_RUN = ["engines.backend=sglang", "trainer.device=cuda", "slurm.gpus_per_node=8"]
@@ -125,3 +126,23 @@ def test_the_batch_hosts_ports_are_distinct():
 
     ports = distinct_free_ports(64)
     assert len(set(ports)) == 64 and all(p > 0 for p in ports)
+
+
+def test_the_engine_key_reaches_sglang_in_a_private_config_file_not_the_command_line(tmp_path):
+    """SGLang takes its API key as a flag or from ``--config`` (YAML): the step writes it to a
+    0600 file, so the node's other users cannot read it from the process's command line."""
+    probe = ("import json, os, stat, sys; path = sys.argv[sys.argv.index('--config') + 1]; "
+             "print(json.dumps({'argv': sys.argv[1:], 'file': open(path).read(), 'mode': stat.S_IMODE(os.stat(path).st_mode), "
+             "'dir_mode': stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode), 'env': os.environ.get('KEY_VAR')}))")
+    out = subprocess.run([sys.executable, "-m", "launcher.slurm.step", "--secret-config=api-key=KEY_VAR", "--",
+                          sys.executable, "-c", probe, "--port", "1"], capture_output=True, text=True, cwd=REPO, timeout=60,
+                         env={**os.environ, "KEY_VAR": "s3cr3t-key-0123456789"})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert "s3cr3t-key-0123456789" not in " ".join(got["argv"]) and got["argv"][:2] == ["--port", "1"]
+    assert yaml.safe_load(got["file"]) == {"api-key": "s3cr3t-key-0123456789"}
+    assert got["mode"] == 0o600 and got["dir_mode"] == 0o700 and got["env"] is None
+    cmd, env, opts = engine_command(
+        load_config(None, ["engines.backend=sglang", "engines.api_key=another-key-0123456789"], environ={}), "python3")
+    assert "another-key-0123456789" not in cmd and opts == ["--secret-config=api-key=ASYNCRL_ENGINE_API_KEY"]
+    assert env["ASYNCRL_ENGINE_API_KEY"] == "another-key-0123456789" and cmd[:3] == ["python3", "-m", "sglang.launch_server"]
