@@ -56,12 +56,13 @@ def generated_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
     return source_files(cfg) if cfg.data.source else demo_files(cfg)
 
 
-def build_prompt_stream(cfg: RunConfig, chat: ChatTokenizer):
-    """The runner's prompt stream: a :class:`PromptStream`, or DriverPrompts for a verifiers source."""
+def build_prompt_stream(cfg: RunConfig, chat: ChatTokenizer, driver=None):
+    """The runner's prompt stream: a :class:`PromptStream`, or DriverPrompts reading ``driver``
+    (the verifiers driver's supervisor) for a verifiers source."""
     if plays_verifiers(cfg):
         from rollout_service.verifiers_env.supervisor import DriverPrompts
 
-        return DriverPrompts()
+        return DriverPrompts(driver)
     files = cfg.data.train_files or generated_files(cfg)[0]
     return PromptStream.from_files(
         files, on_error=logging_reporter(), total_epochs=cfg.rollout.total_epochs, shuffle=cfg.data.shuffle,

@@ -100,7 +100,7 @@ def tool_options(rollout) -> dict[str, dict[str, Any]]:
 class RolloutService:
     """Owns the NATS connection, the engines, the runner and their background loops."""
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, url: str | None = None) -> None:
         self.cfg = cfg
         self.names = NatsNames(cfg.run.id)
         self.rid_prefix = f"rl-{cfg.run.id}."
@@ -122,15 +122,17 @@ class RolloutService:
         """Session expiry, engine health, metrics, progress, loop lag (:mod:`asyncrl.loops`)."""
         self.loop_lag = LoopLag()
         self.math_reward: MathReward | None = None
-        self.url: str | None = None
-        """This service's own base URL (set by whoever serves it, before ``start``): the
-        verifiers driver reaches its sessions there."""
+        self.url = url
+        """This service's own base URL (given by whoever serves it): the verifiers driver
+        reaches its sessions there."""
         self.env_driver = None
         """The verifiers driver's supervisor (``data.source = "verifiers:..."``), else None."""
 
     @classmethod
-    async def create(cls, cfg: RunConfig) -> "RolloutService":
-        svc = cls(cfg)
+    async def create(cls, cfg: RunConfig, url: str | None = None) -> "RolloutService":
+        """The service, built (every component constructed with what it needs); ``url``: where
+        it will be served, required for a verifiers ``data.source`` (its driver calls it)."""
+        svc = cls(cfg, url)
         await svc._build()
         return svc
 
@@ -160,12 +162,20 @@ class RolloutService:
         self.math_reward.start()
         self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
         if plays_verifiers(cfg):
-            from rollout_service.verifiers_env.supervisor import check_config
+            from rollout_service.verifiers_env.supervisor import (
+                DriverSupervisor,
+                check_config,
+                driver_spec,
+            )
 
             check_config(cfg)
+            if self.url is None:
+                raise ValueError("a verifiers data.source needs the service's own URL: RolloutService.create(cfg, url=...)")
+            spec = driver_spec(cfg, self.url, cfg.derived.max_concurrent_samples)
+            self.env_driver = DriverSupervisor(spec, secret(cfg.security.api_token) or "")
         elif cfg.data.source and not cfg.data.train_files:
             self.rewards.register(*await asyncio.to_thread(source_reward, cfg))
-        stream = await asyncio.to_thread(build_prompt_stream, cfg, self.chat)
+        stream = await asyncio.to_thread(build_prompt_stream, cfg, self.chat, self.env_driver)
         password = secret(cfg.security.nats_password)
         url = resolve_nats_url(cfg.nats.url, cfg.run_dir)
         self.nc = await connect(url, f"rollout-{cfg.run.id}", user=cfg.nats.user, password=password)
@@ -297,8 +307,8 @@ class RolloutService:
         await self.sessions.restore()
         await self.broker.restore()
         await self.runner.start()
-        if plays_verifiers(self.cfg):
-            self._start_env_driver()
+        if self.env_driver is not None:
+            self.env_driver.start()
         from rollout_service.openai.sessions import EXPIRY_SCAN_S
 
         self.loops.every("session-expiry", EXPIRY_SCAN_S, self._expire_sessions)
@@ -306,16 +316,6 @@ class RolloutService:
         self.loops.every("metrics", METRICS_INTERVAL_S, self._publish_rollout_metrics)
         self.loops.every("progress", self.progress.interval_s, self._observe_progress)
         self.loops.spawn("loop-lag", self.loop_lag.run)
-
-    def _start_env_driver(self) -> None:
-        from rollout_service.verifiers_env.supervisor import DriverSupervisor, driver_spec
-
-        if self.url is None:
-            raise ValueError("a verifiers data.source needs the service's own URL (RolloutService.url) before start")
-        spec = driver_spec(self.cfg, self.url, self.runner.max_concurrent)
-        self.env_driver = DriverSupervisor(spec, secret(self.cfg.security.api_token) or "")
-        self.runner.stream.supervisor = self.env_driver
-        self.env_driver.start()
 
     async def close(self) -> None:
         self.loops.stop_event.set()

@@ -45,9 +45,8 @@ async def running_service(cfg):
     from rollout_service.app import create_app
     from rollout_service.service import RolloutService
 
-    svc = await RolloutService.create(cfg)
     port = free_port()
-    svc.url = f"http://127.0.0.1:{port}"
+    svc = await RolloutService.create(cfg, url=f"http://127.0.0.1:{port}")
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                                            timeout_keep_alive=SERVER_KEEP_ALIVE_S))
     task = asyncio.create_task(server.serve())
