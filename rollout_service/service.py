@@ -113,6 +113,7 @@ class RolloutService:
                                request_timeout_floor_s=cfg.engines.request_timeout_floor_s,
                                min_decode_tokens_per_s=cfg.engines.min_decode_tokens_per_s,
                                paused=lambda: self.runner is not None and self.runner.paused,
+                               holds_calls=lambda: self.runner is not None and self.runner.gate.paused,
                                current_version=lambda: None if self.runner is None else str(self.runner.version))
         self.store_sizes: dict[str, dict[str, int]] = {}
         """The run's NATS stream and KV buckets: messages and bytes (sampled with the metrics)."""

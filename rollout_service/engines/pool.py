@@ -153,6 +153,12 @@ class EnginePool:
     engines: dict[str, EngineHandle] = field(default_factory=dict)
     paused: Callable[[], bool] = lambda: False
     """True while the rollout is paused for a weight sync (engines are paused on purpose)."""
+    holds_calls: Callable[[], bool] = lambda: False
+    """True while the rollout's gate holds agents' calls (a ``partial`` or ``hold`` pause, or a
+    ``drain`` pause once its trajectories are done): a call still waiting for a routable engine
+    then goes back to the gate (``PausedWhileRouting``). During a ``drain`` pause the gate is
+    open for the trajectories it waits for: their calls keep waiting for an engine here (sent
+    back, they would find the gate open and come straight back: a loop that never yields)."""
     current_version: Callable[[], str | None] = lambda: None
     """The run's current weight version (for :meth:`EngineHandle.account`)."""
 
@@ -223,7 +229,7 @@ class EnginePool:
             try:
                 return self.pick(affinity)
             except NoEngineAvailable as exc:
-                if self.paused():
+                if self.holds_calls():
                     raise PausedWhileRouting(f"paused for a sync while waiting for an engine ({exc})") from None
                 if time.monotonic() > deadline:
                     raise

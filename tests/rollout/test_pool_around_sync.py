@@ -70,7 +70,7 @@ async def test_a_pause_sends_calls_waiting_for_a_routable_engine_back_at_once(mo
 
     monkeypatch.setattr(pool_module, "NO_ENGINE_RECHECK_S", 600.0)  # only a wake-up can end the wait
     paused = [False]
-    pool = EnginePool(paused=lambda: paused[0])
+    pool = EnginePool(paused=lambda: paused[0], holds_calls=lambda: paused[0])
     pool.add("http://127.0.0.1:9")
     (handle,) = pool.engines.values()
     pool.set_quarantine(handle.id, True, "sync-agent: mixed")
@@ -85,4 +85,30 @@ async def test_a_pause_sends_calls_waiting_for_a_routable_engine_back_at_once(mo
     except PausedWhileRouting:
         pass
     finally:
+        await pool.close()
+
+
+async def test_during_a_drain_pause_a_call_waiting_for_an_engine_keeps_waiting(monkeypatch):
+    """A ``drain`` pause keeps the gate open for the trajectories it waits for. A call of theirs
+    waiting for a routable engine must keep waiting here: sent back to the (open) gate it came
+    straight back, raised again without ever yielding, and starved the event loop (a hang seen
+    in CI: tests/rollout/test_service_pause.py's drain pause with every engine quarantined)."""
+    import asyncio
+
+    from rollout_service.engines.pool import EnginePool
+
+    monkeypatch.setattr(pool_module, "NO_ENGINE_RECHECK_S", 600.0)
+    pool = EnginePool(paused=lambda: True, holds_calls=lambda: False)
+    pool.add("http://127.0.0.1:9")
+    (handle,) = pool.engines.values()
+    pool.set_quarantine(handle.id, True, "test: no routable engine")
+    waiting = asyncio.create_task(pool.generate(None, [1, 2], {}, rid="r-1"))
+    try:
+        await asyncio.sleep(0.05)
+        await pool.abort_inflight("r-")  # the wake-up a pause sends
+        await asyncio.sleep(0.05)
+        assert not waiting.done(), "the call left the router although the gate does not hold it"
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
         await pool.close()
