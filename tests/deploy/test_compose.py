@@ -278,7 +278,7 @@ def test_engines_get_the_flags_the_system_needs(one_box, tmp_path):
     assert s["entrypoint"] == ["/bin/bash", "/opt/asyncrl/engine.sh"]
     env = {k: str(v) for k, v in s["environment"].items()}
     env.update(PATH="/usr/bin:/bin", ENGINE_DRY_RUN="1", ENGINE_SLOT_DIR=str(tmp_path / "slots"),
-               ENGINE_ADDR_FILE=str(tmp_path / "addr"))
+               ENGINE_ADDR_FILE=str(tmp_path / "addr"), TMPDIR=str(tmp_path))  # its secrets dir: in the test's tmp
     out = subprocess.run(["bash", str(REPO / "docker" / "sglang" / "engine.sh")], env=env, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr

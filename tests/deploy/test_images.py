@@ -133,7 +133,7 @@ ENGINE = str(REPO / "docker" / "sglang" / "engine.sh")
 def _engine(tmp_path, i: int, hold_s: float, **env) -> subprocess.Popen:
     base = {"PATH": "/usr/bin:/bin", "ENGINE_MODEL_PATH": "/models/m", "ENGINE_API_KEY": "engine-key-123",
             "ENGINE_SLOT_DIR": str(tmp_path / "slots"), "ENGINE_ADDR_FILE": str(tmp_path / f"addr{i}"),
-            "ENGINE_DRY_RUN": "1", "ENGINE_DRY_RUN_HOLD_S": str(hold_s)}
+            "ENGINE_DRY_RUN": "1", "ENGINE_DRY_RUN_HOLD_S": str(hold_s), "TMPDIR": str(tmp_path)}  # its secrets dir too
     return subprocess.Popen(["bash", ENGINE], env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -136,7 +136,7 @@ def test_the_engine_key_reaches_sglang_in_a_private_config_file_not_the_command_
              "'dir_mode': stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode), 'env': os.environ.get('KEY_VAR')}))")
     out = subprocess.run([sys.executable, "-m", "launcher.slurm.step", "--secret-config=api-key=KEY_VAR", "--",
                           sys.executable, "-c", probe, "--port", "1"], capture_output=True, text=True, cwd=REPO, timeout=60,
-                         env={**os.environ, "KEY_VAR": "s3cr3t-key-0123456789"})
+                         env={**os.environ, "KEY_VAR": "s3cr3t-key-0123456789", "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert "s3cr3t-key-0123456789" not in " ".join(got["argv"]) and got["argv"][:2] == ["--port", "1"]

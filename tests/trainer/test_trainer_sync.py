@@ -66,7 +66,11 @@ def base_overrides(run_dir, nats_url, run_id):
     return [f"run.dir={run_dir}", f"nats.url={nats_url}", f"run.id={run_id}", f"rollout.n={N}",
             "actor.ppo_mini_batch_size=1", "actor.ppo_micro_batch_size_per_gpu=2", "trainer.metrics_port=0",
             "actor.optim.lr=1e-3", "async_training.trigger_parameter_sync_step=1", "sync.group_init_timeout_s=60",
-            "sync.broadcast_timeout_s=60", "sync.pause_timeout_s=30", "sync.resume_timeout_s=30"]
+            "sync.broadcast_timeout_s=60", "sync.pause_timeout_s=30", "sync.resume_timeout_s=30",
+            # the module's runs share one NATS server, which refuses a stream once the streams' byte
+            # limits add up to more than its store may take (75 % of the free disk at its start):
+            # five runs at the default 4 GiB failed on a CI disk with 21 GB free
+            "nats.stream_max_bytes=268435456"]
 
 
 @pytest.fixture(scope="module")
