@@ -45,7 +45,8 @@ def tool_call_parsers(version: str) -> set[str]:
 
 def engine_argv(tmp_path: Path, **env: str) -> list[str]:
     run_env = {"PATH": os.environ["PATH"], "ENGINE_MODEL_PATH": "/models/m", "ENGINE_API_KEY": "k", "ENGINE_DRY_RUN": "1",
-               "ENGINE_SLOT_DIR": str(tmp_path / "slots"), "ENGINE_ADDR_FILE": str(tmp_path / "addr"), **env}
+               "ENGINE_SLOT_DIR": str(tmp_path / "slots"), "ENGINE_ADDR_FILE": str(tmp_path / "addr"),
+               "TMPDIR": str(tmp_path), **env}  # TMPDIR: its secrets directory
     out = subprocess.run(["bash", str(REPO / "docker" / "sglang" / "engine.sh")], env=run_env, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
