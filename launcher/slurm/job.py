@@ -43,6 +43,7 @@ from asyncrl.files import atomic_write
 from asyncrl.jetstream.embedded import ENDPOINT_FILE, server_config
 from asyncrl.launch import ChildProcess, http_ok, log_tail, port_open
 from launcher.slurm import steps
+from launcher.slurm.cli import write_private
 from launcher.slurm.placement import Placement, PlacementError, place
 
 READY_S = {"nats": 30.0, "engine": 600.0, "rollout": 300.0, "sync-agent": 120.0}  # engines: weights from a shared disk
@@ -116,10 +117,7 @@ class SlurmJob:
 
     def write_config(self) -> Path:
         path = self.run_dir / "config.yaml"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(self.doc, f, sort_keys=False)
-        os.chmod(path, 0o600)
+        write_private(path, yaml.safe_dump(self.doc, sort_keys=False))
         return path
 
     def _wait(self, name: str, check: Callable[[], bool], timeout_s: float) -> None:
@@ -152,10 +150,9 @@ class SlurmJob:
         conf_dir.mkdir(parents=True, exist_ok=True)
         store.mkdir(parents=True, exist_ok=True)
         conf = conf_dir / "server.conf"
-        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the password
-        with os.fdopen(fd, "w") as f:
-            f.write(server_config("0.0.0.0", nats["embedded_port"], store, self.cfg.derived.max_message_bytes,  # noqa: S104
-                                  nats["sync_always"], nats["user"], sec["nats_password"]))
+        write_private(conf, server_config("0.0.0.0", nats["embedded_port"], store,  # noqa: S104 - private: the password
+                                          self.cfg.derived.max_message_bytes, nats["sync_always"], nats["user"],
+                                          sec["nats_password"]))
         batch = self.placement.batch_host
         self.services["nats"] = self.launcher.start("nats", [batch], steps.nats_command(conf))
         self._wait("nats", lambda: port_open(batch, nats["embedded_port"]), READY_S["nats"])

@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from tests.deploy.slurm_cluster import SlurmCluster, missing
+from tests.helpers.processes import processes_mentioning
 from tests.helpers.waiting import wait_for_sync
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -89,16 +90,7 @@ def audit(run_dir: Path) -> dict:
 def processes_of(run_dir: Path) -> list[str]:
     """Live processes started for the run: by its config path, or an engine by its port."""
     doc = yaml.safe_load((run_dir / "config.yaml").read_text())
-    needles = [str(run_dir), *(f"--port {u.rsplit(':', 1)[1]}" for u in doc["engines"]["urls"])]
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(n in cmd for n in needles) and int(pid) != os.getpid():
-            found.append(f"{pid}: {cmd}")
-    return found
+    return processes_mentioning(str(run_dir), *(f"--port {u.rsplit(':', 1)[1]}" for u in doc["engines"]["urls"]))
 
 
 def kill_service(run_dir: Path, needle: str) -> None:

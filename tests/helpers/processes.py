@@ -12,6 +12,9 @@ exit) or call ``engine.stop()``. ``extra``: more engine flags (``--sglang-compat
 ``env``: more environment variables (e.g. SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT``). The
 log level is ``$LOCAL_ENGINE_TEST_LOG_LEVEL`` or ``warning``; the log is
 ``<log_dir>/<name>-<port>.log``.
+
+``processes_mentioning(*needles)``: the command lines of live processes that contain any of
+them (what a run left behind).
 """
 
 from __future__ import annotations
@@ -105,3 +108,18 @@ def alive(tree: list) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def processes_mentioning(*needles: str) -> list[str]:
+    """Command lines of live processes that contain any of ``needles``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(n in cmd for n in needles):
+            found.append(f"{pid}: {cmd}")
+    return found

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.helpers.processes import processes_mentioning
 from tests.helpers.waiting import wait_for_sync
 
 UP_LIMIT_S = 240.0
@@ -57,21 +58,6 @@ def wait_for_file_text(path: Path, needle: str, timeout_s: float, proc: subproce
         return False
 
     wait_for_sync(appeared, timeout_s, f"{needle!r} to appear in {path}", interval_s=0.5)
-
-
-def processes_mentioning(*needles: str) -> list[str]:
-    """Command lines of live processes that contain any of ``needles``."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if any(n in cmd for n in needles):
-            found.append(f"{pid}: {cmd}")
-    return found
 
 
 def children_left(run_dir: Path) -> list[str]:
