@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.jetstream import connect
-from asyncrl.wire import NatsNames, decode_trajectory, is_end_of_data
+from asyncrl.wire import decode_trajectory
 from launcher.up.stack import Stack
 from tests.helpers.waiting import wait_for
 from trainer_daemon.checkpoint import complete_checkpoints
@@ -44,30 +43,17 @@ def mode_config(tmp_path: Path, mode: str):
         "rollout.n=2", "actor.ppo_mini_batch_size=2", f"rollout.total_rollout_steps={SAMPLES}", "rollout.tools=[]",
         "rollout.sampling.max_new_tokens=64", "rollout.response_length=64", "engines.num_local=1",
         "trainer.nproc_per_node=1", "actor.ppo_micro_batch_size_per_gpu=4", "trainer.checkpoint.save_freq=0",
-        "sync.pause_timeout_s=60", "rollout.port=0", "sync.port=0", "trainer.metrics_port=0", *MODES[mode],
+        "sync.pause_timeout_s=60", f"rollout.outbox_keep_acked_s={RUN_LIMIT_S * 10}", "rollout.port=0", "sync.port=0",
+        "trainer.metrics_port=0", *MODES[mode],
     ], environ={})
 
 
 async def run_mode(tmp_path: Path, mode: str):
     cfg = mode_config(tmp_path, mode)
     stack = Stack(cfg, tmp_path / "run")
-    published: dict[str, object] = {}
     try:
         cfg = await asyncio.to_thread(stack.start, lambda m: None)
-        nc = await connect(stack.urls["nats"], "test-modes", persistent=False, **stack.nats_auth())
 
-        seen_seq = [0]
-
-        async def on_traj(msg) -> None:
-            seen_seq[0] = max(seen_seq[0], msg.metadata.sequence.stream)
-            if is_end_of_data(msg.headers):  # the rollout's last word, not a trajectory
-                return
-            t = decode_trajectory(msg.data)
-            published[t.id] = t
-
-        # an ordered JetStream consumer replays the stream from its first message, so the
-        # trajectories published before this subscription are seen too
-        await nc.jetstream().subscribe(NatsNames(cfg.run.id).trajectories, cb=on_traj, ordered_consumer=True)
         def trainer_exited() -> bool:
             done = dict(stack.exited())
             if "trainer" in done:
@@ -77,17 +63,25 @@ async def run_mode(tmp_path: Path, mode: str):
 
         await wait_for(trainer_exited, RUN_LIMIT_S, "the trainer to finish its steps", interval_s=0.5)
         assert stack.children["trainer"].poll() == 0, (stack.run_dir / "logs" / "trainer.log").read_text()[-3000:]
-        # the subscription may lag behind the stream (found under load: the last group was
-        # trained but not yet delivered here): read up to the stream's last message
-        last = (await nc.jetstream().stream_info(NatsNames(cfg.run.id).stream)).state.last_seq
-        await wait_for(lambda: seen_seq[0] >= last, 60, f"the subscription to reach stream sequence {last}")
-        await nc.close()
     finally:
         await asyncio.to_thread(stack.stop)
     ckpts = complete_checkpoints(stack.run_dir / "checkpoints")
     assert ckpts, "the trainer saved a final checkpoint"
     lineage = read_lineage(stack.run_dir / "checkpoints", ckpts[-1][0])
-    return cfg, lineage, published
+    return cfg, lineage, acked_trajectories(stack.run_dir)
+
+
+def acked_trajectories(run_dir: Path) -> dict[str, object]:
+    """Every trajectory JetStream acknowledged, by id: the rollout's outbox keeps each one in
+    ``acked/`` after its PubAck (``rollout.outbox_keep_acked_s``, set past the run's length).
+
+    Read there, not from the stream: the trainer purges what it has trained at once
+    (``save_freq = 0``), and a subscription lagging under load missed purged messages."""
+    out: dict[str, object] = {}
+    for path in sorted((run_dir / "rollout" / "outbox" / "acked").glob("*.traj")):
+        t = decode_trajectory(path.read_bytes())
+        out[t.id] = t
+    return out
 
 
 def model_versions(traj) -> list[int]:
