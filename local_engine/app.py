@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: EngineSettings, engine: Engine | None = None) -> FastAPI:
     """Build the app; ``engine`` defaults to :meth:`Engine.from_settings`."""
-    from local_engine import routes_admin, routes_generate, routes_info
+    from local_engine import routes_admin, routes_generate, routes_info, routes_lora
 
     engine = engine or Engine.from_settings(settings)
 
@@ -44,6 +44,7 @@ def create_app(settings: EngineSettings, engine: Engine | None = None) -> FastAP
     install_error_handlers(app)
     app.include_router(routes_generate.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_lora.router)
     if settings.compat.sessions:
         app.include_router(routes_admin.session_router)
     app.include_router(routes_info.router)

@@ -1,7 +1,7 @@
 """Bearer-token auth with SGLang's three levels (pure ASGI, so disconnects still reach routes).
 
 - ``/health*`` and ``/metrics``: always open (probes and scrapers);
-- admin routes (weights, pause, continue, abort, flush): the admin key when one is set,
+- admin routes (weights, LoRA adapters, pause, continue, abort, flush): the admin key when one is set,
   else the api key when set, else open — a data-plane token cannot pause or reload;
 - everything else: the api key when set, else open.
 
@@ -20,6 +20,7 @@ ADMIN_PATHS = frozenset({
     "/init_weights_update_group", "/destroy_weights_update_group", "/update_weights_from_distributed",
     "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weight_version",
     "/begin_weight_update", "/end_weight_update", "/weights_checker",
+    "/load_lora_adapter", "/load_lora_adapter_from_tensors", "/unload_lora_adapter",
 })
 
 

@@ -38,9 +38,11 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
+from asyncrl.lora_targets import normalized_targets
 from local_engine.errors import Refused, validate
 from local_engine.flush import CacheFlush
 from local_engine.locks import PauseGate, RWLock
+from local_engine.lora import AdapterStore, LoraError, read_adapter_config
 from local_engine.metrics import EngineMetrics
 from local_engine.protocol import (
     GenerateBody,
@@ -99,7 +101,23 @@ class Engine:
             runner, StopChecker(tokenizer, self.eos_ids), lambda: self.weights.version,
             settings.max_batch_size, settings.seed, self.metrics.on_step,
         )
+        self.lora = self._adapter_store(settings, runner)
         self.started_at = time.time()
+
+    @staticmethod
+    def _adapter_store(settings: EngineSettings, runner: ModelRunner) -> AdapterStore:
+        """The adapters (LoRA off: a store that refuses everything). Rank and targets not
+        given are taken from ``lora_paths``' configs, as SGLang infers them."""
+        if not settings.lora_on:
+            return AdapterStore(None, None, None, None)
+        from local_engine.lora_compute import LoraLayers
+
+        configs = [read_adapter_config(p.partition("=")[2] or p) for p in settings.lora_paths or []]
+        rank = settings.max_lora_rank or max(int(c["r"]) for c in configs)
+        targets = settings.lora_target_modules or sorted(set().union(*(normalized_targets(c["target_modules"]) for c in configs)))
+        layers = LoraLayers(runner.model, targets)
+        runner.lora = layers  # timing mode's runner ignores it
+        return AdapterStore(layers, rank, targets, settings.max_loaded_loras)
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> Engine:
@@ -124,11 +142,17 @@ class Engine:
             call_ids = list(tokenizer.encode(call, add_special_tokens=False)) if call else None
             filler = tokenizer.encode("x", add_special_tokens=False)[0]  # plain text, never a special or tool token
             runner = SimulatedRunner(weights, vocab, tokenizer.eos_token_id, settings.timing, settings.seed,
-                                     filler_token_id=filler, tool_call_ids=call_ids)
+                                     filler_token_id=filler, tool_call_ids=call_ids, model=model)
             return cls(settings, runner, tokenizer, config)
         return cls(settings, HFModelRunner(model, pad_token_id=pad), tokenizer, config)
 
     async def start(self) -> None:
+        """Load ``--lora-paths`` (a failure stops the start, as in SGLang), then serve."""
+        for spec in self.settings.lora_paths or []:
+            name, _, path = spec.partition("=") if "=" in spec else (spec, "", spec)
+            result = await self.lora.load(name, path, pinned=False)
+            if not result["success"]:
+                raise ValueError(f"--lora-paths {spec}: {result['error_message']}")
         self.scheduler.start()
 
     async def close(self) -> None:
@@ -155,17 +179,22 @@ class Engine:
             )
         if body.return_logprob and body.logprob_start_len >= len(ids):
             raise Refused(f"logprob_start_len {body.logprob_start_len} must be below the prompt length {len(ids)}")
+        if body.lora_path is not None and not self.lora.enabled:
+            raise Refused(f"LoRA adapter '{body.lora_path}' was requested, but LoRA is not enabled. Please launch the server "
+                          "with --enable-lora flag and preload adapters using --lora-paths or /load_lora_adapter endpoint.")
         return Req(
             rid=body.rid or uuid.uuid4().hex, prompt_ids=ids, params=params, return_logprob=body.return_logprob,
             logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num,
-            return_text_in_logprobs=body.return_text_in_logprobs, stream=body.stream,
+            return_text_in_logprobs=body.return_text_in_logprobs, stream=body.stream, lora_name=body.lora_path,
         )
 
     @asynccontextmanager
-    async def generation_slot(self) -> AsyncIterator[None]:
+    async def generation_slot(self, req: Req | None = None) -> AsyncIterator[None]:
         """Gate (waits while paused), then the reader lock. The gate is checked again once
         the lock is held: a call that queued behind a weight update while the engine got
-        paused goes back to waiting instead of slipping past ``pause(abort)``."""
+        paused goes back to waiting instead of slipping past ``pause(abort)``. Then ``req``'s
+        adapter is acquired (SGLang resolves ``lora_path`` after the gate too) and released
+        when the slot ends; an adapter it cannot have refuses the request (400)."""
         self.metrics.gate_waiting.inc()
         try:
             while True:
@@ -178,8 +207,15 @@ class Engine:
         finally:
             self.metrics.gate_waiting.dec()
         try:
+            if req is not None and req.lora_name is not None:
+                try:
+                    req.adapter = await self.lora.acquire(req.lora_name)
+                except LoraError as exc:
+                    raise Refused(str(exc)) from None
             yield
         finally:
+            if req is not None and req.adapter is not None:
+                self.lora.release(req.adapter)
             await lock.__aexit__(None, None, None)
 
     def submit(self, req: Req) -> None:
@@ -193,7 +229,7 @@ class Engine:
 
     async def generate(self, req: Req) -> dict:
         with self.tracked(req):
-            async with self.generation_slot():
+            async with self.generation_slot(req):
                 self.submit(req)
                 await req.done.wait()
         self.metrics.finished.labels(reason=(req.finish_reason or {}).get("type", "unknown")).inc()

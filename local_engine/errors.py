@@ -106,10 +106,10 @@ async def read_capped(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     return b"".join(chunks)
 
 
-async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:
-    """Read and validate a JSON object body. ``optional``: an empty body means ``{}``
-    (old clients call /pause_generation and /continue_generation without one)."""
-    raw = await read_capped(request)
+async def parse_body(request: Request, model: type[M], *, optional: bool = False, limit: int = MAX_BODY_BYTES) -> M:
+    """Read and validate a JSON object body of at most ``limit`` bytes. ``optional``: an empty
+    body means ``{}`` (old clients call /pause_generation and /continue_generation without one)."""
+    raw = await read_capped(request, limit)
     if not raw.strip():
         if optional:
             return validate(model, {})

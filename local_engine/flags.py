@@ -3,13 +3,15 @@
 Each leaf field is one flag: ``max_batch_size`` is ``--max-batch-size``; a nested section's
 fields take its name as a prefix (``timing.decode_ms`` is ``--timing-decode-ms``); a field may
 name its flag instead (``Field(json_schema_extra={"flag": "--timing-mode"})``). Booleans get
-``--x`` / ``--no-x``; every other value is a string converted and checked by the model, so a
-bad value is refused the way the model refuses it.
+``--x`` / ``--no-x`` (also ``bool | None``, SGLang's tri-state switches); a list field takes
+one or more values (``--lora-target-modules q_proj v_proj``, SGLang's ``nargs``); every other
+value is a string converted and checked by the model, so a bad value is refused the way the
+model refuses it.
 
 :func:`to_argv` writes the fields that differ from their defaults (``--flag value``, or
 ``--flag=value`` when the value starts with ``-``); :func:`add_flags` and :func:`parsed` read
-them back. Not covered: list or dict fields, a None value for a field whose default is not
-None (neither has a flag form; :func:`to_argv` refuses).
+them back. Not covered: dict fields, a None value for a field whose default is not None
+(neither has a flag form; :func:`to_argv` refuses).
 """
 
 from __future__ import annotations
@@ -49,7 +51,12 @@ def flag_of(path: FieldPath, info: FieldInfo) -> str:
 
 
 def _is_bool(info: FieldInfo) -> bool:
-    return info.annotation is bool
+    return info.annotation is bool or set(get_args(info.annotation)) == {bool, type(None)}
+
+
+def _is_list(info: FieldInfo) -> bool:
+    ann = info.annotation
+    return get_origin(ann) is list or any(get_origin(a) is list for a in get_args(ann))
 
 
 def _metavar(info: FieldInfo) -> str:
@@ -75,6 +82,8 @@ def add_flags(parser: argparse.ArgumentParser, model: type[BaseModel], groups: M
         kwargs: dict[str, Any] = {"dest": _SEP.join(path), "default": argparse.SUPPRESS, "help": _help(info)}
         if _is_bool(info):
             target.add_argument(flag_of(path, info), action=argparse.BooleanOptionalAction, **kwargs)
+        elif _is_list(info):
+            target.add_argument(flag_of(path, info), metavar="TEXT", nargs="+", **kwargs)
         else:
             target.add_argument(flag_of(path, info), metavar=_metavar(info), **kwargs)
 
@@ -105,10 +114,12 @@ def to_argv(model: BaseModel, skip: Sequence[str] = ()) -> list[str]:
         if value == default:
             continue
         flag = flag_of(path, info)
-        if _is_bool(info):
+        if _is_bool(info) and value is not None:
             argv.append(flag if value else "--no-" + flag[2:])
         elif value is None:
             raise ValueError(f"{'.'.join(path)}: None has no command-line form (the default is {default!r})")
+        elif _is_list(info):
+            argv.extend([flag, *map(str, value)])
         else:
             text = str(value)  # str(float) round-trips exactly
             argv.extend([f"{flag}={text}"] if text.startswith("-") else [flag, text])

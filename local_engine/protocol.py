@@ -9,7 +9,7 @@ Unlike a plain pydantic model, types are strict (``"5"`` is not an int, ``1`` is
 floats must be finite, so malformed input fails here with 400 instead of deeper down.
 
 Fields SGLang has but local_engine cannot honour (batches, ``n>1``, penalties, grammars,
-LoRA, images, hidden states, sessions) are rejected with a clear message rather than
+images, hidden states, sessions) are rejected with a clear message rather than
 silently ignored: an RL client must not believe it got a behaviour it did not.
 """
 
@@ -162,12 +162,14 @@ class GenerateBody(_Body):
             raise ValueError("input_ids must be a list of integers")
         unsupported = [
             name
-            for name in ("token_ids_logprob", "image_data", "audio_data", "video_data", "input_embeds", "lora_path", "session_params")
+            for name in ("token_ids_logprob", "image_data", "audio_data", "video_data", "input_embeds", "session_params")
             if getattr(self, name) is not None
         ]
         unsupported += [n for n in ("return_hidden_states", "return_routed_experts", "return_sampling_mask") if getattr(self, n)]
         if self.sampling_logprobs_mode is not None:
             unsupported.append("sampling_logprobs_mode")
+        if self.lora_path is not None and not isinstance(self.lora_path, str):
+            raise ValueError("lora_path must be one adapter name (a string): local_engine serves single requests")
         if unsupported:
             raise ValueError(f"fields not supported by local_engine: {', '.join(unsupported)}")
         if self.logprob_start_len < -1:

@@ -56,6 +56,10 @@ class Req:
     """Times a ``retract`` pause freed this request's KV (``num_retractions``); it is then
     prefilled again from :attr:`context_ids` with the weights of that time."""
     abort_message: str | None = None
+    lora_name: str | None = None
+    """``lora_path`` of the request: the adapter it runs on (None: the base model)."""
+    adapter: Any = None
+    """The :class:`local_engine.lora.Adapter` acquired for it after the pause gate."""
     generator: torch.Generator | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     updated: asyncio.Event = field(default_factory=asyncio.Event)

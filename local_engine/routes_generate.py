@@ -63,7 +63,7 @@ def _sse(obj) -> bytes:
 async def _stream(engine: Engine, req: Req) -> AsyncIterator[bytes]:
     try:
         with engine.tracked(req):
-            async with engine.generation_slot():
+            async with engine.generation_slot(req):
                 engine.submit(req)
                 while True:
                     await req.updated.wait()

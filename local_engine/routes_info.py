@@ -85,6 +85,9 @@ async def get_server_info(engine: EngineDep) -> Response:
         "pp_size": engine.settings.pp_size,
         "enable_dp_attention": engine.settings.enable_dp_attention,
         "weight_version": engine.weights.version,
+        "enable_lora": engine.lora.enabled,
+        "max_lora_rank": engine.lora.max_rank or None,
+        "lora_target_modules": engine.lora.target_modules,
         "max_total_num_tokens": engine.settings.max_batch_size * engine.max_model_len,
         "max_req_input_len": engine.max_model_len - 1,
         "context_length": engine.max_model_len,
@@ -128,7 +131,9 @@ async def list_models(engine: EngineDep) -> Response:
     name = engine.settings.served_model_name or engine.settings.model
     card = {"id": name, "object": "model", "created": int(engine.started_at), "owned_by": "sglang", "root": name,
             "max_model_len": engine.max_model_len}
-    return JSONResp({"object": "list", "data": [card]})
+    adapters = [{"id": a.name, "object": "model", "created": int(engine.started_at), "owned_by": "sglang", "root": a.path,
+                 "parent": name, "max_model_len": None} for a in engine.lora.registry.values()]
+    return JSONResp({"object": "list", "data": [card, *adapters]})
 
 
 @router.get("/weights_checksum")

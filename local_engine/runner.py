@@ -3,8 +3,9 @@
 The scheduler only talks to a :class:`ModelRunner`; it never touches tensors of the cache.
 A runner holds *rows* (one per running request, in the scheduler's order) and offers:
 
-- ``prefill(prompts, full_logits)`` — run new sequences and append them as rows at the end;
-  returns their last-position logits (and all prompt-position logits where asked);
+- ``prefill(prompts, full_logits, adapters)`` — run new sequences and append them as rows at
+  the end, each row with its LoRA adapter (or None: the base model) for this and every later
+  step; returns their last-position logits (and all prompt-position logits where asked);
 - ``decode(tokens)`` — feed one token per row, return next-token logits for every row;
 - ``keep(indices)`` — drop every row not listed (order preserved);
 - ``reset()`` — drop all rows.
@@ -36,9 +37,14 @@ attention, prefix reuse between requests, chunked prefill, CUDA graphs, more tha
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from local_engine.lora_compute import AdapterWeights, LoraLayers
 
 # Growth factor of a cache layer's buffer when a step does not fit: amortises the copy
 # that plain DynamicCache pays on every decode step.
@@ -82,7 +88,7 @@ class ModelRunner(ABC):
     def num_rows(self) -> int: ...
 
     @abstractmethod
-    def prefill(self, prompts: list[list[int]], full_logits: list[bool]) -> PrefillOutput: ...
+    def prefill(self, prompts: list[list[int]], full_logits: list[bool], adapters: list | None = None) -> PrefillOutput: ...
 
     @abstractmethod
     def decode(self, tokens: list[int]) -> torch.Tensor: ...
@@ -166,6 +172,9 @@ class HFModelRunner(ModelRunner):
         self._cache = None
         self._mask: torch.Tensor | None = None  # [rows, L] long, 1 = real token
         self._lengths: torch.Tensor | None = None  # [rows] real tokens per row
+        self.lora: LoraLayers | None = None
+        """Per-row adapters (set by the engine when it serves LoRA: local_engine.lora_compute)."""
+        self._adapters: list[AdapterWeights | None] = []  # per row
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -178,6 +187,10 @@ class HFModelRunner(ModelRunner):
 
     def reset(self) -> None:
         self._cache = self._mask = self._lengths = None
+        self._adapters = []
+
+    def _rows(self, adapters: list[AdapterWeights | None]):
+        return self.lora.rows(adapters) if self.lora is not None else nullcontext()
 
     def _new_cache(self):
         from transformers import DynamicCache
@@ -203,6 +216,7 @@ class HFModelRunner(ModelRunner):
             return
         if indices == list(range(self.num_rows)):
             return
+        self._adapters = [self._adapters[i] for i in indices]
         idx = torch.tensor(indices, dtype=torch.long, device=self.device)
         mask = self._mask.index_select(0, idx)
         trim = int((mask.sum(0) == 0).long().cumprod(0).sum())  # leading all-padding columns
@@ -214,7 +228,10 @@ class HFModelRunner(ModelRunner):
 
     # -- compute -------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], full_logits: list[bool]) -> PrefillOutput:
+    def prefill(self, prompts: list[list[int]], full_logits: list[bool], adapters: list | None = None) -> PrefillOutput:
+        adapters = list(adapters) if adapters is not None else [None] * len(prompts)
+        if any(a is not None for a in adapters) and self.lora is None:
+            raise RuntimeError("a row asks for a LoRA adapter but this runner serves none")
         width = max(len(p) for p in prompts)
         # Left-padded rows built as lists: one host-to-device copy per tensor, not one per row.
         ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts],
@@ -223,14 +240,15 @@ class HFModelRunner(ModelRunner):
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         cache = self._new_cache()
         keep_all = any(full_logits)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=0 if keep_all else 1,
-        )
+        with self._rows(adapters):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=0 if keep_all else 1,
+            )
         logits = out.logits
         last = logits[:, -1, :].float()
         prompt: list[torch.Tensor | None] = [
@@ -238,6 +256,7 @@ class HFModelRunner(ModelRunner):
             for i, (p, want) in enumerate(zip(prompts, full_logits, strict=True))
         ]
         self._merge(cache, mask, torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device))
+        self._adapters = self._adapters + adapters
         return PrefillOutput(last=last, prompt=prompt)
 
     def _merge(self, cache, mask: torch.Tensor, lengths: torch.Tensor) -> None:
@@ -275,14 +294,15 @@ class HFModelRunner(ModelRunner):
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(1)
         self._mask = torch.cat([self._mask, self._mask.new_ones((self.num_rows, 1))], 1)
         positions = self._lengths.unsqueeze(1).clone()
-        out = self.model(
-            input_ids=ids,
-            attention_mask=self._mask,
-            position_ids=positions,
-            past_key_values=self._cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with self._rows(self._adapters):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=self._mask,
+                position_ids=positions,
+                past_key_values=self._cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self._lengths = self._lengths + 1
         return out.logits[:, -1, :].float()
 

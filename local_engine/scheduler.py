@@ -273,7 +273,8 @@ class Scheduler:
     # -- worker-thread compute -----------------------------------------------------------
     def _prefill(self, keep: list[int], reqs: list[Req], rows: list[RowSampling], tops: list[int]):
         self.runner.keep(keep)
-        pf = self.runner.prefill([r.context_ids for r in reqs], [r.wants_prompt_logits for r in reqs])
+        pf = self.runner.prefill([r.context_ids for r in reqs], [r.wants_prompt_logits for r in reqs],
+                                 [r.adapter.weights if r.adapter is not None else None for r in reqs])
         out = sample(pf.last, rows, self._generator, tops)
         lps = [
             prompt_logprobs(logits, r.prompt_ids, r.params.temperature) if logits is not None else None

@@ -21,20 +21,46 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from asyncrl.config.sections_engines import LocalEngineSection
+from asyncrl.lora_targets import ALL, LINEAR_LEAVES
 from local_engine.flags import add_flags, describe_errors, parsed, to_argv
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
     from local_engine.compat import SglangCompat
 
+SERVABLE_TARGETS = {*LINEAR_LEAVES, "qkv_proj", "gate_up_proj", ALL}
+"""``--lora-target-modules`` values: the linear layers of Llama/Qwen2 models, SGLang's grouped
+names for them, ``all``."""
 SECRET_ENV = {"api_key": "LOCAL_ENGINE_API_KEY", "admin_api_key": "LOCAL_ENGINE_ADMIN_API_KEY"}
 """Key fields and the variables that carry them instead of flags."""
 SGLANG_ENV = {"health_generation": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
               "health_check_timeout_s": "SGLANG_HEALTH_CHECK_TIMEOUT"}
 """Fields SGLang takes from environment variables; local_engine honours the same ones."""
+
+
+def check_lora_settings(enable: bool | None, paths: list[str] | None, max_rank: int | None,
+                        targets: list[str] | None, max_loaded: int | None) -> bool:
+    """Whether LoRA is on, after SGLang's start-time checks (``arg_groups/lora_hook.py``);
+    raises ValueError with its messages."""
+    on = bool(enable) or (enable is None and bool(paths))
+    if not on:
+        return False
+    if not paths and not (max_rank and targets):
+        raise ValueError("When no initial --lora-paths is provided, you need to specify both --max-lora-rank and "
+                         "--lora-target-modules for LoRA initialization.")
+    unknown = sorted(set(targets or []) - SERVABLE_TARGETS)
+    if unknown:
+        raise ValueError(f"--lora-target-modules: {unknown} are not modules local_engine can adapt "
+                         f"(choose from {sorted(SERVABLE_TARGETS)})")
+    if targets and "all" in targets and len(targets) != 1:
+        raise ValueError("If 'all' is specified in --lora-target-modules, it should be the only module specified.")
+    if max_loaded is not None and len(paths or []) > max_loaded:
+        raise ValueError(f"The number of LoRA paths should not exceed max_loaded_loras. "
+                         f"max_loaded_loras={max_loaded}, lora_paths={len(paths or [])}")
+    return True
 
 
 class SettingsError(ValueError):
@@ -74,6 +100,31 @@ class EngineSettings(LocalEngineSection):
     """Log level of the engine and uvicorn."""
     log_json: bool = False
     """Log JSON lines (``asyncrl.logs``) instead of text."""
+    enable_lora: bool | None = None
+    """Serve LoRA adapters (SGLang ``--enable-lora``; on by default when ``lora_paths`` is
+    given): ``/load_lora_adapter``, ``/load_lora_adapter_from_tensors``,
+    ``/unload_lora_adapter`` and ``/generate``'s ``lora_path`` (:mod:`local_engine.lora`)."""
+    max_lora_rank: int | None = Field(None, ge=1)
+    """Highest adapter rank accepted (SGLang ``--max-lora-rank``). None: the highest of
+    ``lora_paths``."""
+    lora_target_modules: list[str] | None = None
+    """Modules adapters may target (SGLang ``--lora-target-modules``, e.g. ``q_proj v_proj``
+    or ``all``). None: the union of ``lora_paths``' targets."""
+    lora_paths: list[str] | None = None
+    """Adapters loaded at start, each ``NAME=PATH`` or ``PATH`` (SGLang ``--lora-paths``)."""
+    max_loaded_loras: int | None = Field(None, ge=1)
+    """At most this many adapters loaded; a load over it unloads the least recently used
+    (SGLang ``--max-loaded-loras``). None: no limit."""
+
+    @model_validator(mode="after")
+    def _lora(self) -> EngineSettings:
+        check_lora_settings(self.enable_lora, self.lora_paths, self.max_lora_rank, self.lora_target_modules,
+                            self.max_loaded_loras)
+        return self
+
+    @property
+    def lora_on(self) -> bool:
+        return bool(self.enable_lora) or (self.enable_lora is None and bool(self.lora_paths))
 
     @field_validator("sglang_compat")
     @classmethod
@@ -118,11 +169,17 @@ class EngineSettings(LocalEngineSection):
     def for_run(cls, cfg: RunConfig, port: int) -> EngineSettings:
         """The settings of a local engine ``asyncrl up`` starts for ``cfg`` on 127.0.0.1:``port``:
         ``engines.local``, the ``model`` section's path, dtype, seed and ``max_model_len``, and
-        ``run``'s log settings. The engine keys are not given to it."""
+        ``run``'s log settings; with adapter syncs (``cfg.syncs_adapters``) LoRA on, at the
+        actor's rank and targets. The engine keys are not given to it."""
+        lora = {}
+        if cfg.syncs_adapters:
+            targets = cfg.actor.target_modules
+            lora = {"enable_lora": True, "max_lora_rank": cfg.actor.lora_rank,
+                    "lora_target_modules": ["all"] if isinstance(targets, str) else list(targets)}
         return cls.model_validate({
             **cfg.engines.local.model_dump(), "model": cfg.model.path, "host": "127.0.0.1", "port": port,
             "dtype": cfg.model.dtype, "seed": cfg.model.seed, "max_model_len": cfg.model.max_model_len,
-            "log_level": cfg.run.log_level.lower(), "log_json": cfg.run.log_json,
+            "log_level": cfg.run.log_level.lower(), "log_json": cfg.run.log_json, **lora,
         })
 
 

@@ -26,7 +26,9 @@ and its tokens are counted as recomputed (``recomputed_tokens``:
 ``local_engine_recomputed_prefill_tokens_total``). At most ``REMEMBERED_ROWS`` are kept.
 
 Weights are still a real model's tensors (by Hugging Face names) so weight updates run the
-real protocol and move the real bytes; they are never used for compute. Not covered:
+real protocol and move the real bytes; they are never used for compute. LoRA adapters are
+loaded, checked and unloaded as on a computing engine (the adapter routes run their real
+protocol too) and never applied. Not covered:
 realistic text, logprobs that mean anything, prefix caching effects.
 """
 
@@ -50,8 +52,12 @@ class SimulatedRunner(ModelRunner):
     """``spec``: the ``timing`` settings (``engines.local.timing``); ``seed``: of the length draws."""
 
     def __init__(self, weights: dict[str, torch.Tensor], vocab_size: int, eos_token_id: int, spec: TimingSection,
-                 seed: int, filler_token_id: int | None = None, tool_call_ids: list[int] | None = None) -> None:
+                 seed: int, filler_token_id: int | None = None, tool_call_ids: list[int] | None = None,
+                 model: torch.nn.Module | None = None) -> None:
         self.vocab_size = vocab_size
+        self.model = model
+        """The module ``weights`` belong to: LoRA adapters are checked against its layers and
+        loaded as on a computing engine, never run (``adapters`` of a prefill are ignored)."""
         self.eos = eos_token_id
         self.filler = filler_token_id if filler_token_id is not None else (eos_token_id + 1) % vocab_size
         self.spec = spec
@@ -103,7 +109,7 @@ class SimulatedRunner(ModelRunner):
             out[i, self._next_token(target, produced, scripted)] = PEAK_LOGIT
         return out
 
-    def prefill(self, prompts: list[list[int]], full_logits: list[bool]) -> PrefillOutput:
+    def prefill(self, prompts: list[list[int]], full_logits: list[bool], adapters: list | None = None) -> PrefillOutput:
         time.sleep(self.spec.prefill_ms_per_token * sum(len(p) for p in prompts) / 1000.0)
         start = len(self._targets)
         for prompt in prompts:

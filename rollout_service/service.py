@@ -34,7 +34,7 @@ from asyncrl.loops import LoopSupervisor
 from asyncrl.models import load_tokenizer
 from asyncrl.progress import ProgressWindow
 from asyncrl.wire import NatsNames
-from asyncrl.wire.sync import weight_version_number
+from asyncrl.wire.sync import adapter_name, weight_version_number
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.external_tools import ExternalBroker
 from rollout_service.agent.tool_parser import PARSERS
@@ -100,6 +100,13 @@ def tool_options(rollout) -> dict[str, dict[str, Any]]:
 class RolloutService:
     """Owns the NATS connection, the engines, the runner and their background loops."""
 
+    def _lora_route(self) -> tuple[str, int] | None:
+        """Adapter syncs: the current version's adapter (version 0 is the base model itself:
+        a fresh adapter adds zero)."""
+        if not self.cfg.syncs_adapters or self.runner is None or self.runner.version == 0:
+            return None
+        return adapter_name(self.cfg.run.id, self.runner.version), self.runner.version
+
     def __init__(self, cfg: RunConfig, url: str | None = None) -> None:
         self.cfg = cfg
         self.names = NatsNames(cfg.run.id)
@@ -114,7 +121,8 @@ class RolloutService:
                                min_decode_tokens_per_s=cfg.engines.min_decode_tokens_per_s,
                                paused=lambda: self.runner is not None and self.runner.paused,
                                holds_calls=lambda: self.runner is not None and self.runner.gate.paused,
-                               current_version=lambda: None if self.runner is None else str(self.runner.version))
+                               current_version=lambda: None if self.runner is None else str(self.runner.version),
+                               lora_route=self._lora_route)
         self.store_sizes: dict[str, dict[str, int]] = {}
         """The run's NATS stream and KV buckets: messages and bytes (sampled with the metrics)."""
         self.progress = ProgressWindow(cfg.run.progress_window_s)

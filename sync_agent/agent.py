@@ -43,8 +43,9 @@ class SyncAgent:
 
     async def start(self) -> None:
         """Recover an interrupted sync and start the loops. Raises :class:`PolicyRefused` (the
-        process does not start) when ``sync.pause_policy`` cannot run on the configured engines."""
-        problems = await self.coordinator.policy_problems_at_start()
+        process does not start) when the run cannot sync on the configured engines
+        (:meth:`SyncCoordinator.problems_at_start`)."""
+        problems = await self.coordinator.problems_at_start()
         if problems:
             raise PolicyRefused("refusing to start: " + "; ".join(problems))
         try:

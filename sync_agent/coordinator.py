@@ -39,12 +39,13 @@ from typing import Any
 from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
+from asyncrl.sync_control.adapter_load import adapter_problems, load_adapter
 from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import plan_for, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
 from asyncrl.wire.rollout_admin import EngineState
-from asyncrl.wire.sync import ReloadSpec, SyncRequest, weight_version_number
+from asyncrl.wire.sync import AdapterSpec, ReloadSpec, SyncRequest, weight_version_number
 from sync_agent.health import SyncTally
 from sync_agent.history import SyncHistory
 from sync_agent.liveness import EngineLiveness
@@ -95,6 +96,9 @@ class SyncCoordinator:
         self.pause_mode = self.plan.rollout_mode
         self.tally = SyncTally()
         """Outcomes since this process started (the records are bounded; these counts are not)."""
+        self.adapters: dict[str, AdapterSpec] = {}
+        """The adapter (tensors included) of each queued or running adapter sync, by sync id;
+        memory only, dropped when the sync ends."""
 
     # -- engines -------------------------------------------------------------------------
     def client(self, engine_id: str, url: str) -> EngineClient:
@@ -164,6 +168,9 @@ class SyncCoordinator:
 
     def _update(self, rec: SyncRecord) -> EngineUpdate:
         g = rec.group
+        if g is None:  # an adapter sync: no group, one load per member
+            members = [Member(eid, self.client(eid, url)) for eid, url in rec.urls.items()]
+            return EngineUpdate(members, control_timeout_s=self.cfg.sync.engine_timeout_s, total_buckets=1)
         members = [Member(eid, self.client(eid, g.urls[eid]), rank_offset=offset) for eid, offset in g.members.items()]
         return EngineUpdate(members, control_timeout_s=self.cfg.sync.engine_timeout_s, total_buckets=len(rec.buckets),
                             group_name=g.group_name)
@@ -189,14 +196,18 @@ class SyncCoordinator:
             raise SyncConflict(409, "pause_policy", "; ".join(problems))
         return {m.id: m.rank_offset for m in update.members}, world
 
-    async def policy_problems_at_start(self) -> list[str]:
-        """Why ``sync.pause_policy`` cannot run on the configured engines (``engines.urls``), read
-        from their ``/server_info`` at the agent's start (issue 35: a ``retract``/``in_place``
-        run on engines without ``weight_versions`` spans is refused before its first sync).
-        Engines that do not answer within the liveness bound are not judged here; every sync
-        judges its members again (:meth:`_plan_group`)."""
+    async def problems_at_start(self) -> list[str]:
+        """Why this run cannot sync on the configured engines (``engines.urls``), read from
+        their ``/server_info`` when the agent starts: a ``retract``/``in_place`` policy on
+        engines without ``weight_versions`` spans (issue 35), and with adapter syncs an engine
+        that cannot load the run's adapter (LoRA off, ``--max-lora-rank`` under
+        ``actor.lora_rank``, ``--lora-target-modules`` not covering ``actor.target_modules``,
+        ``--max-loaded-loras`` under 2: issue 36), so the run stops before its first sync, not
+        at it. Engines that do not answer within the liveness bound are not judged here; every
+        sync judges its members again."""
         urls = list(self.cfg.engines.urls or [])
-        if self.plan.engine_mode not in ("retract", "in_place") or not urls:
+        spans = self.plan.engine_mode in ("retract", "in_place")
+        if not (spans or self.cfg.syncs_adapters) or not urls:
             return []
         limit = min(self.cfg.sync.engine_timeout_s, LIVENESS_TIMEOUT_S)
 
@@ -204,10 +215,14 @@ class SyncCoordinator:
             update = EngineUpdate([Member(url, self.client(url, url))], control_timeout_s=limit)
             try:
                 layouts, _ = await update.read_layouts()
+                info = await update.members[0].client.server_info(timeout_s=limit) if self.cfg.syncs_adapters else {}
             except (LayoutError, EngineError) as exc:
                 log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
                 return []
-            return policy_problems(self.plan, layouts)
+            found = policy_problems(self.plan, layouts) if spans else []
+            if self.cfg.syncs_adapters:
+                found += adapter_problems(self.cfg, info, f"engine {url}")
+            return found
 
         return [p for found in await asyncio.gather(*(one(u) for u in urls)) for p in found]
 
@@ -226,6 +241,11 @@ class SyncCoordinator:
         views = [v for v in await self.engine_views() if v["alive"]]
         if not views:
             raise SyncConflict(503, "no_engines", "no live engine to update")
+        if request.adapter is not None:
+            return await self._queue(SyncRecord(
+                version=version, group=None, buckets=[], urls={v["id"]: v["url"] for v in views},
+                adapter={"name": request.adapter.name, "path": request.adapter.path, "nbytes": request.adapter.nbytes}),
+                request), 1
         g = request.group
         live = {v["id"]: v["url"] for v in views}
         if self.group is not None and g.key == self.group.key and not g.new:
@@ -241,12 +261,17 @@ class SyncCoordinator:
             self.reload_hint = request.reload
         planned = PlannedGroup(**{**g.model_dump(), "world_size": world, "members": dict(members), "urls": live})
         rec = SyncRecord(version=version, group=planned, buckets=list(request.buckets), reload=request.reload, join_group=join)
-        self.accepted_version = max(self.accepted_version, version)
+        return await self._queue(rec, request), world
+
+    async def _queue(self, rec: SyncRecord, request: SyncRequest) -> SyncRecord:
+        self.accepted_version = max(self.accepted_version, rec.version)
+        if request.adapter is not None:
+            self.adapters[rec.id] = request.adapter
         self.records.append(rec)
         del self.records[:-KEEP_RECORDS]  # bounded: the state file keeps as many
         self.persist()
         await self.queue.put(rec)
-        return rec, world
+        return rec
 
     def persist(self) -> None:
         self.state_file.save(AgentState(self.version, self.group, self.records, self.needs_reload))
@@ -295,6 +320,11 @@ class SyncCoordinator:
         paused_rollout = contained = False
 
         async def load() -> None:
+            if rec.adapter is not None:
+                await load_adapter(update, self.adapters[rec.id], rec.version, run_id=self.cfg.run.id, keep=self.version,
+                                   transport=s.adapter_transport, timeout_s=s.engine_timeout_s)
+                rec.bytes += int(rec.adapter["nbytes"])
+                return
             for i, spec in enumerate(rec.buckets):
                 last = i == len(rec.buckets) - 1
                 await update.load(spec, weight_version=str(rec.version) if last else None, timeout_s=s.broadcast_timeout_s,
@@ -313,11 +343,14 @@ class SyncCoordinator:
             paused_rollout = True
             steps = UpdateSteps(load=load, form=(lambda: self._form_group(rec, update)) if rec.join_group else None,
                                 phase=lambda phase: self._enter(rec, phase), contain=contain)
-            await run_update(update, self.plan.engine_mode, self.plan.flush_retries, steps, check_weights=s.check_weights)
+            await run_update(update, self.plan.engine_mode, self.plan.flush_retries, steps,
+                             check_weights=s.check_weights and rec.adapter is None)  # an adapter leaves the base as it was
             self.version = rec.version
             rec.engines = {m.id: update.outcome(m) for m in update.members}  # "mixed": outvoted by the weights check
             self.needs_reload -= {eid for eid, o in rec.engines.items() if o == "loaded"}  # a full push rewrote every parameter
             await self._quarantine_mixed(rec)
+            if rec.adapter is not None:
+                await self._quarantine_unloaded(rec, update)
         except Exception as exc:  # noqa: BLE001 - every failure ends in the same safe state
             if not contained:  # the rollout's pause failed: nothing was sent to an engine
                 self._failing(rec, f"{type(exc).__name__}: {exc}")
@@ -327,6 +360,7 @@ class SyncCoordinator:
                 await self._release_loaded(rec)
             if paused_rollout:
                 await self._resume_rollout(rec)
+            self.adapters.pop(rec.id, None)
             self._enter(rec, "succeeded" if rec.error is None else "failed")
 
     async def _release_loaded(self, rec: SyncRecord) -> None:
@@ -361,8 +395,9 @@ class SyncCoordinator:
         rec.engines = {m.id: update.outcome(m) for m in update.members}
         self.liveness.mark_silent({m.id for m in update.members if m.stuck})  # hung or gone: not waited for next time
         await self._quarantine_mixed(rec)
-        await update.leave_group()
-        self.group = None
+        if rec.group is not None:  # an adapter sync formed no group and leaves the weight group alone
+            await update.leave_group()
+            self.group = None
         if all(o == "loaded" for o in rec.engines.values()):
             self.version = rec.version  # every engine made it: the failure came after the last bucket
         self.persist()
@@ -378,6 +413,18 @@ class SyncCoordinator:
                 await self.rollout.quarantine(eid, f"{AGENT_REASON} failed update to version {rec.version}")
             except RolloutAdminError as exc:
                 log.error("could not quarantine %s: %s", eid, exc)
+
+    async def _quarantine_unloaded(self, rec: SyncRecord, update: EngineUpdate) -> None:
+        """After an adapter sync that some members loaded: hold out (before the rollout resumes
+        and asks for the new adapter by name) every member that did not; it serves the previous
+        adapter whole, so it needs no reload, only a later sync that loads it."""
+        for m in update.members:
+            if rec.engines.get(m.id) == "loaded":
+                continue
+            try:
+                await self.rollout.quarantine(m.id, f"{AGENT_REASON} did not load the adapter of version {rec.version}: {m.error}"[:500])
+            except RolloutAdminError as exc:
+                log.error("could not quarantine %s: %s", m.id, exc)
 
     async def _resume_rollout(self, rec: SyncRecord) -> None:
         for attempt in range(RESUME_RETRIES):

@@ -105,12 +105,12 @@ async def recover(co: SyncCoordinator) -> str | None:
     except RolloutAdminError as exc:
         log.error("cannot recover sync %s yet: %s", rec.id, exc)
         return None
-    members = [views[eid] for eid in rec.group.members if eid in views and views[eid]["alive"]]
+    members = [views[eid] for eid in rec.member_urls if eid in views and views[eid]["alive"]]
     complete = bool(members) and all(m["version"] == rec.version for m in members)
     # Died while loading (or failing): an engine that did not get the last bucket (which
     # carries the new version) may hold some new parameters and some old ones, and no failed
     # call told it so. Treat it as mixed: quarantine and reload.
-    maybe_mixed = rec.state in ("loading", "failing")
+    maybe_mixed = rec.state in ("loading", "failing") and rec.adapter is None  # an adapter loads whole or not at all
     for m in members:
         client = co.client(m["id"], m["url"])
         if (m["version"] not in (rec.version, rec.previous_version)

@@ -3,7 +3,8 @@
 ``SyncRecord`` is one sync's life: its phase, the duration of every phase, bytes moved, the
 per-engine outcome and the error (its public form is :class:`asyncrl.wire.sync.SyncStatus`).
 It keeps the request's typed parts (:class:`PlannedGroup`, :class:`~asyncrl.wire.sync.BucketSpec`,
-:class:`~asyncrl.wire.sync.ReloadSpec`) and dumps them only to persist.
+:class:`~asyncrl.wire.sync.ReloadSpec`) and dumps them only to persist; an adapter sync has no
+group and no buckets, and keeps its adapter's name and path (not its tensors) and its members.
 What must survive a restart of the agent — the current weight version, the weight-update
 group the engines are in (address, port, members and their rank offsets), the engines that
 must be reloaded before they serve again, and the last records, including one still in
@@ -40,9 +41,14 @@ class PlannedGroup(GroupSpec):
 @dataclass
 class SyncRecord:
     version: int
-    group: PlannedGroup
+    group: PlannedGroup | None
+    """None for an adapter sync (no weight-update group)."""
     buckets: list[BucketSpec]
     reload: ReloadSpec | None = None
+    adapter: dict[str, Any] | None = None
+    """An adapter sync's adapter: ``name``, ``path``, ``nbytes`` (its tensors are not persisted)."""
+    urls: dict[str, str] = field(default_factory=dict)
+    """An adapter sync's members: engine id → URL (a weight sync's are ``group.urls``)."""
     id: str = field(default_factory=lambda: "sync-" + uuid.uuid4().hex[:12])
     state: str = "queued"
     previous_version: int = 0
@@ -68,6 +74,11 @@ class SyncRecord:
         return self.state in SYNC_FINAL
 
     @property
+    def member_urls(self) -> dict[str, str]:
+        """Engine id → URL of every member of this sync."""
+        return self.group.urls if self.group is not None else self.urls
+
+    @property
     def gb_per_s(self) -> float | None:
         secs = self.phase_seconds.get("loading")
         return self.bytes / 1e9 / secs if secs else None
@@ -81,14 +92,14 @@ class SyncRecord:
     def to_json(self) -> dict[str, Any]:
         """The record as the state file keeps it."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out.update(group=self.group.model_dump(), buckets=[b.model_dump() for b in self.buckets],
+        out.update(group=self.group.model_dump() if self.group is not None else None, buckets=[b.model_dump() for b in self.buckets],
                    reload=self.reload.model_dump() if self.reload else None)
         return out
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> SyncRecord:
         known = {k: v for k, v in doc.items() if k in _RECORD_FIELDS}
-        known.update(group=PlannedGroup.model_validate(doc["group"]),
+        known.update(group=PlannedGroup.model_validate(doc["group"]) if doc.get("group") else None,
                      buckets=[BucketSpec.model_validate(b) for b in doc.get("buckets", [])],
                      reload=ReloadSpec.model_validate(doc["reload"]) if doc.get("reload") else None)
         return cls(**known)

@@ -46,6 +46,7 @@ from trainer_daemon.checkpoint import CheckpointManager
 from trainer_daemon.consume.admission import admission_check
 from trainer_daemon.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
 from trainer_daemon.export import export_hf
+from trainer_daemon.lora import adapter_snapshot
 from trainer_daemon.model import (
     attention_for,
     build_optimizer,
@@ -291,8 +292,14 @@ class TrainerDaemon:
                 self.sync_skipped += 1
                 self._sync_metrics["trainer/sync_skipped"] = float(self.sync_skipped)
                 log.error("skipping the weight sync at step %d: the previous one is still running", self.step)
-        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         dtype = getattr(torch, self.cfg.model.dtype)
+        if self.cfg.syncs_adapters:  # the adapter alone (every rank: the gather of the trainable parameters)
+            snapshot = adapter_snapshot(self.model, self.cfg, dtype, write=sender and finished)
+            if snapshot is not None:
+                target = self.r0.sync.start(snapshot, version=self.r0.version if same_version else None)
+                self._publishing = (self.step, target)
+            return None
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         full = None
         mode = self._staging_mode(tied, dtype)
         if self._stager is None and mode != "state_dict":

@@ -14,7 +14,8 @@ Names in the trainer's state dict therefore differ from the base model's. Two vi
   the base layers' other tensors renamed back; the full-weight sync and ``export_hf`` use it;
 - :func:`adapter_weights`: the adapter alone in peft's saved format
   (``base_model.model.<module>.lora_A.weight``), which ``PeftModel.from_pretrained`` and
-  SGLang's ``--lora-paths`` load, with :func:`adapter_config` as its ``adapter_config.json``.
+  SGLang's ``--lora-paths`` load, with :func:`adapter_config` as its ``adapter_config.json``;
+  :func:`adapter_snapshot` gathers only the adapter (no base weight) for an adapter sync.
 
 Limits: plain LoRA (no DoRA, rsLoRA, biases, dropout, or ``modules_to_save``); the output
 layer and the embeddings are never adapted.
@@ -103,3 +104,23 @@ def adapter_config(rank: int, alpha: float, targets: list[str], base_model: str)
     doc = cfg.to_dict()
     doc["target_modules"] = sorted(doc["target_modules"])
     return doc
+
+
+def adapter_snapshot(model: torch.nn.Module, cfg, dtype: torch.dtype, write: bool):
+    """*Collective.* The adapter of the current parameters as an adapter sync publishes it
+    (:class:`trainer_daemon.sync.adapter.AdapterSnapshot`, tensors in ``dtype``): every rank
+    gathers the trainable parameters only; rank 0 (``write``) gets the snapshot, others None."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from trainer_daemon.model import is_sharded
+    from trainer_daemon.sync.adapter import AdapterSnapshot
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    trained = get_model_state_dict(model, options=opts)
+    if not write:
+        return None
+    if not is_sharded(model):  # one rank: these are the live parameters
+        trained = {k: t.detach().clone() for k, t in trained.items()}
+    a = cfg.actor
+    tensors = {k: t.to(dtype) for k, t in adapter_weights(trained).items()}
+    return AdapterSnapshot(tensors, adapter_config(a.lora_rank, a.lora_alpha, adapter_targets(trained), cfg.model.path))

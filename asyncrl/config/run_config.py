@@ -68,8 +68,17 @@ class RunConfig(Section):
     """``asyncrl slurm``: the allocation and the placement on it."""
 
     @model_validator(mode="after")
+    def _adapter_syncs_abort_what_is_in_flight(self) -> RunConfig:
+        if (self.actor.lora_rank and self.sync.lora_weights == "adapter" and self.async_training.partial_rollout_active
+                and self.sync.pause_policy != "abort"):
+            raise ValueError(f"sync.lora_weights=adapter needs sync.pause_policy=abort with partial rollout (got "
+                             f"{self.sync.pause_policy}): a request kept across an adapter sync goes on with the adapter "
+                             f"it started with; abort resends it on the new one. Or set sync.lora_weights=merged")
+        return self
+
+    @model_validator(mode="after")
     def _lora_merges_on_the_host(self) -> RunConfig:
-        if self.actor.lora_rank and self.sync.staging in ("buckets", "two_buckets"):
+        if self.actor.lora_rank and self.sync.lora_weights == "merged" and self.sync.staging in ("buckets", "two_buckets"):
             raise ValueError(f"actor.lora_rank={self.actor.lora_rank} needs sync.staging=auto or state_dict: the adapters "
                              f"are merged into the weights the engines get from the full state dict, not from "
                              f"sync.staging={self.sync.staging}'s buckets")
@@ -82,6 +91,11 @@ class RunConfig(Section):
             raise ValueError(f"actor.ppo_max_token_len_per_gpu ({a.ppo_max_token_len_per_gpu}) must be >= model.max_model_len "
                              f"({self.model.max_model_len}): a trajectory that long would fit no micro-batch")
         return self
+
+    @property
+    def syncs_adapters(self) -> bool:
+        """Syncs send the LoRA adapter alone (``actor.lora_rank > 0``, ``sync.lora_weights = adapter``)."""
+        return bool(self.actor.lora_rank) and self.sync.lora_weights == "adapter"
 
     @property
     def run_dir(self) -> Path:

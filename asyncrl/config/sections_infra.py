@@ -119,8 +119,9 @@ class ActorConfig(Section):
     lora_rank: int = Field(0, ge=0, le=1024)
     """LoRA adapter rank (verl's ``lora_rank``). 0: every weight is trained. > 0: peft LoRA
     adapters on ``target_modules`` are trained, the base weights frozen; checkpoints hold the
-    adapters and their optimiser state only, the engines get the merged weights, and
-    ``export_hf`` adds the peft adapter (docs/trainer.md, "LoRA")."""
+    adapters and their optimiser state only, the engines get the adapter (or the merged
+    weights: ``sync.lora_weights``), and ``export_hf`` adds the peft adapter (docs/trainer.md,
+    "LoRA")."""
     lora_alpha: float = Field(16.0, gt=0.0, le=65536.0)
     """LoRA scale numerator: the adapter adds ``(B @ A) * lora_alpha / lora_rank``."""
     target_modules: str | list[str] = "all-linear"
@@ -287,7 +288,24 @@ class SyncConfig(Section):
     reconcile_interval_s: float = Field(2.0, gt=0.0, le=600.0)
     """How often the agent checks engines' versions and health, reloads and releases them."""
     engine_timeout_s: float = Field(30.0, gt=0.0)
-    """Limit of one control call to an engine (pause, flush, continue, model_info)."""
+    """Limit of one control call to an engine (pause, flush, continue, model_info, an adapter load)."""
+    lora_weights: Literal["adapter", "merged"] = "adapter"
+    """With ``actor.lora_rank > 0``, what a sync sends. ``adapter``: the adapter alone (a few
+    MB), loaded on every engine under a name per version (``<run id>-v<version>``) that the
+    rollout service asks for with ``lora_path``; engines need ``--enable-lora``,
+    ``--max-lora-rank`` >= the rank and ``--lora-target-modules`` covering the targets (checked
+    at start), and the sync agent (``sync.url``). ``merged``: the adapter merged into the full
+    weights, broadcast as a full-weight run does (engines without LoRA support).
+    docs/sync_agent.md, "Adapter syncs"."""
+    adapter_transport: Literal["auto", "tensors", "path"] = "auto"
+    """How an adapter reaches an engine. ``tensors``: in the request body
+    (``/load_lora_adapter_from_tensors``; SGLang 0.5.21+ and local_engine). ``path``: a peft
+    directory the trainer writes under ``adapter_dir`` (``/load_lora_adapter``; the engines must
+    read it: shared storage). ``auto``: per engine, ``tensors`` where its release takes them,
+    else ``path``."""
+    adapter_dir: str | None = None
+    """Where the trainer writes each version's adapter directory for ``path`` transport (keeping
+    the last three). None: ``<run dir>/adapters`` (readable by engines on the trainer's host)."""
 
 
 class SecurityConfig(Section):

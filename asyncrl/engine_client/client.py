@@ -360,6 +360,37 @@ class EngineClient:
         body = {"new_version": new_version, "abort_all_requests": abort_all_requests}
         return self._checked(await self._call("POST", "/update_weight_version", body, admin=True, timeout_s=timeout_s), "update_weight_version")
 
+    # -- LoRA adapters -------------------------------------------------------------------
+    async def load_lora_adapter(self, name: str, path: str, *, pinned: bool = False,
+                                timeout_s: float | None = None) -> dict[str, Any]:
+        """Load a peft adapter directory the engine can read as ``name`` (``LoRAUpdateOutput``)."""
+        body = {"lora_name": name, "lora_path": path, "pinned": pinned}
+        return self._checked(await self._call("POST", "/load_lora_adapter", body, admin=True, timeout_s=timeout_s), "load_lora_adapter")
+
+    async def load_lora_adapter_from_tensors(self, name: str, config: dict[str, Any], payload: str,
+                                             checksums: dict[str, str] | None = None, *, named: bool = True,
+                                             timeout_s: float | None = None) -> dict[str, Any]:
+        """Load an adapter from its tensors (``payload``: base64 of a pickle of name → CPU
+        tensor, :func:`asyncrl.weight_sync.adapter.encode_adapter`); ``named``: SGLang 0.5.17+'s
+        ``serialized_named_tensors`` (one entry, TP 1), else 0.5.15/0.5.16's ``serialized_tensors``."""
+        body: dict[str, Any] = {"lora_name": name, "config_dict": config}
+        body |= {"serialized_named_tensors": [payload]} if named else {"serialized_tensors": payload}
+        if checksums is not None:
+            body["expected_checksums"] = checksums
+        return self._checked(await self._call("POST", "/load_lora_adapter_from_tensors", body, admin=True, timeout_s=timeout_s),
+                             "load_lora_adapter_from_tensors")
+
+    async def lora_adapters(self, *, timeout_s: float | None = None) -> list[str]:
+        """Names of the adapters loaded (``/v1/models`` cards with a ``parent``, as SGLang lists them)."""
+        body = await self._call("GET", "/v1/models", timeout_s=timeout_s)
+        cards = body.get("data", []) if isinstance(body, dict) else []
+        return [c["id"] for c in cards if isinstance(c, dict) and c.get("parent") and isinstance(c.get("id"), str)]
+
+    async def unload_lora_adapter(self, name: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Unload ``name``; SGLang answers once no request uses it any more."""
+        body = {"lora_name": name}
+        return self._checked(await self._call("POST", "/unload_lora_adapter", body, admin=True, timeout_s=timeout_s), "unload_lora_adapter")
+
     # -- info ----------------------------------------------------------------------------
     async def model_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         return await self._get_with_alias("/model_info", "/get_model_info", timeout_s)

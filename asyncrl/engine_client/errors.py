@@ -38,8 +38,8 @@ def error_message(body: Any, fallback: str = "") -> str:
     """The human message inside any of SGLang's error bodies.
 
     Handles ``{"object":"error","message":..}``, ``{"error":{"message":..}}``,
-    ``{"error":"text"}``, ``{"success":false,"message":..}``, FastAPI's ``{"detail":..}``
-    and plain text.
+    ``{"error":"text"}``, ``{"success":false,"message":..}``, LoRA routes'
+    ``{"success":false,"error_message":..}``, FastAPI's ``{"detail":..}`` and plain text.
     """
     if isinstance(body, dict):
         err = body.get("error")
@@ -49,6 +49,8 @@ def error_message(body: Any, fallback: str = "") -> str:
             return err
         if body.get("message") is not None:
             return str(body["message"])
+        if body.get("error_message"):
+            return str(body["error_message"])
         if body.get("detail") is not None:
             return str(body["detail"])
         return str(body)

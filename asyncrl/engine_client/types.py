@@ -8,7 +8,7 @@ tokens and resubmit prompt + output with the remaining budget.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -65,6 +65,11 @@ class GenerateResult:
     @property
     def aborted(self) -> bool:
         return self.finish_reason.type == "abort"
+
+    def labelled(self, version: str) -> GenerateResult:
+        """This result with every token labelled ``version`` (an adapter sync's requests: the
+        adapter asked for, by name, decides the version, whatever the engine reports)."""
+        return replace(self, weight_version=version, weight_versions=[])
 
     def token_versions(self) -> list[str | None]:
         """The weight version of each output token (spans, else the single version)."""

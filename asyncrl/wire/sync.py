@@ -22,7 +22,7 @@ stops at once when the agent reports ``failing``/``failed``.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -125,13 +125,58 @@ class ReloadSpec(_Strict):
     version: int = Field(ge=0)
 
 
+ADAPTER_NAME = r"^[A-Za-z0-9_.-]{1,160}$"
+
+
+def adapter_name(run_id: str, version: int) -> str:
+    """The name version ``version``'s LoRA adapter is loaded under on every engine, and that
+    the rollout service sends as ``lora_path`` (``<run id>-v<version>``)."""
+    return f"{run_id}-v{version}"
+
+
+class AdapterSpec(_Strict):
+    """A LoRA adapter to load on every engine (``sync.lora_weights = adapter``): peft's
+    ``adapter_config.json`` and its tensors as ``/load_lora_adapter_from_tensors`` takes them
+    (:func:`asyncrl.weight_sync.adapter.encode_adapter`), and/or a peft directory the engines
+    can read (``/load_lora_adapter``; older SGLang releases, ``sync.adapter_transport``)."""
+
+    name: str = Field(pattern=ADAPTER_NAME)
+    config: dict[str, Any]
+    tensors: str | None = None
+    checksums: dict[str, str] | None = None
+    """sha256 of each tensor's bytes (SGLang's ``expected_checksums``)."""
+    path: str | None = Field(None, min_length=1)
+    nbytes: int = Field(0, ge=0)
+    """The adapter's tensor bytes (for metrics)."""
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> AdapterSpec:
+        if self.tensors is None and self.path is None:
+            raise ValueError("an adapter needs its tensors or a path the engines can read")
+        for key in ("r", "lora_alpha", "target_modules"):
+            if key not in self.config:
+                raise ValueError(f"config (adapter_config.json) lacks {key!r}")
+        return self
+
+
 class SyncRequest(_Strict):
-    """``POST /v1/syncs``: make every engine serve these buckets as ``version``."""
+    """``POST /v1/syncs``: make every engine serve these buckets as ``version`` — or, with
+    ``adapter`` (no group, no buckets), load this LoRA adapter on every engine as ``version``."""
 
     version: int = Field(ge=1)
-    group: GroupSpec
-    buckets: list[BucketSpec] = Field(min_length=1)
+    group: GroupSpec | None = None
+    buckets: list[BucketSpec] = Field(default_factory=list)
     reload: ReloadSpec | None = None
+    adapter: AdapterSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SyncRequest:
+        if self.adapter is not None:
+            if self.group is not None or self.buckets:
+                raise ValueError("an adapter sync has no group and no buckets")
+        elif self.group is None or not self.buckets:
+            raise ValueError("a weight sync needs group and at least one bucket (or an adapter)")
+        return self
 
 
 class SyncAccepted(BaseModel):

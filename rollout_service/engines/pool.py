@@ -161,6 +161,9 @@ class EnginePool:
     back, they would find the gate open and come straight back: a loop that never yields)."""
     current_version: Callable[[], str | None] = lambda: None
     """The run's current weight version (for :meth:`EngineHandle.account`)."""
+    lora_route: Callable[[], tuple[str, int] | None] = lambda: None
+    """Adapter syncs (``sync.lora_weights = adapter``): the adapter every call asks for
+    (``lora_path``) and its version, which labels the call's tokens; None: the base model."""
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Event()
@@ -242,6 +245,7 @@ class EnginePool:
     async def generate(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None) -> GenerateResult:
         """Route one generate call (``state.engine_id`` is the affinity, updated here)."""
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
+        route, extra = self._with_adapter(extra)
         handle.rids.add(rid)
         handle.routed += 1
         asked_at = time.monotonic()
@@ -263,11 +267,17 @@ class EnginePool:
         handle.observe_version(res.weight_version, asked_at)
         if state is not None:
             state.engine_id = handle.id
-        return res
+        return res if route is None else res.labelled(str(route[1]))
+
+    def _with_adapter(self, extra: dict | None) -> tuple[tuple[str, int] | None, dict | None]:
+        """The adapter route at the time of the call, and ``extra`` asking for it."""
+        route = self.lora_route()
+        return route, extra if route is None else {**(extra or {}), "lora_path": route[0]}
 
     async def generate_stream(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None):
         """Streaming variant of :meth:`generate`: yields cumulative results."""
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
+        route, extra = self._with_adapter(extra)
         handle.rids.add(rid)
         handle.routed += 1
         asked_at = time.monotonic()
@@ -281,7 +291,7 @@ class EnginePool:
                 except StopAsyncIteration:
                     break
                 last = res
-                yield res
+                yield res if route is None else res.labelled(str(route[1]))
         except EngineUnavailable:
             self._note_failure(handle, "connection failed")
             raise

@@ -88,6 +88,9 @@ ROUTE_BODIES = {
     "/end_weight_update": "EndWeightUpdateReqInput",
     "/generate": "GenerateReqInput",
     "/weights_checker": "CheckWeightsReqInput",
+    "/load_lora_adapter": "LoadLoRAAdapterReqInput",
+    "/unload_lora_adapter": "UnloadLoRAAdapterReqInput",
+    "/load_lora_adapter_from_tensors": "LoadLoRAAdapterFromTensorsReqInput",
 }
 # SGLang ships only CPython manylinux_2_34 wheels (no sdist): ask for one fixed tag so every
 # machine (macOS, older glibc, another Python) fetches the same file. Only its .py files are read.

@@ -49,3 +49,12 @@ def test_each_release_serves_the_lora_routes(releases, release):
     server = (kit.source_dir(release) / "sglang/srt/entrypoints/http_server.py").read_text()
     for route in ("/load_lora_adapter", "/load_lora_adapter_from_tensors", "/unload_lora_adapter"):
         assert f'@app.api_route("{route}", methods=["POST"])' in server, (release, route)
+
+
+def test_local_engines_lora_bodies_have_the_fields_of_the_releases(releases):
+    """local_engine's bodies carry every field some supported release has, and no other."""
+    from local_engine import routes_lora as L
+
+    assert set(L.LoadLoraBody.model_fields) == set(LOAD)
+    assert set(L.UnloadLoraBody.model_fields) == set(UNLOAD)
+    assert set(L.LoadLoraTensorsBody.model_fields) == set().union(*(from_tensors(r) for r in kit.SUPPORTED_RELEASES))

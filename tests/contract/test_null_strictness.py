@@ -14,6 +14,7 @@ from __future__ import annotations
 import pydantic
 
 from local_engine import protocol as P
+from local_engine import routes_lora as L
 from tests.contract import sglang_source as kit
 
 GROUP = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 2, "group_name": "g",
@@ -32,7 +33,14 @@ BODIES = {  # route: (local_engine's model, a body both accept)
     "/update_weight_version": (P.UpdateVersionBody, {"new_version": "1"}),
     "/generate": (P.GenerateBody, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}),
     "/weights_checker": (P.CheckWeightsBody, {"action": "checksum"}),
+    "/load_lora_adapter": (L.LoadLoraBody, {"lora_name": "a", "lora_path": "/adapters/a"}),
+    "/unload_lora_adapter": (L.UnloadLoraBody, {"lora_name": "a"}),
 }
+CASES = [*BODIES.items(),  # the tensor route's two layouts (0.5.15-0.5.16, then 0.5.17+), each judged by its releases
+         ("/load_lora_adapter_from_tensors", (L.LoadLoraTensorsBody, {"lora_name": "a", "config_dict": {"r": 4},
+                                                                      "serialized_tensors": "AAAA"})),
+         ("/load_lora_adapter_from_tensors", (L.LoadLoraTensorsBody, {"lora_name": "a", "config_dict": {"r": 4},
+                                                                      "serialized_named_tensors": ["AAAA"]}))]
 SAYS_NOTHING = ("no route", "is not a field of", "is not an argument of")
 
 
@@ -56,7 +64,7 @@ def test_null_is_refused_exactly_where_a_supported_release_refuses_it(releases):
     """local_engine is as strict as the strictest release (a field typed ``bool`` in one release
     and ``Optional[bool]`` in a later one refuses ``null``): what passes here passes everywhere."""
     disagree, judged = [], 0
-    for route, (model, base) in BODIES.items():
+    for route, (model, base) in CASES:
         assert not local_refuses(model, base), route
         assert all(sglang_refuses(r, route, base) in (False, None) for r in releases), route
         cases = [(f, {**base, f: None}) for f in model.model_fields if f not in ("input_ids", "text")]

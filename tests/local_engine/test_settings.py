@@ -20,6 +20,8 @@ def every_field_changed() -> EngineSettings:
         log_level="debug", log_json=True, max_batch_size=5, device="cuda", torch_threads=0,
         weight_sync_timeout_s=12.5, pause_drain_timeout_s=1e-3, sglang_compat="0.5.18", tp_size=2, dp_size=3,
         pp_size=2, enable_dp_attention=True, health_generation=False, health_check_timeout_s=0.1,
+        enable_lora=True, max_lora_rank=8, lora_target_modules=["q_proj", "v_proj"], lora_paths=["a=/adapters/a", "/adapters/b"],
+        max_loaded_loras=3,
         timing={"enabled": True, "decode_ms": 0.0, "prefill_ms_per_token": 1 / 3, "length_median": 16,
                 "length_sigma": 1.5, "length_max": 77},
     )
@@ -34,6 +36,7 @@ def test_every_field_is_a_flag_and_survives_the_round_trip():
     assert not any("key-1" in a or "key-2" in a for a in argv)  # keys travel in the environment
     assert "--timing-mode" in argv and "--no-health-generation" in argv and "--served-model-name=-starts-with-dash" in argv
     assert argv[argv.index("--max-batch-size") + 1] == "5"
+    assert argv[argv.index("--lora-target-modules") + 1:argv.index("--lora-target-modules") + 3] == ["q_proj", "v_proj"]
     assert EngineSettings().to_argv() == [] and EngineSettings.from_argv([], environ={}) == EngineSettings()
 
 

@@ -157,7 +157,7 @@ async def test_the_agent_refuses_to_start_with_a_policy_its_engines_cannot_run(t
         finally:
             await agent.close()
         relaxed = config(tmp_path, nats_server.url, [engine.url], "async_training.partial_rollout=true", "sync.pause_policy=abort")
-        assert await SyncAgent(relaxed).coordinator.policy_problems_at_start() == []
+        assert await SyncAgent(relaxed).coordinator.problems_at_start() == []
         # the real process: it exits, saying why
         argv = [sys.executable, "-m", "sync_agent", f"run.dir={tmp_path / 'run'}", f"engines.urls=[\"{engine.url}\"]",
                 f"security.sync_token={SYNC_TOKEN}", f"security.admin_token={ADMIN}", "async_training.partial_rollout=true",

@@ -157,6 +157,10 @@ def test_bad_lora_settings_are_refused_naming_them():
     with pytest.raises(ValueError, match=r"actor.target_modules=\['nope'\]"):
         lora_policy((4, 8.0, ["nope"]))
     with pytest.raises(ConfigError, match="actor.lora_rank=4 needs sync.staging=auto or state_dict"):
-        load_config(overrides=["actor.lora_rank=4", "sync.staging=buckets"], environ={})
+        load_config(overrides=["actor.lora_rank=4", "sync.lora_weights=merged", "sync.staging=buckets"], environ={})
+    assert load_config(overrides=["actor.lora_rank=4", "sync.staging=buckets"], environ={}).syncs_adapters  # staging unused
+    with pytest.raises(ConfigError, match="sync.lora_weights=adapter needs sync.pause_policy=abort with partial rollout"):
+        load_config(overrides=["actor.lora_rank=4", "async_training.partial_rollout=true", "async_training.staleness_threshold=1",
+                               "sync.pause_policy=in_place"], environ={})
     with pytest.raises(ConfigError, match="lora_rank"):
         load_config(overrides=["actor.lora_rank=-1"], environ={})

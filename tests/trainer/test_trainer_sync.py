@@ -261,7 +261,8 @@ def test_a_lora_trainer_syncs_the_merged_weights(module_nats, engine_url, tmp_pa
     the model the export's ``model.safetensors`` holds (runs last: it rewrites the engine)."""
     run_dir = tmp_path / "lora" / "run"
     overrides = [*base_overrides(run_dir, module_nats.url, "lora"), f"engines.urls=[\"{engine_url}\"]",
-                 "trainer.total_training_steps=1", "actor.lora_rank=4", "actor.lora_alpha=8", "actor.optim.lr=0.05"]
+                 "trainer.total_training_steps=1", "actor.lora_rank=4", "actor.lora_alpha=8", "actor.optim.lr=0.05",
+                 "sync.lora_weights=merged"]
     cfg = load_config(overrides=overrides, environ={})
     publish(cfg, make_group(random.Random(9), "l", N, 0, run_id="lora"))
     proc = start_trainer(run_dir, overrides, name="trainer-lora")

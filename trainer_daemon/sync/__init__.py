@@ -1,10 +1,12 @@
 """Weight sync from trainer rank 0 to the inference engines (``WeightPublisher`` and its two
 implementations), chosen by config: ``sync.url`` set → the sync agent's protocol, else
-``engines.urls`` set → the trainer drives the engines itself, else no sync (logged)."""
+``engines.urls`` set → the trainer drives the engines itself, else no sync (logged). Adapter
+syncs (``sync.lora_weights = adapter``) go through the sync agent only."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from asyncrl.config import secret
 from trainer_daemon.sync.base import SyncController, WeightPublisher
@@ -34,8 +36,10 @@ def staging_mode(cfg, model_bytes: int | None = None, device_bytes: int | None =
     weight group is NCCL; with NCCL ``buckets`` (packed on the GPU at the sync point) when
     ``model_bytes`` (the engines' weights in ``model.dtype``) fit in
     ``AUTO_FULL_COPY_FRACTION`` of ``device_bytes`` (or either is unknown), else
-    ``two_buckets`` (:mod:`trainer_daemon.sync.streaming`). LoRA (``actor.lora_rank``):
-    ``state_dict``, where the adapters are merged (the config refuses the others with it)."""
+    ``two_buckets`` (:mod:`trainer_daemon.sync.streaming`). LoRA merged into the weights
+    (``actor.lora_rank``, ``sync.lora_weights = merged``): ``state_dict``, where the adapters
+    are merged (the config refuses the others with it). Adapter syncs stage nothing of this:
+    :class:`~trainer_daemon.sync.adapter.AdapterSnapshot`."""
     if cfg.sync.staging != "auto":
         return cfg.sync.staging
     if cfg.actor.lora_rank:
@@ -60,12 +64,19 @@ def build_publisher(cfg) -> WeightPublisher | None:
         from trainer_daemon.sync.agent import SyncAgentPublisher
 
         token = secret(cfg.security.sync_token)
+        adapters = None
+        if cfg.syncs_adapters:
+            adapters = {"run_id": cfg.run.id, "transport": s.adapter_transport,
+                        "adapter_dir": Path(s.adapter_dir) if s.adapter_dir else cfg.run_dir / "adapters"}
         return SyncAgentPublisher(
             s.url, token, master_address=t.master_addr, master_port=t.weight_sync_port, backend=backend,
             bucket_bytes=s.bucket_bytes,
             group_timeout_s=s.group_init_timeout_s, pause_timeout_s=s.pause_timeout_s,
-            broadcast_timeout_s=s.broadcast_timeout_s,
+            broadcast_timeout_s=s.broadcast_timeout_s, adapters=adapters,
         )
+    if cfg.syncs_adapters and cfg.engines.urls:
+        raise ValueError("sync.lora_weights=adapter needs the sync agent (sync.url): the rollout service learns which "
+                         "adapter to ask for when the agent resumes it. Set sync.url, or sync.lora_weights=merged")
     if cfg.engines.urls:
         from asyncrl.engine_client import EngineClient
         from trainer_daemon.sync.direct import DirectEnginePublisher

@@ -56,6 +56,7 @@ from asyncrl.wire.sync import (
     SyncStatus,
     fresh_group_name,
 )
+from trainer_daemon.sync.adapter import AdapterSnapshot, adapter_spec
 from trainer_daemon.sync.base import (
     StaleVersion,
     WeightPublisher,
@@ -99,8 +100,10 @@ class SyncAgentPublisher(WeightPublisher):
 
     def __init__(self, url: str, token: str | None, *, master_address: str, master_port: int = 0, backend: str = "gloo",
                  bucket_bytes: int, group_timeout_s: float, pause_timeout_s: float, broadcast_timeout_s: float,
-                 group_name: str = DEFAULT_GROUP_NAME) -> None:
+                 group_name: str = DEFAULT_GROUP_NAME, adapters: dict | None = None) -> None:
         self.url = url.rstrip("/")
+        self.adapters = adapters
+        """``adapter_spec``'s keywords (``run_id``, ``transport``, ``adapter_dir``) for adapter syncs."""
         self.token = token
         self.master_address, self.master_port, self.backend = master_address, master_port, backend
         self.bucket_bytes, self.group_base, self.group_name = bucket_bytes, group_name, group_name
@@ -145,7 +148,7 @@ class SyncAgentPublisher(WeightPublisher):
             raise WeightSyncError(f"POST {self.url}/v1/syncs failed: {type(exc).__name__}: {exc}") from exc
         except ValidationError as exc:
             raise WeightSyncError(f"sync agent's 202 is not a SyncAccepted: {exc}") from exc
-        if accepted.join_group != request.group.new:
+        if request.group is not None and accepted.join_group != request.group.new:
             self._reset_group()  # the agent lost (or refused) our group: the next sync forms a new one
             raise WeightSyncError(f"sync agent answered join_group={accepted.join_group} for a group the trainer "
                                   f"{'forms' if request.group.new else 'already formed'}")
@@ -216,7 +219,9 @@ class SyncAgentPublisher(WeightPublisher):
                 raise WeightSyncError("the sync agent gave up while the trainer hosted the group")
         return task.result()
 
-    async def publish(self, version: int, weights: Weights) -> dict[str, float]:
+    async def publish(self, version: int, weights: Weights | AdapterSnapshot) -> dict[str, float]:
+        if isinstance(weights, AdapterSnapshot):
+            return await self._publish_adapter(version, weights)
         t0 = time.perf_counter()
         if self._group_dropped:
             self._group_dropped = False
@@ -289,6 +294,28 @@ class SyncAgentPublisher(WeightPublisher):
             "trainer/sync_gb_per_s": nbytes / 1e9 / max(t3 - t2, 1e-9),
             "trainer/sync_agent_failures": float(self.agent_failures),
         }
+
+    async def _publish_adapter(self, version: int, snapshot: AdapterSnapshot) -> dict[str, float]:
+        """An adapter sync (``trainer_daemon.sync.adapter``): post the adapter itself, then wait
+        for the agent's outcome, as after the broadcasts of a weight sync."""
+        if self.adapters is None:
+            raise WeightSyncError("this publisher was not given an adapter setup (run id, transport, directory)")
+        t0 = time.perf_counter()
+        spec = await asyncio.to_thread(adapter_spec, snapshot, version, **self.adapters)
+        t1 = time.perf_counter()
+        accepted = await self._post(SyncRequest(version=version, adapter=spec))
+        why: list[str] = []
+        outcome_s = self.pause_timeout_s + self.broadcast_timeout_s
+        try:
+            final = await asyncio.wait_for(self._watch(accepted.id, version, threading.Event(), why, asyncio.Event()), outcome_s)
+        except TimeoutError:
+            raise WeightSyncError(f"the sync agent gave no outcome for adapter sync {accepted.id} within {outcome_s:.0f} s") from None
+        if final is None or final.state != "succeeded":
+            raise WeightSyncError(f"the sync agent did not complete adapter sync {accepted.id}: "
+                                  f"{final.error if final is not None else 'no final state'}")
+        return {"trainer/sync_bytes": float(snapshot.nbytes), "trainer/sync_buckets": 0.0,
+                "timing_s/sync_request": t1 - t0, "timing_s/sync_outcome": time.perf_counter() - t1,
+                "trainer/sync_agent_failures": float(self.agent_failures)}
 
     async def close(self) -> None:
         for t in list(self._watchers):

@@ -1,0 +1,159 @@
+"""LoRA adapter routes (SGLang's, admin level): ``/load_lora_adapter``,
+``/load_lora_adapter_from_tensors``, ``/unload_lora_adapter``.
+
+Bodies are SGLang's ``LoadLoRAAdapterReqInput``, ``LoadLoRAAdapterFromTensorsReqInput`` and
+``UnloadLoRAAdapterReqInput`` of the emulated release (``tests/contract/test_lora_contract.py``
+checks the fields against every wheel): the tensors come as ``serialized_tensors`` (one
+base64 string) up to 0.5.16 and as ``serialized_named_tensors`` (one base64 string per TP
+rank; rank 0's is read) from 0.5.17; ``expected_checksums`` (0.5.16+) are sha256 of each
+tensor's bytes, checked before anything is loaded (SGLang's "[LORA-CHECK]" message).
+
+The payload is a pickle of a dict name → CPU tensor, read by a restricted unpickler like
+SGLang's ``SafeUnpickler``: tensors, storages and dtypes only. A plain pickle of CPU tensors
+goes through ``torch.storage._load_from_bytes``, which SGLang maps to a safe loader from
+0.5.21 on and blocks before ("Blocked unsafe global ... during pickle deserialization"): so
+does this engine, by ``--sglang-compat``. Shared-memory handles (same-host ``ForkingPickler``
+payloads) and ``load_format`` ``flattened_bucket`` are refused here. Every answer is
+``LoRAUpdateOutput``, 200 on success and 400 otherwise (:mod:`local_engine.lora`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import pickle
+from typing import Any
+
+import torch
+from fastapi import APIRouter, Request
+from pydantic import Field
+from starlette.responses import Response
+
+from asyncrl.sync_control.layout import parse_version
+from local_engine.errors import BadRequest, JSONResp, parse_body
+from local_engine.lora import TENSOR_PATH, sha256_of
+from local_engine.protocol import _Body
+from local_engine.routes_generate import EngineDep
+
+router = APIRouter()
+
+MAX_ADAPTER_BODY_BYTES = 1 << 30
+"""Largest ``/load_lora_adapter_from_tensors`` body (SGLang sets none): a rank-64 adapter on
+every linear layer of a 7B model is ~0.6 GB as base64 fp32."""
+_SAFE_GLOBALS = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor"),
+                 ("collections", "OrderedDict"), ("torch", "Size")}
+_SAFE_GLOBALS |= {("torch", n) for n in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")}
+
+
+class LoadLoraBody(_Body):
+    NULL_REFUSED = frozenset({"lora_name", "lora_path", "pinned"})
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    lora_id: str | None = None
+
+
+class UnloadLoraBody(_Body):
+    NULL_REFUSED = frozenset({"lora_name"})
+    lora_name: str
+    lora_id: str | None = None
+
+
+class LoadLoraTensorsBody(_Body):
+    NULL_REFUSED = frozenset({"lora_name", "config_dict", "pinned", "serialized_tensors", "serialized_named_tensors"})
+    lora_name: str
+    config_dict: dict[str, Any]
+    # each release requires one of the two (0.5.15-0.5.16, then 0.5.17+): absent here is None,
+    # null is refused as there
+    serialized_tensors: str = Field(None, validate_default=False)
+    serialized_named_tensors: list[str] = Field(None, validate_default=False)
+    pinned: bool = False
+    added_tokens_config: dict[str, Any] | None = None
+    lora_id: str | None = None
+    load_format: str | None = None
+    expected_checksums: dict[str, str] | None = None
+
+
+def _unpickler(data: bytes, plain_tensors: bool) -> pickle.Unpickler:
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str):
+            if (module, name) == ("torch.storage", "_load_from_bytes") and plain_tensors:
+                return _load_storage
+            if (module, name) in _SAFE_GLOBALS:
+                return super().find_class(module, name)
+            raise RuntimeError(f"Blocked unsafe global ({module}.{name}) during pickle deserialization")
+
+    return Restricted(io.BytesIO(data))
+
+
+def _load_storage(data: bytes):
+    storage = torch.load(io.BytesIO(data), weights_only=True)
+    if not isinstance(storage, (torch.storage.TypedStorage, torch.UntypedStorage)):
+        raise pickle.UnpicklingError(f"Expected a Torch storage, got {type(storage).__name__}")
+    return storage
+
+
+def decode_tensors(payload: str, plain_tensors: bool) -> dict[str, torch.Tensor]:
+    """One rank's payload as name → tensor; raises ValueError (bad base64, bad pickle, not a
+    dict of tensors) or RuntimeError (a blocked global)."""
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"the serialized tensors are not base64: {exc}") from None
+    try:
+        data = _unpickler(raw, plain_tensors).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError) as exc:
+        raise ValueError(f"the serialized tensors are not a pickle of tensors: {exc}") from None
+    if isinstance(data, list):
+        data = dict(data)
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()):
+        raise ValueError("the serialized tensors must be a dict of name to tensor")
+    return data
+
+
+def _answer(out: dict) -> JSONResp:
+    return JSONResp(out, status_code=200 if out["success"] else 400)
+
+
+@router.post("/load_lora_adapter")
+async def load_lora_adapter(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, LoadLoraBody)
+    return _answer(await engine.lora.load(body.lora_name, body.lora_path, body.pinned))
+
+
+@router.post("/unload_lora_adapter")
+async def unload_lora_adapter(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, UnloadLoraBody)
+    return _answer(await engine.lora.unload(body.lora_name))
+
+
+@router.post("/load_lora_adapter_from_tensors")
+async def load_lora_adapter_from_tensors(request: Request, engine: EngineDep) -> Response:
+    body = await parse_body(request, LoadLoraTensorsBody, limit=MAX_ADAPTER_BODY_BYTES)
+    release = parse_version(engine.compat.version)
+    named = release >= (0, 5, 17)
+    payload = body.serialized_named_tensors[0] if named and body.serialized_named_tensors else (
+        body.serialized_tensors if not named else None)
+    if payload is None:
+        field = "serialized_named_tensors" if named else "serialized_tensors"
+        raise BadRequest(f"{field}: Field required (sglang {engine.compat.version} takes the adapter's tensors there)")
+    if not engine.lora.enabled:
+        return _answer(engine.lora.output(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", listed=False))
+    if body.load_format is not None:
+        return _answer(engine.lora.output(False, f"load_format {body.load_format!r} is not supported by local_engine "
+                                                 "(send a dict of tensors)"))
+    try:
+        tensors = decode_tensors(payload, plain_tensors=release >= (0, 5, 21))
+    except (ValueError, RuntimeError) as exc:
+        return _answer(engine.lora.output(False, str(exc)))
+    expected = body.expected_checksums if release >= (0, 5, 16) else None
+    if expected is not None:
+        mismatch = [n for n, want in expected.items() if n in tensors and sha256_of(tensors[n]) != want]
+        missing = [n for n in expected if n not in tensors]
+        extra = [n for n in tensors if n not in expected]
+        if mismatch or missing or extra:
+            return _answer(engine.lora.output(False, (
+                f"[LORA-CHECK] rank0 adapter sync MISMATCH of {len(expected)} expected: {len(mismatch)} value-diff "
+                f"{mismatch[:5]}, {len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}")))
+    return _answer(await engine.lora.load(body.lora_name, TENSOR_PATH, body.pinned, body.config_dict, tensors))

@@ -1,0 +1,146 @@
+"""Adapter syncs through the real sync agent (issue 36): the rollout service, NATS, engines on
+loopback, and the trainer's side (``SyncAgentPublisher`` with an ``AdapterSnapshot``).
+
+One engine serves LoRA (``--enable-lora``), the other does not (added to the rollout service
+after the agent started: at start the agent refuses such an engine). A sync loads the adapter on the
+first under ``<run id>-v<version>`` and sets its version; the second cannot load it, keeps
+serving what it served and is held out of routing (the sync still succeeds: an adapter loads
+whole or not at all, so nothing is mixed). Each later sync unloads the adapters older than the
+version the rollout served until then. At start, an agent whose configured engines cannot serve
+the run's adapter refuses to start, naming the setting.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+
+from asyncrl.engine_client import EngineClient
+from local_engine.lora import read_adapter_dir
+from tests.helpers.lora import make_adapter
+from tests.helpers.processes import start_engine
+from tests.helpers.reference_model import load_reference_model, teacher_forced_logprobs
+from tests.helpers.waiting import wait_for
+from tests.rollout.conftest import ADMIN
+from tests.sync.conftest import ENGINE_ARGS, SYNC_TOKEN, config, stack
+from trainer_daemon.sync.adapter import AdapterSnapshot
+
+RUN_ID = "adapters"
+LORA = ("actor.lora_rank=4", "actor.lora_alpha=8", "actor.target_modules=[\"q_proj\",\"v_proj\"]", f"run.id={RUN_ID}")
+PROMPT = [5, 17, 42, 99, 7, 300, 12]
+GREEDY = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+
+
+@pytest.fixture
+def lora_and_plain(tmp_path):
+    started = []
+    try:
+        started.append(start_engine(tmp_path, *ENGINE_ARGS, "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules",
+                                    "q_proj", "v_proj", name="lora-engine"))
+        started.append(start_engine(tmp_path, *ENGINE_ARGS, name="plain-engine"))
+        yield started
+    finally:
+        for engine in started:
+            engine.proc.signal(signal.SIGTERM)
+        for engine in started:
+            engine.stop()
+
+
+def snapshots(tmp_path, n: int) -> list[tuple[object, AdapterSnapshot]]:
+    """``n`` different peft adapters on the engines' model, as the trainer snapshots them."""
+    base, out = load_reference_model(), []
+    for i in range(n):
+        model = make_adapter(base, tmp_path / f"adapter-{i}", seed=10 + i)
+        config, tensors = read_adapter_dir(str(tmp_path / f"adapter-{i}"))
+        out.append((model, AdapterSnapshot(tensors, config)))
+    return out
+
+
+async def _push_wanted(agent) -> bool:
+    return agent.coordinator.push_wanted(await agent.coordinator.engine_views())
+
+
+def adapter_publisher(agent_url: str, cfg, tmp_path):
+    from trainer_daemon.sync.agent import SyncAgentPublisher
+
+    s = cfg.sync
+    return SyncAgentPublisher(agent_url, SYNC_TOKEN, master_address="127.0.0.1", bucket_bytes=1 << 20,
+                              group_timeout_s=s.group_init_timeout_s, pause_timeout_s=s.pause_timeout_s,
+                              broadcast_timeout_s=s.broadcast_timeout_s,
+                              adapters={"run_id": RUN_ID, "transport": "auto", "adapter_dir": tmp_path / "adapters"})
+
+
+async def test_adapters_load_where_lora_is_served_and_the_rest_is_held_out(tmp_path, nats_server, lora_and_plain):
+    lora, plain = lora_and_plain
+    versions = snapshots(tmp_path, 3)
+    async with stack(tmp_path, nats_server.url, [lora.url], *LORA) as (svc, rollout_url, agent, agent_url, cfg):
+        async with httpx.AsyncClient() as http:  # joins after the start check (which would refuse it), as an operator adds one
+            r = await http.post(f"{rollout_url}/admin/engines", json={"url": plain.url}, headers={"Authorization": f"Bearer {ADMIN}"})
+            assert r.status_code == 200, r.text
+        pub = adapter_publisher(agent_url, cfg, tmp_path)
+        try:
+            metrics = await pub.publish(1, versions[0][1])
+            assert metrics["trainer/sync_bytes"] == versions[0][1].nbytes and metrics["trainer/sync_buckets"] == 0
+            status = {e.id: e for e in (await agent.rollout.status()).engines}
+            ids = {e.url: e.id for e in status.values()}
+            assert status[ids[plain.url]].state == "quarantined"
+            assert "did not load the adapter of version 1" in status[ids[plain.url]].reason
+            assert "--enable-lora" in status[ids[plain.url]].reason
+            assert status[ids[lora.url]].state == "healthy"
+            async with EngineClient(lora.url) as c:
+                assert await c.weight_version() == "1" and await c.lora_adapters() == [f"{RUN_ID}-v1"]
+                res = await c.generate(PROMPT, GREEDY, extra={"lora_path": f"{RUN_ID}-v1"})
+                assert res.logprobs == pytest.approx(teacher_forced_logprobs(versions[0][0], PROMPT, res.output_ids), abs=1e-4)
+            async with EngineClient(plain.url) as c:
+                assert await c.weight_version() == "default"
+            # the rollout asks for the current adapter and labels tokens with its version
+            assert svc._lora_route() == (f"{RUN_ID}-v1", 1)
+            out = await svc.pool.generate(None, PROMPT, GREEDY, rid="adapter-route-1")
+            assert out.token_versions() == ["1"] * GREEDY["max_new_tokens"] and out.output_ids == res.output_ids
+            for v in (2, 3):
+                await pub.publish(v, versions[v - 1][1])
+            async with EngineClient(lora.url) as c:  # v1 went at the start of sync 3 (v2 was current then)
+                assert await c.weight_version() == "3"
+                assert sorted(await c.lora_adapters()) == [f"{RUN_ID}-v2", f"{RUN_ID}-v3"]
+            assert agent.coordinator.version == 3 and not agent.coordinator.adapters  # payloads dropped after each sync
+            assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == [f"{RUN_ID}-v{v}" for v in (1, 2, 3)]
+            await wait_for(lambda: svc.runner.version == 3, 30, "the rollout to resume at version 3")
+            # repair: the plain engine comes back with LoRA on (same URL); the agent asks the
+            # trainer for a push while it waits, and the next sync loads it and releases it
+            plain.stop()
+            lora_and_plain[1] = start_engine(tmp_path, *ENGINE_ARGS, "--enable-lora", "--max-lora-rank", "8",
+                                             "--lora-target-modules", "q_proj", "v_proj", port=plain.port, name="plain-now-lora")
+            await wait_for(lambda: _push_wanted(agent), 30, "the agent to ask for a push")
+            await pub.publish(4, versions[0][1])
+            status = {e.id: e for e in (await agent.rollout.status()).engines}
+            assert status[ids[plain.url]].state == "healthy" and status[ids[lora.url]].state == "healthy"
+            async with EngineClient(plain.url) as c:
+                assert await c.weight_version() == "4" and await c.lora_adapters() == [f"{RUN_ID}-v4"]
+        finally:
+            await pub.close()
+
+
+async def test_an_agent_refuses_to_start_when_its_engines_cannot_serve_the_adapter(tmp_path, nats_server, lora_and_plain):
+    from sync_agent.agent import PolicyRefused, SyncAgent
+
+    lora, plain = lora_and_plain
+    cases = [([plain.url], LORA, f"engine {plain.url} does not serve LoRA adapters"),
+             ([lora.url], (*LORA, "actor.lora_rank=16"), "actor.lora_rank=16 is over engine"),
+             ([lora.url], (*LORA, "actor.target_modules=all-linear"), "which engine")]
+    for urls, extra, message in cases:
+        agent = SyncAgent(config(tmp_path, nats_server.url, urls, *extra))
+        try:
+            with pytest.raises(PolicyRefused, match=message):
+                await agent.start()
+        finally:
+            await agent.close()
+    fine = SyncAgent(config(tmp_path, nats_server.url, [lora.url], *LORA))
+    try:
+        assert await fine.coordinator.problems_at_start() == []
+        merged = SyncAgent(config(tmp_path, nats_server.url, [plain.url], *LORA, "sync.lora_weights=merged"))
+        assert await merged.coordinator.problems_at_start() == []
+        await merged.close()
+    finally:
+        await fine.close()
