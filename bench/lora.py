@@ -8,11 +8,11 @@ Starts ``python -m local_engine`` with the model and ``--enable-lora --max-lora-
 the adapter is not zero), and times, in turns:
 
 - **adapter**: the trainer's snapshot of the adapter (the gather of the trainable parameters
-  only, as the daemon takes it) and its spec (encoded tensors, checksums: outside the pause
-  window), then the sync sequence with the adapter load step
-  (``asyncrl.sync_control.sequence.run_update`` with ``asyncrl.sync_control.adapter_load``:
-  pause → begin → unload the stale adapter, load the new one from tensors, set the version →
-  end → flush → continue); the window is pause to the end of continue;
+  only, as the daemon takes it) and its spec (encoded tensors, checksums), then the engine
+  side as the sync agent runs it (``asyncrl.sync_control.adapter_load``): staging (unload the
+  stale adapter, load the new one from tensors beside the current one; nothing paused), then
+  the sync sequence (``asyncrl.sync_control.sequence.run_update``: pause → begin → set the
+  version → end → flush → continue); the window is pause to the end of continue;
 - **merged**: the adapter merged into the full weights and pushed by ``DirectEnginePublisher``
   (pause → flattened buckets of 256 MiB over gloo → end, flush → continue), what a run with
   ``sync.lora_weights = merged`` does; its window is ``timing_s/sync_window``.
@@ -54,12 +54,12 @@ def lora_policy(model_spec: str, rank: int):
     return model
 
 
-async def adapter_push(url: str, model, cfg, version: int) -> tuple[float, float, int, int]:
-    """One adapter sync: (prepare s, window s, tensor bytes, request bytes)."""
+async def adapter_push(url: str, model, cfg, version: int) -> tuple[float, float, float, int, int]:
+    """One adapter sync: (prepare s, staging s, window s, tensor bytes, request bytes)."""
     import torch
 
     from asyncrl.engine_client import EngineClient
-    from asyncrl.sync_control.adapter_load import load_adapter
+    from asyncrl.sync_control.adapter_load import stage_adapter, switch_adapter
     from asyncrl.sync_control.engine_update import EngineUpdate, Member
     from asyncrl.sync_control.pause_policy import pause_plan
     from asyncrl.sync_control.sequence import UpdateSteps, run_update
@@ -73,12 +73,13 @@ async def adapter_push(url: str, model, cfg, version: int) -> tuple[float, float
     plan = pause_plan("abort", False)
     async with EngineClient(url, control_timeout_s=SYNC_TIMEOUT_S) as client:
         update = EngineUpdate([Member("engine", client)], control_timeout_s=SYNC_TIMEOUT_S, total_buckets=1)
-        steps = UpdateSteps(load=lambda: load_adapter(update, spec, version, run_id=RUN_ID, keep=version - 1,
-                                                      transport="tensors", timeout_s=SYNC_TIMEOUT_S))
         t1 = time.perf_counter()
+        staged = await stage_adapter(update, spec, run_id=RUN_ID, keep=version - 1, transport="tensors", timeout_s=SYNC_TIMEOUT_S)
+        t2 = time.perf_counter()
+        steps = UpdateSteps(load=lambda: switch_adapter(update, staged, spec.name, version, timeout_s=SYNC_TIMEOUT_S))
         await run_update(update, plan.engine_mode, plan.flush_retries, steps)
-        window = time.perf_counter() - t1
-    return prepare, window, snap.nbytes, len(spec.model_dump_json())
+        window = time.perf_counter() - t2
+    return prepare, t2 - t1, window, snap.nbytes, len(spec.model_dump_json())
 
 
 async def main_async(args) -> None:
@@ -122,13 +123,15 @@ async def main_async(args) -> None:
         finally:
             await pub.close()
         prep = statistics.median(a[0] for a in adapters)
-        window = statistics.median(a[1] for a in adapters)
-        nbytes, request = adapters[0][2], adapters[0][3]
+        staging = statistics.median(a[1] for a in adapters)
+        window = statistics.median(a[2] for a in adapters)
+        nbytes, request = adapters[0][3], adapters[0][4]
         full_window = statistics.median(fulls)
         print(f"lora  {args.model}: rank {args.rank} on every linear layer, {args.pushes} pushes of each after one warm-up "
               f"(medians), torch threads {args.threads}")
-        print(f"  adapter sync: {nbytes / 1e6:.1f} MB of tensors ({request / 1e6:.1f} MB request); prepared in {prep:.3f} s "
-              f"(outside the pause); pause window {window:.3f} s (per push: {', '.join(f'{a[1]:.3f}' for a in adapters)})")
+        print(f"  adapter sync: {nbytes / 1e6:.1f} MB of tensors ({request / 1e6:.1f} MB request); trainer side "
+              f"{prep:.3f} s and staging on the engine {staging:.3f} s, both before the pause; pause window {window:.3f} s "
+              f"(per push: {', '.join(f'{a[2]:.3f}' for a in adapters)})")
         print(f"  merged full weights: {merged_bytes / 1e6:.1f} MB; pause window {full_window:.3f} s "
               f"(per push: {', '.join(f'{f:.3f}' for f in fulls)})")
         print(f"  adapter / merged: {nbytes / merged_bytes:.3f}x the bytes, {window / full_window:.2f}x the window")

@@ -5,7 +5,7 @@ and ``/metrics``; the read-only ``security.status_token`` on the GET routes).
                           409 {"error": {"reason": "stale" | "regroup" | "layout" | "nccl_mismatch", ...}}
                           (stale also carries "current_version": the version to move past);
                           503 (reason "no_engines" | "recovering") without engines or while an unfinished sync is recovered
-    GET  /v1/syncs/{id}   → SyncStatus: state (queued, pausing, awaiting_broadcast, loading, failing,
+    GET  /v1/syncs/{id}   → SyncStatus: state (queued, staging (adapter syncs), pausing, awaiting_broadcast, loading, failing,
                             resuming, succeeded, failed), phase_seconds, bytes, gb_per_s, engines, error
     GET  /v1/syncs        → the last syncs
     GET  /status          → current version, the group, every engine's version and state, the last syncs,

@@ -39,7 +39,7 @@ from typing import Any
 from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
-from asyncrl.sync_control.adapter_load import adapter_problems, load_adapter
+from asyncrl.sync_control.adapter_load import adapter_problems, stage_adapter, switch_adapter
 from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import plan_for, policy_problems
@@ -319,10 +319,11 @@ class SyncCoordinator:
         update = self._update(rec)
         paused_rollout = contained = False
 
+        staged: set[str] = set()
+
         async def load() -> None:
             if rec.adapter is not None:
-                await load_adapter(update, self.adapters[rec.id], rec.version, run_id=self.cfg.run.id, keep=self.version,
-                                   transport=s.adapter_transport, timeout_s=s.engine_timeout_s)
+                await switch_adapter(update, staged, rec.adapter["name"], rec.version, timeout_s=s.engine_timeout_s)
                 rec.bytes += int(rec.adapter["nbytes"])
                 return
             for i, spec in enumerate(rec.buckets):
@@ -338,6 +339,10 @@ class SyncCoordinator:
             await self._contain_failure(rec, update)
 
         try:
+            if rec.adapter is not None:  # loaded beside the current one before anything pauses (adapter_load)
+                self._enter(rec, "staging")
+                staged |= await stage_adapter(update, self.adapters[rec.id], run_id=self.cfg.run.id, keep=self.version,
+                                              transport=s.adapter_transport, timeout_s=s.engine_timeout_s)
             self._enter(rec, "pausing")
             await self.rollout.pause(self.pause_mode, s.pause_timeout_s)
             paused_rollout = True

@@ -83,7 +83,7 @@ def _stuck(co, views: list[dict[str, Any]], push_wanted: bool, moved: dict[str, 
         stuck.append({"component": "rollout_service", "reason": f"the rollout service does not answer the agent: {rollout_error}"})
     rec = co.running
     if rec is not None and now - rec.phase_started_at >= PHASE_STUCK_S:
-        where = {"pausing": "rollout_service", "awaiting_broadcast": "trainer", "loading": "trainer",
+        where = {"staging": "engines", "pausing": "rollout_service", "awaiting_broadcast": "trainer", "loading": "trainer",
                  "resuming": "engines", "failing": "engines"}.get(rec.state, "sync_agent")
         stuck.append({"component": where, "reason": f"sync {rec.id} (version {rec.version}) has been in phase {rec.state!r} "
                                                     f"for {now - rec.phase_started_at:.0f} s"})

@@ -1,31 +1,35 @@
-"""The load step of an adapter sync (``sync.lora_weights = adapter``): the LoRA adapter of the
-new version onto every member of an :class:`~asyncrl.sync_control.engine_update.EngineUpdate`,
-inside the same pause → begin → load → end → flush → release sequence as full weights
-(:func:`asyncrl.sync_control.sequence.run_update` with this as ``UpdateSteps.load``).
+"""An adapter sync's engine side (``sync.lora_weights = adapter``): the LoRA adapter of the new
+version onto every member of an :class:`~asyncrl.sync_control.engine_update.EngineUpdate`, in
+two parts around the same pause → begin → load → end → flush → release sequence as full
+weights (:func:`asyncrl.sync_control.sequence.run_update`).
 
-Per member, concurrently, each call bounded by ``timeout_s``:
+:func:`stage_adapter`, *before* the pause (a new adapter name disturbs no request: requests
+keep asking for the current one until the rollout resumes), per member, concurrently, each
+call bounded by ``timeout_s``:
 
 1. read its ``/server_info``: LoRA must be on (``enable_lora``), and its release says how the
    adapter can reach it (``transport``: ``tensors`` through ``/load_lora_adapter_from_tensors``
-   where it takes a plain pickle of CPU tensors — SGLang 0.5.21+, any local_engine release
-   with the 0.5.17+ field layout — else ``path`` through ``/load_lora_adapter``; ``auto``
-   picks, ``tensors``/``path`` force);
+   where it takes a plain pickle of CPU tensors — SGLang 0.5.21+, local_engine — else ``path``
+   through ``/load_lora_adapter``; ``auto`` picks, ``tensors``/``path`` force);
 2. unload this run's adapters older than ``keep`` (the version the rollout serves until this
-   sync ends: unloading it would leave a failed sync nothing to resume on). The engines are
-   paused with ``abort`` (or drained) for an adapter sync, so no request still uses them, and
-   SGLang's unload itself waits for any that does;
+   sync ends: unloading it would leave a failed sync nothing to resume on). Since the last
+   sync's pause aborted (or drained) every request, none uses them; SGLang's unload also waits
+   for any that does;
 3. load the new adapter under its name (a name already loaded — a retried version — is
-   unloaded first), with ``expected_checksums`` where the release checks them;
-4. ``/update_weight_version`` to the new version: the engines' spans label tokens with it.
+   unloaded first), with ``expected_checksums`` where the release checks them.
+
+:func:`switch_adapter` is the sequence's load step, inside the pause: ``/update_weight_version``
+on every member that staged the adapter (the engines' spans and ``/model_info`` say the new
+version). The rollout then resumes asking for the new adapter by name. So the pause window
+holds a few control calls whatever the adapter's size.
 
 A LoRA load is whole or nothing on an engine (SGLang validates, then copies into its memory
 pool; the previous adapters stay as they were), so no member can be left mixed: a member that
-fails keeps serving the previous adapter and version, its ``sent`` stays 0 (outcome
-``unchanged``; also when the load went through and only the version call failed: the old
-version's adapter is still there) and ``error`` says why. ``update`` must be built with
-``total_buckets=1``. The step raises :class:`WeightSyncError` only when no member loaded;
-callers hold the failed members out of routing until a later sync loads them
-(``sync_agent.coordinator``).
+fails either part keeps serving the previous adapter and version, its ``sent`` stays 0
+(outcome ``unchanged``) and ``error`` says why. :func:`switch_adapter` raises
+:class:`WeightSyncError` only when no member has the new version; callers hold the failed
+members out of routing until a later sync loads them (``sync_agent.coordinator``).
+``update`` must be built with ``total_buckets=1``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import re
 from typing import Literal
 
 from asyncrl.lora_targets import serving_problem
-from asyncrl.sync_control.engine_update import EngineUpdate, Member, _errors
+from asyncrl.sync_control.engine_update import EngineUpdate, Member
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.sync_control.layout import parse_version
 from asyncrl.wire.sync import AdapterSpec
@@ -90,9 +94,10 @@ def adapter_problems(cfg, info: dict, where: str) -> list[str]:
     return out
 
 
-async def load_adapter(update: EngineUpdate, spec: AdapterSpec, version: int, *, run_id: str, keep: int,
-                       transport: Transport, timeout_s: float) -> None:
-    """Steps 1-4 of the module docstring on every member of ``update``."""
+async def stage_adapter(update: EngineUpdate, spec: AdapterSpec, *, run_id: str, keep: int, transport: Transport,
+                        timeout_s: float) -> set[str]:
+    """Steps 1-3 of the module docstring on every member; the ids of the members that staged it
+    (a failure is recorded in the member's ``error``)."""
 
     async def one(m: Member) -> None:
         c = m.client
@@ -108,12 +113,25 @@ async def load_adapter(update: EngineUpdate, spec: AdapterSpec, version: int, *,
             await c.load_lora_adapter_from_tensors(spec.name, spec.config, spec.tensors, sums, timeout_s=timeout_s)
         else:
             await c.load_lora_adapter(spec.name, spec.path, timeout_s=timeout_s)
-        await c.update_weight_version(str(version), abort_all_requests=False, timeout_s=timeout_s)
-        m.sent = m.confirmed = 1  # a failure before here leaves it unchanged (module docstring)
 
     results = await update.each(one, 4 * timeout_s)
     for m in update.members:
         if results[m.id] is not None:
             m.error = f"adapter {spec.name}: {results[m.id]}"
-    if all(r is not None for r in results.values()):
-        raise WeightSyncError(f"no engine loaded adapter {spec.name}: {_errors(results)}")
+    return {eid for eid, r in results.items() if r is None}
+
+
+async def switch_adapter(update: EngineUpdate, staged: set[str], name: str, version: int, *, timeout_s: float) -> None:
+    """The load step of the sequence (module docstring): ``version`` on every staged member."""
+
+    async def one(m: Member) -> None:
+        await m.client.update_weight_version(str(version), abort_all_requests=False, timeout_s=timeout_s)
+        m.sent = m.confirmed = 1  # a failure leaves it unchanged (module docstring)
+
+    results = await update.each(one, timeout_s, [m for m in update.members if m.id in staged])
+    for eid, r in results.items():
+        if r is not None:
+            next(m for m in update.members if m.id == eid).error = f"adapter {name}: setting the version: {r}"
+    if not any(m.confirmed for m in update.members):
+        why = "; ".join(f"{m.id}: {m.error}" for m in update.members if m.error) or "no engine staged it"
+        raise WeightSyncError(f"no engine serves adapter {name} at version {version}: {why}")

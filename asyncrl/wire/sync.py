@@ -38,8 +38,9 @@ def fresh_group_name(base: str = DEFAULT_GROUP_NAME) -> str:
 
     return f"{base}-{secrets.token_hex(4)}"
 
-SYNC_PHASES = ("queued", "pausing", "awaiting_broadcast", "loading", "failing", "resuming")
-"""Non-final states of a sync, in order (``failing``: an engine failed, containment runs)."""
+SYNC_PHASES = ("queued", "staging", "pausing", "awaiting_broadcast", "loading", "failing", "resuming")
+"""Non-final states of a sync, in order (``staging``: an adapter sync loads the adapter beside
+the current one before anything pauses; ``failing``: an engine failed, containment runs)."""
 SYNC_FINAL = ("succeeded", "failed")
 REFUSALS = ("stale", "regroup", "recovering", "no_engines", "layout", "nccl_mismatch", "pause_policy")
 """``error.reason`` of a refused ``POST /v1/syncs`` (409 or 503): an older version, a group the

@@ -85,6 +85,7 @@ async def test_a_lora_run_syncs_adapters_and_the_engine_serves_the_trainers_adap
     adapter_syncs = [r for r in state["records"] if r.get("adapter")]
     assert adapter_syncs and all(r["group"] is None and not r["buckets"] for r in adapter_syncs)
     assert all(r["state"] == "succeeded" for r in adapter_syncs), adapter_syncs
+    assert all({"staging", "pausing", "loading"} <= set(r["phase_seconds"]) for r in adapter_syncs)  # loaded before the pause
     assert 0 < max(r["bytes"] for r in adapter_syncs) < 1 << 20  # a rank-4 adapter on q/v of the tiny model
     # trajectories: tokens generated on an adapter carry its version
     trajs = acked_trajectories(stack.run_dir)
