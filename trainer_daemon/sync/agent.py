@@ -307,7 +307,9 @@ class SyncAgentPublisher(WeightPublisher):
         why: list[str] = []
         outcome_s = self.pause_timeout_s + self.broadcast_timeout_s
         try:
-            final = await asyncio.wait_for(self._watch(accepted.id, version, threading.Event(), why, asyncio.Event()), outcome_s)
+            watching = asyncio.Event()
+            watching.set()  # the whole sync takes well under a second: poll at the broadcast's pace
+            final = await asyncio.wait_for(self._watch(accepted.id, version, threading.Event(), why, watching), outcome_s)
         except TimeoutError:
             raise WeightSyncError(f"the sync agent gave no outcome for adapter sync {accepted.id} within {outcome_s:.0f} s") from None
         if final is None or final.state != "succeeded":
