@@ -164,3 +164,16 @@ def test_bad_lora_settings_are_refused_naming_them():
                                "sync.pause_policy=in_place"], environ={})
     with pytest.raises(ConfigError, match="lora_rank"):
         load_config(overrides=["actor.lora_rank=-1"], environ={})
+
+
+def test_adapter_syncs_need_the_sync_agent():
+    """Without the agent the rollout service cannot learn which adapter to ask for: a trainer
+    driving engines itself with adapter syncs is refused, naming both ways out."""
+    from trainer_daemon.sync import build_publisher
+
+    cfg = load_config(overrides=["actor.lora_rank=4", "engines.urls=[\"http://127.0.0.1:9\"]"], environ={})
+    with pytest.raises(ValueError, match=r"sync.lora_weights=adapter needs the sync agent \(sync.url\).*sync.lora_weights=merged"):
+        build_publisher(cfg)
+    merged = load_config(overrides=["actor.lora_rank=4", "engines.urls=[\"http://127.0.0.1:9\"]", "sync.lora_weights=merged"],
+                         environ={})
+    assert type(build_publisher(merged)).__name__ == "DirectEnginePublisher"
