@@ -352,7 +352,8 @@ class SyncCoordinator:
                              check_weights=s.check_weights and rec.adapter is None)  # an adapter leaves the base as it was
             self.version = rec.version
             rec.engines = {m.id: update.outcome(m) for m in update.members}  # "mixed": outvoted by the weights check
-            self.needs_reload -= {eid for eid, o in rec.engines.items() if o == "loaded"}  # a full push rewrote every parameter
+            if rec.adapter is None:  # a full push rewrote every parameter (an adapter leaves the base alone)
+                self.needs_reload -= {eid for eid, o in rec.engines.items() if o == "loaded"}
             await self._quarantine_mixed(rec)
             if rec.adapter is not None:
                 await self._quarantine_unloaded(rec, update)

@@ -115,7 +115,8 @@ async def recover(co: SyncCoordinator) -> str | None:
         client = co.client(m["id"], m["url"])
         if (m["version"] not in (rec.version, rec.previous_version)
                 or (maybe_mixed and not complete and m["version"] != rec.version)):
-            co.needs_reload.add(m["id"])
+            if rec.adapter is None:  # an adapter sync never touches the base weights: the next sync brings it
+                co.needs_reload.add(m["id"])
             try:
                 await co.rollout.quarantine(m["id"], f"{AGENT_REASON} agent restarted during the update to version {rec.version}")
             except RolloutAdminError as exc:

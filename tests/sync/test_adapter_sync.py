@@ -144,3 +144,34 @@ async def test_an_agent_refuses_to_start_when_its_engines_cannot_serve_the_adapt
         await merged.close()
     finally:
         await fine.close()
+
+
+async def test_an_adapter_sync_the_agent_died_in_is_rolled_back_without_reloads(tmp_path, nats_server, lora_and_plain):
+    """Recovery after a restart (``sync_agent.reconcile.recover``) of an adapter sync left in
+    ``loading``: the engines' base weights were never touched, so no engine is marked for a
+    reload from disk (there is no full push to wait for in an adapter run); one at neither
+    version is held out until the next sync, the run resumes at the previous version."""
+    from sync_agent.reconcile import recover
+    from sync_agent.records import SyncRecord
+
+    lora, _ = lora_and_plain
+    (model, snap), = snapshots(tmp_path, 1)
+    async with stack(tmp_path, nats_server.url, [lora.url], *LORA) as (svc, _, agent, agent_url, cfg):
+        pub = adapter_publisher(agent_url, cfg, tmp_path)
+        try:
+            await pub.publish(1, snap)
+        finally:
+            await pub.close()
+        co = agent.coordinator
+        eid = next(iter((await agent.rollout.status()).engines)).id
+        async with EngineClient(lora.url) as c:
+            await c.update_weight_version("7", abort_all_requests=False)  # neither the old version nor the new
+        rec = SyncRecord(version=2, group=None, buckets=[], adapter={"name": f"{RUN_ID}-v2", "path": None, "nbytes": 1},
+                         urls={eid: lora.url}, previous_version=1)
+        rec.enter("loading")
+        co.records.append(rec)
+        co.unfinished = rec
+        assert await recover(co) == "failed"
+        assert co.version == 1 and not co.needs_reload and "rolled back to version 1" in rec.error
+        engine = next(e for e in (await agent.rollout.status()).engines if e.id == eid)
+        assert engine.state == "quarantined" and svc.runner.version == 1
