@@ -42,7 +42,7 @@ from asyncrl.lora_targets import normalized_targets
 from local_engine.errors import Refused, validate
 from local_engine.flush import CacheFlush
 from local_engine.locks import PauseGate, RWLock
-from local_engine.lora import AdapterStore, LoraError, read_adapter_config
+from local_engine.lora import AdapterStore, LoraError, lora_path_spec, read_adapter_config
 from local_engine.metrics import EngineMetrics
 from local_engine.protocol import (
     GenerateBody,
@@ -112,7 +112,7 @@ class Engine:
             return AdapterStore(None, None, None, None)
         from local_engine.lora_compute import LoraLayers
 
-        configs = [read_adapter_config(p.partition("=")[2] or p) for p in settings.lora_paths or []]
+        configs = [read_adapter_config(lora_path_spec(p)[1]) for p in settings.lora_paths or []]
         rank = settings.max_lora_rank or max(int(c["r"]) for c in configs)
         targets = settings.lora_target_modules or sorted(set().union(*(normalized_targets(c["target_modules"]) for c in configs)))
         layers = LoraLayers(runner.model, targets)
@@ -149,7 +149,7 @@ class Engine:
     async def start(self) -> None:
         """Load ``--lora-paths`` (a failure stops the start, as in SGLang), then serve."""
         for spec in self.settings.lora_paths or []:
-            name, _, path = spec.partition("=") if "=" in spec else (spec, "", spec)
+            name, path = lora_path_spec(spec)
             result = await self.lora.load(name, path, pinned=False)
             if not result["success"]:
                 raise ValueError(f"--lora-paths {spec}: {result['error_message']}")

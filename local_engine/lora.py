@@ -58,6 +58,12 @@ def sha256_of(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().cpu().contiguous().flatten().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
+def lora_path_spec(spec: str) -> tuple[str, str]:
+    """One ``--lora-paths`` entry as (name, path): ``NAME=PATH``, or ``PATH`` named by itself."""
+    name, sep, path = spec.partition("=")
+    return (name, path) if sep else (spec, spec)
+
+
 def read_adapter_config(path: str) -> dict:
     """``adapter_config.json`` of a peft adapter directory. No hub: a path that is not a
     directory fails."""
@@ -138,7 +144,7 @@ class AdapterStore:
                 if tensors is None:
                     config, tensors = await asyncio.to_thread(read_adapter_dir, path)
                 adapter = self._build(name, path, pinned, dict(config or {}), tensors)
-            except (LoraError, OSError, ValueError, KeyError, RuntimeError) as exc:
+            except (LoraError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
                 return self.output(False, str(exc))
             self.registry[name] = adapter
             self.seen[name] = (path, pinned)
@@ -174,7 +180,12 @@ class AdapterStore:
             raise LoraError(f"Failed to load {name} because LoRA serving currently doesn't support DoRA adapters")
         if name in self.registry:
             raise LoraError(f"Failed to load LoRA adapter {name} because it is already loaded")
-        rank, alpha = int(config["r"]), float(config["lora_alpha"])
+        rank, alpha = config["r"], config["lora_alpha"]
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1 or not isinstance(alpha, (int, float)):
+            raise LoraError(f"adapter {name}: config needs an integer r >= 1 and a number lora_alpha "
+                            f"(got r={rank!r}, lora_alpha={alpha!r})")
+        if not isinstance(config["target_modules"], (str, list)):
+            raise LoraError(f"adapter {name}: target_modules must be a string or a list of names")
         if rank > self.max_rank or not covers(self.targets, normalized_targets(config["target_modules"])):
             raise LoraError(
                 f"LoRA adapter {name} with rank {rank} is incompatible with the current LoRA memory pool configuration. "
@@ -201,7 +212,7 @@ class AdapterStore:
                                 f"rank {rank} on this model needs {(rank, fan_in)} and {(fan_out, rank)}")
             modules[module] = (a, b)
         return Adapter(name=name, path=path, pinned=pinned, rank=rank,
-                       weights=self.layers.weights(modules, alpha / rank))
+                       weights=self.layers.weights(modules, float(alpha) / rank))
 
     # -- requests ------------------------------------------------------------------------
     async def acquire(self, name: str) -> Adapter:

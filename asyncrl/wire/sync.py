@@ -126,7 +126,8 @@ class ReloadSpec(_Strict):
     version: int = Field(ge=0)
 
 
-ADAPTER_NAME = r"^[A-Za-z0-9_.-]{1,160}$"
+ADAPTER_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,159}$"
+"""An adapter's name: engines key adapters by it; never dot-led (no ``..``), never a path."""
 
 
 def adapter_name(run_id: str, version: int) -> str:

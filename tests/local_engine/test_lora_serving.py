@@ -219,3 +219,18 @@ async def test_a_load_over_max_loaded_loras_evicts_the_least_recently_used(lclie
     res = await lclient.generate(PROMPT, GREEDY, extra={"lora_path": "b"})  # reloaded from its path
     assert len(res.output_ids) == GREEDY["max_new_tokens"]
     assert {m["id"] for m in (await lclient._call("GET", "/v1/models"))["data"][1:]} == {"b", "c"}
+
+
+@pytest.mark.parametrize("config", [
+    {"r": 0, "lora_alpha": 8, "target_modules": ["q_proj"]},
+    {"r": "4", "lora_alpha": 8, "target_modules": ["q_proj"]},
+    {"r": 4, "lora_alpha": None, "target_modules": ["q_proj"]},
+    {"r": 4, "lora_alpha": 8, "target_modules": 5},
+    {"r": 4, "lora_alpha": 8},
+])
+async def test_a_hostile_adapter_config_is_a_400_naming_it(lclient, adapters, config):
+    _, tensors = read_adapter_dir(str(adapters["a"][1]))
+    with pytest.raises(EngineHTTPError) as err:
+        await lclient.load_lora_adapter_from_tensors("hostile", config, encode_adapter(tensors))
+    assert err.value.status == 400 and err.value.body["success"] is False and err.value.body["error_message"]
+    assert await lclient.lora_adapters() == []

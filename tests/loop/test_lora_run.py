@@ -21,13 +21,18 @@ from asyncrl.engine_client import EngineClient
 from asyncrl.models import load_model
 from launcher.up.stack import Stack
 from tests.helpers.reference_model import teacher_forced_logprobs
-from tests.helpers.waiting import wait_for
-from tests.loop.test_modes import MODES, acked_trajectories, changes_within_turns, model_versions
+from tests.loop.test_modes import (
+    MODES,
+    acked_trajectories,
+    changes_within_turns,
+    model_versions,
+    run_to_end,
+)
 from trainer_daemon.checkpoint import complete_checkpoints
 from trainer_daemon.ledger import read_lineage
 
 SAMPLES = 8  # prompts; with ppo_mini_batch_size 2 → 4 trainer steps, a sync after each
-RUN_LIMIT_S = 420.0
+RUN_LIMIT_S = 420.0  # the whole run, as in test_modes (run_to_end waits that long)
 RUN_ID = "lora-loop"
 PROMPT = [31, 41, 59, 26, 53]
 
@@ -44,22 +49,6 @@ def lora_config(tmp_path, *extra: str):
         "sync.pause_timeout_s=60", f"rollout.outbox_keep_acked_s={RUN_LIMIT_S * 10}", "rollout.port=0", "sync.port=0",
         "trainer.metrics_port=0", *extra,
     ], environ={})
-
-
-async def run_to_end(stack: Stack):
-    """Start the stack, wait for the trainer to finish; the started config."""
-    cfg = await asyncio.to_thread(stack.start, lambda m: None)
-
-    def trainer_exited() -> bool:
-        done = dict(stack.exited())
-        if "trainer" in done:
-            return True
-        assert not done, f"a child died: {done}"
-        return False
-
-    await wait_for(trainer_exited, RUN_LIMIT_S, "the trainer to finish its steps", interval_s=0.5)
-    assert stack.children["trainer"].poll() == 0, (stack.run_dir / "logs" / "trainer.log").read_text()[-3000:]
-    return cfg
 
 
 async def test_a_lora_run_syncs_adapters_and_the_engine_serves_the_trainers_adapter(tmp_path):

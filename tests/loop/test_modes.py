@@ -48,21 +48,28 @@ def mode_config(tmp_path: Path, mode: str):
     ], environ={})
 
 
+async def run_to_end(stack: Stack):
+    """Start the stack and wait for the trainer to finish (a child dying first fails); the
+    started config."""
+    cfg = await asyncio.to_thread(stack.start, lambda m: None)
+
+    def trainer_exited() -> bool:
+        done = dict(stack.exited())
+        if "trainer" in done:
+            return True
+        assert not done, f"a child died: {done}"
+        return False
+
+    await wait_for(trainer_exited, RUN_LIMIT_S, "the trainer to finish its steps", interval_s=0.5)
+    assert stack.children["trainer"].poll() == 0, (stack.run_dir / "logs" / "trainer.log").read_text()[-3000:]
+    return cfg
+
+
 async def run_mode(tmp_path: Path, mode: str):
     cfg = mode_config(tmp_path, mode)
     stack = Stack(cfg, tmp_path / "run")
     try:
-        cfg = await asyncio.to_thread(stack.start, lambda m: None)
-
-        def trainer_exited() -> bool:
-            done = dict(stack.exited())
-            if "trainer" in done:
-                return True
-            assert not done, f"a child died: {done}"
-            return False
-
-        await wait_for(trainer_exited, RUN_LIMIT_S, "the trainer to finish its steps", interval_s=0.5)
-        assert stack.children["trainer"].poll() == 0, (stack.run_dir / "logs" / "trainer.log").read_text()[-3000:]
+        cfg = await run_to_end(stack)
     finally:
         await asyncio.to_thread(stack.stop)
     ckpts = complete_checkpoints(stack.run_dir / "checkpoints")

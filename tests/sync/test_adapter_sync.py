@@ -175,3 +175,14 @@ async def test_an_adapter_sync_the_agent_died_in_is_rolled_back_without_reloads(
         assert co.version == 1 and not co.needs_reload and "rolled back to version 1" in rec.error
         engine = next(e for e in (await agent.rollout.status()).engines if e.id == eid)
         assert engine.state == "quarantined" and svc.runner.version == 1
+
+
+@pytest.mark.parametrize("name", ["..", ".hidden", "a/b", "../x", "", "x" * 161])
+def test_an_adapter_name_that_could_be_a_path_is_refused(name):
+    from pydantic import ValidationError
+
+    from asyncrl.wire.sync import AdapterSpec, SyncRequest
+
+    with pytest.raises(ValidationError, match="name"):
+        SyncRequest(version=1, adapter=AdapterSpec(name=name, config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]},
+                                                   tensors="AAAA"))
