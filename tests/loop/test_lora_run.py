@@ -95,7 +95,7 @@ async def test_partial_rollouts_resume_on_the_new_adapter(tmp_path):
     """verl's mode (d) with adapter syncs: generations aborted by a sync are resent after it on
     the new adapter (the rollout labels a call's tokens with the adapter it asked for), so a turn
     whose tokens change version mid-way was resumed, once per change. (That a sync meets one in
-    flight is not forced here: see the note in the body.) The engine runs in timing
+    flight is not forced here; tests/sync/test_adapter_resume.py forces it.) The engine runs in timing
     mode (long-tailed lengths, so syncs meet generations in flight): adapters are loaded and
     unloaded there as on a computing engine, never applied."""
     cfg = lora_config(tmp_path, *MODES["d"], "rollout.sampling.max_new_tokens=64", "rollout.response_length=64")
