@@ -16,6 +16,11 @@ release that behaves the new way:
 - ``soft_flush_failure`` (0.5.22): an update with ``flush_cache: true`` while requests are
   running or queued answers failure ("Weights were updated, but the cache was not
   flushed ..."); older releases ``assert`` in the scheduler, which kills the engine.
+- ``sampling_mask`` (0.5.16): ``/generate`` takes ``return_sampling_mask`` and answers each
+  output token's sampling support and behaviour log-prob (:mod:`local_engine.sampler`).
+- ``sampling_mask_cap`` (0.5.20): ``--sampling-mask-max-tokens`` (default 4096) bounds a
+  support; a request whose support is larger ends with an abort (400). 0.5.19 has no bound.
+- ``sampling_logprobs_mode`` (0.5.21): ``sampling_logprobs_mode`` (``selected`` | ``support``).
 - ``align_before_broadcast`` (0.5.23): a flattened bucket whose tensors are not aligned to
   their element size is refused before the broadcast; older releases fail after it.
 """
@@ -40,12 +45,18 @@ class SglangCompat:
     align_before_broadcast: bool
     flush_ignores_queue_when_paused: bool
     abort_once: bool
-    weight_version_spans: bool
-    """0.5.19+: every finished output carries ``meta_info.weight_versions`` (at least one span);
-    unfinished ones (stream chunks) none; before 0.5.19 none at all."""
     """0.5.20+: the tokenizer passes one exact-rid abort per request to the scheduler and drops
     every later one (``ReqState.abort_sent``), also when the first found the request not yet
     scheduled (held at the pause gate)."""
+    weight_version_spans: bool
+    """0.5.19+: every finished output carries ``meta_info.weight_versions`` (at least one span);
+    unfinished ones (stream chunks) none; before 0.5.19 none at all."""
+    sampling_mask: bool
+    """0.5.16+: ``return_sampling_mask`` (module docstring)."""
+    sampling_mask_cap: bool
+    """0.5.20+: ``--sampling-mask-max-tokens`` bounds a returned support."""
+    sampling_logprobs_mode: bool
+    """0.5.21+: ``sampling_logprobs_mode``."""
 
     @classmethod
     def of(cls, version: str) -> SglangCompat:
@@ -56,4 +67,5 @@ class SglangCompat:
         return cls(version=".".join(map(str, v)), sessions=v >= (0, 5, 21), dp_strict=v >= (0, 5, 22),
                    soft_flush_failure=v >= (0, 5, 22), align_before_broadcast=v >= (0, 5, 23),
                    flush_ignores_queue_when_paused=v >= (0, 5, 21), abort_once=v >= (0, 5, 20),
-                   weight_version_spans=v >= (0, 5, 19))
+                   weight_version_spans=v >= (0, 5, 19), sampling_mask=v >= (0, 5, 16),
+                   sampling_mask_cap=v >= (0, 5, 20), sampling_logprobs_mode=v >= (0, 5, 21))

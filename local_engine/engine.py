@@ -100,6 +100,7 @@ class Engine:
         self.scheduler = Scheduler(
             runner, StopChecker(tokenizer, self.eos_ids), lambda: self.weights.version,
             settings.max_batch_size, settings.seed, self.metrics.on_step,
+            settings.sampling_mask_max_tokens if self.compat.sampling_mask_cap else None,
         )
         self.lora = self._adapter_store(settings, runner)
         self.started_at = time.time()
@@ -182,11 +183,21 @@ class Engine:
         if body.lora_path is not None and not self.lora.enabled:
             raise Refused(f"LoRA adapter '{body.lora_path}' was requested, but LoRA is not enabled. Please launch the server "
                           "with --enable-lora flag and preload adapters using --lora-paths or /load_lora_adapter endpoint.")
+        self._check_release_fields(body)
         return Req(
             rid=body.rid or uuid.uuid4().hex, prompt_ids=ids, params=params, return_logprob=body.return_logprob,
             logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num,
             return_text_in_logprobs=body.return_text_in_logprobs, stream=body.stream, lora_name=body.lora_path,
+            return_sampling_mask=bool(body.return_sampling_mask), sampling_logprobs_mode=body.sampling_logprobs_mode or "selected",
         )
+
+    def _check_release_fields(self, body: GenerateBody) -> None:
+        """Fields the emulated release lacks are refused (SGLang would drop them unread)."""
+        for name, since, present in (("return_sampling_mask", "0.5.16", self.compat.sampling_mask),
+                                     ("sampling_logprobs_mode", "0.5.21", self.compat.sampling_logprobs_mode)):
+            if getattr(body, name) and not present:
+                raise Refused(f"{name} needs sglang {since}+; this engine emulates sglang {self.compat.version} "
+                              "(--sglang-compat), which does not have it")
 
     @asynccontextmanager
     async def generation_slot(self, req: Req | None = None) -> AsyncIterator[None]:

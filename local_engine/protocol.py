@@ -140,16 +140,18 @@ class GenerateBody(_Body):
     lora_path: Any = None
     session_params: Any = None
     return_sampling_mask: bool | list[Any] | None = None
-    """SGLang 0.5.19+: each output token's sampling support and its behaviour log-prob under the
-    truncated distribution; local_engine does not compute them, so ``true`` is refused (older
-    releases drop the unknown field, and a client must not think it got them)."""
-    sampling_logprobs_mode: Any = None
+    """SGLang 0.5.16+: each output token's sampling support and its behaviour log-prob under the
+    truncated distribution (:mod:`local_engine.sampler`); refused on an engine emulating an
+    older release (which would drop the field: a client must not think it got them)."""
+    sampling_logprobs_mode: Literal["selected", "support"] | list[Any] | None = None
+    """SGLang 0.5.21+: ``selected`` (default) or ``support``; needs ``return_sampling_mask``."""
 
     @model_validator(mode="after")
     def _single(self) -> GenerateBody:
         batch_fields = [
             name
-            for name in ("text", "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num")
+            for name in ("text", "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                         "return_sampling_mask", "sampling_logprobs_mode")
             if isinstance(getattr(self, name), list)
         ]
         if self.input_ids is not None and self.input_ids and isinstance(self.input_ids[0], list):
@@ -165,9 +167,9 @@ class GenerateBody(_Body):
             for name in ("token_ids_logprob", "image_data", "audio_data", "video_data", "input_embeds", "session_params")
             if getattr(self, name) is not None
         ]
-        unsupported += [n for n in ("return_hidden_states", "return_routed_experts", "return_sampling_mask") if getattr(self, n)]
-        if self.sampling_logprobs_mode is not None:
-            unsupported.append("sampling_logprobs_mode")
+        unsupported += [n for n in ("return_hidden_states", "return_routed_experts") if getattr(self, n)]
+        if self.sampling_logprobs_mode is not None and not self.return_sampling_mask:
+            raise ValueError("sampling_logprobs_mode can only be set when return_sampling_mask=true.")
         if self.lora_path is not None and not isinstance(self.lora_path, str):
             raise ValueError("lora_path must be one adapter name (a string): local_engine serves single requests")
         if unsupported:

@@ -12,6 +12,11 @@ Stop rules, in SGLang's order after each new token:
 ``output_ids`` and the logprobs always keep every generated token (stop and EOS included);
 trimming (``no_stop_trim=false``) and ``skip_special_tokens`` affect ``text`` only.
 
+Sampling masks (``return_sampling_mask``, SGLang 0.5.16+): ``meta_info`` carries, per output
+token, its support (``output_token_sampling_mask``) and behaviour log-prob
+(``output_token_sampling_logprobs``: a float, or a list over the support in ``support`` mode)
+and their count (``output_token_sampling_mask_length``); :mod:`local_engine.sampler` defines them.
+
 Weight-version spans: every generated token is stamped with the engine's weight version
 at the step that produced it; ``meta_info.weight_versions`` lists ``{"version","start",
 "end"}`` spans over output token indices (``end`` exclusive) when there is more than one.
@@ -27,7 +32,7 @@ from typing import Any
 import torch
 
 from local_engine.protocol import SamplingParams
-from local_engine.sampler import RowSampling
+from local_engine.sampler import RowSampling, SamplingMask
 
 
 @dataclass
@@ -56,6 +61,12 @@ class Req:
     """Times a ``retract`` pause freed this request's KV (``num_retractions``); it is then
     prefilled again from :attr:`context_ids` with the weights of that time."""
     abort_message: str | None = None
+    return_sampling_mask: bool = False
+    """SGLang 0.5.16+: report each output token's sampling support and behaviour log-prob."""
+    sampling_logprobs_mode: str = "selected"
+    """SGLang 0.5.21+: ``selected`` (the sampled token's behaviour log-prob) or ``support``
+    (every support member's)."""
+    output_masks: list[SamplingMask] = field(default_factory=list)
     lora_name: str | None = None
     """``lora_path`` of the request: the adapter it runs on (None: the base model)."""
     adapter: Any = None
@@ -86,10 +97,14 @@ class Req:
         banned: list[int] = []
         if len(self.output_ids) < p.min_new_tokens:
             banned = sorted(set(p.stop_token_ids) | (set() if p.ignore_eos else eos_ids))
-        return RowSampling(p.temperature, p.top_p, p.top_k, p.min_p, self.generator, banned)
+        return RowSampling(p.temperature, p.top_p, p.top_k, p.min_p, self.generator, banned, self.return_sampling_mask)
 
-    def append(self, token: int, logprob: float, top: list[tuple[float, int]] | None, version: str) -> None:
+    def append(self, token: int, logprob: float, top: list[tuple[float, int]] | None, version: str,
+               mask: SamplingMask | None = None) -> None:
         n = len(self.output_ids)
+        if self.return_sampling_mask:
+            assert mask is not None, "a request that asked for sampling masks got a token without one"
+            self.output_masks.append(mask)
         self.output_ids.append(token)
         self.output_logprobs.append(logprob)
         self.output_top.append(top)
@@ -180,6 +195,12 @@ class Renderer:
             meta["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in spans]
         if req.return_logprob:
             self._logprobs(req, meta)
+        if req.return_sampling_mask:  # SGLang 0.5.16+: cumulative, one entry per output token
+            support = req.sampling_logprobs_mode == "support"
+            meta["output_token_sampling_mask"] = [m.support for m in req.output_masks]
+            meta["output_token_sampling_logprobs"] = [m.support_logprobs if support else m.selected_logprob
+                                                      for m in req.output_masks]
+            meta["output_token_sampling_mask_length"] = len(req.output_masks)
         if req.finished:
             meta["e2e_latency"] = time.monotonic() - req.arrived
         return {"text": self.text(req), "output_ids": list(req.output_ids), "meta_info": meta}

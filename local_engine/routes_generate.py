@@ -1,7 +1,9 @@
 """Data-plane routes: ``/generate`` (POST, PUT; JSON or SSE) and the health probes.
 
 ``/generate`` takes one request (``text`` or ``input_ids``); batches and ``n>1`` are
-refused with 400. Non-streaming calls are watched for client disconnects (polled every
+refused with 400. A non-streamed request that ends with an abort carrying status 400, 500 or
+503 (a sampling support over ``--sampling-mask-max-tokens``, an engine failure) is answered with
+that HTTP status, as SGLang does. Non-streaming calls are watched for client disconnects (polled every
 ``DISCONNECT_POLL_S``); a vanished client aborts its request. Streaming answers are
 cumulative SSE chunks ending with ``data: [DONE]``; an error after the stream started is
 sent as ``data: {"error": {...}}``.
@@ -23,7 +25,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response, StreamingResponse
 
 from local_engine.engine import Engine
-from local_engine.errors import JSONResp, Refused, parse_body
+from local_engine.errors import JSONResp, Refused, http_error, parse_body, refused_response
 from local_engine.protocol import GenerateBody
 from local_engine.request import Req
 
@@ -88,7 +90,18 @@ async def generate(request: Request, engine: EngineDep) -> Response:
     out = await _until_done_or_disconnect(request, engine, req)
     if out is None:
         return JSONResp({"error": {"message": "client disconnected"}}, status_code=499)
-    return JSONResp(out)
+    return _abort_as_error(out) or JSONResp(out)
+
+
+def _abort_as_error(out: dict) -> Response | None:
+    """SGLang's tokenizer (every supported release) turns a non-streamed request that ended
+    with an abort carrying status 400 into a 400 answer (a ``ValueError``), and one with 500
+    or 503 into that HTTP error; a streamed one ends with the abort chunk instead."""
+    reason = out["meta_info"].get("finish_reason") or {}
+    status = reason.get("status_code")
+    if reason.get("type") != "abort" or status not in (400, 500, 503):
+        return None
+    return refused_response(reason["message"]) if status == 400 else http_error(status, reason["message"])
 
 
 @router.get("/health")

@@ -15,6 +15,13 @@ Contract:
   reproducible whatever its batch neighbours do; others share the engine's generator.
 - ``banned`` token ids (EOS and stop ids before min_new_tokens) are excluded from the
   choice only.
+- Sampling masks (SGLang 0.5.16+ ``return_sampling_mask``), for rows with ``sampling_mask``:
+  the *support* the token was drawn from (the ids left after banning and top-k / top-p /
+  min-p, most likely first, the sampled id always in it) and the *behaviour* log-prob
+  ``log(p_y / sum of p over the support)`` with ``p = softmax(logits / T)``: the log-prob of
+  the token under the truncated, renormalised distribution it was actually drawn from
+  (SGLang's ``selected`` value), plus every support member's (its ``support`` mode). Greedy
+  rows: the support is the chosen id, the log-prob 0 (SGLang's rule).
 - Device: everything runs on the logits' device (CPU or CUDA) except the uniforms, which
   are drawn on the CPU from CPU generators and copied over, so a seeded request draws the
   same uniform on either device. Results come back as Python numbers (one device-to-host
@@ -43,6 +50,8 @@ class RowSampling:
     min_p: float = 0.0
     generator: torch.Generator | None = None
     banned: list[int] = field(default_factory=list)
+    sampling_mask: bool = False
+    """Report the support and the behaviour log-prob of the chosen token (module docstring)."""
 
     @property
     def greedy(self) -> bool:
@@ -56,6 +65,17 @@ class SampleOutput:
     token_ids: list[int]
     logprobs: list[float]
     top: list[list[tuple[float, int]] | None]
+    masks: list[SamplingMask | None] = field(default_factory=list)
+    """Per row: its sampling mask where the row asked for one (``RowSampling.sampling_mask``)."""
+
+
+@dataclass
+class SamplingMask:
+    """The support one token was drawn from and the behaviour log-probs (module docstring)."""
+
+    support: list[int]
+    selected_logprob: float
+    support_logprobs: list[float]
 
 
 def scaled_logprobs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
@@ -110,6 +130,12 @@ def sample(
         cdf = torch.cumsum(torch.exp(sub).double(), dim=-1)  # truncated rows: unnormalised, scale u instead
         idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
         chosen[sampled] = idx.clamp(max=vocab - 1)
+    masks: list[SamplingMask | None] = [None] * n
+    if any(r.sampling_mask for r in rows):
+        position = {i: j for j, i in enumerate(sampled)}
+        for i, r in enumerate(rows):
+            if r.sampling_mask:
+                masks[i] = _mask(sub[position[i]] if i in position else None, int(chosen[i]))
     picked = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
     top: list[list[tuple[float, int]] | None] = [None] * n
     if top_logprobs and any(top_logprobs):
@@ -118,7 +144,24 @@ def sample(
         for i, want in enumerate(top_logprobs):
             if want > 0:
                 top[i] = list(zip(vals[i, :want].tolist(), idx[i, :want].tolist(), strict=True))
-    return SampleOutput(token_ids=chosen.tolist(), logprobs=picked, top=top)
+    return SampleOutput(token_ids=chosen.tolist(), logprobs=picked, top=top, masks=masks)
+
+
+def _mask(scores: torch.Tensor | None, chosen: int) -> SamplingMask:
+    """The sampling mask of one row: ``scores`` are its log-probs after banning and
+    truncation (-inf outside the support), None for a greedy row."""
+    if scores is None:
+        return SamplingMask([chosen], 0.0, [0.0])
+    support = torch.isfinite(scores)
+    support[chosen] = True  # SGLang: the sampled token is always in the support it reports
+    ids = torch.nonzero(support).squeeze(1)
+    kept = scores[ids].double()
+    order = torch.argsort(kept, descending=True, stable=True)
+    ids, kept = ids[order], kept[order]
+    renormalised = kept - torch.logsumexp(kept, dim=0)
+    at = int(torch.nonzero(ids == chosen)[0, 0])
+    values = renormalised.tolist()
+    return SamplingMask(ids.tolist(), float(values[at]), values)
 
 
 def prompt_logprobs(logits: torch.Tensor, prompt: list[int], temperature: float) -> list[float | None]:

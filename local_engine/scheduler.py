@@ -66,8 +66,12 @@ class Scheduler:
         max_batch_size: int,
         seed: int = 0,
         on_step: Callable[[str, int, int], None] | None = None,
+        sampling_mask_max_tokens: int | None = None,
     ):
         self.runner = runner
+        self.sampling_mask_max_tokens = sampling_mask_max_tokens
+        """SGLang 0.5.20+ ``--sampling-mask-max-tokens``: a request whose sampling support is
+        larger ends with an abort (400); None: no limit (0.5.19)."""
         self.stops = stop_checker
         self.version_fn = version_fn
         self.max_batch_size = max_batch_size
@@ -263,7 +267,13 @@ class Scheduler:
                 req.finish({"type": "abort", "message": "non-finite logits: the model produced NaN/inf", "status_code": 500,
                             "err_type": "NonFiniteLogits"})
                 continue
-            req.append(out.token_ids[i], out.logprobs[i], out.top[i], version)
+            mask = out.masks[i] if out.masks else None
+            if mask is not None and self.sampling_mask_max_tokens is not None \
+                    and len(mask.support) > self.sampling_mask_max_tokens:
+                req.finish({"type": "abort", "message": overflow_message(self.sampling_mask_max_tokens),
+                            "status_code": 400, "err_type": "BadRequestError"})
+                continue
+            req.append(out.token_ids[i], out.logprobs[i], out.top[i], version, mask)
             reason = self.stops.check(req)
             if reason is not None:
                 req.finish(reason)
@@ -286,3 +296,9 @@ class Scheduler:
         self.runner.keep(keep)
         logits = self.runner.decode(tokens)
         return sample(logits, rows, self._generator, tops)
+
+
+def overflow_message(limit: int) -> str:
+    """SGLang's (0.5.20+) message for a sampling support over ``--sampling-mask-max-tokens``."""
+    return (f"Sampling support exceeds --sampling-mask-max-tokens={limit}, commonly because of cutoff ties. "
+            "Lower top_k to leave more headroom or increase the server limit.")

@@ -116,6 +116,11 @@ class EngineSettings(LocalEngineSection):
     """At most this many adapters loaded; a load over it unloads the least recently used
     (SGLang ``--max-loaded-loras``). None: no limit."""
 
+    sampling_mask_max_tokens: int = Field(4096, ge=1)
+    """Largest sampling support ``return_sampling_mask`` reports; a request whose support is
+    larger ends with an abort, 400 (SGLang 0.5.20+ ``--sampling-mask-max-tokens``; no bound
+    when emulating 0.5.16-0.5.19)."""
+
     @model_validator(mode="after")
     def _lora(self) -> EngineSettings:
         check_lora_settings(self.enable_lora, self.lora_paths, self.max_lora_rank, self.lora_target_modules,

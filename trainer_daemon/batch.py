@@ -7,7 +7,9 @@ before. The model is asked only for logits from ``first_pos`` on (``logits_to_ke
 ``first_pos = min_i(prompt_length_i) - 1``, and ``resp_index`` ``(B, R)`` points into those
 kept positions. Per response token (``R`` = longest response, at least 1) the micro-batch holds
 ``labels``, the loss ``mask`` (the trajectory's ``loss_mask``, 0 on padding),
-``rollout_logp``, and ``advantages`` (the trajectory's scalar advantage on masked tokens).
+``rollout_logp`` (the behaviour policy's log-prob: ``Trajectory.behaviour_logprob_list``, the
+truncated distribution's where the engine reported it), and ``advantages`` (the trajectory's
+scalar advantage on masked tokens).
 ``temperature`` ``(B, R)`` is the temperature each response token's rollout logprob refers
 to (``Trajectory.token_temperatures``: per sampling span, 1 for greedy; 1 on padding): the
 logits that score a token are divided by it before the log-softmax, as the engine did.
@@ -86,7 +88,7 @@ def collate(
         if m:
             labels[r, :m] = torch.tensor(t.token_ids[p:], dtype=torch.long)
             mask[r, :m] = torch.tensor(t.loss_mask, dtype=torch.float32)
-            rollout[r, :m] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
+            rollout[r, :m] = torch.tensor(t.behaviour_logprob_list(), dtype=torch.float32)
             adv[r, :m] = float(advantages[i]) * mask[r, :m]
         pos = torch.arange(resp) + (p - 1)
         index[r] = pos.clamp(max=width - 2 if width > 1 else 0) - first

@@ -95,7 +95,7 @@ def pack(trajs: Sequence[Trajectory], indices: Sequence[int], advantages: Sequen
             continue
         lm = torch.tensor(t.loss_mask, dtype=torch.float32)
         mask[r, :m] = lm
-        rollout[r, :m] = torch.tensor(t.rollout_logprobs, dtype=torch.float32) * lm
+        rollout[r, :m] = torch.tensor(t.behaviour_logprob_list(), dtype=torch.float32) * lm
         adv[r, :m] = float(advantages[i]) * lm
         token_temps = t.token_temperatures()
         for k, learned in enumerate(t.loss_mask):

@@ -82,10 +82,11 @@ class ActorConfig(Section):
     """Outcome advantage (verl's ``algorithm.adv_estimator``): GRPO (group mean baseline, std
     normalisation by ``norm_adv_by_std_in_grpo``) or RLOO (leave-one-out mean baseline)."""
     truncated_sampling: Literal["train", "drop"] = "train"
-    """Trajectories with tokens sampled under top-p < 1, top-k > 0 or min-p > 0: their logprobs
-    are of the untruncated distribution, so the IS ratio ignores the truncation. ``train``
-    trains them (counted as ``trainer/truncated_sampling_trajectories``), ``drop`` excludes
-    them (reason ``truncated_sampling``). docs/algorithms.md, "What is trained"."""
+    """Trajectories with tokens sampled under top-p < 1, top-k > 0 or min-p > 0 whose behaviour
+    log-probs the engine did not report (it does with a ``top_k`` of at most 1024 on SGLang
+    0.5.16+): their logprobs are of the untruncated distribution, so the IS ratio ignores the
+    truncation. ``train`` trains them (counted as ``trainer/truncated_sampling_trajectories``),
+    ``drop`` excludes them (reason ``truncated_sampling``). docs/algorithms.md, "What is trained"."""
     use_kl_loss: bool = False
     """Add a KL penalty to a frozen reference model."""
     kl_loss_coef: float = Field(0.001, ge=0.0)

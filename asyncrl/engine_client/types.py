@@ -61,6 +61,10 @@ class GenerateResult:
     weight_versions: list[WeightVersionSpan] = field(default_factory=list)
     e2e_latency: float | None = None
     meta_info: dict[str, Any] = field(default_factory=dict)
+    sampling_logprobs: list[float] | None = None
+    """Asked with ``return_sampling_mask`` (SGLang 0.5.16+): each output token's log-prob under
+    the truncated distribution it was drawn from (``output_token_sampling_logprobs``,
+    ``selected`` mode; 0 for greedy tokens); None when not asked or not answered."""
 
     @property
     def aborted(self) -> bool:
@@ -109,7 +113,16 @@ class GenerateResult:
             weight_versions=spans,
             e2e_latency=meta.get("e2e_latency"),
             meta_info=meta,
+            sampling_logprobs=_selected_logprobs(meta.get("output_token_sampling_logprobs"), len(ids)),
         )
+
+
+def _selected_logprobs(values: Any, n: int) -> list[float] | None:
+    """``output_token_sampling_logprobs`` in ``selected`` mode (one float per output token), or
+    None when absent or in another shape (``support`` mode: a list per token)."""
+    if not isinstance(values, list) or len(values) != n or not all(isinstance(v, (int, float)) for v in values):
+        return None
+    return [float(v) for v in values]
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,21 @@ min-p truncation (SGLang's and local_engine's rule), with ``T = 1`` for greedy (
 the trainer reproduces them by dividing its logits by each token's ``T``. An empty list
 means one span of ``temperature`` with no truncation (publishers before ``sampling``).
 
+``behaviour_logprobs`` (empty, or one per response token): the log-prob of each model token
+under the distribution it was actually drawn from — the truncated, renormalised one in spans
+whose ``behaviour_logprobs`` flag is set (the engine's sampling mask, SGLang 0.5.16+
+``output_token_sampling_logprobs``), ``rollout_logprobs``' value elsewhere (0.0 where mask is
+0). The trainer's importance ratios use it as the behaviour policy; a truncated span without
+the flag has no exact behaviour log-prob (:attr:`Trajectory.truncation_uncorrected`).
+
 ``failure`` names an infrastructure failure that ended or spoiled the episode (the engine
 failed, the reward function crashed, an environment call expired, the agent crashed): such
 a trajectory is never trained (docs/algorithms.md, "What is trained"); "" for a genuine
 episode, whatever its reward.
 
 Invariants checked on construction and decode: the arrays have equal lengths, masks are 0/1,
-versions are -1 exactly where the mask is 0, model-token logprobs are finite and <= 0,
+versions are -1 exactly where the mask is 0, model-token logprobs are finite and <= 0 (also
+``behaviour_logprobs``, which is empty or as long as the response),
 ``0 <= group_index < group_size``, ``version_start <= version_end``, sampling spans start at
 0, increase strictly, stay within the response and hold valid parameters, ``reward`` is finite
 and within ``±REWARD_BOUND`` (a NaN or infinite reward turns a whole GRPO group's advantages
@@ -73,6 +81,9 @@ class SamplingSpan(msgspec.Struct, kw_only=True, omit_defaults=True):
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
+    behaviour_logprobs: bool = False
+    """This span's model tokens have their log-prob under the truncated distribution they were
+    drawn from in :attr:`Trajectory.behaviour_logprobs` (module doc)."""
 
     @property
     def logprob_temperature(self) -> float:
@@ -86,6 +97,12 @@ class SamplingSpan(msgspec.Struct, kw_only=True, omit_defaults=True):
         if self.temperature < GREEDY_TEMPERATURE:
             return False
         return self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+
+    @property
+    def uncorrected(self) -> bool:
+        """Truncated without the behaviour log-probs of its tokens (the importance ratio then
+        ignores the truncation)."""
+        return self.truncated and not self.behaviour_logprobs
 
 
 class Trajectory(msgspec.Struct, kw_only=True, tag_field="schema", tag=SCHEMA_TAG, omit_defaults=True):
@@ -118,6 +135,8 @@ class Trajectory(msgspec.Struct, kw_only=True, tag_field="schema", tag=SCHEMA_TA
     """Sampling temperature of the first turn; ``sampling`` has every turn's (module doc)."""
     sampling: list[SamplingSpan] = msgspec.field(default_factory=list)
     """Sampling parameters per span of the response (module doc)."""
+    behaviour_logprobs: list[float] = msgspec.field(default_factory=list)
+    """Empty, or each response token's log-prob under the distribution it was drawn from (module doc)."""
     failure: Failure = ""
     """Infrastructure failure that makes it untrainable; "" for a genuine episode (module doc)."""
     timings: dict[str, float] = msgspec.field(default_factory=dict)
@@ -166,6 +185,17 @@ class Trajectory(msgspec.Struct, kw_only=True, tag_field="schema", tag=SCHEMA_TA
         return any(span.truncated for span in self.sampling_spans())
 
     @property
+    def truncation_uncorrected(self) -> bool:
+        """True when some span sampled from a truncated distribution without recording the
+        behaviour log-probs of its tokens (:attr:`SamplingSpan.uncorrected`)."""
+        return any(span.uncorrected for span in self.sampling_spans())
+
+    def behaviour_logprob_list(self) -> list[float]:
+        """The behaviour policy's log-prob of each response token: ``behaviour_logprobs`` where
+        recorded, else ``rollout_logprobs`` (module doc)."""
+        return self.behaviour_logprobs or self.rollout_logprobs
+
+    @property
     def is_partial(self) -> bool:
         """True when its model tokens came from more than one weight version (resumed across a sync)."""
         return self.version_end != self.version_start
@@ -199,6 +229,12 @@ def _invariant_errors(t: Trajectory) -> list[str]:
     model_logprobs = list(compress(t.rollout_logprobs, t.loss_mask))
     if not all(map(math.isfinite, model_logprobs)) or (model_logprobs and max(model_logprobs) > 0.0):
         errors.append("rollout_logprobs must be finite and <= 0 for model tokens (loss_mask 1)")
+    if t.behaviour_logprobs:
+        behaviour = list(compress(t.behaviour_logprobs, t.loss_mask))
+        if len(t.behaviour_logprobs) != n:
+            errors.append(f"behaviour_logprobs has {len(t.behaviour_logprobs)} entries, the response has {n} tokens")
+        elif not all(map(math.isfinite, behaviour)) or (behaviour and max(behaviour) > 0.0):
+            errors.append("behaviour_logprobs must be finite and <= 0 for model tokens (loss_mask 1)")
     if not (0 <= t.group_index < t.group_size):
         errors.append(f"group_index {t.group_index} must be in [0, group_size={t.group_size})")
     if t.version_start > t.version_end:

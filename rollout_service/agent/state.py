@@ -91,6 +91,9 @@ class AgentState(msgspec.Struct, kw_only=True):
     sampling: list[SamplingSpan] = msgspec.field(default_factory=list)
     """Sampling parameters per span of the response (``asyncrl.wire.trajectory``): a span
     starts wherever a generate call used different ones than the span before."""
+    behaviour_logprobs: dict[int, float] = msgspec.field(default_factory=dict)
+    """Response offset → the model token's log-prob under the truncated distribution it was
+    drawn from, where the engine reported it (``Trajectory.behaviour_logprobs``)."""
     failure: str = ""
     """Infrastructure failure that spoiled the episode (``Trajectory.failure``); "" if none."""
     created_at: float = 0.0

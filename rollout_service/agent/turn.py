@@ -21,7 +21,8 @@ turn's remaining token budget → name the request (rid ``<prefix><id>.t<turn>.s
   ``state.failure`` is ``"engine_error"`` (an infrastructure failure: never trained);
 - the sampling parameters each call sent (temperature, top_p, top_k, min_p, after
   ``deps.extra_sampling``) are recorded in ``state.sampling`` for the tokens it produced: a
-  new span whenever they differ from the last span's;
+  new span whenever they differ from the last span's, or whether the call's result carried
+  behaviour log-probs (the engine's sampling mask: ``state.behaviour_logprobs``) does;
 - with ``on_chunk`` the engine is asked to stream and ``on_chunk`` is awaited with every
   cumulative result *before* its tokens are appended (so ``state.token_ids`` + the result's
   ``output_ids`` is the sequence so far). If a stream breaks after yielding tokens, the
@@ -165,21 +166,22 @@ async def _generate(state: AgentState, deps: AgentDeps, params: dict, rid: str, 
 
 def _keep(state: AgentState, res: GenerateResult, deps: AgentDeps, kept: list[GenerateResult], params: dict) -> None:
     if res.output_ids:
-        note_sampling(state, params)
+        note_sampling(state, params, behaviour_logprobs=res.sampling_logprobs is not None)
     append_model_tokens(state, res, deps)
     kept.append(res)
 
 
-def note_sampling(state: AgentState, params: dict) -> None:
-    """Record that the next model tokens were sampled with ``params`` (module docstring).
-    The first span starts at offset 0 whatever precedes the first model token (tokens
-    before it are not the model's: their parameters are never used)."""
+def note_sampling(state: AgentState, params: dict, behaviour_logprobs: bool = False) -> None:
+    """Record that the next model tokens were sampled with ``params`` (module docstring), their
+    behaviour log-probs recorded or not (``SamplingSpan.behaviour_logprobs``). The first span
+    starts at offset 0 whatever precedes the first model token (tokens before it are not the
+    model's: their parameters are never used)."""
     span = SamplingSpan(start=state.response_length if state.sampling else 0, temperature=float(params.get("temperature", 1.0)),
                         top_p=float(params.get("top_p", 1.0)), top_k=int(params.get("top_k", -1)),
-                        min_p=float(params.get("min_p", 0.0)))
+                        min_p=float(params.get("min_p", 0.0)), behaviour_logprobs=behaviour_logprobs)
     last = state.sampling[-1] if state.sampling else None
-    if last is not None and (last.temperature, last.top_p, last.top_k, last.min_p) == \
-            (span.temperature, span.top_p, span.top_k, span.min_p):
+    if last is not None and (last.temperature, last.top_p, last.top_k, last.min_p, last.behaviour_logprobs) == \
+            (span.temperature, span.top_p, span.top_k, span.min_p, span.behaviour_logprobs):
         return
     if last is not None and last.start == span.start:
         state.sampling[-1] = span
@@ -192,6 +194,9 @@ def append_model_tokens(state: AgentState, res: GenerateResult, deps: AgentDeps)
     if logprobs is None or len(logprobs) != len(res.output_ids):
         raise EngineError(f"engine returned {len(res.output_ids)} tokens without matching logprobs (rid {res.rid})")
     versions = [deps.version_of(v) for v in res.token_versions()]
+    if res.sampling_logprobs is not None:  # the engine's sampling mask: the behaviour log-probs
+        offset = state.response_length
+        state.behaviour_logprobs.update((offset + i, min(0.0, v)) for i, v in enumerate(res.sampling_logprobs))
     state.token_ids.extend(res.output_ids)
     state.loss_mask.extend([1] * len(res.output_ids))
     state.logprobs.extend(logprobs)

@@ -28,6 +28,12 @@ SGLang's own 20 s). While the rollout is paused for a weight sync (``paused()``)
 paused on purpose and ``/health_generate`` would wait behind the pause and answer 503, so the
 probe is then only ``/model_info``.
 
+Sampling masks: each engine's release is read from ``/server_info`` at its first health check
+(and after it was unhealthy); a call whose truncated sampling has a bounded support asks that
+engine for its sampling masks where the release has them
+(:func:`asyncrl.engine_client.sampling_mask.asks_sampling_mask`), so the result carries each
+token's behaviour log-prob.
+
 Leaving rotation takes the engine's calls back: when an engine becomes unhealthy or is
 quarantined, every generate call of this service waiting on it stops waiting (its
 ``lost`` event), is aborted there by exact rid in the background, and raises
@@ -54,7 +60,9 @@ from asyncrl.engine_client.errors import (
     EngineUnavailable,
     PausedWhileRouting,
 )
+from asyncrl.engine_client.sampling_mask import asks_sampling_mask
 from asyncrl.engine_client.types import GenerateResult
+from asyncrl.sync_control.layout import parse_version
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +105,9 @@ class EngineHandle:
     """Calls taken back from this engine because it went out of rotation while they ran."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the engine leaves rotation: calls in flight on it stop waiting (see the module doc)."""
+    release: tuple[int, int, int] | None = None
+    """The engine's SGLang release (``/server_info``'s ``version``), read at its first health
+    check and again after it was unhealthy (a restart may change it); None until read."""
     quarantined_current_s: float = 0.0
     """Seconds spent quarantined while holding the run's current weight version (capacity lost
     to a release that has not come yet), measured at each health check."""
@@ -245,7 +256,7 @@ class EnginePool:
     async def generate(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None) -> GenerateResult:
         """Route one generate call (``state.engine_id`` is the affinity, updated here)."""
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
-        route, extra = self._with_adapter(extra)
+        route, extra = self._with_adapter(self._with_mask(handle, sampling_params, extra))
         handle.rids.add(rid)
         handle.routed += 1
         asked_at = time.monotonic()
@@ -269,6 +280,14 @@ class EnginePool:
             state.engine_id = handle.id
         return res if route is None else res.labelled(str(route[1]))
 
+    @staticmethod
+    def _with_mask(handle: EngineHandle, sampling_params: dict, extra: dict | None) -> dict | None:
+        """``extra`` asking for sampling masks where :func:`asks_sampling_mask` says so (the
+        result's ``sampling_logprobs`` then hold the behaviour log-probs)."""
+        if not asks_sampling_mask(sampling_params, handle.release):
+            return extra
+        return {**(extra or {}), "return_sampling_mask": True}
+
     def _with_adapter(self, extra: dict | None) -> tuple[tuple[str, int] | None, dict | None]:
         """The adapter route at the time of the call, and ``extra`` asking for it."""
         route = self.lora_route()
@@ -277,7 +296,7 @@ class EnginePool:
     async def generate_stream(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None):
         """Streaming variant of :meth:`generate`: yields cumulative results."""
         handle = await self._pick_waiting(getattr(state, "engine_id", None))
-        route, extra = self._with_adapter(extra)
+        route, extra = self._with_adapter(self._with_mask(handle, sampling_params, extra))
         handle.rids.add(rid)
         handle.routed += 1
         asked_at = time.monotonic()
@@ -430,6 +449,8 @@ class EnginePool:
                 await self._read_version(handle)
             except EngineError:
                 ok, why = False, "no weight version"
+        if ok and (handle.release is None or handle.state == "unhealthy"):
+            await self._read_release(handle)
         if ok and handle.state == "unhealthy":
             handle.set_state("healthy", None)
             handle.consecutive_failures = 0
@@ -461,6 +482,16 @@ class EnginePool:
         raises EngineError when it does not answer."""
         asked_at = time.monotonic()
         handle.observe_version(await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S), asked_at)
+
+    @staticmethod
+    async def _read_release(handle: EngineHandle) -> None:
+        """Record the engine's release from ``/server_info`` (None when it does not say)."""
+        try:
+            info = await handle.client.server_info(timeout_s=HEALTH_TIMEOUT_S)
+        except EngineError as exc:
+            log.debug("engine %s: release not read: %s", handle.id, exc)
+            return
+        handle.release = parse_version(info.get("version"))
 
     def refresh_versions_soon(self, engine_ids: list[str] | None = None) -> None:
         """:meth:`refresh_versions` in the background (the caller's answer does not wait for it)."""

@@ -54,6 +54,8 @@ def to_trajectory(state: AgentState, run_version: int) -> Trajectory:
         version_end=max(start, end), timings=dict(state.timings),
         temperature=state.sampling[0].logprob_temperature if state.sampling else state.temperature,
         sampling=list(state.sampling), failure=failure,  # type: ignore[arg-type]
+        behaviour_logprobs=[state.behaviour_logprobs.get(i, lp) for i, lp in enumerate(state.logprobs)]
+        if state.behaviour_logprobs else [],
         created_at=time.time(), attempt=state.attempt, messages=state.messages,
         metadata={"decoded_tokens": state.decoded_tokens, "resumed_after_abort": state.resumed_after_abort,
                   "invalid_tool_calls": state.invalid_tool_calls, "user_turns": state.user_turns},

@@ -103,7 +103,7 @@ SERVER_ARGS = "sglang/srt/server_args.py"  # launch flags (tests/contract/test_l
 FUNCTION_CALL_PARSER = "sglang/srt/function_call/function_call_parser.py"  # --tool-call-parser names
 API_TYPES = "sglang/api/v1/api_types.py"  # 0.5.22+: the schema decoder of the /generate contract gate (msgspec only)
 WEIGHT_CHECKER = "sglang/srt/utils/weight_checker.py"  # /weights_checker's answer models (read, not executed: it imports torch)
-LAYOUT = "v6"  # bump when the extracted files change: caches of an older layout are rebuilt
+LAYOUT = "v7"  # bump when the extracted files change: caches of an older layout are rebuilt
 METADATA = "METADATA"  # the wheel's dist-info METADATA, kept beside the sources
 FACTS = "facts.json"  # behaviour read from the wheel's source (_behaviour_facts)
 # Modules io_struct imports from that are light enough to execute (stdlib, msgspec, pydantic).
@@ -197,7 +197,12 @@ def _behaviour_facts(zf: zipfile.ZipFile, names: set[str]) -> dict[str, bool]:
 
     - ``abort_once``: the tokenizer passes one exact-rid abort per request (``abort_sent``);
     - ``weight_version_spans``: the scheduler's output path computes ``weight_versions`` spans
-      (``compute_weight_version_spans``) for finished requests."""
+      (``compute_weight_version_spans``) for finished requests;
+    - ``sampling_mask``: ``GenerateReqInput`` has ``return_sampling_mask`` (each output token's
+      sampling support and behaviour log-prob);
+    - ``sampling_mask_cap``: the server has ``--sampling-mask-max-tokens`` (a larger support
+      aborts the request), in its argument groups or ``server_args.py``;
+    - ``sampling_logprobs_mode``: ``GenerateReqInput`` has ``sampling_logprobs_mode``."""
     def source(name: str) -> str:
         return zf.read(name).decode(errors="replace") if name in names else ""
 
@@ -205,7 +210,19 @@ def _behaviour_facts(zf: zipfile.ZipFile, names: set[str]) -> dict[str, bool]:
     return {
         "abort_once": "abort_sent" in source("sglang/srt/managers/tokenizer_manager.py"),
         "weight_version_spans": any("compute_weight_version_spans(" in source(n) for n in managers),
+        "sampling_mask": "return_sampling_mask:" in _class_source(source(IO_STRUCT), "GenerateReqInput"),
+        "sampling_mask_cap": any("sampling_mask_max_tokens:" in source(n) for n in names
+                                 if n == SERVER_ARGS or n.startswith("sglang/srt/arg_groups/")),
+        "sampling_logprobs_mode": "sampling_logprobs_mode:" in _class_source(source(IO_STRUCT), "GenerateReqInput"),
     }
+
+
+def _class_source(text: str, cls: str) -> str:
+    """The source of class ``cls`` in ``text`` ("" when absent)."""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return ast.get_source_segment(text, node) or ""
+    return ""
 
 
 def behaviour_facts(version: str) -> dict[str, bool]:

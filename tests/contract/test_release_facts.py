@@ -32,4 +32,6 @@ def test_local_engines_release_switches_are_the_wheels(release):
     against facts read out of each release's wheel (issue 35)."""
     compat = SglangCompat.of(release)
     facts = behaviour_facts(release)
-    assert {"abort_once": compat.abort_once, "weight_version_spans": compat.weight_version_spans} == facts
+    assert {"abort_once": compat.abort_once, "weight_version_spans": compat.weight_version_spans,
+            "sampling_mask": compat.sampling_mask, "sampling_mask_cap": compat.sampling_mask_cap,
+            "sampling_logprobs_mode": compat.sampling_logprobs_mode} == facts

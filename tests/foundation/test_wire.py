@@ -123,6 +123,25 @@ def test_sampling_spans_give_each_response_token_its_logprob_temperature():
     assert legacy.token_temperatures() == [0.9] * 4 and not legacy.sampling_truncated and legacy.failure == ""
 
 
+def test_behaviour_logprobs_are_checked_and_replace_the_rollouts_where_recorded():
+    """Issue 35: a span whose behaviour log-probs were recorded (the engine's sampling mask) is
+    truncated but not uncorrected; the list is the behaviour policy's log-probs."""
+    spans = [SamplingSpan(start=0, temperature=0.7, top_k=20, behaviour_logprobs=True), SamplingSpan(start=3, temperature=0.7, top_p=0.9)]
+    t = make(sampling=spans, behaviour_logprobs=[-0.05, -1.5, 0.0, -0.3])
+    assert decode_trajectory(encode_trajectory(t)) == t
+    assert t.sampling_truncated and t.truncation_uncorrected  # the top-p span has none
+    assert t.behaviour_logprob_list() == [-0.05, -1.5, 0.0, -0.3]
+    exact = make(sampling=spans[:1], behaviour_logprobs=[-0.05, -1.5, 0.0, -0.2])
+    assert exact.sampling_truncated and not exact.truncation_uncorrected
+    assert make().behaviour_logprob_list() == make().rollout_logprobs and not make().truncation_uncorrected
+    with pytest.raises(ValueError, match="behaviour_logprobs has 2 entries"):
+        make(behaviour_logprobs=[-0.1, -0.2])
+    with pytest.raises(ValueError, match="behaviour_logprobs must be finite and <= 0"):
+        make(behaviour_logprobs=[-0.1, 0.5, 0.0, -0.3])
+    with pytest.raises(ValueError, match="behaviour_logprobs must be finite and <= 0"):
+        make(behaviour_logprobs=[float("nan"), -0.5, 0.0, -0.3])
+
+
 def test_nats_names_derive_from_run_id():
     n = NatsNames("my-run_1")
     assert n.stream == "ASYNCRL_MY_RUN_1"

@@ -55,8 +55,9 @@ GENERATE_BAD = [
     J({**OK_IDS, "rid": ["a", "b"]}),
     J({**OK_IDS, "rid": 7}),
     J({**OK_IDS, "return_hidden_states": True}),
-    J({**OK_IDS, "return_sampling_mask": True}),  # SGLang 0.5.19+ answers it; local_engine cannot
-    J({**OK_IDS, "return_sampling_mask": True, "sampling_logprobs_mode": "support"}),
+    J({**OK_IDS, "return_sampling_mask": [True]}),  # a batch
+    J({**OK_IDS, "sampling_logprobs_mode": "support"}),  # without return_sampling_mask
+    J({**OK_IDS, "return_sampling_mask": True, "sampling_logprobs_mode": "all"}),
     J({**OK_IDS, "lora_path": "adapter"}),
     J({**OK_IDS, "top_logprobs_num": 21}),
     b'{"input_ids": [1], "sampling_params": {"temperature": NaN}}',

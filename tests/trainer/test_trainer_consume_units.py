@@ -180,6 +180,8 @@ def test_a_group_of_failures_only_trains_nothing():
     (SamplingSpan(start=0, temperature=0.7, min_p=0.05), "drop", "truncated_sampling"),
     (SamplingSpan(start=0, temperature=0.0, top_k=1), "drop", ""),  # greedy is not a truncated sample
     (SamplingSpan(start=0, temperature=0.7), "drop", ""),
+    # issue 35: the engine reported the truncated distribution's log-probs: exact, never dropped
+    (SamplingSpan(start=0, temperature=0.7, top_k=20, behaviour_logprobs=True), "drop", ""),
 ])
 def test_truncated_sampling_rule(span, rule, want):
     t = _with(make_group(random.Random(2), "s", 2)[0], sampling=[span])

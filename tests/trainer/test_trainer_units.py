@@ -37,6 +37,25 @@ def test_collate_aligns_logits_with_response_tokens():
     assert mb.advantages[0].tolist() == [1.5] * 4 and mb.temperature.tolist() == [[1.0] * 4, [0.5] * 4]
 
 
+def test_the_behaviour_log_probs_are_the_truncated_distributions_where_recorded():
+    """Issue 35: the micro-batch's ``rollout_logp`` (the behaviour policy of the importance
+    ratios) is ``behaviour_logprobs`` where the trajectory has them, ``rollout_logprobs`` else,
+    on the padded and the packed path alike."""
+    from trainer_daemon.packing import pack
+
+    base = make_group(random.Random(4), "b", 2)[0]
+    n = base.response_length
+    behaviour = [lp + 0.25 * m if lp + 0.25 * m <= 0 else 0.0 for lp, m in zip(base.rollout_logprobs, base.loss_mask, strict=True)]
+    spans = [SamplingSpan(start=0, temperature=0.7, top_k=20, behaviour_logprobs=True)]
+    exact = base.__class__(**{**{f: getattr(base, f) for f in base.__struct_fields__}, "sampling": spans,
+                              "behaviour_logprobs": behaviour})
+    mb = collate([exact, base], [0, 1], [1.0, 1.0], pad_id=0)
+    assert mb.rollout_logp[0, :n].tolist() == pytest.approx(behaviour) and behaviour != base.rollout_logprobs
+    assert mb.rollout_logp[1, :n].tolist() == pytest.approx(base.rollout_logprobs)
+    pk = pack([exact, base], [0, 1], [1.0, 1.0], 0)
+    assert torch.equal(pk.rollout_logp, mb.rollout_logp * mb.mask)
+
+
 def test_trainer_log_probs_use_each_tokens_sampling_temperature():
     """A trajectory whose turns sampled at different temperatures (and one greedy span): the
     trainer's log-probs must equal log_softmax(logits / T_t) of each token's own T_t, computed

@@ -9,11 +9,14 @@ state's ``excluded/<reason>`` counters, logged, and listed as ``dropped`` in the
 - it carries no ``failure`` but finished with ``finish_reason`` ``error`` or ``expired`` (a
   publisher older than the ``failure`` field): the same failures, named from the reason;
 - ``actor.truncated_sampling = "drop"`` and some of its tokens were sampled from a truncated
-  distribution (top-p < 1, top-k > 0 or min-p > 0): reason ``truncated_sampling``. Their
-  logprobs describe the untruncated distribution (SGLang's rule), which the trainer
-  reproduces exactly, but the tokens were drawn from the truncated one, so the importance
-  ratio ignores the truncation. With ``"train"`` (the default) they are trained and counted
+  distribution (top-p < 1, top-k > 0 or min-p > 0) whose behaviour log-probs were not recorded
+  (``Trajectory.truncation_uncorrected``): reason ``truncated_sampling``. Their logprobs
+  describe the untruncated distribution (SGLang's rule), which the trainer reproduces exactly,
+  but the tokens were drawn from the truncated one, so the importance ratio ignores the
+  truncation. With ``"train"`` (the default) they are trained and counted
   (``trainer/truncated_sampling_trajectories``); docs/algorithms.md, "What is trained".
+  Truncated spans with behaviour log-probs (the engine's sampling mask) are exact: trained
+  under either rule, never counted.
 
 Genuine task failures (a wrong answer, a tool error the model caused, a length cut) are
 trained with the reward they got.
@@ -36,7 +39,7 @@ def exclusion_reason(traj: Trajectory, truncated_sampling: str = "train") -> str
     legacy = FAILURE_FROM_FINISH.get(traj.finish_reason)
     if legacy:
         return legacy
-    if truncated_sampling == "drop" and traj.sampling_truncated:
+    if truncated_sampling == "drop" and traj.truncation_uncorrected:
         return TRUNCATED
     return ""
 

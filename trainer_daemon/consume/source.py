@@ -289,7 +289,7 @@ class TrajectorySource:
             msgs.extend(self._resolve_group(g))
         trained = [h for g in groups for h in g.kept]
         self.state.count("trained", len(trained))
-        self.state.count("truncated_sampling_trained", sum(h.traj.sampling_truncated for h in trained))
+        self.state.count("truncated_sampling_trained", sum(h.traj.truncation_uncorrected for h in trained))
         self.ledger.commit(step, version, [h.traj.id for h in trained], [h.seq for h in trained],
                            [(h.traj.version_start, h.traj.version_end) for h in trained])
         c = self.state.counters
