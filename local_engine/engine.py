@@ -95,13 +95,13 @@ class Engine:
         self.rwlock = RWLock()
         self.pause_cond = asyncio.Lock()  # SGLang's is_pause_cond (module docstring)
         self.session_open = False
-        self.cache_flush = CacheFlush(self.can_flush, self.fully_idle)
         self.renderer = Renderer(tokenizer, spans=self.compat.weight_version_spans)
         self.scheduler = Scheduler(
             runner, StopChecker(tokenizer, self.eos_ids), lambda: self.weights.version,
             settings.max_batch_size, settings.seed, self.metrics.on_step,
             settings.sampling_mask_max_tokens if self.compat.sampling_mask_cap else None,
         )
+        self.cache_flush = CacheFlush(self.can_flush, self.fully_idle, self.scheduler.drop_cached_prompts)
         self.lora = self._adapter_store(settings, runner)
         self.started_at = time.time()
 
@@ -379,7 +379,10 @@ class Engine:
     def _flush_after_update(self, flush: bool) -> None:
         """SGLang flushes the cache after an update with ``flush_cache``; with requests still
         running or queued that fails the call (0.5.22+) or kills the engine (older)."""
-        if not flush or self.can_flush():
+        if not flush:
+            return
+        if self.can_flush():
+            self.scheduler.drop_cached_prompts()
             return
         if self.compat.soft_flush_failure:
             raise WeightUpdateError("Weights were updated, but the cache was not flushed because requests are still "

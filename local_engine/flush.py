@@ -26,13 +26,19 @@ TIMED_OUT = "Timed out waiting for idle state."
 
 
 class CacheFlush:
-    def __init__(self, can_flush: Callable[[], bool], fully_idle: Callable[[], bool]) -> None:
+    def __init__(self, can_flush: Callable[[], bool], fully_idle: Callable[[], bool],
+                 flushed: Callable[[], None] = lambda: None) -> None:
         self._can_flush = can_flush
         self._fully_idle = fully_idle
+        self._flushed = flushed
+        """Called on every successful flush (the prefix cache is empty after it)."""
         self._waiting = False
 
     def _now(self) -> str | None:
-        return None if self._can_flush() else FAILED
+        if not self._can_flush():
+            return FAILED
+        self._flushed()
+        return None
 
     async def flush(self, timeout_s: float) -> str | None:
         """None when flushed, else SGLang's failure message (module docstring)."""

@@ -1,6 +1,7 @@
 """Request bodies of the SGLang HTTP subset local_engine serves, as strict pydantic models.
 
-Like SGLang, unknown fields are ignored, and ``null`` means "use the default" for the fields
+Like SGLang, unknown top-level fields are ignored (an unknown ``sampling_params`` key is refused,
+as SGLang's ``SamplingParams(**...)`` refuses it), and ``null`` means "use the default" for the fields
 SGLang types ``Optional``; a field SGLang types without ``None`` (``flush_cache: bool``,
 ``group_name: str``, ``mode: Literal[...]``) refuses ``null`` with 400 here as there
 (``NULL_REFUSED`` per body, checked against every release's classes by
@@ -72,6 +73,18 @@ class SamplingParams(_Body):
     ebnf: str | None = None
     structural_tag: str | None = None
     stop_regex: str | list[str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        """SGLang builds its ``SamplingParams`` (a msgspec Struct) with ``**sampling_params``, so an
+        unknown key fails the request there (a TypeError, and 0.5.22+'s contract gate); here
+        it is a 400 naming the key, never ignored."""
+        if isinstance(data, dict):
+            unknown = sorted(k for k in data if k not in cls.model_fields)
+            if unknown:
+                raise ValueError(f"unknown sampling parameters {unknown}: local_engine takes {sorted(cls.model_fields)}")
+        return data
 
     @field_validator("top_k")
     @classmethod

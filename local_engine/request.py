@@ -61,6 +61,12 @@ class Req:
     """Times a ``retract`` pause freed this request's KV (``num_retractions``); it is then
     prefilled again from :attr:`context_ids` with the weights of that time."""
     abort_message: str | None = None
+    kept_prompt_kv: Any = None
+    """At a retract, the KV of its prompt as the radix cache keeps it (computed with the weights
+    of that time); its re-prefill reuses it unless a cache flush dropped it first
+    (:meth:`local_engine.scheduler.Scheduler.retract_all`)."""
+    cached_tokens: int = 0
+    """Prompt tokens whose KV a prefill took from the cache instead of computing (``cached_tokens``)."""
     return_sampling_mask: bool = False
     """SGLang 0.5.16+: report each output token's sampling support and behaviour log-prob."""
     sampling_logprobs_mode: str = "selected"
@@ -185,7 +191,7 @@ class Renderer:
             "finish_reason": req.finish_reason,
             "prompt_tokens": len(req.prompt_ids),
             "completion_tokens": len(req.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": req.cached_tokens,
             "weight_version": weight_version,
             "num_retractions": req.retractions,
             "reasoning_tokens": 0,

@@ -3,9 +3,14 @@
 The scheduler only talks to a :class:`ModelRunner`; it never touches tensors of the cache.
 A runner holds *rows* (one per running request, in the scheduler's order) and offers:
 
-- ``prefill(prompts, full_logits, adapters)`` — run new sequences and append them as rows at
-  the end, each row with its LoRA adapter (or None: the base model) for this and every later
-  step; returns their last-position logits (and all prompt-position logits where asked);
+- ``prefill(prompts, full_logits, adapters, prefixes)`` — run new sequences and append them as
+  rows at the end, each row with its LoRA adapter (or None: the base model) for this and every
+  later step; returns their last-position logits (and all prompt-position logits where asked).
+  A row given a prefix (:meth:`export_prefix` of an earlier row) takes its first tokens' KV
+  from it as it is, whatever the weights now, and computes only the rest (SGLang's radix-cache
+  hit: what a retracted request's re-prefill gets where no flush dropped its prompt's KV);
+- ``export_prefix(row, n)`` — a copy of the KV of the first ``n`` tokens of a row (None where
+  the runner keeps no KV);
 - ``decode(tokens)`` — feed one token per row, return next-token logits for every row;
 - ``keep(indices)`` — drop every row not listed (order preserved);
 - ``reset()`` — drop all rows.
@@ -30,7 +35,8 @@ argument; :func:`resolve_device` turns ``--device`` into a ``torch.device`` and 
 (``--dtype bfloat16``) with transformers' default attention (SDPA); nothing is custom.
 
 Not covered: sliding-window or linear-attention layers (refused at start), paged
-attention, prefix reuse between requests, chunked prefill, CUDA graphs, more than one GPU
+attention, prefix reuse between different requests (only a row's own exported prefix),
+chunked prefill, CUDA graphs, more than one GPU
 (``cuda`` means the current CUDA device).
 """
 
@@ -88,7 +94,13 @@ class ModelRunner(ABC):
     def num_rows(self) -> int: ...
 
     @abstractmethod
-    def prefill(self, prompts: list[list[int]], full_logits: list[bool], adapters: list | None = None) -> PrefillOutput: ...
+    def prefill(self, prompts: list[list[int]], full_logits: list[bool], adapters: list | None = None,
+                prefixes: list | None = None) -> PrefillOutput: ...
+
+    def export_prefix(self, row: int, n: int) -> object | None:
+        """The KV of the first ``n`` tokens of ``row``, for a later :meth:`prefill` (module
+        docstring); None: this runner keeps none (its prefills then compute everything)."""
+        return None
 
     @abstractmethod
     def decode(self, tokens: list[int]) -> torch.Tensor: ...
@@ -226,12 +238,23 @@ class HFModelRunner(ModelRunner):
         ]
         self._set_states(states, mask[:, trim:].contiguous(), self._lengths.index_select(0, idx))
 
+    def export_prefix(self, row: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        if self._mask is None or not 0 <= row < self.num_rows or not 0 < n <= int(self._lengths[row]):
+            return None
+        start = self.cache_len - int(self._lengths[row])  # rows are left-padded
+        return [(k[row:row + 1, :, start:start + n].clone(), v[row:row + 1, :, start:start + n].clone())
+                for k, v in self._layer_states(self._cache)]
+
     # -- compute -------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], full_logits: list[bool], adapters: list | None = None) -> PrefillOutput:
+    def prefill(self, prompts: list[list[int]], full_logits: list[bool], adapters: list | None = None,
+                prefixes: list | None = None) -> PrefillOutput:
         adapters = list(adapters) if adapters is not None else [None] * len(prompts)
         if any(a is not None for a in adapters) and self.lora is None:
             raise RuntimeError("a row asks for a LoRA adapter but this runner serves none")
+        if prefixes is not None and any(p is not None for p in prefixes):
+            outs = [self._prefill_over_prefix(p, f, a, pre) for p, f, a, pre in zip(prompts, full_logits, adapters, prefixes, strict=True)]
+            return PrefillOutput(last=torch.cat([o.last for o in outs]), prompt=[o.prompt[0] for o in outs])
         width = max(len(p) for p in prompts)
         # Left-padded rows built as lists: one host-to-device copy per tensor, not one per row.
         ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts],
@@ -258,6 +281,25 @@ class HFModelRunner(ModelRunner):
         self._merge(cache, mask, torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device))
         self._adapters = self._adapters + adapters
         return PrefillOutput(last=last, prompt=prompt)
+
+    def _prefill_over_prefix(self, prompt: list[int], full: bool, adapter, prefix) -> PrefillOutput:
+        """One row, appended: ``prefix``'s KV for its first tokens (None: none), the rest computed."""
+        if prefix is None:
+            return self.prefill([prompt], [full], [adapter])
+        n = int(prefix[0][0].shape[-2])
+        if full or not 0 < n < len(prompt):
+            raise RuntimeError(f"a prefix of {n} tokens cannot serve a prefill of {len(prompt)} tokens (prompt logits: {full})")
+        cache = self._new_cache()
+        for layer, (k, v) in zip(cache.layers, prefix, strict=True):
+            layer.set_states(k.clone(), v.clone())
+        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+        positions = torch.arange(n, len(prompt), device=self.device).unsqueeze(0)
+        with self._rows([adapter]):
+            out = self.model(input_ids=torch.tensor([prompt[n:]], dtype=torch.long, device=self.device), attention_mask=mask,
+                             position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._merge(cache, mask, torch.tensor([len(prompt)], dtype=torch.long, device=self.device))
+        self._adapters = self._adapters + [adapter]
+        return PrefillOutput(last=out.logits[:, -1, :].float(), prompt=[None])
 
     def _merge(self, cache, mask: torch.Tensor, lengths: torch.Tensor) -> None:
         new_states = self._layer_states(cache)

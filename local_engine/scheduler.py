@@ -25,7 +25,13 @@ Control, all on the event loop:
 - ``retract_all()`` (while stopped): SGLang's ``retract`` pause — every running request goes
   back to the front of the queue in order, its rows and KV freed; it is prefilled again from
   its prompt plus the output so far when stepping resumes (with whatever weights are loaded
-  then), and its next token comes from that prefill. ``num_retractions`` counts it.
+  then), and its next token comes from that prefill. ``num_retractions`` counts it. As in
+  SGLang, the KV of its prompt stays in the prefix cache: the re-prefill takes it from there
+  (computed with the weights of before the retract; ``cached_tokens`` counts it) and computes
+  only the output so far, unless a cache flush dropped it first (``drop_cached_prompts()``,
+  called on every successful flush). A sync flushes after the retract: SGLang 0.5.21+ flush
+  while retracted requests are queued, 0.5.20 and older refuse (``local_engine.compat``), so
+  there the prompt's KV after a retract sync is the old weights'.
 - ``hold()``: an async context during which no compute runs (weight copies use it).
 
 A compute that raises ends the requests it involved with an abort carrying status 500
@@ -171,14 +177,20 @@ class Scheduler:
 
     def retract_all(self) -> int:
         """Free every running row (call while stopped); returns how many requests went back to the queue."""
-        back = [r for r in self.rows if not r.finished]
-        for req in reversed(back):
+        back = [(i, r) for i, r in enumerate(self.rows) if not r.finished]
+        for i, req in reversed(back):
             req.retractions += 1
+            req.kept_prompt_kv = self.runner.export_prefix(i, len(req.prompt_ids))
             self.waiting.appendleft(req)
         self.rows = []
         self.runner.reset()
         self._prefilled_last = False
         return len(back)
+
+    def drop_cached_prompts(self) -> None:
+        """A cache flush: no queued request reuses the prompt KV kept at its retract."""
+        for req in self.waiting:
+            req.kept_prompt_kv = None
 
     @asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
@@ -238,6 +250,10 @@ class Scheduler:
             rows = [r.row_sampling(eos) for r in admitted]
             tops = [r.top_logprobs_num for r in admitted]
             out, prompt_lps = await asyncio.to_thread(self._prefill, keep, admitted, rows, tops)
+            for req in admitted:
+                if req.kept_prompt_kv is not None:  # its prompt's KV came from the prefix cache
+                    req.cached_tokens += len(req.prompt_ids)
+                    req.kept_prompt_kv = None
             self.rows = live + admitted
             for req, lps in zip(admitted, prompt_lps, strict=True):
                 if lps is not None:
@@ -283,8 +299,10 @@ class Scheduler:
     # -- worker-thread compute -----------------------------------------------------------
     def _prefill(self, keep: list[int], reqs: list[Req], rows: list[RowSampling], tops: list[int]):
         self.runner.keep(keep)
+        prefixes = [r.kept_prompt_kv for r in reqs]
         pf = self.runner.prefill([r.context_ids for r in reqs], [r.wants_prompt_logits for r in reqs],
-                                 [r.adapter.weights if r.adapter is not None else None for r in reqs])
+                                 [r.adapter.weights if r.adapter is not None else None for r in reqs],
+                                 prefixes if any(p is not None for p in prefixes) else None)
         out = sample(pf.last, rows, self._generator, tops)
         lps = [
             prompt_logprobs(logits, r.prompt_ids, r.params.temperature) if logits is not None else None

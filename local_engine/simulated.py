@@ -109,7 +109,8 @@ class SimulatedRunner(ModelRunner):
             out[i, self._next_token(target, produced, scripted)] = PEAK_LOGIT
         return out
 
-    def prefill(self, prompts: list[list[int]], full_logits: list[bool], adapters: list | None = None) -> PrefillOutput:
+    def prefill(self, prompts: list[list[int]], full_logits: list[bool], adapters: list | None = None,
+                prefixes: list | None = None) -> PrefillOutput:
         time.sleep(self.spec.prefill_ms_per_token * sum(len(p) for p in prompts) / 1000.0)
         start = len(self._targets)
         for prompt in prompts:

@@ -35,3 +35,15 @@ def test_local_engines_release_switches_are_the_wheels(release):
     assert {"abort_once": compat.abort_once, "weight_version_spans": compat.weight_version_spans,
             "sampling_mask": compat.sampling_mask, "sampling_mask_cap": compat.sampling_mask_cap,
             "sampling_logprobs_mode": compat.sampling_logprobs_mode} == facts
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_local_engine_takes_no_sampling_key_a_release_refuses(release):
+    """local_engine refuses an unknown ``sampling_params`` key (issue 35); every key it takes is
+    an argument of that release's ``SamplingParams``, so none passes here and fails there."""
+    from local_engine.protocol import SamplingParams
+    from tests.contract.sglang_source import sampling_param_names
+
+    assert set(SamplingParams.model_fields) <= sampling_param_names(release)
+    with pytest.raises(ValueError, match="unknown sampling parameters"):
+        SamplingParams.model_validate({"max_new_tokens": 2, "not_a_sampling_key": 1})

@@ -44,6 +44,7 @@ GENERATE_BAD = [
     J({**OK_IDS, "sampling_params": {"min_new_tokens": 5, "max_new_tokens": 2}}),
     J({**OK_IDS, "sampling_params": {"max_new_tokens": 5000}}),
     J({**OK_IDS, "sampling_params": {"repetition_penalty": 1.2}}),
+    J({**OK_IDS, "sampling_params": {"max_new_tokens": 2, "bogus_key": 1}}),  # SGLang: SamplingParams(**...) fails
     J({**OK_IDS, "sampling_params": {"regex": "a+"}}),
     J({**OK_IDS, "sampling_params": {"stop": 5}}),
     J({**OK_IDS, "sampling_params": {"stop_token_ids": [-3]}}),

@@ -7,8 +7,10 @@ import asyncio
 import copy
 
 import aiohttp
+import pytest
 
 from asyncrl import failpoints
+from asyncrl.engine_client import EngineHTTPError
 from tests.helpers.reference_model import greedy_continuation, teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for
 from tests.local_engine.helpers import load, paused_gauge, running_tokens
@@ -107,6 +109,7 @@ async def test_retract_frees_the_kv_and_prefills_again_with_the_new_weights(smal
         await small_client.update_weights_from_disk(str(tmp_path / "base"), weight_version="default")
     assert res.finish_reason.type == "length" and len(res.output_ids) == n
     assert res.meta_info["num_retractions"] == 1
+    assert res.cached_tokens == 0, "the flush dropped the prompt's KV: the re-prefill computed it again"
     spans = [(s.version, s.start, s.end) for s in res.weight_versions]
     assert len(spans) == 2 and spans[0][:2] == ("default", 0) and spans[1] == ("v-retract", spans[0][2], n)
     k = spans[0][2]
@@ -117,6 +120,56 @@ async def test_retract_frees_the_kv_and_prefills_again_with_the_new_weights(smal
     assert max(abs(a - b) for a, b in zip(res.logprobs[k:k + checked], want, strict=True)) < 1e-4
     old_ctx = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids[:k])
     assert max(abs(a - b) for a, b in zip(res.logprobs[:k], old_ctx, strict=True)) < 1e-4  # the old span: the old weights
+
+
+async def test_retract_up_to_0_5_20_resumes_over_the_old_weights_prompt_kv(ref_model, tmp_path):
+    """Issue 35 item 4: on SGLang 0.5.20 and older the flush after a retract is refused while the
+    retracted request is queued, so the radix cache keeps its prompt's KV, computed with the old
+    weights, and the re-prefill after the update matches it: the tokens after the sync are the
+    new weights' over old-weight prompt KV (and their own output recomputed), not exactly the
+    new policy's. ``cached_tokens`` counts the prompt."""
+    import torch
+
+    from tests.helpers.processes import start_engine
+
+    points = tmp_path / "failpoints"
+    points.mkdir()
+    new = perturb(copy.deepcopy(ref_model), 37)
+    new.save_pretrained(tmp_path / "new")
+    with start_engine(tmp_path, "--sglang-compat", "0.5.20", env={failpoints.ENV_DIR: str(points)}, name="engine-0.5.20") as engine:
+        async with engine.client() as c:
+            task = asyncio.create_task(c.generate(PROMPT, {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True},
+                                                  rid="retract-old"))
+            await wait_for(lambda: _tokens_over(c, len(PROMPT) + 4), WAIT_S, "tokens before the pause")
+            (points / f"{STEP}.arm").touch()  # the generation stays mid-way until the pause has reached it
+            await wait_for(lambda: bool(failpoints.reached(points, STEP)), WAIT_S, "the engine to hold the generation")
+            pause = asyncio.create_task(c.pause("retract"))
+            try:
+                await wait_for(lambda: _paused(engine), WAIT_S, "the pause to reach the engine")
+            finally:
+                (points / f"{STEP}.release").touch()
+                (points / f"{STEP}.arm").unlink()
+            await pause
+            try:
+                with pytest.raises(EngineHTTPError, match="400"):
+                    await c.flush_cache(retries=1)  # 0.5.20: the queued retracted request blocks it
+                await c.update_weights_from_disk(str(tmp_path / "new"), weight_version="v-new", flush_cache=False)
+            finally:
+                await c.resume()
+            res = await asyncio.wait_for(task, 120)
+    assert res.meta_info["num_retractions"] == 1 and res.cached_tokens == len(PROMPT)
+    k = res.weight_versions[0].end
+    assert 4 <= k < 64 and res.weight_versions[1].version == "v-new"
+    checked = res.output_ids[:k + 16]
+    with torch.no_grad():  # old weights' prompt KV, then the new weights over the output so far
+        kv = ref_model(input_ids=torch.tensor([PROMPT]), use_cache=True).past_key_values
+        logits = new(input_ids=torch.tensor([checked]), past_key_values=kv, use_cache=True).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    want = [float(lp[j - 1, checked[j]]) for j in range(k, len(checked))]
+    assert res.output_ids[k:k + 16] == [int(lp[j - 1].argmax()) for j in range(k, len(checked))]
+    assert max(abs(a - b) for a, b in zip(res.logprobs[k:k + 16], want, strict=True)) < 1e-4
+    exact = teacher_forced_logprobs(new, PROMPT, checked)[k:]
+    assert max(abs(a - b) for a, b in zip(res.logprobs[k:k + 16], exact, strict=True)) > 1e-3, "not the new policy's exactly"
 
 
 async def test_pause_and_continue_require_a_body_like_sglang(small_engine, small_client):
