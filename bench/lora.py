@@ -67,7 +67,7 @@ async def adapter_push(url: str, model, cfg, version: int) -> tuple[float, float
     from trainer_daemon.sync.adapter import adapter_spec
 
     t0 = time.perf_counter()
-    snap = adapter_snapshot(model, cfg, torch.float32, write=True)
+    snap = adapter_snapshot(model, cfg.actor, cfg.model.path, torch.float32, write=True)
     spec = adapter_spec(snap, version, run_id=RUN_ID, transport="tensors", adapter_dir=ROOT / "runs" / "bench" / "adapters")
     prepare = time.perf_counter() - t0
     plan = pause_plan("abort", False)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from asyncrl.cli_args import config_parser, resolve_config
 from asyncrl.config import RunConfig
-from asyncrl.jetstream import EmbeddedNats, connect, ensure_stream, write_endpoint
+from asyncrl.jetstream import EmbeddedNats, StreamSettings, connect, ensure_stream, write_endpoint
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from asyncrl.wire import NatsNames, Trajectory, decode_trajectory, encode_trajectory
 
@@ -70,7 +70,7 @@ async def publish_and_read_back(cfg: RunConfig, url: str, traj: Trajectory) -> t
     nc = await connect(url, "asyncrl-demo-stack", persistent=False)
     try:
         js = nc.jetstream()
-        await ensure_stream(js, cfg)
+        await ensure_stream(js, StreamSettings.of(cfg))
         payload = encode_trajectory(traj)
         acks = [await js.publish(names.trajectories, payload, headers={"Nats-Msg-Id": traj.id}) for _ in range(2)]
         sub = await js.pull_subscribe(names.trajectories, durable="demo-stack")

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 
 from asyncrl.cli_args import config_parser, resolve_config
 from asyncrl.config import secret
-from asyncrl.jetstream import EmbeddedNats, connect, ensure_stream, write_endpoint
+from asyncrl.jetstream import EmbeddedNats, StreamSettings, connect, ensure_stream, write_endpoint
 from asyncrl.wire import NatsNames
 
 
 async def _create_stream(url: str, cfg) -> str:
     nc = await connect(url, "asyncrl-nats-cli", persistent=False)
     try:
-        sc = await ensure_stream(nc.jetstream(), cfg)
+        sc = await ensure_stream(nc.jetstream(), StreamSettings.of(cfg))
         return f"stream {sc.name}: subjects {sc.subjects}, dedup window {sc.duplicate_window:.0f} s, max message {sc.max_msg_size} bytes, discard {sc.discard}"
     finally:
         await nc.close()

@@ -22,6 +22,7 @@ import orjson
 from asyncrl.chat import ChatTokenizer
 from asyncrl.config import RunConfig, secret
 from asyncrl.jetstream import (
+    StreamSettings,
     connect,
     ensure_kv,
     ensure_stream,
@@ -53,7 +54,7 @@ from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.publish.end_of_data import EndOfDataNotice
 from rollout_service.rewards import MathReward, default_registry
 from rollout_service.runner.finish import model_text
-from rollout_service.runner.runner import Runner
+from rollout_service.runner.runner import Runner, RunnerSettings
 from rollout_service.runner.store import AgentStore, KvRecords, RunnerStateStore
 from rollout_service.runner.validation import run_validation
 from tools.registry import ToolRegistry
@@ -166,30 +167,30 @@ class RolloutService:
         self.chats = ChatCache(tokenizer)
         self.inflight_stateless = InflightLimit(cfg.api.max_stateless_requests, "stateless completions")
         self.inflight_polls = InflightLimit(cfg.api.max_long_polls, "tool-call long-polls")
-        self.model_name = served_model_name(cfg)
+        self.model_name = served_model_name(cfg.api, cfg.model)
         self.math_reward = MathReward()
         self.math_reward.start()
         self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
-        if plays_verifiers(cfg):
+        if plays_verifiers(cfg.data):
             from rollout_service.verifiers_env.supervisor import (
                 DriverSupervisor,
+                build_driver_spec,
                 check_config,
-                driver_spec,
             )
 
-            check_config(cfg)
+            check_config(cfg.data, cfg.rollout)
             if self.url is None:
                 raise ValueError("a verifiers data.source needs the service's own URL: RolloutService.create(cfg, url=...)")
-            spec = driver_spec(cfg, self.url, cfg.derived.max_concurrent_samples)
+            spec = build_driver_spec(cfg, self.url, cfg.derived.max_concurrent_samples)
             self.env_driver = DriverSupervisor(spec, secret(cfg.security.api_token) or "")
         elif cfg.data.source and not cfg.data.train_files:
-            self.rewards.register(*await asyncio.to_thread(source_reward, cfg))
-        stream = await asyncio.to_thread(build_prompt_stream, cfg, self.chat, self.env_driver)
+            self.rewards.register(*await asyncio.to_thread(source_reward, cfg.data))
+        stream = await asyncio.to_thread(build_prompt_stream, cfg.data, cfg.rollout, cfg.run_dir, self.chat, self.env_driver)
         password = secret(cfg.security.nats_password)
         url = resolve_nats_url(cfg.nats.url, cfg.run_dir)
         self.nc = await connect(url, f"rollout-{cfg.run.id}", user=cfg.nats.user, password=password)
         js = self.nc.jetstream()
-        await ensure_stream(js, cfg)
+        await ensure_stream(js, StreamSettings.of(cfg))
         agents_kv = await ensure_kv(js, self.names.agents_bucket)
         state_kv = await ensure_kv(js, self.names.state_bucket)
         sessions_bucket = self.names.sessions_bucket
@@ -207,9 +208,9 @@ class RolloutService:
         async def queue_probe() -> int:
             return await self._unconsumed_trajectories(js)
 
-        self.val_records = await asyncio.to_thread(validation_records, cfg)
+        self.val_records = await asyncio.to_thread(validation_records, cfg.data, cfg.run_dir)
         self.runner = Runner(
-            cfg, deps_factory=self._deps, stream=stream, outbox=outbox, publisher=publisher,
+            RunnerSettings.from_config(cfg), deps_factory=self._deps, stream=stream, outbox=outbox, publisher=publisher,
             agent_store=AgentStore(agents_kv, js, self.names.agents_bucket), state_store=RunnerStateStore(state_kv), queue_probe=queue_probe,
             abort_engines=self.pool.abort_inflight, rid_prefix=self.rid_prefix,
             validator=self._validation_rollouts if self.val_records else None,
@@ -246,7 +247,7 @@ class RolloutService:
         """Every sample of the run's data is played and published, and nothing else is open
         (:mod:`rollout_service.publish.end_of_data`)."""
         r = self.runner
-        if plays_verifiers(self.cfg):
+        if plays_verifiers(self.cfg.data):
             produced = self.env_driver is not None and self.env_driver.state == "finished"
         else:
             produced = r.stream.exhausted

@@ -10,7 +10,7 @@ from asyncrl.config import secret
 from asyncrl.loops import LoopSupervisor
 from asyncrl.progress import ProgressWindow
 from sync_agent import reconcile
-from sync_agent.coordinator import SyncCoordinator
+from sync_agent.coordinator import CoordinatorSettings, SyncCoordinator
 from sync_agent.reconcile import recover
 from sync_agent.records import StateFile
 from sync_agent.rollout_admin import RolloutAdmin
@@ -18,11 +18,13 @@ from sync_agent.rollout_admin import RolloutAdmin
 log = logging.getLogger(__name__)
 
 
-def rollout_url(cfg) -> str:
-    if cfg.sync.rollout_url:
-        return cfg.sync.rollout_url
-    host = "127.0.0.1" if cfg.rollout.host in ("0.0.0.0", "::") else cfg.rollout.host
-    return f"http://{host}:{cfg.rollout.port}"
+def rollout_url(sync, rollout) -> str:
+    """The rollout service's base URL: ``sync.rollout_url``, else the ``rollout`` section's
+    host (loopback for a wildcard bind) and port."""
+    if sync.rollout_url:
+        return sync.rollout_url
+    host = "127.0.0.1" if rollout.host in ("0.0.0.0", "::") else rollout.host
+    return f"http://{host}:{rollout.port}"
 
 
 class PolicyRefused(RuntimeError):
@@ -32,8 +34,8 @@ class PolicyRefused(RuntimeError):
 class SyncAgent:
     def __init__(self, cfg) -> None:
         self.cfg = cfg
-        self.rollout = RolloutAdmin(rollout_url(cfg), secret(cfg.security.admin_token), timeout_s=cfg.sync.engine_timeout_s)
-        self.coordinator = SyncCoordinator(cfg, StateFile(Path(cfg.run_dir) / "sync" / "state.json"), self.rollout)
+        self.rollout = RolloutAdmin(rollout_url(cfg.sync, cfg.rollout), secret(cfg.security.admin_token), timeout_s=cfg.sync.engine_timeout_s)
+        self.coordinator = SyncCoordinator(CoordinatorSettings.from_config(cfg), StateFile(Path(cfg.run_dir) / "sync" / "state.json"), self.rollout)
         self.progress = ProgressWindow(cfg.run.progress_window_s)
         """The tally's counters sampled for the ``health`` block of ``/status`` (:mod:`sync_agent.health`)."""
         self.started_at = time.time()

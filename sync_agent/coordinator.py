@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.config import secret
@@ -42,7 +43,7 @@ from asyncrl.engine_client.errors import EngineError
 from asyncrl.sync_control.adapter_load import adapter_problems, stage_adapter, switch_adapter
 from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
 from asyncrl.sync_control.layout import LayoutError, check_nccl
-from asyncrl.sync_control.pause_policy import plan_for, policy_problems
+from asyncrl.sync_control.pause_policy import PausePlan, plan_for, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
 from asyncrl.wire.rollout_admin import EngineState
 from asyncrl.wire.sync import AdapterSpec, ReloadSpec, SyncRequest, weight_version_number
@@ -74,12 +75,30 @@ class SyncConflict(Exception):
         self.status, self.code, self.message, self.extra = status, code, message, extra
 
 
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """The coordinator's share of the run config (``from_config``): the ``sync``, ``engines``
+    and ``actor`` sections, the run id, the pause plan and whether syncs carry adapters."""
+
+    sync: Any
+    engines: Any
+    actor: Any
+    run_id: str
+    plan: PausePlan
+    syncs_adapters: bool
+
+    @classmethod
+    def from_config(cls, cfg) -> CoordinatorSettings:
+        return cls(sync=cfg.sync, engines=cfg.engines, actor=cfg.actor, run_id=cfg.run.id,
+                   plan=plan_for(cfg.sync, cfg.async_training), syncs_adapters=cfg.syncs_adapters)
+
+
 class SyncCoordinator:
-    def __init__(self, cfg, state_file: StateFile, rollout: RolloutAdmin) -> None:
-        self.cfg = cfg
+    def __init__(self, settings: CoordinatorSettings, state_file: StateFile, rollout: RolloutAdmin) -> None:
+        self.settings = settings
         self.state_file = state_file
         self.rollout = rollout
-        self.history = SyncHistory(state_file.path.parent, cfg.sync.history_max_bytes)
+        self.history = SyncHistory(state_file.path.parent, settings.sync.history_max_bytes)
         state = state_file.load()
         self.version, self.group, self.records, self.needs_reload = state.version, state.group, state.records, state.needs_reload
         self.accepted_version = self.version
@@ -88,11 +107,11 @@ class SyncCoordinator:
         self.running: SyncRecord | None = None
         self.reload_hint: ReloadSpec | None = None
         self.last_views: list[dict[str, Any]] = []
-        self.liveness = EngineLiveness(cfg.sync.engine_timeout_s)
+        self.liveness = EngineLiveness(settings.sync.engine_timeout_s)
         """Who answers /model_info; engines that missed a probe are not waited for (:mod:`.liveness`)."""
         self.unfinished: SyncRecord | None = next((r for r in reversed(self.records) if not r.done), None)
         """A sync the previous agent process left unfinished; new syncs wait until it is recovered."""
-        self.plan = plan_for(cfg)
+        self.plan = settings.plan
         self.pause_mode = self.plan.rollout_mode
         self.tally = SyncTally()
         """Outcomes since this process started (the records are bounded; these counts are not)."""
@@ -104,9 +123,9 @@ class SyncCoordinator:
     def client(self, engine_id: str, url: str) -> EngineClient:
         c = self.clients.get(engine_id)
         if c is None or c.base_url != url.rstrip("/"):
-            e = self.cfg.engines
+            e = self.settings.engines
             c = self.clients[engine_id] = EngineClient(url, api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key),
-                                                       control_timeout_s=self.cfg.sync.engine_timeout_s)
+                                                       control_timeout_s=self.settings.sync.engine_timeout_s)
         return c
 
     async def engine_views(self) -> list[dict[str, Any]]:
@@ -150,8 +169,8 @@ class SyncCoordinator:
         in a sync request, else ``sync.reload_path`` (version 0), else None (a full push)."""
         if self.reload_hint is not None:
             return self.reload_hint.path, self.reload_hint.version
-        if self.cfg.sync.reload_path:
-            return self.cfg.sync.reload_path, 0
+        if self.settings.sync.reload_path:
+            return self.settings.sync.reload_path, 0
         return None
 
     def push_wanted(self, views: list[dict[str, Any]]) -> bool:
@@ -170,9 +189,9 @@ class SyncCoordinator:
         g = rec.group
         if g is None:  # an adapter sync: no group, one load per member
             members = [Member(eid, self.client(eid, url)) for eid, url in rec.urls.items()]
-            return EngineUpdate(members, control_timeout_s=self.cfg.sync.engine_timeout_s, total_buckets=1)
+            return EngineUpdate(members, control_timeout_s=self.settings.sync.engine_timeout_s, total_buckets=1)
         members = [Member(eid, self.client(eid, g.urls[eid]), rank_offset=offset) for eid, offset in g.members.items()]
-        return EngineUpdate(members, control_timeout_s=self.cfg.sync.engine_timeout_s, total_buckets=len(rec.buckets),
+        return EngineUpdate(members, control_timeout_s=self.settings.sync.engine_timeout_s, total_buckets=len(rec.buckets),
                             group_name=g.group_name)
 
     async def _plan_group(self, request: SyncRequest, live: dict[str, str]) -> tuple[dict[str, int], int]:
@@ -180,7 +199,7 @@ class SyncCoordinator:
         their layouts; SyncConflict for a layout or NCCL versions that cannot work."""
         order = sorted(live)
         update = EngineUpdate([Member(eid, self.client(eid, live[eid])) for eid in order],
-                              control_timeout_s=self.cfg.sync.engine_timeout_s)
+                              control_timeout_s=self.settings.sync.engine_timeout_s)
         try:
             layouts, world = await update.read_layouts()
         except LayoutError as exc:
@@ -205,23 +224,23 @@ class SyncCoordinator:
         ``--max-loaded-loras`` under 2: issue 36), so the run stops before its first sync, not
         at it. Engines that do not answer within the liveness bound are not judged here; every
         sync judges its members again."""
-        urls = list(self.cfg.engines.urls or [])
+        urls = list(self.settings.engines.urls or [])
         spans = self.plan.engine_mode in ("retract", "in_place")
-        if not (spans or self.cfg.syncs_adapters) or not urls:
+        if not (spans or self.settings.syncs_adapters) or not urls:
             return []
-        limit = min(self.cfg.sync.engine_timeout_s, LIVENESS_TIMEOUT_S)
+        limit = min(self.settings.sync.engine_timeout_s, LIVENESS_TIMEOUT_S)
 
         async def one(url: str) -> list[str]:
             update = EngineUpdate([Member(url, self.client(url, url))], control_timeout_s=limit)
             try:
                 layouts, _ = await update.read_layouts()
-                info = await update.members[0].client.server_info(timeout_s=limit) if self.cfg.syncs_adapters else {}
+                info = await update.members[0].client.server_info(timeout_s=limit) if self.settings.syncs_adapters else {}
             except (LayoutError, EngineError) as exc:
                 log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
                 return []
             found = policy_problems(self.plan, layouts) if spans else []
-            if self.cfg.syncs_adapters:
-                found += adapter_problems(self.cfg, info, f"engine {url}")
+            if self.settings.syncs_adapters:
+                found += adapter_problems(self.settings.actor, info, f"engine {url}")
             return found
 
         return [p for found in await asyncio.gather(*(one(u) for u in urls)) for p in found]
@@ -314,7 +333,7 @@ class SyncCoordinator:
             self._enter(rec, "failing")
 
     async def execute(self, rec: SyncRecord) -> None:
-        s = self.cfg.sync
+        s = self.settings.sync
         rec.previous_version = self.version
         update = self._update(rec)
         paused_rollout = contained = False
@@ -341,7 +360,7 @@ class SyncCoordinator:
         try:
             if rec.adapter is not None:  # loaded beside the current one before anything pauses (adapter_load)
                 self._enter(rec, "staging")
-                staged |= await stage_adapter(update, self.adapters[rec.id], run_id=self.cfg.run.id, keep=self.version,
+                staged |= await stage_adapter(update, self.adapters[rec.id], run_id=self.settings.run_id, keep=self.version,
                                               transport=s.adapter_transport, timeout_s=s.engine_timeout_s)
             self._enter(rec, "pausing")
             await self.rollout.pause(self.pause_mode, s.pause_timeout_s)
@@ -391,7 +410,7 @@ class SyncCoordinator:
         if old is not None and old.group_name != g.group_name:
             await update.leave_group(old.group_name)  # trainers name every new group anew: free the old one
         await update.join(g.master_address, g.master_port, g.world_size, backend=g.backend,
-                          timeout_s=self.cfg.sync.group_init_timeout_s)
+                          timeout_s=self.settings.sync.group_init_timeout_s)
         self.group = GroupInfo(g.master_address, g.master_port, g.backend, g.group_name, g.world_size, dict(g.members))
         self.persist()
 

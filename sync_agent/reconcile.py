@@ -80,7 +80,7 @@ async def repair(co: SyncCoordinator, client, path: str, version: int) -> None:
     """Bring an engine a failed sync left behind back to whole weights: close its session and
     group (either may be gone: 400/404 are fine), reload every weight from ``path``, flush,
     continue. Raises EngineError when it does not answer (still stuck: next round)."""
-    t = co.cfg.sync.engine_timeout_s
+    t = co.settings.sync.engine_timeout_s
     for call in (client.end_weight_update, lambda timeout_s: client.destroy_weights_update_group(timeout_s=timeout_s)):
         try:
             await call(timeout_s=t)

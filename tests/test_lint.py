@@ -128,3 +128,65 @@ def test_the_lint_sees_lazy_and_type_checking_imports_only_when_asked():
     assert sorted(n[0] for _, n in _imports(tree)) == ["os", "rollout_service.app", "sync_agent", "torch", "trainer_daemon.sft"]
     assert sorted(n[0] for _, n in _imports(tree, lazy=False)) == ["os", "rollout_service.app", "sync_agent", "torch"]
     assert sorted(n[0] for _, n in _imports(tree, lazy=False, type_checking=False)) == ["os", "rollout_service.app", "sync_agent"]
+
+
+# One wiring point per service (issue 34 item 5): only these take the whole run config; every
+# component below them takes the sections it uses (or a settings object a ``from_config`` /
+# ``of`` classmethod builds, as StepSettings does), so what a component depends on is in its
+# signature. ``build_*`` functions assemble components from the whole config (the publisher,
+# the trackers that record the config, the verifiers driver's spec).
+WIRING = {
+    ("rollout_service/service.py", "RolloutService.__init__"), ("rollout_service/service.py", "RolloutService.create"),
+    ("rollout_service/__main__.py", "_serve"),
+    ("sync_agent/agent.py", "SyncAgent.__init__"),
+    ("trainer_daemon/daemon.py", "TrainerDaemon.__init__"), ("trainer_daemon/rank0.py", "Rank0Services.__init__"),
+}
+SETTINGS_FACTORIES = ("from_config", "of", "for_run")
+WHOLE_CONFIG_CHECKED = ("asyncrl", *SERVICES, "local_engine", "tools")
+
+
+def _takes_whole_config(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    args = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+    return any((a.annotation is not None and "RunConfig" in ast.unparse(a.annotation))
+               or (a.annotation is None and a.arg == "cfg") for a in args)
+
+
+def _whole_config_takers(tree: ast.AST) -> list[tuple[str, int]]:
+    """``(qualified name, line)`` of every function or method in ``tree`` taking a RunConfig
+    (annotated so, or an unannotated ``cfg``), settings factories and builders left out."""
+    out = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}{child.name}"
+                if _takes_whole_config(child) and child.name not in SETTINGS_FACTORIES and not child.name.startswith("build"):
+                    out.append((name, child.lineno))
+                visit(child, f"{name}.")
+
+    visit(tree, "")
+    return out
+
+
+def test_only_a_services_wiring_point_takes_the_whole_run_config():
+    bad = []
+    for package in WHOLE_CONFIG_CHECKED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel.startswith("asyncrl/config/"):
+                continue  # the config itself
+            for name, line in _whole_config_takers(ast.parse(path.read_text(), filename=rel)):
+                if (rel, name) not in WIRING:
+                    bad.append(f"{rel}:{line} {name} takes the whole run config: give it the sections it uses")
+    assert not bad, "\n".join(bad)
+    missing = [w for w in WIRING if not any(w[1] == n for n, _ in _whole_config_takers(ast.parse((ROOT / w[0]).read_text())))]
+    assert not missing, f"wiring points that no longer take the config (drop them from WIRING): {missing}"
+
+
+def test_the_config_lint_sees_annotated_and_bare_configs():
+    tree = ast.parse("class A:\n    def __init__(self, cfg): ...\n    @classmethod\n    def from_config(cls, cfg: RunConfig): ...\n"
+                     "def f(sync, actor): ...\ndef g(x, config: 'RunConfig'): ...\ndef build_x(cfg): ...\n"
+                     "def h(cfg: SftConfig): ...\n")
+    assert _whole_config_takers(tree) == [("A.__init__", 2), ("g", 6)]

@@ -58,7 +58,7 @@ from trainer_daemon.model import (
     policy_vocab_size,
 )
 from trainer_daemon.step import StepSettings, TrainStep
-from trainer_daemon.sync import staging_device, staging_mode
+from trainer_daemon.sync import staging_device, staging_mode, weight_sync_backend
 from trainer_daemon.sync.staging import WeightStager, engine_tensors
 
 log = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ class TrainerDaemon:
                 log.error("skipping the weight sync at step %d: the previous one is still running", self.step)
         dtype = getattr(torch, self.cfg.model.dtype)
         if self.cfg.syncs_adapters:  # the adapter alone (every rank: the gather of the trainable parameters)
-            snapshot = adapter_snapshot(self.model, self.cfg, dtype, write=sender and finished)
+            snapshot = adapter_snapshot(self.model, self.cfg.actor, self.cfg.model.path, dtype, write=sender and finished)
             if snapshot is not None:
                 target = self.r0.sync.start(snapshot, version=self.r0.version if same_version else None)
                 self._publishing = (self.step, target)
@@ -304,7 +304,7 @@ class TrainerDaemon:
         mode = self._staging_mode(tied, dtype)
         if self._stager is None and mode != "state_dict":
             self._stager = WeightStager(self.model, tied=tied, dtype=dtype, bucket_bytes=self.cfg.sync.bucket_bytes,
-                                        device=staging_device(self.cfg), is_sender=self.ctx.is_rank0)
+                                        device=staging_device(weight_sync_backend(self.cfg.trainer, self.cfg.engines)), is_sender=self.ctx.is_rank0)
         if mode == "two_buckets":
             self._stream(sender and finished, same_version)  # every rank: the gathers, while rank 0 publishes
             return None
@@ -325,7 +325,7 @@ class TrainerDaemon:
                          for _, t in engine_tensors(self.model, tied))
             dev = self.ctx.device
             total = torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda" else None
-            self._staging = staging_mode(self.cfg, nbytes, total)
+            self._staging = staging_mode(self.cfg.sync, self.cfg.actor, weight_sync_backend(self.cfg.trainer, self.cfg.engines), nbytes, total)
             log.info("weight sync staging: %s (%.2f GB in %s)", self._staging, nbytes / 1e9, dtype)
         return self._staging
 
@@ -350,7 +350,7 @@ class TrainerDaemon:
         export = None
         if ck.export_hf:
             full = full if full is not None else full_state_dict(self.model)
-            export = lambda d: export_hf(d, full, self.model.config, self.cfg)  # noqa: E731
+            export = lambda d: export_hf(d, full, self.model.config, self.cfg.actor, self.cfg.model)  # noqa: E731
         state = segment = None
         if self.ctx.is_rank0:
             consumption, segment = self.r0.snapshot(self.step)

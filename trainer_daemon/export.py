@@ -25,12 +25,12 @@ from asyncrl.models import load_tokenizer
 from trainer_daemon.model import engine_weights
 
 
-def export_hf(directory: Path, full: dict[str, torch.Tensor], model_config, cfg) -> Path:
-    """Write the export into ``directory`` (created); returns it."""
+def export_hf(directory: Path, full: dict[str, torch.Tensor], model_config, actor, model) -> Path:
+    """Write the export into ``directory`` (created; ``actor`` and ``model``: the run's sections); returns it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tied = bool(getattr(model_config, "tie_word_embeddings", False))
-    a = cfg.actor
+    a = actor
     scaling = a.lora_alpha / a.lora_rank if a.lora_rank else None
     tensors = {k: v.detach().contiguous() for k, v in engine_weights(full, tied, lora_scaling=scaling).items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
@@ -41,8 +41,8 @@ def export_hf(directory: Path, full: dict[str, torch.Tensor], model_config, cfg)
         adapter.mkdir(exist_ok=True)
         save_file({k: v.detach().contiguous() for k, v in adapter_weights(full).items()},
                   str(adapter / "adapter_model.safetensors"), metadata={"format": "pt"})
-        doc = adapter_config(a.lora_rank, a.lora_alpha, adapter_targets(full), cfg.model.path)
+        doc = adapter_config(a.lora_rank, a.lora_alpha, adapter_targets(full), model.path)
         (adapter / "adapter_config.json").write_text(json.dumps(doc, indent=2, default=str))
     model_config.save_pretrained(directory)
-    load_tokenizer(cfg.model.tokenizer_path or cfg.model.path).save_pretrained(directory)
+    load_tokenizer(model.tokenizer_path or model.path).save_pretrained(directory)
     return directory

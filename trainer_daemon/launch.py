@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from asyncrl.launch import free_port
 
 
-def torchrun_argv(cfg, args: Sequence[str]) -> list[str]:
-    """The command line (module docstring) for ``cfg`` with the user's ``args`` passed through."""
-    t = cfg.trainer
+def torchrun_argv(trainer, args: Sequence[str]) -> list[str]:
+    """The command line (module docstring) for the ``trainer`` section, the user's ``args`` passed through."""
+    t = trainer
     port = t.master_port
     if port == 0:
         if t.nnodes > 1:
@@ -50,7 +50,7 @@ def main(argv: Sequence[str]) -> int:
         return 0
     path, overrides = _split_config_args(args)
     cfg = load_config(path, overrides)  # fail here, once, on a bad config
-    cmd = torchrun_argv(cfg, args)
+    cmd = torchrun_argv(cfg.trainer, args)
     if cfg.trainer.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.trainer.nproc_per_node))
     print("+ " + shlex.join(cmd), flush=True)

@@ -106,9 +106,10 @@ def adapter_config(rank: int, alpha: float, targets: list[str], base_model: str)
     return doc
 
 
-def adapter_snapshot(model: torch.nn.Module, cfg, dtype: torch.dtype, write: bool):
+def adapter_snapshot(model: torch.nn.Module, actor, base_model: str, dtype: torch.dtype, write: bool):
     """*Collective.* The adapter of the current parameters as an adapter sync publishes it
-    (:class:`trainer_daemon.sync.adapter.AdapterSnapshot`, tensors in ``dtype``): every rank
+    (:class:`trainer_daemon.sync.adapter.AdapterSnapshot`, tensors in ``dtype``; rank and alpha
+    from the ``actor`` section, ``base_model`` named in its config): every rank
     gathers the trainable parameters only; rank 0 (``write``) gets the snapshot, others None."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -121,6 +122,6 @@ def adapter_snapshot(model: torch.nn.Module, cfg, dtype: torch.dtype, write: boo
         return None
     if not is_sharded(model):  # one rank: these are the live parameters
         trained = {k: t.detach().clone() for k, t in trained.items()}
-    a = cfg.actor
+    a = actor
     tensors = {k: t.to(dtype) for k, t in adapter_weights(trained).items()}
-    return AdapterSnapshot(tensors, adapter_config(a.lora_rank, a.lora_alpha, adapter_targets(trained), cfg.model.path))
+    return AdapterSnapshot(tensors, adapter_config(a.lora_rank, a.lora_alpha, adapter_targets(trained), base_model))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import secret
-from asyncrl.jetstream import connect, ensure_stream, resolve_nats_url
+from asyncrl.jetstream import StreamSettings, connect, ensure_stream, resolve_nats_url
 from asyncrl.wire import NatsNames, Trajectory
 from trainer_daemon.algo import StalenessBound
 from trainer_daemon.consume import ConsumptionState, PendingGroup, TrajectorySource
@@ -26,7 +26,7 @@ from trainer_daemon.ledger import JOURNAL, LEDGER_DIR, Ledger, lost_steps
 from trainer_daemon.lineage import Lineage
 from trainer_daemon.metrics import MetricsHub
 from trainer_daemon.sync import SyncController, build_publisher
-from trainer_daemon.tracking import tracking_sinks
+from trainer_daemon.tracking import build_tracking_sinks
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +80,14 @@ class Rank0Services:
         async def _start():
             self.nc = await connect(url, f"trainer-{cfg.run.id}", user=cfg.nats.user, password=password)
             js = self.nc.jetstream()
-            await ensure_stream(js, cfg)
+            await ensure_stream(js, StreamSettings.of(cfg))
             await self.source.start(js)
             asyncio.get_running_loop().create_task(self.source.heartbeat_loop(cfg.trainer.ack_wait_s / 4), name="heartbeats")
 
         self.io.run(_start(), CONNECT_TIMEOUT_S)
         t = cfg.trainer
         self.metrics = MetricsHub(cfg.run_dir, list(t.loggers), t.metrics_host, t.metrics_port, send=self._send_metrics,
-                                  extra_sinks=tracking_sinks(cfg))
+                                  extra_sinks=build_tracking_sinks(cfg))
         publisher = build_publisher(cfg)
         if publisher is not None:
             self.sync = SyncController(publisher, self.io, self._base_version, self.lineage)

@@ -96,8 +96,9 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def tracking_sinks(cfg) -> list:
-    """The trackers ``trainer.loggers`` names (module docstring); [] when none."""
+def build_tracking_sinks(cfg) -> list:
+    """The trackers ``trainer.loggers`` names (module docstring), each given the whole config
+    to record; [] when none."""
     t = cfg.trainer
     name = t.experiment_name or cfg.run.id
     sinks: list = []

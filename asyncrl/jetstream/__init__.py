@@ -8,6 +8,7 @@ from asyncrl.jetstream.embedded import (
 )
 from asyncrl.jetstream.setup import (
     StreamMismatch,
+    StreamSettings,
     connect,
     ensure_kv,
     ensure_stream,
@@ -16,4 +17,4 @@ from asyncrl.jetstream.setup import (
     stream_config,
 )
 
-__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "connect", "ensure_kv", "ensure_stream", "kv_forget", "store_sizes", "find_nats_server", "stream_config"]
+__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "StreamSettings", "connect", "ensure_kv", "ensure_stream", "kv_forget", "store_sizes", "find_nats_server", "stream_config"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import nats
@@ -97,26 +98,41 @@ async def connect(url: str, name: str, user: str | None = None, password: str | 
     )
 
 
-def stream_config(cfg: RunConfig) -> StreamConfig:
+@dataclass(frozen=True)
+class StreamSettings:
+    """What the run's stream is made of: the run id, ``nats.stream_max_bytes``,
+    ``nats.duplicate_window_s`` and the largest message (``derived.max_message_bytes``)."""
+
+    run_id: str
+    max_bytes: int
+    max_message_bytes: int
+    duplicate_window_s: float
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> StreamSettings:
+        return cls(cfg.run.id, cfg.nats.stream_max_bytes, cfg.derived.max_message_bytes, cfg.nats.duplicate_window_s)
+
+
+def stream_config(settings: StreamSettings) -> StreamConfig:
     """The run's stream settings (see the module docstring)."""
-    names = NatsNames(cfg.run.id)
+    names = NatsNames(settings.run_id)
     return StreamConfig(
         name=names.stream,
-        description=f"asyncrl trajectories of run {cfg.run.id}",
+        description=f"asyncrl trajectories of run {settings.run_id}",
         subjects=names.stream_subjects,
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         discard=DiscardPolicy.NEW,
-        max_bytes=cfg.nats.stream_max_bytes,
-        max_msg_size=cfg.derived.max_message_bytes,
-        duplicate_window=cfg.nats.duplicate_window_s,
+        max_bytes=settings.max_bytes,
+        max_msg_size=settings.max_message_bytes,
+        duplicate_window=settings.duplicate_window_s,
         num_replicas=1,
     )
 
 
-async def ensure_stream(js: JetStreamContext, cfg: RunConfig) -> StreamConfig:
-    """Create the run's stream or reconcile an existing one; return its config."""
-    wanted = stream_config(cfg)
+async def ensure_stream(js: JetStreamContext, settings: StreamSettings) -> StreamConfig:
+    """Create the run's stream (``StreamSettings.of(cfg)``) or reconcile an existing one; return its config."""
+    wanted = stream_config(settings)
     try:
         info = await js.stream_info(wanted.name)
     except NotFoundError:

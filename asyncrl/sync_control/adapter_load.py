@@ -77,13 +77,13 @@ def pick_transport(info: dict, transport: Transport, spec: AdapterSpec) -> str:
     return choice
 
 
-def adapter_problems(cfg, info: dict, where: str) -> list[str]:
-    """Why an engine whose ``/server_info`` is ``info`` cannot serve the run's adapters
-    (settings named: :func:`asyncrl.lora_targets.serving_problem`); empty when it can."""
+def adapter_problems(actor, info: dict, where: str) -> list[str]:
+    """Why an engine whose ``/server_info`` is ``info`` cannot serve the adapters of the run's
+    ``actor`` section (settings named: :func:`asyncrl.lora_targets.serving_problem`); empty when it can."""
     on = bool(info.get("enable_lora"))
     if on and (info.get("max_lora_rank") is None or info.get("lora_target_modules") is None):
         return []  # inferred from --lora-paths inside SGLang, not reported: the first sync judges it
-    a = cfg.actor
+    a = actor
     found = serving_problem(a.lora_rank, a.target_modules, info.get("max_lora_rank") if on else None,
                             info.get("lora_target_modules") if on else None, where)
     out = [f"{found}; or set sync.lora_weights=merged"] if found else []

@@ -60,9 +60,9 @@ def pause_plan(policy: PausePolicyName, partial_rollout_active: bool) -> PausePl
     raise ValueError(f"unknown pause policy {policy!r} (abort, retract or in_place)")
 
 
-def plan_for(cfg) -> PausePlan:
-    """:func:`pause_plan` of a run config."""
-    return pause_plan(cfg.sync.pause_policy, cfg.async_training.partial_rollout_active)
+def plan_for(sync, async_training) -> PausePlan:
+    """:func:`pause_plan` of a run's ``sync`` and ``async_training`` sections."""
+    return pause_plan(sync.pause_policy, async_training.partial_rollout_active)
 
 
 SPANS_FROM = (0, 5, 19)

@@ -35,7 +35,7 @@ def build_admin_router(svc) -> APIRouter:
     router = APIRouter(prefix="/admin", dependencies=[Depends(admin)])
 
     def default_mode() -> str:
-        return plan_for(svc.cfg).rollout_mode
+        return plan_for(svc.cfg.sync, svc.cfg.async_training).rollout_mode
 
     @router.post("/pause", responses=errors(504))
     async def pause(body: PauseRequest | None = None) -> RolloutStatus:

@@ -36,13 +36,14 @@ class ChatCache:
         return chat
 
 
-def served_model_name(cfg) -> str:
-    """The model id clients see: ``api.model_name``, else the last component of ``model.path``
-    (a builtin spec such as ``builtin:tiny`` as it is). The path itself is never shown: where
-    the weights lie on the server is not the clients' business (issue 30)."""
-    if cfg.api.model_name:
-        return cfg.api.model_name
-    path = cfg.model.path.rstrip("/")
+def served_model_name(api, model) -> str:
+    """The model id clients see (from the ``api`` and ``model`` sections): ``api.model_name``,
+    else the last component of ``model.path`` (a builtin spec such as ``builtin:tiny`` as it
+    is). The path itself is never shown: where the weights lie on the server is not the
+    clients' business (issue 30)."""
+    if api.model_name:
+        return api.model_name
+    path = model.path.rstrip("/")
     return path if ":" in path.split("/")[0] else PurePosixPath(path).name or path
 
 

@@ -37,6 +37,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from asyncrl.config import RunConfig
 from asyncrl.loops import LoopSupervisor
@@ -62,6 +63,29 @@ EXACT_ABORT_ROUNDS = 8  # then abort everything on the engines still holding our
 SLOW_PAUSE_S = 1.0  # a pause longer than this is logged with where its time went
 
 
+@dataclass(frozen=True)
+class RunnerSettings:
+    """The runner's share of the run config (``from_config``)."""
+
+    run_id: str
+    n: int
+    """``rollout.n``: agents per sample (one group)."""
+    max_concurrent_samples: int
+    max_required_samples: int
+    max_queue_size: int
+    test_freq: int
+    val_before_train: bool
+    publish_unit: str
+    """``rollout.publish_unit``: ``trajectory`` or ``group``."""
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> RunnerSettings:
+        d, r = cfg.derived, cfg.rollout
+        return cls(run_id=cfg.run.id, n=r.n, max_concurrent_samples=d.max_concurrent_samples,
+                   max_required_samples=d.max_required_samples, max_queue_size=d.max_queue_size, test_freq=r.test_freq,
+                   val_before_train=r.val_before_train, publish_unit=r.publish_unit)
+
+
 class PauseTimeout(RuntimeError):
     """The pause did not complete in time (the runner stays paused)."""
 
@@ -69,14 +93,13 @@ class PauseTimeout(RuntimeError):
 class Runner:
     """See the module docstring. Build with the collaborators, then ``await start()``."""
 
-    def __init__(self, cfg: RunConfig, *, deps_factory: Callable[["Runner"], AgentDeps], stream, outbox, publisher,
+    def __init__(self, settings: RunnerSettings, *, deps_factory: Callable[["Runner"], AgentDeps], stream, outbox, publisher,
                  agent_store, state_store, queue_probe: Callable[[], Awaitable[int]], abort_engines: Callable[[str], Awaitable[None]],
                  rid_prefix: str, validator: Validator | None = None) -> None:
-        self.cfg = cfg
-        d = cfg.derived
-        self.n = cfg.rollout.n
-        self.max_concurrent = d.max_concurrent_samples
-        self.quota = StalenessQuota(d.max_required_samples, d.max_queue_size)
+        self.settings = settings
+        self.n = settings.n
+        self.max_concurrent = settings.max_concurrent_samples
+        self.quota = StalenessQuota(settings.max_required_samples, settings.max_queue_size)
         self.stream, self.outbox, self.publisher = stream, outbox, publisher
         self.agent_store, self.state_store = agent_store, state_store
         self.queue_probe, self.abort_engines, self.rid_prefix = queue_probe, abort_engines, rid_prefix
@@ -100,7 +123,7 @@ class Runner:
         starts again; both keep their state on the runner, so a restart loses nothing)."""
         self._stop = self.loops.stop_event
         self.deps = deps_factory(self)
-        self.validation = ValidationSchedule(cfg.rollout.test_freq, validator)
+        self.validation = ValidationSchedule(settings.test_freq, validator)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -113,7 +136,7 @@ class Runner:
             self.counters.restored_agents += 1
             self._launch(state)
         log.info("restored %d agents (%d already finished), version %d", len(restored.agents), restored.dropped, self.version)
-        if self.cfg.rollout.val_before_train and self.version == 0:
+        if self.settings.val_before_train and self.version == 0:
             self.validation.start(0)  # beside the first training rollouts, in the background
         self.loops.spawn("admission", lambda _stop: self._admission_loop())
         self.loops.spawn("publisher", self.publisher.run)
@@ -199,7 +222,7 @@ class Runner:
         self.counters.samples_started += 1
         group_id = f"s{index:08d}"
         states = [
-            AgentState(id=f"{self.cfg.run.id}-{group_id}-{i}", run_id=self.cfg.run.id, group_id=group_id, group_size=self.n,
+            AgentState(id=f"{self.settings.run_id}-{group_id}-{i}", run_id=self.settings.run_id, group_id=group_id, group_size=self.n,
                        group_index=i, prompt_id=record.prompt_id, data_source=record.data_source,
                        ground_truth=record.ground_truth, extra_info=dict(record.extra_info), messages=record.chat(),
                        created_at=time.time())
@@ -232,7 +255,7 @@ class Runner:
         when ``publish_unit`` is ``group``) and account for it in its group. Returns once the
         file is durable; the file work runs in worker threads, so group mates finishing
         together are written concurrently and each counts only after its own write."""
-        if self.cfg.rollout.publish_unit == "group":
+        if self.settings.publish_unit == "group":
             await self.outbox.hold_async(traj)
             left = self.groups.get(traj.group_id, 1) - 1
             self.groups[traj.group_id] = left
@@ -256,7 +279,7 @@ class Runner:
         self.groups[group_id] = left
         if left <= 0:
             self.groups.pop(group_id, None)
-            if self.cfg.rollout.publish_unit == "group":
+            if self.settings.publish_unit == "group":
                 await self.outbox.release_group_async(group_id)
             self.publisher.notify()
         self._wake.set()

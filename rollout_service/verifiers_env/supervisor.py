@@ -53,21 +53,22 @@ STOP_GRACE_S = 10.0
 EXIT_FINISHED, EXIT_LOAD_FAILED = 0, 2
 
 
-def state_dir(cfg: RunConfig) -> Path:
-    return Path(cfg.run_dir) / "rollout" / "verifiers"
+def state_dir(run_dir: Path | str) -> Path:
+    return Path(run_dir) / "rollout" / "verifiers"
 
 
-def check_config(cfg: RunConfig) -> None:
-    """ValueError for a run config a verifiers source cannot honour (the service refuses to start)."""
-    env_id_of(cfg.data.source or "")
-    if cfg.rollout.sampling.top_k != -1:
-        raise ValueError(f"rollout.sampling.top_k = {cfg.rollout.sampling.top_k}: a verifiers source samples through the "
+def check_config(data, rollout) -> None:
+    """ValueError for ``data`` / ``rollout`` sections a verifiers source cannot honour (the
+    service refuses to start)."""
+    env_id_of(data.source or "")
+    if rollout.sampling.top_k != -1:
+        raise ValueError(f"rollout.sampling.top_k = {rollout.sampling.top_k}: a verifiers source samples through the "
                          "OpenAI API, which has no top_k; leave it at -1")
 
 
-def driver_spec(cfg: RunConfig, url: str, max_concurrent: int) -> DriverSpec:
+def build_driver_spec(cfg: RunConfig, url: str, max_concurrent: int) -> DriverSpec:
     """The driver's spec from the run config (module doc of :mod:`.driver`)."""
-    check_config(cfg)
+    check_config(cfg.data, cfg.rollout)
     env_id = env_id_of(cfg.data.source or "")
     s, e = cfg.rollout.sampling, cfg.engines
     max_tokens = min(s.max_new_tokens, cfg.rollout.response_length)
@@ -78,7 +79,7 @@ def driver_spec(cfg: RunConfig, url: str, max_concurrent: int) -> DriverSpec:
     return DriverSpec(url=url, env_id=env_id, env_args=dict(cfg.data.source_options), data_source=DATA_SOURCE_PREFIX + env_id,
                       n=cfg.rollout.n, max_concurrent=max_concurrent, total_groups=cfg.rollout.total_rollout_steps,
                       total_epochs=cfg.rollout.total_epochs, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
-                      model=served_model_name(cfg), sampling=sampling, state_dir=str(state_dir(cfg)),
+                      model=served_model_name(cfg.api, cfg.model), sampling=sampling, state_dir=str(state_dir(cfg.run_dir)),
                       request_timeout_s=generate_s + cfg.rollout.pause_timeout_s)
 
 

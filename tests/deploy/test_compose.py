@@ -85,7 +85,7 @@ def test_multi_node_trainer_world_from_env(compose):
     assert (t.nnodes, t.node_rank, t.nproc_per_node, t.master_addr, t.master_port) == (3, 2, 8, CLUSTER_ADDRS["MASTER_ADDR"], 29511)
     from trainer_daemon.launch import torchrun_argv
 
-    argv = torchrun_argv(cfg, [str(RUN_TOML)])
+    argv = torchrun_argv(cfg.trainer, [str(RUN_TOML)])
     joined = " ".join(argv)
     assert "--nnodes 3 --nproc-per-node 8 --node-rank 2" in joined and f"--master-addr {CLUSTER_ADDRS['MASTER_ADDR']} --master-port 29511" in joined
 

@@ -14,6 +14,7 @@ from asyncrl.config import load_config
 from asyncrl.jetstream import (
     EmbeddedNats,
     StreamMismatch,
+    StreamSettings,
     connect,
     ensure_kv,
     ensure_stream,
@@ -29,7 +30,7 @@ async def test_stream_is_created_with_dedup_and_a_duplicate_is_stored_once(run_c
     nc = await connect(nats_server.url, "test", persistent=False)
     try:
         js = nc.jetstream()
-        sc = await ensure_stream(js, run_config)
+        sc = await ensure_stream(js, StreamSettings.of(run_config))
         assert sc.retention == RetentionPolicy.LIMITS and sc.storage == StorageType.FILE
         assert sc.discard == DiscardPolicy.NEW
         assert sc.duplicate_window == pytest.approx(run_config.nats.duplicate_window_s)
@@ -48,7 +49,7 @@ async def test_stream_is_created_with_dedup_and_a_duplicate_is_stored_once(run_c
 async def test_dedup_survives_a_server_restart(run_config, nats_server):
     subject = NatsNames(run_config.run.id).trajectories
     nc = await connect(nats_server.url, "test", persistent=False)
-    await ensure_stream(nc.jetstream(), run_config)
+    await ensure_stream(nc.jetstream(), StreamSettings.of(run_config))
     await nc.jetstream().publish(subject, b"a", headers={"Nats-Msg-Id": "traj-1"})
     await nc.close()
     nats_server.kill()  # SIGKILL: an acknowledged message must still be there
@@ -67,9 +68,9 @@ async def test_ensure_stream_is_idempotent_and_reconciles_limits(tmp_path, nats_
     nc = await connect(nats_server.url, "test", persistent=False)
     try:
         js = nc.jetstream()
-        await ensure_stream(js, load_config(overrides=base, environ={}))
+        await ensure_stream(js, StreamSettings.of(load_config(overrides=base, environ={})))
         bigger = load_config(overrides=[*base, "model.max_model_len=8192", "nats.duplicate_window_s=600"], environ={})
-        sc = await ensure_stream(js, bigger)
+        sc = await ensure_stream(js, StreamSettings.of(bigger))
         assert sc.max_msg_size == bigger.derived.max_message_bytes and sc.duplicate_window == pytest.approx(600)
         assert len(await js.streams_info()) == 1
     finally:
@@ -84,7 +85,7 @@ async def test_incompatible_existing_stream_is_refused(run_config, nats_server):
         await js.add_stream(StreamConfig(name=names.stream, subjects=names.stream_subjects,
                                          retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE))
         with pytest.raises(StreamMismatch, match="retention"):
-            await ensure_stream(js, run_config)
+            await ensure_stream(js, StreamSettings.of(run_config))
     finally:
         await nc.close()
 
@@ -94,7 +95,7 @@ async def test_oversized_message_is_rejected_not_truncated(tmp_path, nats_server
     nc = await connect(nats_server.url, "test", persistent=False)
     try:
         js = nc.jetstream()
-        await ensure_stream(js, cfg)
+        await ensure_stream(js, StreamSettings.of(cfg))
         too_big = b"x" * (cfg.derived.max_message_bytes + 1)
         with pytest.raises(APIError):
             await js.publish(NatsNames(cfg.run.id).trajectories, too_big)

@@ -11,7 +11,7 @@ nats-server:
 
 from __future__ import annotations
 
-from asyncrl.jetstream import connect, ensure_kv, ensure_stream, kv_forget
+from asyncrl.jetstream import StreamSettings, connect, ensure_kv, ensure_stream, kv_forget
 from asyncrl.jetstream.setup import FORGET_MARKER_TTL_S
 from asyncrl.wire import NatsNames
 from rollout_service.agent.state import AgentState, Phase
@@ -100,7 +100,7 @@ async def test_dead_letters_keep_the_newest(nats_server, run_config):
     nc = await connect(nats_server.url, "test", persistent=False)
     try:
         js = nc.jetstream()
-        await ensure_stream(js, run_config)
+        await ensure_stream(js, StreamSettings.of(run_config))
         names = NatsNames(run_config.run.id)
         for i in range(5):
             await js.publish(names.dead_letters, f"dead {i}".encode())

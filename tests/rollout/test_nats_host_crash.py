@@ -19,7 +19,7 @@ import asyncio
 import glob
 import os
 
-from asyncrl.jetstream import connect, ensure_stream
+from asyncrl.jetstream import StreamSettings, connect, ensure_stream
 from asyncrl.jsonl_log import BoundedJsonl
 from asyncrl.wire import NatsNames
 from rollout_service.publish import Outbox, TrajectoryPublisher
@@ -34,7 +34,7 @@ async def publish(nats_url: str, run_config, run_dir, ids: range, keep_acked_s: 
     nc = await connect(nats_url, "publisher", persistent=False)
     try:
         js = nc.jetstream()
-        await ensure_stream(js, run_config)
+        await ensure_stream(js, StreamSettings.of(run_config))
         outbox = Outbox(run_dir / "rollout" / "outbox", max_items=N, keep_acked_s=keep_acked_s)
         for i in ids:
             outbox.put_ready(traj(i))

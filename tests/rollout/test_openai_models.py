@@ -14,7 +14,7 @@ from rollout_service.openai.handlers import check_model, served_model_name, serv
 
 def svc(*overrides: str):
     cfg = load_config(overrides=["model.path=builtin:tiny", *overrides], environ={})
-    return SimpleNamespace(cfg=cfg, model_name=served_model_name(cfg))
+    return SimpleNamespace(cfg=cfg, model_name=served_model_name(cfg.api, cfg.model))
 
 
 def test_served_name_and_aliases_only():

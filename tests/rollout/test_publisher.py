@@ -6,7 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from asyncrl.jetstream import connect, ensure_stream
+from asyncrl.jetstream import StreamSettings, connect, ensure_stream
 from asyncrl.wire import NatsNames, Trajectory, decode_trajectory
 from rollout_service.publish import Outbox, TrajectoryPublisher
 from tests.helpers.waiting import wait_for
@@ -33,7 +33,7 @@ async def stored_ids(js, cfg) -> list[str]:
 async def test_outage_and_lost_acks_lose_and_duplicate_nothing(run_config, nats_server, tmp_path: Path):
     nc = await connect(nats_server.url, "publisher")
     js = nc.jetstream()
-    await ensure_stream(js, run_config)
+    await ensure_stream(js, StreamSettings.of(run_config))
     outbox = Outbox(tmp_path / "outbox", max_items=1000)
     lost = {"count": 0}
 
@@ -71,7 +71,7 @@ async def test_outage_and_lost_acks_lose_and_duplicate_nothing(run_config, nats_
 async def test_outbox_survives_a_restart_and_republishing_is_deduplicated(run_config, nats_server, tmp_path: Path):
     nc = await connect(nats_server.url, "publisher")
     js = nc.jetstream()
-    await ensure_stream(js, run_config)
+    await ensure_stream(js, StreamSettings.of(run_config))
     subject = NatsNames(run_config.run.id).trajectories
     outbox = Outbox(tmp_path / "outbox", max_items=10)
     for i in range(3):
@@ -110,7 +110,7 @@ async def test_too_large_is_stripped_then_rejected_not_dropped(tmp_path: Path, n
     cfg = load_config(overrides=[f"run.dir={tmp_path}", "model.max_model_len=16"], environ={})
     nc = await connect(nats_server.url, "publisher")
     js = nc.jetstream()
-    await ensure_stream(js, cfg)
+    await ensure_stream(js, StreamSettings.of(cfg))
     limit = cfg.derived.max_message_bytes
     outbox = Outbox(tmp_path / "outbox", max_items=10)
     outbox.put_ready(traj(1, messages=[{"role": "user", "content": "x" * (limit + 10)}]))  # fits once stripped
@@ -145,7 +145,7 @@ def histogram(pub: TrajectoryPublisher, name: str) -> dict[str, float]:
 async def test_publish_latency_histograms_count_every_ack_and_the_outbox_wait(run_config, nats_server, tmp_path: Path):
     nc = await connect(nats_server.url, "publisher")
     js = nc.jetstream()
-    await ensure_stream(js, run_config)
+    await ensure_stream(js, StreamSettings.of(run_config))
     outbox = Outbox(tmp_path / "outbox", max_items=100)
     failures = {"left": 2}
 
@@ -240,7 +240,7 @@ async def test_flush_waits_until_the_acknowledged_window_is_counted(run_config, 
     gap. Here the gap is held open until ``flush`` has been waiting in it."""
     nc = await connect(nats_server.url, "publisher")
     js = nc.jetstream()
-    await ensure_stream(js, run_config)
+    await ensure_stream(js, StreamSettings.of(run_config))
     files_gone, release = asyncio.Event(), asyncio.Event()
 
     class GappedOutbox(Outbox):

@@ -48,16 +48,16 @@ def test_files_are_written_once_per_setting_and_read_as_records(tmp_path):
     assert other.parent != train.parent, "a changed option never reuses old files"
     records, _ = load_records([str(train)])
     assert len(records) == 40 and records[0].data_source == "reasoning_gym/basic_arithmetic"
-    stream = build_prompt_stream(cfg, _Chat())
+    stream = build_prompt_stream(cfg.data, cfg.rollout, cfg.run_dir, _Chat())
     assert stream.num_records == 40
-    val_records = validation_records(cfg)
+    val_records = validation_records(cfg.data, cfg.run_dir)
     assert len(val_records) == 8 and {r.extra_info["split"] for r in val_records} == {"val"}
-    assert validation_records(cfg_for(tmp_path, "data.source_val_size=0")) == []
+    assert validation_records(cfg_for(tmp_path, "data.source_val_size=0").data, tmp_path / "run") == []
 
 
 async def test_the_reward_is_the_tasks_own_verifier(tmp_path):
     cfg = cfg_for(tmp_path)
-    key, fn = source_reward(cfg)
+    key, fn = source_reward(cfg.data)
     registry = RewardRegistry()
     registry.register(key, fn)
     train = reasoning_gym.create_dataset("basic_arithmetic", size=40, seed=3, **OPTIONS)
@@ -80,7 +80,7 @@ async def test_the_reward_is_the_tasks_own_verifier(tmp_path):
 async def test_without_a_tag_the_last_number_counts_only_when_asked(tmp_path):
     """``data.source_answer = "tag_or_last_number"``: a tagless response is judged on its last
     number (by the task's own verifier); a tag still wins when there is one."""
-    key, fn = source_reward(cfg_for(tmp_path, "data.source_answer=tag_or_last_number"))
+    key, fn = source_reward(cfg_for(tmp_path, "data.source_answer=tag_or_last_number").data)
     registry = RewardRegistry()
     registry.register(key, fn)
     ds = reasoning_gym.create_dataset("basic_arithmetic", size=40, seed=3, **OPTIONS)
@@ -92,7 +92,7 @@ async def test_without_a_tag_the_last_number_counts_only_when_asked(tmp_path):
     assert tagged.score == ds.score_answer(answer=wrong, entry=entry) < 1.0 and tagged.details["answer_from"] == "tag"
     nothing = await registry.score(key, "no idea", entry["answer"], info)
     assert nothing.score == 0.0 and nothing.details["answer_from"] == "none"
-    _key, strict = source_reward(cfg_for(tmp_path))  # the default: reasoning-gym's own rule, a tag or nothing
+    _key, strict = source_reward(cfg_for(tmp_path).data)  # the default: reasoning-gym's own rule, a tag or nothing
     assert strict(f"it is {entry['answer']}", entry["answer"], info).score == 0.0
 
 
@@ -129,7 +129,7 @@ async def test_a_service_trains_on_a_reasoning_gym_task_end_to_end(tmp_path, nat
                          "rollout.tools=[]")
     async with running_service(cfg):
         trajs = await fetch_all(nats_server.url, cfg.run.id, 4)
-    train = load_records(source_files(cfg)[0])[0]
+    train = load_records(source_files(cfg.data, cfg.run_dir)[0])[0]
     ds = reasoning_gym.create_dataset("basic_arithmetic", size=40, seed=3, **OPTIONS)
     from reasoning_gym.utils import extract_answer
     from transformers import AutoTokenizer

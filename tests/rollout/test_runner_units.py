@@ -15,7 +15,7 @@ from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.runner.finish import to_trajectory
 from rollout_service.runner.quota import StalenessQuota
 from rollout_service.runner.restore import restore
-from rollout_service.runner.runner import Runner
+from rollout_service.runner.runner import Runner, RunnerSettings
 from rollout_service.runner.snapshot import RunnerSnapshot
 
 WAIT_S = 10.0  # bound on every wait in this file
@@ -73,7 +73,7 @@ def _runner(tmp_path, aborts: list, on_abort, everything_only: bool = False) -> 
         if everything or not everything_only:
             on_abort()
 
-    return Runner(cfg, deps_factory=lambda runner: None, stream=Stream(), outbox=outbox,
+    return Runner(RunnerSettings.from_config(cfg), deps_factory=lambda runner: None, stream=Stream(), outbox=outbox,
                   publisher=TrajectoryPublisher(outbox, "subject", publish), agent_store=AgentStore(), state_store=StateStore(),
                   queue_probe=queue_probe, abort_engines=abort_engines, rid_prefix="rl-test.")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from asyncrl.jetstream import connect, ensure_stream
+from asyncrl.jetstream import StreamSettings, connect, ensure_stream
 from asyncrl.launch import ChildProcess
 from asyncrl.wire import NatsNames, Trajectory, encode_trajectory
 from tests.helpers.waiting import wait_for_sync
@@ -50,7 +50,7 @@ async def _publish(url: str, cfg, items: list[tuple[bytes, str]]) -> list[int]:
     nc = await connect(url, "test-publisher", persistent=False)
     try:
         js = nc.jetstream()
-        await ensure_stream(js, cfg)
+        await ensure_stream(js, StreamSettings.of(cfg))
         subject = NatsNames(cfg.run.id).trajectories
         seqs = []
         for payload, msg_id in items:

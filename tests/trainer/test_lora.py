@@ -96,7 +96,7 @@ def test_the_export_holds_the_merged_model_and_a_peft_adapter(tmp_path):
     model = trained(lora_policy())
     full = {n: t.detach().clone() for n, t in model.state_dict().items()}
     cfg = load_config(overrides=["actor.lora_rank=4", "actor.lora_alpha=8", "model.path=builtin:tiny"], environ={})
-    export_hf(tmp_path / "export", full, model.config, cfg)
+    export_hf(tmp_path / "export", full, model.config, cfg.actor, cfg.model)
     merged = load_model(str(tmp_path / "export"), dtype="float32")
     torch.testing.assert_close(logits(merged), logits(model), rtol=1e-5, atol=1e-5)
     doc = json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())

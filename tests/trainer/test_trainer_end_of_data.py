@@ -19,7 +19,7 @@ import json
 import random
 
 from asyncrl.config import load_config
-from asyncrl.jetstream import connect, ensure_stream
+from asyncrl.jetstream import StreamSettings, connect, ensure_stream
 from asyncrl.launch import free_port, log_tail
 from asyncrl.wire import NatsNames, end_of_data_message
 from tests.trainer.helpers import make_group, metrics_lines, publish, start_trainer, wait_exit
@@ -33,7 +33,7 @@ async def _publish_end(cfg, samples: int, trajectories: int) -> int:
     nc = await connect(cfg.nats.url, "test-rollout", persistent=False)
     try:
         js = nc.jetstream()
-        await ensure_stream(js, cfg)
+        await ensure_stream(js, StreamSettings.of(cfg))
         body, headers = end_of_data_message(cfg.run.id, samples, trajectories)
         return (await js.publish(NatsNames(cfg.run.id).trajectories, body, headers=headers, timeout=10)).seq
     finally:

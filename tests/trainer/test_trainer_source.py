@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from asyncrl.jetstream import connect, ensure_stream
+from asyncrl.jetstream import StreamSettings, connect, ensure_stream
 from asyncrl.wire import NatsNames, encode_trajectory
 from tests.trainer.helpers import make_group
 from trainer_daemon.consume import ConsumptionState, TrajectorySource
@@ -21,7 +21,7 @@ HEARTBEAT_S = 0.25
 async def _setup(cfg):
     nc = await connect(cfg.nats.url, "test-source", persistent=False)
     js = nc.jetstream()
-    await ensure_stream(js, cfg)
+    await ensure_stream(js, StreamSettings.of(cfg))
     return nc, js
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from asyncrl.config import load_config
 from trainer_daemon.metrics import MetricsHub
-from trainer_daemon.tracking import TrackingConfigError, tracking_sinks
+from trainer_daemon.tracking import TrackingConfigError, build_tracking_sinks
 
 STEPS = {1: {"actor/pg_loss": 0.5, "critic/rewards/mean": 0.25, "actor/entropy": float("nan")},
          2: {"actor/pg_loss": 0.375, "critic/rewards/mean": 0.5}}
@@ -23,7 +23,7 @@ def _cfg(run_dir, loggers):
 
 
 def _run(cfg, steps):
-    hub = MetricsHub(cfg.run_dir, list(cfg.trainer.loggers), "127.0.0.1", 0, extra_sinks=tracking_sinks(cfg))
+    hub = MetricsHub(cfg.run_dir, list(cfg.trainer.loggers), "127.0.0.1", 0, extra_sinks=build_tracking_sinks(cfg))
     try:
         for step, metrics in steps.items():
             hub.emit(step, metrics)
@@ -75,4 +75,4 @@ def test_a_tracker_without_its_package_is_a_clear_error(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "mlflow", None)  # what an install without the extra looks like to import
     with pytest.raises(TrackingConfigError, match=r"'mlflow'.*asyncrl\[tracking\]"):
-        tracking_sinks(_cfg(tmp_path, ["mlflow"]))
+        build_tracking_sinks(_cfg(tmp_path, ["mlflow"]))

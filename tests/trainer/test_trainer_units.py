@@ -126,12 +126,12 @@ def test_engine_weights_drop_tied_head_and_cast():
 
 def test_launcher_builds_torchrun_command_from_config():
     cfg = load_config(overrides=["trainer.nproc_per_node=2", "trainer.master_port=29999"], environ={})
-    argv = torchrun_argv(cfg, ["cfg.yaml", "x=1"])
+    argv = torchrun_argv(cfg.trainer, ["cfg.yaml", "x=1"])
     assert argv[1:3] == ["-m", "trainer_daemon.torchrun"] and argv[-4:] == ["-m", "trainer_daemon", "cfg.yaml", "x=1"]
     assert argv[argv.index("--nproc-per-node") + 1] == "2" and argv[argv.index("--master-port") + 1] == "29999"
     multi = load_config(overrides=["trainer.nnodes=2"], environ={})
     with pytest.raises(ValueError):
-        torchrun_argv(multi, [])
+        torchrun_argv(multi.trainer, [])
 
 
 def test_only_marked_checkpoints_count(tmp_path):
@@ -175,7 +175,8 @@ def test_io_loop_keeps_the_coroutines_own_timeout_message():
 def test_weight_sync_backend_default_follows_the_engines(overrides, backend):
     from trainer_daemon.sync import weight_sync_backend
 
-    assert weight_sync_backend(load_config(overrides=overrides, environ={})) == backend
+    cfg = load_config(overrides=overrides, environ={})
+    assert weight_sync_backend(cfg.trainer, cfg.engines) == backend
 
 
 def _one_step_delta(cfg, trajs, groups, weights) -> torch.Tensor:

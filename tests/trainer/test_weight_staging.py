@@ -249,14 +249,17 @@ def test_the_sync_controller_closes_a_stream_whose_publish_failed_before_reading
 
 def test_auto_staging_streams_only_what_a_full_copy_would_crowd(tmp_path):
     from asyncrl.config import load_config
-    from trainer_daemon.sync import staging_mode
+    from trainer_daemon.sync import staging_mode, weight_sync_backend
+
+    def mode(cfg, *sizes):
+        return staging_mode(cfg.sync, cfg.actor, weight_sync_backend(cfg.trainer, cfg.engines), *sizes)
 
     nccl = load_config(overrides=["trainer.weight_sync_backend=nccl"], environ={})
     gloo = load_config(overrides=[], environ={})
     gib = 2**30
-    assert staging_mode(gloo, 50 * gib, 80 * gib) == "state_dict"
-    assert staging_mode(nccl, 3 * gib, 80 * gib) == "buckets"  # a 1.5B model in bf16 on an 80 GB GPU
-    assert staging_mode(nccl, 15 * gib, 80 * gib) == "two_buckets"  # a 7B
-    assert staging_mode(nccl) == "buckets"  # unknown sizes: the full copy
+    assert mode(gloo, 50 * gib, 80 * gib) == "state_dict"
+    assert mode(nccl, 3 * gib, 80 * gib) == "buckets"  # a 1.5B model in bf16 on an 80 GB GPU
+    assert mode(nccl, 15 * gib, 80 * gib) == "two_buckets"  # a 7B
+    assert mode(nccl) == "buckets"  # unknown sizes: the full copy
     pinned = load_config(overrides=["trainer.weight_sync_backend=nccl", "sync.staging=buckets"], environ={})
-    assert staging_mode(pinned, 15 * gib, 80 * gib) == "buckets"
+    assert mode(pinned, 15 * gib, 80 * gib) == "buckets"

@@ -16,13 +16,13 @@ log = logging.getLogger(__name__)
 __all__ = ["SyncController", "WeightPublisher", "build_publisher", "staging_device", "staging_mode", "weight_sync_backend"]
 
 
-def weight_sync_backend(cfg) -> str:
+def weight_sync_backend(trainer, engines) -> str:
     """``trainer.weight_sync_backend`` when set; otherwise nccl only for SGLang engines
     (``engines.backend == "sglang"``) with a CUDA trainer, gloo in every other case: a
     local_engine joins weight-update groups with gloo only, whatever its device."""
-    if cfg.trainer.weight_sync_backend is not None:
-        return cfg.trainer.weight_sync_backend
-    return "nccl" if cfg.engines.backend == "sglang" and cfg.trainer.device == "cuda" else "gloo"
+    if trainer.weight_sync_backend is not None:
+        return trainer.weight_sync_backend
+    return "nccl" if engines.backend == "sglang" and trainer.device == "cuda" else "gloo"
 
 
 AUTO_FULL_COPY_FRACTION = 0.1
@@ -31,8 +31,9 @@ model's bytes in ``model.dtype`` are at most this share of the GPU's memory (a 1
 bf16: 3.9 % of 80 GB; a 7B: 19 %), else streams it through two buckets (``two_buckets``)."""
 
 
-def staging_mode(cfg, model_bytes: int | None = None, device_bytes: int | None = None) -> str:
-    """``sync.staging`` resolved. ``auto``: ``state_dict`` (through host memory) unless the
+def staging_mode(sync, actor, backend: str, model_bytes: int | None = None, device_bytes: int | None = None) -> str:
+    """``sync.staging`` resolved (``sync`` and ``actor`` sections, the weight group's
+    ``backend``: :func:`weight_sync_backend`). ``auto``: ``state_dict`` (through host memory) unless the
     weight group is NCCL; with NCCL ``buckets`` (packed on the GPU at the sync point) when
     ``model_bytes`` (the engines' weights in ``model.dtype``) fit in
     ``AUTO_FULL_COPY_FRACTION`` of ``device_bytes`` (or either is unknown), else
@@ -40,26 +41,26 @@ def staging_mode(cfg, model_bytes: int | None = None, device_bytes: int | None =
     (``actor.lora_rank``, ``sync.lora_weights = merged``): ``state_dict``, where the adapters
     are merged (the config refuses the others with it). Adapter syncs stage nothing of this:
     :class:`~trainer_daemon.sync.adapter.AdapterSnapshot`."""
-    if cfg.sync.staging != "auto":
-        return cfg.sync.staging
-    if cfg.actor.lora_rank:
+    if sync.staging != "auto":
+        return sync.staging
+    if actor.lora_rank:
         return "state_dict"
-    if weight_sync_backend(cfg) != "nccl":
+    if backend != "nccl":
         return "state_dict"
     if model_bytes is not None and device_bytes and model_bytes > AUTO_FULL_COPY_FRACTION * device_bytes:
         return "two_buckets"
     return "buckets"
 
 
-def staging_device(cfg) -> str:
-    """Where staged buckets live: where the weight group's collectives read them."""
-    return "cuda" if weight_sync_backend(cfg) == "nccl" else "cpu"
+def staging_device(backend: str) -> str:
+    """Where staged buckets live: where the weight group's ``backend`` reads them."""
+    return "cuda" if backend == "nccl" else "cpu"
 
 
 def build_publisher(cfg) -> WeightPublisher | None:
     """The publisher the config asks for (module docstring); None when there is nothing to sync to."""
     t, s = cfg.trainer, cfg.sync
-    backend = weight_sync_backend(cfg)
+    backend = weight_sync_backend(cfg.trainer, cfg.engines)
     if s.url:
         from trainer_daemon.sync.agent import SyncAgentPublisher
 
@@ -86,7 +87,7 @@ def build_publisher(cfg) -> WeightPublisher | None:
                                 control_timeout_s=e.control_timeout_s) for u in e.urls]
         from asyncrl.sync_control.pause_policy import plan_for
 
-        plan = plan_for(cfg)
+        plan = plan_for(cfg.sync, cfg.async_training)
         return DirectEnginePublisher(
             engines, master_address=t.master_addr, master_port=t.weight_sync_port, backend=backend,
             bucket_bytes=s.bucket_bytes,
