@@ -1,7 +1,8 @@
 """The rollout service's FastAPI app: health, metrics and the admin router.
 
-``create_app(service)`` builds the app around a :class:`RolloutService`; the OpenAI-
-compatible routes and sessions join it in their own routers.
+``create_app(service)`` builds the app around a :class:`RolloutService` (its lifecycle, and
+the narrow ports each router gets from it: ``admin_ports``, ``openai_context``,
+``metrics_sources``); the OpenAI-compatible routes and sessions join it in their own routers.
 """
 
 from __future__ import annotations
@@ -40,22 +41,18 @@ def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
     async def _template(request, exc: TemplateError):  # user input the chat template cannot render: the request's fault
         return error_response(400, str(exc), param="messages")
     app.add_middleware(BodySizeLimit, max_bytes=svc.cfg.api.max_body_bytes)
-    registry = build_registry(svc)
+    registry = build_registry(svc.metrics_sources())
 
     @app.get("/health")
     async def health():
-        runner = svc.runner.snapshot()
-        routable = len(svc.pool.routable())
-        body = {"status": "ok" if routable else "degraded", "version": runner.version, "paused": runner.paused,
-                "routable_engines": routable}
-        return JSONResponse(body, status_code=200)
+        return JSONResponse(svc.liveness(), status_code=200)
 
     @app.get("/metrics")
     async def metrics():
         return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(build_admin_router(svc))
-    app.include_router(build_openai_router(svc))
+    app.include_router(build_admin_router(svc.admin_ports()))
+    app.include_router(build_openai_router(svc.openai_context()))
     public = ("/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
     document_errors(app, authenticated=lambda path: path not in public)
     return app

@@ -16,11 +16,16 @@ plus throughput, tokens, tool calls, turns, queue and outbox gauges, engines by 
 quarantined at the current version (``asyncrl_rollout_engine_quarantined_current_seconds_total``)
 and the run's NATS stores (``asyncrl_nats_store_messages`` / ``_bytes{store}``) (alert rules:
 docker/prometheus/alerts.yml). Each app has its own
-``CollectorRegistry`` (no global state). The runner's numbers come from one
-:meth:`Runner.snapshot` per scrape.
+``CollectorRegistry`` (no global state). The collector reads only its
+:class:`MetricsSources` (the service builds them: ``RolloutService.metrics_sources``); the
+runner's numbers come from one :meth:`Runner.snapshot` per scrape.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -30,12 +35,31 @@ from rollout_service.api.run_health import HEALTH_STATES
 ENGINE_STATES = ("healthy", "unhealthy", "quarantined")
 
 
+@dataclass(frozen=True)
+class MetricsSources:
+    """What the collector reads at each scrape, and nothing else."""
+
+    snapshot: Callable[[], Any]
+    """The runner's :class:`~rollout_service.runner.snapshot.RunnerSnapshot` now."""
+    health: Callable[[Any], dict]
+    """The health block for a snapshot (:mod:`rollout_service.api.run_health`)."""
+    engines: Callable[[], Iterable[Any]]
+    """The engine pool's handles (id, state, inflight, quarantined_current_s)."""
+    store_sizes: Callable[[], dict[str, dict[str, int]]]
+    tool_stats: Callable[[], Any]
+    environment: Callable[[], dict | None]
+    """The verifiers driver's status, or None without one."""
+    collectors: tuple = ()
+    """Collectors of their own (the publisher's latency histograms, the event-loop lag)."""
+
+
 class RolloutCollector:
-    def __init__(self, svc) -> None:
-        self.svc = svc
+    def __init__(self, sources: MetricsSources) -> None:
+        self.sources = sources
 
     def collect(self):
-        r = self.svc.runner.snapshot()
+        src = self.sources
+        r = src.snapshot()
         c = r.counters
 
         def gauge(name, doc, value, labels=None):
@@ -70,8 +94,8 @@ class RolloutCollector:
         yield counter("asyncrl_rollout_publish_duplicates", "Republishes JetStream deduplicated", pub.duplicates)
         yield counter("asyncrl_rollout_publish_retries", "Failed publish attempts (retried)", pub.retries)
         yield counter("asyncrl_rollout_publish_rejected", "Trajectories refused for good (kept in outbox/rejected)", pub.rejected)
-        yield from self.svc.runner.publisher.latency.collect()
-        yield from self.svc.loop_lag.collect()
+        for collector in src.collectors:
+            yield from collector.collect()
         reasons = CounterMetricFamily("asyncrl_rollout_finish_reasons", "Finished trajectories by finish reason", labels=["reason"])
         for reason, n in sorted(c.finish_reasons.items()):
             reasons.add_metric([reason], n)
@@ -82,7 +106,7 @@ class RolloutCollector:
         for reason, n in sorted(c.failures.items()):
             failures.add_metric([reason], n)
         yield failures
-        stats = self.svc.tools.stats
+        stats = src.tool_stats()
         calls = CounterMetricFamily("asyncrl_rollout_tool_calls", "Tool calls by tool", labels=["tool"])
         errors = CounterMetricFamily("asyncrl_rollout_tool_errors", "Tool calls that returned an error", labels=["tool"])
         secs = CounterMetricFamily("asyncrl_rollout_tool_seconds", "Time spent in tool calls", labels=["tool"])
@@ -93,28 +117,29 @@ class RolloutCollector:
         yield calls
         yield errors
         yield secs
+        handles = list(src.engines())
         eng = GaugeMetricFamily("asyncrl_rollout_engine_inflight", "Requests in flight per engine", labels=["engine", "state"])
-        for h in self.svc.pool.engines.values():
+        for h in handles:
             eng.add_metric([h.id, h.state], h.inflight)
         yield eng
         by_state = GaugeMetricFamily("asyncrl_rollout_engines", "Engines by state", labels=["state"])
         for state in ENGINE_STATES:
-            by_state.add_metric([state], sum(1 for h in self.svc.pool.engines.values() if h.state == state))
+            by_state.add_metric([state], sum(1 for h in handles if h.state == state))
         yield by_state
         wasted = CounterMetricFamily("asyncrl_rollout_engine_quarantined_current_seconds",
                                      "Seconds an engine spent quarantined while holding the current weight version",
                                      labels=["engine"])
-        for h in self.svc.pool.engines.values():
+        for h in handles:
             wasted.add_metric([h.id], h.quarantined_current_s)
         yield wasted
         msgs = GaugeMetricFamily("asyncrl_nats_store_messages", "Messages in the run's NATS stream and KV buckets", labels=["store"])
         size = GaugeMetricFamily("asyncrl_nats_store_bytes", "Bytes in the run's NATS stream and KV buckets", labels=["store"])
-        for name, st in sorted(self.svc.store_sizes.items()):
+        for name, st in sorted(src.store_sizes().items()):
             msgs.add_metric([name], st["messages"])
             size.add_metric([name], st["bytes"])
         yield msgs
         yield size
-        health = self.svc.health(r, self.svc.pool.snapshot())
+        health = src.health(r)
         state = GaugeMetricFamily("asyncrl_rollout_health", "1 for the health block's current state (run_health.py)",
                                   labels=["state"])
         for name in HEALTH_STATES:
@@ -122,18 +147,17 @@ class RolloutCollector:
         yield state
         yield gauge("asyncrl_rollout_idle_seconds", "Seconds since a token was last decoded",
                     health["idle_s"]["tokens_decoded"] or 0.0)
-        driver = self.svc.env_driver
-        if driver is not None:
-            st = driver.status()
+        st = src.environment()
+        if st is not None:
             yield counter("asyncrl_rollout_env_driver_restarts", "Restarts of the verifiers driver after it crashed", st["restarts"])
             yield gauge("asyncrl_rollout_env_groups_started", "Groups the verifiers driver started", st.get("groups_started", 0))
             yield counter("asyncrl_rollout_env_episodes_failed", "Verifiers episodes finished as failures (never trained)",
                           st.get("episodes_failed", 0))
 
 
-def build_registry(svc) -> CollectorRegistry:
+def build_registry(sources: MetricsSources) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(RolloutCollector(svc))
+    registry.register(RolloutCollector(sources))
     return registry
 
 

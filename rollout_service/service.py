@@ -34,14 +34,20 @@ from asyncrl.jsonl_log import BoundedJsonl
 from asyncrl.loops import LoopSupervisor
 from asyncrl.models import load_tokenizer
 from asyncrl.progress import ProgressWindow
+from asyncrl.sync_control.pause_policy import plan_for
 from asyncrl.wire import NatsNames
+from asyncrl.wire.rollout_admin import RolloutStatus
 from asyncrl.wire.sync import adapter_name, weight_version_number
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.external_tools import ExternalBroker
 from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.api.limits import InflightLimit
+from rollout_service.api.ports import AdminPorts
+from rollout_service.api.status import service_status
 from rollout_service.engines import EnginePool
 from rollout_service.loop_lag import LoopLag
+from rollout_service.metrics import MetricsSources
+from rollout_service.openai.context import OpenAIContext
 from rollout_service.openai.handlers import ChatCache, served_model_name
 from rollout_service.openai.sessions import SessionManager
 from rollout_service.prompts import (
@@ -223,6 +229,47 @@ class RolloutService:
 
         problem = self.env_driver.problem() if self.env_driver is not None else None
         return rollout_health(r, engines, self.progress, time.time() - self.started_at, environment=problem)
+
+    def status(self) -> RolloutStatus:
+        """``GET /admin/status``: the runner's snapshot, the engines, the sessions and tools."""
+        r = self.runner.snapshot()
+        engines = self.pool.snapshot()
+        return service_status(run_id=self.cfg.run.id, uptime_s=time.time() - self.started_at, r=r, engines=engines,
+                              health=self.health(r, engines), sessions_open=self.sessions.open_count,
+                              sessions_expired=self.sessions.expired_total, tools=self.tools.stats,
+                              derived=self.cfg.derived.model_dump(),
+                              environment=self.env_driver.status() if self.env_driver is not None else None)
+
+    def metrics_sources(self) -> MetricsSources:
+        """What ``/metrics`` reads at each scrape (:mod:`rollout_service.metrics`)."""
+        return MetricsSources(snapshot=self.runner.snapshot, health=lambda r: self.health(r, self.pool.snapshot()),
+                              engines=lambda: self.pool.engines.values(), store_sizes=lambda: self.store_sizes,
+                              tool_stats=lambda: self.tools.stats,
+                              environment=lambda: self.env_driver.status() if self.env_driver is not None else None,
+                              collectors=(self.runner.publisher.latency, self.loop_lag))
+
+    def liveness(self) -> dict:
+        """``GET /health``: the version, whether paused, and how many engines are routable."""
+        runner = self.runner.snapshot()
+        routable = len(self.pool.routable())
+        return {"status": "ok" if routable else "degraded", "version": runner.version, "paused": runner.paused,
+                "routable_engines": routable}
+
+    def openai_context(self) -> OpenAIContext:
+        """What the OpenAI routes may use (:mod:`rollout_service.openai.context`)."""
+        cfg = self.cfg
+        return OpenAIContext(api=cfg.api, max_model_len=cfg.model.max_model_len, model_path=cfg.model.path, run_id=cfg.run.id,
+                             model_name=self.model_name, started_at=self.started_at, api_token=secret(cfg.security.api_token),
+                             environment_tokens={n: secret(t) for n, t in cfg.security.environment_tokens.items()},
+                             chats=self.chats, sessions=self.sessions, runner=self.runner, stateless=self.inflight_stateless,
+                             long_polls=self.inflight_polls, broker=self.broker)
+
+    def admin_ports(self) -> AdminPorts:
+        """What the admin routes may use (:mod:`rollout_service.api.ports`)."""
+        return AdminPorts(admin_token=secret(self.cfg.security.admin_token), runner=self.runner, engines=self.pool,
+                          status=self.status, validate=self.validate,
+                          pause_mode=plan_for(self.cfg.sync, self.cfg.async_training).rollout_mode,
+                          pause_timeout_s=self.cfg.rollout.pause_timeout_s)
 
     async def validate(self, version: int | None = None) -> dict:
         """Validate now (at the current version unless given); the result is kept for

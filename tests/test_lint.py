@@ -190,3 +190,21 @@ def test_the_config_lint_sees_annotated_and_bare_configs():
                      "def f(sync, actor): ...\ndef g(x, config: 'RunConfig'): ...\ndef build_x(cfg): ...\n"
                      "def h(cfg: SftConfig): ...\n")
     assert _whole_config_takers(tree) == [("A.__init__", 2), ("g", 6)]
+
+
+def _service_references(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(tree)
+            if (isinstance(n, ast.Name) and n.id in ("svc", "RolloutService")) or (isinstance(n, ast.arg) and n.arg == "svc")]
+
+
+def test_the_rollout_services_routes_depend_on_their_ports_only():
+    """Issue 34: the admin, OpenAI and metrics code take narrow ports (``AdminPorts``,
+    ``OpenAIContext``, ``MetricsSources``), never the service object: no ``svc``, no
+    ``RolloutService`` in them."""
+    bad = []
+    for package in ("rollout_service/api", "rollout_service/openai"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            bad += _service_references(path)
+    bad += _service_references(ROOT / "rollout_service/metrics.py")
+    assert not bad, "routes reaching the service object:\n" + "\n".join(bad)

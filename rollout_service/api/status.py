@@ -5,28 +5,29 @@ both read from one :class:`RunnerSnapshot`."""
 from __future__ import annotations
 
 import dataclasses
-import time
+from typing import Any
 
 from asyncrl.wire.rollout_admin import RolloutStatus
 from rollout_service.runner.snapshot import RunnerSnapshot
 
 
-def service_status(svc) -> RolloutStatus:
-    r = svc.runner.snapshot()
-    engines = svc.pool.snapshot()
+def service_status(*, run_id: str, uptime_s: float, r: RunnerSnapshot, engines: list[dict], health: dict,
+                   sessions_open: int, sessions_expired: int, tools: Any, derived: dict,
+                   environment: dict | None) -> RolloutStatus:
+    """The status document from its parts (the service gathers them: ``RolloutService.status``)."""
     return RolloutStatus.model_validate({
-        "run_id": svc.cfg.run.id,
+        "run_id": run_id,
         "version": r.version,
         "paused": r.paused,
         "pause_mode": r.pause_mode,
         "paused_for_s": r.paused_for_s,
-        "uptime_s": round(time.time() - svc.started_at, 3),
-        "health": svc.health(r, engines),
+        "uptime_s": round(uptime_s, 3),
+        "health": health,
         "counts": {
             "active": r.active,
             "parked": r.parked,
-            "sessions_open": svc.sessions.open_count,
-            "sessions_expired": svc.sessions.expired_total,
+            "sessions_open": sessions_open,
+            "sessions_expired": sessions_expired,
             "generating": r.generating,
             "partial": r.partial,
             "in_flight_samples": r.in_flight_samples,
@@ -43,11 +44,11 @@ def service_status(svc) -> RolloutStatus:
         "rollouter": {"idle_ratio": r.idle_ratio, "idle_ratio_current": round(r.idle_ratio_current, 4)},
         "publisher": dataclasses.asdict(r.publisher),
         "counters": dataclasses.asdict(r.counters),
-        "tools": dataclasses.asdict(svc.tools.stats),
+        "tools": dataclasses.asdict(tools),
         "engines": engines,
-        "derived": svc.cfg.derived.model_dump(),
+        "derived": derived,
         "last_validation": r.last_validation,
-        "environment": svc.env_driver.status() if svc.env_driver is not None else None,
+        "environment": environment,
     })
 
 

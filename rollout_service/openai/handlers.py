@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from asyncrl.chat import ChatTokenizer
 from asyncrl.http.errors import ApiError
 from rollout_service.agent.state import AgentState, Phase
+from rollout_service.openai.context import OpenAIContext
 from rollout_service.openai.responses import chat_completion, text_completion
 from rollout_service.openai.schemas import ChatCompletionRequest, CompletionRequest
 from rollout_service.openai.streaming import stream_turn
@@ -47,23 +48,23 @@ def served_model_name(api, model) -> str:
     return path if ":" in path.split("/")[0] else PurePosixPath(path).name or path
 
 
-def served_models(svc) -> list[str]:
+def served_models(ctx: OpenAIContext) -> list[str]:
     """The ids ``/v1/models`` lists: :func:`served_model_name` and ``api.model_aliases``."""
-    return [svc.model_name, *(a for a in svc.cfg.api.model_aliases if a != svc.model_name)]
+    return [ctx.model_name, *(a for a in ctx.api.model_aliases if a != ctx.model_name)]
 
 
-def check_model(svc, model: str | None) -> None:
+def check_model(ctx: OpenAIContext, model: str | None) -> None:
     """OpenAI's answer to an unknown model: 404 ``model_not_found`` (unless ``api.accept_any_model``).
     ``model.path`` is accepted too, unlisted (what clients sent before the name was shortened)."""
-    if model is None or svc.cfg.api.accept_any_model or model in served_models(svc) or model == svc.cfg.model.path:
+    if model is None or ctx.api.accept_any_model or model in served_models(ctx) or model == ctx.model_path:
         return
-    raise ApiError(404, f"The model `{model}` does not exist; this service serves {', '.join(served_models(svc))}",
+    raise ApiError(404, f"The model `{model}` does not exist; this service serves {', '.join(served_models(ctx))}",
                    param="model", code="model_not_found")
 
 
-def check_chat_limits(svc, req: ChatCompletionRequest) -> None:
+def check_chat_limits(ctx: OpenAIContext, req: ChatCompletionRequest) -> None:
     """Bounds checked before any tokenisation."""
-    api = svc.cfg.api
+    api = ctx.api
     if len(req.messages) > api.max_messages:
         raise ApiError(400, f"{len(req.messages)} messages exceed the limit of {api.max_messages}", param="messages")
     want = req.requested_max_tokens
@@ -81,11 +82,11 @@ def context_length_exceeded(prompt_len: int, limit: int, param: str) -> ApiError
                          "and leaves no room for a completion", param=param, code="context_length_exceeded")
 
 
-def chat_spec(svc, req: ChatCompletionRequest, prompt_len: int) -> TurnSpec:
-    room = svc.cfg.model.max_model_len - prompt_len - 8
+def chat_spec(ctx: OpenAIContext, req: ChatCompletionRequest, prompt_len: int) -> TurnSpec:
+    room = ctx.max_model_len - prompt_len - 8
     if room <= 0:
-        raise context_length_exceeded(prompt_len, svc.cfg.model.max_model_len, "messages")
-    want = req.requested_max_tokens or min(svc.cfg.api.max_tokens, room)
+        raise context_length_exceeded(prompt_len, ctx.max_model_len, "messages")
+    want = req.requested_max_tokens or min(ctx.api.max_tokens, room)
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else (req.tool_choice or "auto")
     if isinstance(choice, dict):
         names = {t.function.name for t in req.tools or []}
@@ -100,8 +101,8 @@ def chat_spec(svc, req: ChatCompletionRequest, prompt_len: int) -> TurnSpec:
                     parallel_tool_calls=req.parallel_tool_calls is not False)
 
 
-def ephemeral_state(svc, messages: list[dict]) -> AgentState:
-    return AgentState(id=f"api-{uuid.uuid4().hex[:16]}", run_id=svc.cfg.run.id, group_id="api", group_size=1, group_index=0,
+def ephemeral_state(ctx: OpenAIContext, messages: list[dict]) -> AgentState:
+    return AgentState(id=f"api-{uuid.uuid4().hex[:16]}", run_id=ctx.run_id, group_id="api", group_size=1, group_index=0,
                       prompt_id="api", data_source="api", messages=messages, phase=Phase.GENERATING)
 
 
@@ -118,10 +119,10 @@ def raise_if_failed(out: TurnOutcome) -> None:
     raise ApiError(400 if 400 <= err.status < 500 and err.status != 422 else err.status, err.message, param=err.param, **extra)
 
 
-def check_completion(svc, chat: ChatTokenizer, req: CompletionRequest, prompt_ids: list[int]) -> None:
+def check_completion(ctx: OpenAIContext, chat: ChatTokenizer, req: CompletionRequest, prompt_ids: list[int]) -> None:
     """Everything about a text completion that can be refused before a token is generated (or a
     session's recorded tokens are touched)."""
-    api = svc.cfg.api
+    api = ctx.api
     if not prompt_ids:
         raise ApiError(400, "prompt must not be empty", param="prompt")
     if req.max_tokens and req.max_tokens > api.max_tokens:
@@ -129,16 +130,16 @@ def check_completion(svc, chat: ChatTokenizer, req: CompletionRequest, prompt_id
     vocab = len(chat.tok)
     if any(t >= vocab for t in prompt_ids):
         raise ApiError(400, f"prompt token ids must be < vocabulary size {vocab}", param="prompt")
-    if svc.cfg.model.max_model_len - len(prompt_ids) - 1 <= 0:
-        raise context_length_exceeded(len(prompt_ids), svc.cfg.model.max_model_len, "prompt")
+    if ctx.max_model_len - len(prompt_ids) - 1 <= 0:
+        raise context_length_exceeded(len(prompt_ids), ctx.max_model_len, "prompt")
 
 
-async def answer_chat(svc, state: AgentState, chat: ChatTokenizer, req: ChatCompletionRequest, spec: TurnSpec,
+async def answer_chat(ctx: OpenAIContext, state: AgentState, chat: ChatTokenizer, req: ChatCompletionRequest, spec: TurnSpec,
                       on_done, extra_meta: dict[str, Any] | None = None):
     """Run the turn (streaming or not) and answer; ``on_done(outcome)`` runs after the turn."""
-    deps = svc.runner.deps
-    model = svc.model_name
-    budget = svc.cfg.model.max_model_len
+    deps = ctx.runner.deps
+    model = ctx.model_name
+    budget = ctx.max_model_len
     if req.stream:
         include = bool(req.stream_options and req.stream_options.include_usage)
         gen = stream_turn(state, deps, chat, spec, budget, model=model, want_logprobs=bool(req.logprobs),
@@ -150,19 +151,19 @@ async def answer_chat(svc, state: AgentState, chat: ChatTokenizer, req: ChatComp
     return JSONResponse(chat_completion(chat.tok, model, out, bool(req.logprobs), extra_meta))
 
 
-async def answer_completion(svc, state: AgentState, chat: ChatTokenizer, req: CompletionRequest, prompt_ids: list[int], on_done):
-    check_completion(svc, chat, req, prompt_ids)
-    room = svc.cfg.model.max_model_len - len(prompt_ids) - 1
+async def answer_completion(ctx: OpenAIContext, state: AgentState, chat: ChatTokenizer, req: CompletionRequest, prompt_ids: list[int], on_done):
+    check_completion(ctx, chat, req, prompt_ids)
+    room = ctx.max_model_len - len(prompt_ids) - 1
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     spec = TurnSpec(temperature=1.0 if req.temperature is None else req.temperature, top_p=req.top_p or 1.0,
                     max_new_tokens=min(req.max_tokens or 16, room), stop=stops, seed=req.seed,
                     top_logprobs=req.logprobs or 0, tool_choice="none")
     if req.stream:
         include = bool(req.stream_options and req.stream_options.include_usage)
-        gen = stream_turn(state, svc.runner.deps, chat, spec, svc.cfg.model.max_model_len, model=svc.model_name,
+        gen = stream_turn(state, ctx.runner.deps, chat, spec, ctx.max_model_len, model=ctx.model_name,
                           want_logprobs=False, include_usage=include, on_done=on_done, kind="text")
         return StreamingResponse(gen, media_type="text/event-stream")
-    out = await run_turn(state, svc.runner.deps, chat, spec, svc.cfg.model.max_model_len)
+    out = await run_turn(state, ctx.runner.deps, chat, spec, ctx.max_model_len)
     await on_done(out)
     raise_if_failed(out)
-    return JSONResponse(text_completion(chat.tok, svc.model_name, out, req.logprobs))
+    return JSONResponse(text_completion(chat.tok, ctx.model_name, out, req.logprobs))

@@ -26,12 +26,12 @@ import uuid
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from asyncrl.config import secret
 from asyncrl.http.errors import ApiError
 from asyncrl.http.openapi import errors, streams
 from rollout_service.agent.state import AgentState
 from rollout_service.api.auth import bearer, check_token, hash_token, new_token, require_token
 from rollout_service.api.limits import hold_until_sent
+from rollout_service.openai.context import OpenAIContext
 from rollout_service.openai.handlers import (
     answer_chat,
     answer_completion,
@@ -77,25 +77,25 @@ async def _released_after(body, release, abandoned=None):
         release()
 
 
-def build_openai_router(svc) -> APIRouter:
-    api_token = secret(svc.cfg.security.api_token)
+def build_openai_router(ctx: OpenAIContext) -> APIRouter:
+    api_token = ctx.api_token
     router = APIRouter()
 
     def data_plane(request: Request) -> None:
         require_token(request, api_token, "API")
 
     def models_body() -> dict:
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": int(svc.started_at),
-                                            "owned_by": "asyncrl", "root": svc.model_name,
-                                            "max_model_len": svc.cfg.model.max_model_len} for name in served_models(svc)]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": int(ctx.started_at),
+                                            "owned_by": "asyncrl", "root": ctx.model_name,
+                                            "max_model_len": ctx.max_model_len} for name in served_models(ctx)]}
 
     def chat_for(req: ChatCompletionRequest):
         tools = [t.model_dump() for t in req.tools] if req.tools else None
         key = tools_key(tools)
-        return svc.chats.get(key, tools), key
+        return ctx.chats.get(key, tools), key
 
     # -- stateless ------------------------------------------------------------------------
-    stateless, long_polls = svc.inflight_stateless, svc.inflight_polls
+    stateless, long_polls = ctx.stateless, ctx.long_polls
 
     async def limited(answer):
         """Run ``answer()`` in a stateless-request slot, held until the response is sent."""
@@ -114,38 +114,38 @@ def build_openai_router(svc) -> APIRouter:
     @router.post("/v1/chat/completions", responses={**streams(), **errors(404, 422, 503)})
     async def chat_completions(request: Request, req: ChatCompletionRequest):
         data_plane(request)
-        check_model(svc, req.model)
-        check_chat_limits(svc, req)
+        check_model(ctx, req.model)
+        check_chat_limits(ctx, req)
         messages = [m.to_template() for m in req.messages]
         chat, _ = chat_for(req)
-        state = ephemeral_state(svc, messages)
+        state = ephemeral_state(ctx, messages)
         state.token_ids = chat.prompt_ids(messages)
         state.prompt_length = state.turn_start = len(state.token_ids)
-        spec = chat_spec(svc, req, state.prompt_length)
+        spec = chat_spec(ctx, req, state.prompt_length)
 
         async def done(out) -> None:
             return None
 
-        return await limited(lambda: answer_chat(svc, state, chat, req, spec, done))
+        return await limited(lambda: answer_chat(ctx, state, chat, req, spec, done))
 
     @router.post("/v1/completions", responses={**streams(), **errors(404, 503)})
     async def completions(request: Request, req: CompletionRequest):
         data_plane(request)
-        check_model(svc, req.model)
-        chat = svc.chats.get("", None)
+        check_model(ctx, req.model)
+        chat = ctx.chats.get("", None)
         ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode_text(req.prompt)
         if not ids:
             raise ApiError(400, "prompt must not be empty", param="prompt")
-        state = ephemeral_state(svc, [])
+        state = ephemeral_state(ctx, [])
         state.token_ids, state.prompt_length, state.turn_start = list(ids), len(ids), len(ids)
 
         async def done(out) -> None:
             return None
 
-        return await limited(lambda: answer_completion(svc, state, chat, req, ids, done))
+        return await limited(lambda: answer_completion(ctx, state, chat, req, ids, done))
 
     # -- sessions -----------------------------------------------------------------------
-    sessions = svc.sessions
+    sessions = ctx.sessions
 
     def session_for(request: Request, sid: str) -> SessionRecord:
         rec = sessions.get(sid)
@@ -163,32 +163,32 @@ def build_openai_router(svc) -> APIRouter:
         data_plane(request)
         body = body or SessionCreate()
         size = len(json.dumps(body.metadata))
-        if size > svc.cfg.api.max_session_metadata_bytes:
-            raise ApiError(400, f"metadata is {size} bytes of JSON (limit {svc.cfg.api.max_session_metadata_bytes})",
+        if size > ctx.api.max_session_metadata_bytes:
+            raise ApiError(400, f"metadata is {size} bytes of JSON (limit {ctx.api.max_session_metadata_bytes})",
                            param="metadata")
-        if sessions.open_count >= svc.cfg.api.max_sessions:
-            raise ApiError(429, f"{sessions.open_count} sessions are open (limit {svc.cfg.api.max_sessions})", headers={"Retry-After": "10"})
+        if sessions.open_count >= ctx.api.max_sessions:
+            raise ApiError(429, f"{sessions.open_count} sessions are open (limit {ctx.api.max_sessions})", headers={"Retry-After": "10"})
         sid = f"sess-{uuid.uuid4().hex[:20]}"
         named = body.group_id or f"g-{sid}"
         group_id = EXTERNAL_GROUP_PREFIX + named  # never one of the service's own groups (s00000001, ...)
         size = next((r.agent.group_size for r in sessions.sessions.values() if r.agent.group_id == group_id), None)
         if size is not None and size != body.group_size:
             raise ApiError(409, f"group {named!r} has group_size {size}, fixed by its first session", param="group_size")
-        refused = svc.runner.admit_external(group_id, body.group_size)
+        refused = ctx.runner.admit_external(group_id, body.group_size)
         if refused is not None:  # NATS not taking trajectories is an outage (503); quota, pause and the like are backpressure (429)
             status = 503 if refused.startswith("outbox full") else 429
             raise ApiError(status, f"not admitting new episodes now: {refused}", headers={"Retry-After": "5"})
         token = new_token()
         now = time.time()
-        agent = AgentState(id=sid, run_id=svc.cfg.run.id, group_id=group_id, group_size=body.group_size, group_index=body.group_index,
+        agent = AgentState(id=sid, run_id=ctx.run_id, group_id=group_id, group_size=body.group_size, group_index=body.group_index,
                            prompt_id=body.prompt_id or sid, data_source=body.data_source, ground_truth=body.ground_truth,
                            created_at=now)
         rec = SessionRecord(id=sid, token_hash=hash_token(token), agent=agent, created_at=now, last_activity=now, metadata=body.metadata)
         sessions.add(rec)
         await sessions.save(rec)
-        root = (svc.cfg.api.public_url or str(request.base_url)).rstrip("/")
+        root = (ctx.api.public_url or str(request.base_url)).rstrip("/")
         return {"id": sid, "token": token, "base_url": f"{root}/v1/sessions/{sid}/v1", "group_id": named,
-                "expires_after_idle_s": svc.cfg.api.session_ttl_s}
+                "expires_after_idle_s": ctx.api.session_ttl_s}
 
     @router.get("/v1/sessions/{sid}", responses=errors(404))
     async def get_session(request: Request, sid: str):
@@ -250,8 +250,8 @@ def build_openai_router(svc) -> APIRouter:
     @router.post("/v1/sessions/{sid}/v1/chat/completions", responses={**streams(), **errors(404, 409, 422, 503)})
     async def session_chat(request: Request, sid: str, req: ChatCompletionRequest):
         rec = open_session(request, sid)
-        check_model(svc, req.model)
-        check_chat_limits(svc, req)
+        check_model(ctx, req.model)
+        check_chat_limits(ctx, req)
         messages = [m.to_template() for m in req.messages]
         chat, key = chat_for(req)
 
@@ -264,20 +264,20 @@ def build_openai_router(svc) -> APIRouter:
             rec.last_turn_ended = out.ended_by_eos
 
         async def answer(done):
-            spec = chat_spec(svc, req, len(rec.agent.token_ids))
-            return await answer_chat(svc, rec.agent, chat, req, spec, done, {"session_id": sid, "segments": rec.segments})
+            spec = chat_spec(ctx, req, len(rec.agent.token_ids))
+            return await answer_chat(ctx, rec.agent, chat, req, spec, done, {"session_id": sid, "segments": rec.segments})
 
         return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
 
     @router.post("/v1/sessions/{sid}/v1/completions", responses={**streams(), **errors(404, 409, 503)})
     async def session_completion(request: Request, sid: str, req: CompletionRequest):
         rec = open_session(request, sid)
-        check_model(svc, req.model)
-        chat = svc.chats.get("", None)
+        check_model(ctx, req.model)
+        chat = ctx.chats.get("", None)
         ids = list(req.prompt) if isinstance(req.prompt, list) else chat.encode_text(req.prompt)
-        check_completion(svc, chat, req, ids)  # refused before the session's tokens are touched
+        check_completion(ctx, chat, req, ids)  # refused before the session's tokens are touched
         return await session_turn(sid, rec, lambda: prepare_text_turn(rec, ids),
-                                  lambda done: answer_completion(svc, rec.agent, chat, req, ids, done))
+                                  lambda done: answer_completion(ctx, rec.agent, chat, req, ids, done))
 
     @router.post("/v1/sessions/{sid}/reward", responses=errors(404, 409))
     async def set_reward(request: Request, sid: str, body: RewardRequest):
@@ -305,28 +305,28 @@ def build_openai_router(svc) -> APIRouter:
                 # nothing to publish: closed as failed, its place in the group given back
                 rec.status, rec.finished_at = "failed", time.time()
                 rec.metadata["failure"] = {"failure": failure, "error": body.error}
-                await svc.runner.drop_member(a.group_id)
+                await ctx.runner.drop_member(a.group_id)
                 await sessions.save(rec)
                 return rec.public()
             a.finish_reason = "stop"
             if failure:
                 a.failure = failure
                 a.reward_details = {**a.reward_details, "error": body.error}
-            traj = to_trajectory(a, svc.runner.version)
+            traj = to_trajectory(a, ctx.runner.version)
             traj.metadata.update({"session": True, "segments": rec.segments, "divergences": rec.divergences,
                                   "reward_set": rec.reward_set, **{f"user_{k}": v for k, v in rec.metadata.items()}})
-            await svc.runner.enqueue(traj)
+            await ctx.runner.enqueue(traj)
             rec.status = "finished"
             rec.finished_at = time.time()
             await sessions.save(rec)
         return rec.public()
 
     # -- external environments ----------------------------------------------------------
-    broker = svc.broker
+    broker = ctx.broker
 
     async def polled(pending, wait: float):
         """``pending(wait_s)``: a long-poll (wait > 0) in a long-poll slot."""
-        wait = min(wait, svc.cfg.api.poll_max_wait_s)
+        wait = min(wait, ctx.api.poll_max_wait_s)
         if wait <= 0:
             return await pending(0.0)
         release = long_polls.take()
@@ -345,7 +345,7 @@ def build_openai_router(svc) -> APIRouter:
     async def tool_result(request: Request, sid: str, body: ToolResultRequest):
         return await broker.post_result(sid, body.tool_call_id, body.content, body.is_error, bearer(request))
 
-    environment_tokens = {name: secret(token) for name, token in svc.cfg.security.environment_tokens.items()}
+    environment_tokens = ctx.environment_tokens
 
     @router.get("/v1/environments/{env}/tool_calls")
     async def environment_tool_calls(request: Request, env: str, wait: float = Query(0.0, ge=0.0)):

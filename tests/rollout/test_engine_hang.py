@@ -12,7 +12,6 @@ import asyncio
 import signal
 import time
 
-from rollout_service.api.status import service_status
 from rollout_service.engines.pool import HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S
 from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
@@ -44,7 +43,7 @@ async def test_a_hung_engine_loses_its_calls_to_the_other_within_seconds(tmp_pat
                 routed, served = b.routed, b.served  # nothing in flight on b from here on
                 decoded = a.tokens_decoded
                 await wait_for(lambda: a.tokens_decoded > decoded + 50, 30, "the other engine carrying the rollout")
-                health = service_status(svc).health
+                health = svc.status().health
                 assert health["state"] == "progressing", health
                 assert [w["component"] for w in health["warnings"]] == [f"engine {b.id}"], health
             finally:

@@ -13,8 +13,9 @@ from rollout_service.openai.handlers import check_model, served_model_name, serv
 
 
 def svc(*overrides: str):
+    """The part of an OpenAIContext model checks read: the api section, the served name, model.path."""
     cfg = load_config(overrides=["model.path=builtin:tiny", *overrides], environ={})
-    return SimpleNamespace(cfg=cfg, model_name=served_model_name(cfg.api, cfg.model))
+    return SimpleNamespace(api=cfg.api, model_path=cfg.model.path, model_name=served_model_name(cfg.api, cfg.model))
 
 
 def test_served_name_and_aliases_only():

@@ -13,7 +13,6 @@ import aiohttp
 
 from asyncrl.jsonl_log import BoundedJsonl
 from asyncrl.launch import ChildProcess, free_port, http_ok
-from rollout_service.api.status import service_status
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.tcp_proxy import PartitionableTcpProxy
 from tests.helpers.waiting import wait_for
@@ -73,7 +72,7 @@ async def test_nats_outage_mid_run_loses_and_duplicates_nothing(tmp_path, nats_s
         await wait_for(lambda: svc.runner.publisher.pending == 0 and len(svc.runner.outbox) == 0, 120, "outbox drained")
         assert svc.runner.publisher.stats.retries > 0
         await wait_for(lambda: svc.runner.agent_store.pending == 0, 30, "checkpoint deletes retried")
-        status = service_status(svc)
+        status = svc.status()
         assert status.health["state"] in ("progressing", "finished") and not status.health["warnings"], status.health
         assert not status.paused and status.admission_blocked == "prompt stream exhausted"
     trajs = await fetch_all(nats_server.url, cfg.run.id, samples * n)
@@ -179,7 +178,7 @@ async def test_partition_from_nats_caps_the_outbox_refuses_with_503_and_drains(t
         async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
             await wait_for(lambda: svc.runner.publisher.stats.published >= 2, 120, "first publishes")
             proxy.partition()
-            await wait_for(lambda: (service_status(svc).admission_blocked or "").startswith("outbox full"), 120,
+            await wait_for(lambda: (svc.status().admission_blocked or "").startswith("outbox full"), 120,
                            "admission stopped by the outbox cap")
             assert len(svc.runner.outbox) >= cap
             async with http.post(f"{url}/v1/sessions", json={}) as resp:
@@ -187,7 +186,7 @@ async def test_partition_from_nats_caps_the_outbox_refuses_with_503_and_drains(t
                 assert resp.status == 503 and resp.headers["Retry-After"] == "5", body
                 assert "outbox full" in body["error"]["message"], body
             await wait_for(lambda: svc.runner.publisher.stats.last_error, 30, "a publish to fail")
-            status = await wait_for(lambda: (s := service_status(svc)).health["state"] == "stalled" and s, 60,
+            status = await wait_for(lambda: (s := svc.status()).health["state"] == "stalled" and s, 60,
                                     "the health block to report the stall")
             assert "nats" in [x["component"] for x in status.health["stuck"]], status.health
             proxy.heal()
@@ -197,7 +196,7 @@ async def test_partition_from_nats_caps_the_outbox_refuses_with_503_and_drains(t
             assert time.monotonic() - healed_at < F12_DRAIN_S
             await wait_for(lambda: svc.runner.counters.trajectories_finished == samples * n and len(svc.runner.outbox) == 0,
                            180, "every trajectory finished and published")
-            assert not service_status(svc).health["warnings"]
+            assert not svc.status().health["warnings"]
     finally:
         proxy.stop()
     trajs = await fetch_all(nats_server.url, cfg.run.id, samples * n)
