@@ -1,46 +1,27 @@
-"""Building the rollout service from the run config, and its lifecycle.
-
-``RolloutService.create(cfg)`` connects to NATS (``nats.url`` or the run's embedded server),
-ensures the run's stream and KV buckets, loads the tokenizer, tools, rewards and prompts,
-opens the outbox in ``<run dir>/rollout/outbox`` and wires the :class:`Runner`. ``start``
-restores checkpointed agents and begins admitting; ``close`` stops everything, leaving the
-agents' checkpoints for the next start.
+"""The rollout service: its components, built by :func:`rollout_service.build.build`
+(``RolloutService.create``), and their lifecycle. ``start`` restores checkpointed agents and
+begins admitting, then supervises the background loops (session expiry, engine health,
+metrics, progress, loop lag); ``close`` stops everything, leaving the agents' checkpoints for
+the next start. The routes get narrow ports from it (``admin_ports``, ``openai_context``,
+``metrics_sources``), never the service itself.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import orjson
-
-from asyncrl.chat import ChatTokenizer
 from asyncrl.config import RunConfig, secret
-from asyncrl.jetstream import (
-    StreamSettings,
-    connect,
-    ensure_kv,
-    ensure_stream,
-    kv_forget,
-    resolve_nats_url,
-    store_sizes,
-)
-from asyncrl.jsonl_log import BoundedJsonl
+from asyncrl.jetstream import store_sizes
 from asyncrl.loops import LoopSupervisor
-from asyncrl.models import load_tokenizer
 from asyncrl.progress import ProgressWindow
 from asyncrl.sync_control.pause_policy import plan_for
 from asyncrl.wire import NatsNames
 from asyncrl.wire.rollout_admin import RolloutStatus
-from asyncrl.wire.sync import adapter_name, weight_version_number
-from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.external_tools import ExternalBroker
-from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.api.limits import InflightLimit
 from rollout_service.api.ports import AdminPorts
 from rollout_service.api.status import service_status
@@ -48,21 +29,12 @@ from rollout_service.engines import EnginePool
 from rollout_service.loop_lag import LoopLag
 from rollout_service.metrics import MetricsSources
 from rollout_service.openai.context import OpenAIContext
-from rollout_service.openai.handlers import ChatCache, served_model_name
+from rollout_service.openai.handlers import ChatCache
 from rollout_service.openai.sessions import SessionManager
-from rollout_service.prompts import (
-    build_prompt_stream,
-    plays_verifiers,
-    source_reward,
-    validation_records,
-)
-from rollout_service.publish import Outbox, TrajectoryPublisher
+from rollout_service.prompts import plays_verifiers
 from rollout_service.publish.end_of_data import EndOfDataNotice
-from rollout_service.rewards import MathReward, default_registry
-from rollout_service.runner.finish import model_text
-from rollout_service.runner.runner import Runner, RunnerSettings
-from rollout_service.runner.store import AgentStore, KvRecords, RunnerStateStore
-from rollout_service.runner.validation import run_validation
+from rollout_service.rewards import MathReward
+from rollout_service.runner.runner import Runner
 from tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -107,29 +79,28 @@ def tool_options(rollout) -> dict[str, dict[str, Any]]:
 class RolloutService:
     """Owns the NATS connection, the engines, the runner and their background loops."""
 
-    def _lora_route(self) -> tuple[str, int] | None:
-        """Adapter syncs: the current version's adapter (version 0 is the base model itself:
-        a fresh adapter adds zero)."""
-        if not self.cfg.syncs_adapters or self.runner is None or self.runner.version == 0:
-            return None
-        return adapter_name(self.cfg.run.id, self.runner.version), self.runner.version
-
-    def __init__(self, cfg: RunConfig, url: str | None = None) -> None:
+    def __init__(self, cfg: RunConfig, *, url: str | None, nc, names: NatsNames, pool: EnginePool, runner: Runner,
+                 tools: CountingTools, broker: ExternalBroker, chats: ChatCache, sessions: SessionManager, model_name: str,
+                 math_reward: MathReward, env_driver, end_of_data: EndOfDataNotice,
+                 publish_metrics: Callable[[dict], Awaitable[None]], inflight_stateless: InflightLimit,
+                 inflight_polls: InflightLimit) -> None:
+        """Every component constructed by :func:`rollout_service.build.build` (constructor
+        injection only); the service starts, supervises and stops them."""
         self.cfg = cfg
-        self.names = NatsNames(cfg.run.id)
-        self.rid_prefix = f"rl-{cfg.run.id}."
+        self.url = url
+        """This service's own base URL (given by whoever serves it): the verifiers driver
+        reaches its sessions there."""
+        self.nc, self.names, self.pool, self.runner = nc, names, pool, runner
+        self.rid_prefix = runner.rid_prefix
+        self.tools, self.broker, self.chats, self.sessions = tools, broker, chats, sessions
+        self.model_name, self.math_reward = model_name, math_reward
+        self.env_driver = env_driver
+        """The verifiers driver's supervisor (``data.source = "verifiers:..."``), else None."""
+        self.end_of_data = end_of_data
+        self.publish_metrics = publish_metrics
+        """Publish a metrics document on the run's metrics subject (best effort)."""
+        self.inflight_stateless, self.inflight_polls = inflight_stateless, inflight_polls
         self.started_at = time.time()
-        self.nc = None
-        self.runner: Runner | None = None
-        self.pool = EnginePool(api_key=secret(cfg.engines.api_key),
-                               admin_api_key=secret(cfg.engines.admin_api_key),
-                               request_timeout_s=cfg.engines.request_timeout_s, control_timeout_s=cfg.engines.control_timeout_s,
-                               request_timeout_floor_s=cfg.engines.request_timeout_floor_s,
-                               min_decode_tokens_per_s=cfg.engines.min_decode_tokens_per_s,
-                               paused=lambda: self.runner is not None and self.runner.paused,
-                               holds_calls=lambda: self.runner is not None and self.runner.gate.paused,
-                               current_version=lambda: None if self.runner is None else str(self.runner.version),
-                               lora_route=self._lora_route)
         self.store_sizes: dict[str, dict[str, int]] = {}
         """The run's NATS stream and KV buckets: messages and bytes (sampled with the metrics)."""
         self.progress = ProgressWindow(cfg.run.progress_window_s)
@@ -137,90 +108,13 @@ class RolloutService:
         self.loops = LoopSupervisor("the rollout service")
         """Session expiry, engine health, metrics, progress, loop lag (:mod:`asyncrl.loops`)."""
         self.loop_lag = LoopLag()
-        self.math_reward: MathReward | None = None
-        self.url = url
-        """This service's own base URL (given by whoever serves it): the verifiers driver
-        reaches its sessions there."""
-        self.env_driver = None
-        """The verifiers driver's supervisor (``data.source = "verifiers:..."``), else None."""
 
     @classmethod
-    async def create(cls, cfg: RunConfig, url: str | None = None) -> "RolloutService":
-        """The service, built (every component constructed with what it needs); ``url``: where
-        it will be served, required for a verifiers ``data.source`` (its driver calls it)."""
-        svc = cls(cfg, url)
-        await svc._build()
-        return svc
+    async def create(cls, cfg: RunConfig, url: str | None = None) -> RolloutService:
+        """:func:`rollout_service.build.build`: the service with every component constructed."""
+        from rollout_service.build import build
 
-    async def _build(self) -> None:
-        cfg = self.cfg
-        if not cfg.engines.urls:
-            raise ValueError("engines.urls is empty: give the engines' URLs (asyncrl up starts local engines and passes them)")
-        for url in cfg.engines.urls:
-            self.pool.add(url)
-        tokenizer = await asyncio.to_thread(load_tokenizer, cfg.model.tokenizer_path or cfg.model.path)
-        self.tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **tool_options(cfg.rollout)))
-        clash = {t.name for t in cfg.rollout.external_tools} & set(self.tools.registry.names)
-        if clash:
-            raise ValueError(f"external tools {sorted(clash)} have the names of builtin tools")
-        self.broker = ExternalBroker({t.name: t for t in cfg.rollout.external_tools}, self._announce,
-                                     retention_s=cfg.api.tool_call_retention_s)
-        unscoped = sorted({t.environment for t in cfg.rollout.external_tools} - set(cfg.security.environment_tokens))
-        if unscoped:
-            log.warning("external environments %s list their tool calls to any data-plane client: give each its own "
-                        "token in security.environment_tokens (docs/security.md)", unscoped)
-        self.chat = ChatTokenizer(tokenizer, self.tools.registry.schemas() + self.broker.schemas())
-        self.chats = ChatCache(tokenizer)
-        self.inflight_stateless = InflightLimit(cfg.api.max_stateless_requests, "stateless completions")
-        self.inflight_polls = InflightLimit(cfg.api.max_long_polls, "tool-call long-polls")
-        self.model_name = served_model_name(cfg.api, cfg.model)
-        self.math_reward = MathReward()
-        self.math_reward.start()
-        self.rewards = default_registry(self.math_reward, format_weight=cfg.rollout.format_reward_weight)
-        if plays_verifiers(cfg.data):
-            from rollout_service.verifiers_env.supervisor import (
-                DriverSupervisor,
-                build_driver_spec,
-                check_config,
-            )
-
-            check_config(cfg.data, cfg.rollout)
-            if self.url is None:
-                raise ValueError("a verifiers data.source needs the service's own URL: RolloutService.create(cfg, url=...)")
-            spec = build_driver_spec(cfg, self.url, cfg.derived.max_concurrent_samples)
-            self.env_driver = DriverSupervisor(spec, secret(cfg.security.api_token) or "")
-        elif cfg.data.source and not cfg.data.train_files:
-            self.rewards.register(*await asyncio.to_thread(source_reward, cfg.data))
-        stream = await asyncio.to_thread(build_prompt_stream, cfg.data, cfg.rollout, cfg.run_dir, self.chat, self.env_driver)
-        password = secret(cfg.security.nats_password)
-        url = resolve_nats_url(cfg.nats.url, cfg.run_dir)
-        self.nc = await connect(url, f"rollout-{cfg.run.id}", user=cfg.nats.user, password=password)
-        js = self.nc.jetstream()
-        await ensure_stream(js, StreamSettings.of(cfg))
-        agents_kv = await ensure_kv(js, self.names.agents_bucket)
-        state_kv = await ensure_kv(js, self.names.state_bucket)
-        sessions_bucket = self.names.sessions_bucket
-        if self.broker.tools:
-            calls_bucket = self.names.calls_bucket
-            self.broker.store = KvRecords(await ensure_kv(js, calls_bucket), js, calls_bucket)
-        self.sessions = SessionManager(await ensure_kv(js, sessions_bucket), cfg.api.session_ttl_s, cfg.api.max_sessions,
-                                       cfg.api.closed_session_retention_s, lambda key: kv_forget(js, sessions_bucket, key))
-        keep = 0.0 if cfg.nats.sync_always else cfg.rollout.outbox_keep_acked_s
-        outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items, keep)
-        record = BoundedJsonl(Path(cfg.run_dir) / "rollout" / "published.jsonl", cfg.rollout.published_record_max_bytes)
-        publisher = TrajectoryPublisher(outbox, self.names.trajectories, lambda s, p, h: js.publish(s, p, headers=h), record)
-        self.end_of_data = EndOfDataNotice(cfg.run.id, self.names.trajectories, js.publish)
-
-        async def queue_probe() -> int:
-            return await self._unconsumed_trajectories(js)
-
-        self.val_records = await asyncio.to_thread(validation_records, cfg.data, cfg.run_dir)
-        self.runner = Runner(
-            RunnerSettings.from_config(cfg), deps_factory=self._deps, stream=stream, outbox=outbox, publisher=publisher,
-            agent_store=AgentStore(agents_kv, js, self.names.agents_bucket), state_store=RunnerStateStore(state_kv), queue_probe=queue_probe,
-            abort_engines=self.pool.abort_inflight, rid_prefix=self.rid_prefix,
-            validator=self._validation_rollouts if self.val_records else None,
-        )
+        return await build(cfg, url)
 
     def health(self, r, engines: list[dict]) -> dict:
         """The run's health block (:func:`rollout_service.api.run_health.rollout_health`) from a
@@ -276,20 +170,6 @@ class RolloutService:
         ``/admin/status`` and published as metrics."""
         return await self.runner.validation.run(self.runner.version if version is None else version)
 
-    async def _validation_rollouts(self, version: int) -> dict:
-        """Greedy rollouts over the validation set, published as metrics."""
-        runner = self.runner
-        val_deps = dataclasses.replace(runner.deps, sampling=self.cfg.rollout.val_sampling)
-        result = await run_validation(self.val_records, val_deps, self.cfg.run.id, version, runner.max_concurrent)
-        await self._publish_metrics(result)
-        return result
-
-    async def _publish_metrics(self, doc: dict) -> None:
-        try:
-            await self.nc.publish(self.names.metrics("rollout"), orjson.dumps({"component": "rollout", "time": time.time(), **doc}))
-        except Exception as exc:  # noqa: BLE001 - metrics are best effort
-            log.debug("metrics not published: %s", exc)
-
     def data_played_out(self) -> bool:
         """Every sample of the run's data is played and published, and nothing else is open
         (:mod:`rollout_service.publish.end_of_data`)."""
@@ -306,7 +186,7 @@ class RolloutService:
         from rollout_service.api.status import verl_metrics
 
         snap = self.runner.snapshot()
-        await self._publish_metrics({"kind": "rollout", "version": snap.version, "metrics": verl_metrics(snap)})
+        await self.publish_metrics({"kind": "rollout", "version": snap.version, "metrics": verl_metrics(snap)})
         if not self.end_of_data.sent and self.data_played_out():
             await self.end_of_data.send_once(snap.counters.samples_started, snap.counters.trajectories_finished)
         self.store_sizes = await store_sizes(self.nc.jetstream(), self.names)
@@ -316,47 +196,12 @@ class RolloutService:
 
         self.progress.observe(progress_counters(self.runner.snapshot()))
 
-    def _deps(self, runner: Runner) -> AgentDeps:
-        cfg = self.cfg
-
-        async def reward(state) -> tuple[float, dict]:
-            tool_results = [{"name": m.get("name"), "is_error": bool(m.get("is_error"))}
-                            for m in state.messages if m.get("role") == "tool"]
-            extra = {**state.extra_info, "tool_results": tool_results}
-            res = await self.rewards.score(state.data_source, model_text(state, self.chat), state.ground_truth, extra)
-            if res.failed:  # the function crashed: not the model's doing, never a learning signal
-                state.failure = "reward_error"
-            return res.score, dict(res.details)
-
-        return AgentDeps(
-            chat=self.chat, generator=runner.calls.routed(self.pool), tools=self.tools, gate=runner.gate,
-            parse=PARSERS[cfg.rollout.multi_turn.tool_parser], checkpoint=runner.agent_store.put, reward=reward,
-            version_of=weight_version_number, multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
-            response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,
-            rid_prefix=self.rid_prefix, on_tokens=runner.tokens.add,
-            external=self.broker if self.broker.tools else None,
-        )
-
-    async def _announce(self, environment: str, payload: bytes) -> None:
-        await self.nc.publish(self.names.environment(environment), payload)
-
     async def _expire_sessions(self) -> None:
         for rec in self.sessions.expire_idle():
             await self.sessions.save(rec)
             await self.runner.drop_member(rec.agent.group_id)
         await self.sessions.forget_closed()
         await self.broker.sweep()
-
-    async def _unconsumed_trajectories(self, js) -> int:
-        """Trajectories in the stream the trainer has not acknowledged yet."""
-        try:
-            info = await js.consumer_info(self.names.stream, self.names.trainer_consumer, timeout=1.0)
-            pending = int(info.num_pending)
-            return pending + int(info.num_ack_pending) - self.end_of_data.unconsumed_share(pending)
-        except Exception:  # noqa: BLE001 - no trainer consumer yet: everything stored is unconsumed
-            sinfo = await js.stream_info(self.names.stream, subjects_filter=self.names.trajectories)
-            stored = int(sinfo.state.messages)
-            return stored - self.end_of_data.unconsumed_share(stored)
 
     async def start(self) -> None:
         assert self.runner is not None

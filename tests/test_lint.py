@@ -137,6 +137,7 @@ def test_the_lint_sees_lazy_and_type_checking_imports_only_when_asked():
 # the trackers that record the config, the verifiers driver's spec).
 WIRING = {
     ("rollout_service/service.py", "RolloutService.__init__"), ("rollout_service/service.py", "RolloutService.create"),
+    ("rollout_service/build.py", "_assemble"),
     ("rollout_service/__main__.py", "_serve"),
     ("sync_agent/agent.py", "SyncAgent.__init__"),
     ("trainer_daemon/daemon.py", "TrainerDaemon.__init__"), ("trainer_daemon/rank0.py", "Rank0Services.__init__"),
@@ -208,3 +209,25 @@ def test_the_rollout_services_routes_depend_on_their_ports_only():
             bad += _service_references(path)
     bad += _service_references(ROOT / "rollout_service/metrics.py")
     assert not bad, "routes reaching the service object:\n" + "\n".join(bad)
+
+
+def test_the_rollout_service_is_built_by_constructor_injection_only():
+    """Issue 34: ``rollout_service/build.py`` hands every component what it needs through its
+    constructor; it never sets an attribute of something it built (no patching after
+    construction), and the service's constructor only stores what it is given."""
+    tree = ast.parse((ROOT / "rollout_service/build.py").read_text())
+    patched = []
+    for fn in (n for n in tree.body if isinstance(n, ast.AsyncFunctionDef) and n.name in ("build", "_assemble")):
+        stack = list(fn.body)
+        while stack:  # the assembly itself, not the functions it defines (they run later, on their own objects)
+            n = stack.pop()
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(n, (ast.Assign, ast.AugAssign)):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                patched += [f"build.py:{n.lineno} {ast.unparse(t)}" for t in targets if isinstance(t, ast.Attribute)]
+            stack.extend(ast.iter_child_nodes(n))
+    assert not patched, "\n".join(patched)
+    service = ast.parse((ROOT / "rollout_service/service.py").read_text())
+    cls = next(n for n in service.body if isinstance(n, ast.ClassDef) and n.name == "RolloutService")
+    assert not [n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "_build"]

@@ -11,6 +11,7 @@ import httpx
 
 from asyncrl.jetstream import connect
 from asyncrl.wire import NatsNames, is_end_of_data
+from rollout_service.build import unconsumed_trajectories
 from rollout_service.service import METRICS_INTERVAL_S
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import running_service, service_config
@@ -47,7 +48,7 @@ async def test_end_of_data_follows_the_last_trajectory_and_waits_for_open_sessio
                             headers={"Authorization": f"Bearer {sess['token']}"})
         assert r.status_code == 200 and r.json()["status"] == "failed"
         await wait_for(lambda: svc.end_of_data.sent, 3 * METRICS_INTERVAL_S, "the end of data once the session closed")
-        assert await svc._unconsumed_trajectories(svc.nc.jetstream()) == 2  # the message is not a trajectory
+        assert await unconsumed_trajectories(svc.nc.jetstream(), svc.names, svc.end_of_data) == 2  # the message is not a trajectory
     msgs = await stream_messages(nats_server.url, cfg.run.id)
     assert [is_end_of_data(m.headers) for m in msgs] == [False, False, True]
     assert json.loads(msgs[-1].data) == {"samples": 2, "trajectories": 2}  # the internal sample and the session's group

@@ -7,6 +7,7 @@ from asyncrl.chat import ChatTokenizer
 from asyncrl.jetstream import connect
 from asyncrl.models import load_tokenizer
 from asyncrl.wire import NatsNames, decode_trajectory, is_end_of_data
+from rollout_service.prompts import validation_records
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import running_service, service_config
@@ -144,7 +145,7 @@ async def test_validation_runs_greedy_on_the_val_set_and_publishes_metrics(tmp_p
             await wait_for(lambda: any(d.get("kind") == "validation" and d["version"] == 0 for d in seen), 180,
                            "the validation before training")
             status, body = await admin(http, "POST", f"{url}/admin/validate")
-            assert status == 200 and body["kind"] == "validation" and body["samples"] == len(svc.val_records) > 0
+            assert status == 200 and body["kind"] == "validation" and body["samples"] == len(validation_records(cfg.data, cfg.run_dir)) > 0
             key = "val-core/asyncrl/arith/reward/mean@1"
             assert 0.0 <= body["metrics"][key] <= 1.0 and body["metrics"]["val-aux/num_tool_calls/mean"] > 0
             # every test_freq versions it runs by itself after a resume

@@ -92,7 +92,7 @@ def _turn(svc, cfg) -> tuple[AgentState, object]:
         return None
 
     sampling = cfg.rollout.sampling.model_copy(update={"max_new_tokens": LONG, "temperature": 0.0})
-    deps = dataclasses.replace(svc._deps(svc.runner), sampling=sampling, response_length=LONG, checkpoint=no_checkpoint,
+    deps = dataclasses.replace(svc.runner.deps, sampling=sampling, response_length=LONG, checkpoint=no_checkpoint,
                                extra_sampling={"ignore_eos": True})
     state = AgentState(id="resume-on-v2", run_id=RUN_ID, group_id="g", group_size=1, group_index=0, prompt_id="p",
                        data_source="test", phase=Phase.GENERATING, token_ids=list(PROMPT), prompt_length=len(PROMPT),

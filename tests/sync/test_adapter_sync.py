@@ -96,7 +96,7 @@ async def test_adapters_load_where_lora_is_served_and_the_rest_is_held_out(tmp_p
             async with EngineClient(plain.url) as c:
                 assert await c.weight_version() == "default"
             # the rollout asks for the current adapter and labels tokens with its version
-            assert svc._lora_route() == (f"{RUN_ID}-v1", 1)
+            assert svc.pool.lora_route() == (f"{RUN_ID}-v1", 1)
             out = await svc.pool.generate(None, PROMPT, GREEDY, rid="adapter-route-1")
             assert out.token_versions() == ["1"] * GREEDY["max_new_tokens"] and out.output_ids == res.output_ids
             for v in (2, 3):

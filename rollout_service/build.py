@@ -1,0 +1,228 @@
+"""Building the rollout service from the run config: every component constructed, with what it
+needs given to its constructor, then :class:`~rollout_service.service.RolloutService` around
+them (issue 34: one wiring point, constructor injection only).
+
+``build(cfg, url)`` connects to NATS (``nats.url`` or the run's embedded server), ensures the
+run's stream and KV buckets, loads the tokenizer, tools, rewards and prompts, opens the outbox
+in ``<run dir>/rollout/outbox`` and wires the :class:`Runner`.
+
+The one cycle: the runner routes its agents' calls through the engine pool, and the pool asks
+the runner whether it is paused, which version it serves and which adapter to ask for. The
+pool is built first with closures over the runner built after it (bound before anything
+runs: the pool asks only once the service has started).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import orjson
+
+from asyncrl.chat import ChatTokenizer
+from asyncrl.config import RunConfig, secret
+from asyncrl.jetstream import (
+    StreamSettings,
+    connect,
+    ensure_kv,
+    ensure_stream,
+    kv_forget,
+    resolve_nats_url,
+)
+from asyncrl.jsonl_log import BoundedJsonl
+from asyncrl.models import load_tokenizer
+from asyncrl.wire import NatsNames
+from asyncrl.wire.sync import adapter_name, weight_version_number
+from rollout_service.agent.deps import AgentDeps
+from rollout_service.agent.external_tools import ExternalBroker
+from rollout_service.agent.tool_parser import PARSERS
+from rollout_service.api.limits import InflightLimit
+from rollout_service.engines import EnginePool
+from rollout_service.openai.handlers import ChatCache, served_model_name
+from rollout_service.openai.sessions import SessionManager
+from rollout_service.prompts import (
+    build_prompt_stream,
+    plays_verifiers,
+    source_reward,
+    validation_records,
+)
+from rollout_service.publish import Outbox, TrajectoryPublisher
+from rollout_service.publish.end_of_data import EndOfDataNotice
+from rollout_service.rewards import MathReward, default_registry
+from rollout_service.runner.finish import model_text
+from rollout_service.runner.runner import Runner, RunnerSettings
+from rollout_service.runner.store import AgentStore, KvRecords, RunnerStateStore
+from rollout_service.runner.validation import run_validation
+from rollout_service.service import CountingTools, RolloutService, tool_options
+from tools.registry import ToolRegistry
+
+log = logging.getLogger(__name__)
+
+
+async def build(cfg: RunConfig, url: str | None = None) -> RolloutService:
+    """The service, every component constructed (module docstring); ``url``: where it will be
+    served, required for a verifiers ``data.source`` (its driver calls it). A failure closes
+    what was opened (the engines' clients, the reward worker, the NATS connection)."""
+    opened: list = []
+    try:
+        return await _assemble(cfg, url, opened)
+    except BaseException:
+        for close in reversed(opened):
+            done = close()
+            if asyncio.iscoroutine(done):
+                await done
+        raise
+
+
+async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutService:
+    if not cfg.engines.urls:
+        raise ValueError("engines.urls is empty: give the engines' URLs (asyncrl up starts local engines and passes them)")
+    names, rid_prefix = NatsNames(cfg.run.id), f"rl-{cfg.run.id}."
+    runner: Runner | None = None  # bound below (module docstring: the one cycle)
+    e = cfg.engines
+    pool = EnginePool(api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key), request_timeout_s=e.request_timeout_s,
+                      control_timeout_s=e.control_timeout_s, request_timeout_floor_s=e.request_timeout_floor_s,
+                      min_decode_tokens_per_s=e.min_decode_tokens_per_s,
+                      paused=lambda: runner is not None and runner.paused,
+                      holds_calls=lambda: runner is not None and runner.gate.paused,
+                      current_version=lambda: None if runner is None else str(runner.version),
+                      lora_route=lambda: adapter_route(cfg.run.id, cfg.syncs_adapters, None if runner is None else runner.version))
+    opened.append(pool.close)
+    for engine_url in e.urls:
+        pool.add(engine_url)
+    tokenizer = await asyncio.to_thread(load_tokenizer, cfg.model.tokenizer_path or cfg.model.path)
+    tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **tool_options(cfg.rollout)))
+    clash = {t.name for t in cfg.rollout.external_tools} & set(tools.registry.names)
+    if clash:
+        raise ValueError(f"external tools {sorted(clash)} have the names of builtin tools")
+    unscoped = sorted({t.environment for t in cfg.rollout.external_tools} - set(cfg.security.environment_tokens))
+    if unscoped:
+        log.warning("external environments %s list their tool calls to any data-plane client: give each its own "
+                    "token in security.environment_tokens (docs/security.md)", unscoped)
+    math_reward = MathReward()
+    math_reward.start()
+    opened.append(math_reward.close)
+    rewards = default_registry(math_reward, format_weight=cfg.rollout.format_reward_weight)
+    env_driver = None
+    if plays_verifiers(cfg.data):
+        from rollout_service.verifiers_env.supervisor import (
+            DriverSupervisor,
+            build_driver_spec,
+            check_config,
+        )
+
+        check_config(cfg.data, cfg.rollout)
+        if url is None:
+            raise ValueError("a verifiers data.source needs the service's own URL: build(cfg, url=...)")
+        env_driver = DriverSupervisor(build_driver_spec(cfg, url, cfg.derived.max_concurrent_samples),
+                                      secret(cfg.security.api_token) or "")
+    elif cfg.data.source and not cfg.data.train_files:
+        rewards.register(*await asyncio.to_thread(source_reward, cfg.data))
+
+    nc = await connect(resolve_nats_url(cfg.nats.url, cfg.run_dir), f"rollout-{cfg.run.id}", user=cfg.nats.user,
+                       password=secret(cfg.security.nats_password))
+    opened.append(nc.close)
+    js = nc.jetstream()
+    await ensure_stream(js, StreamSettings.of(cfg))
+    calls_store = None
+    if cfg.rollout.external_tools:
+        calls_store = KvRecords(await ensure_kv(js, names.calls_bucket), js, names.calls_bucket)
+
+    async def announce(environment: str, payload: bytes) -> None:
+        await nc.publish(names.environment(environment), payload)
+
+    broker = ExternalBroker({t.name: t for t in cfg.rollout.external_tools}, announce, calls_store,
+                            retention_s=cfg.api.tool_call_retention_s)
+    chat = ChatTokenizer(tokenizer, tools.registry.schemas() + broker.schemas())
+    stream = await asyncio.to_thread(build_prompt_stream, cfg.data, cfg.rollout, cfg.run_dir, chat, env_driver)
+    sessions_bucket = names.sessions_bucket
+    sessions = SessionManager(await ensure_kv(js, sessions_bucket), cfg.api.session_ttl_s, cfg.api.max_sessions,
+                              cfg.api.closed_session_retention_s, lambda key: kv_forget(js, sessions_bucket, key))
+    keep = 0.0 if cfg.nats.sync_always else cfg.rollout.outbox_keep_acked_s
+    outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items, keep)
+    record = BoundedJsonl(Path(cfg.run_dir) / "rollout" / "published.jsonl", cfg.rollout.published_record_max_bytes)
+    publisher = TrajectoryPublisher(outbox, names.trajectories, lambda s, p, h: js.publish(s, p, headers=h), record)
+    end_of_data = EndOfDataNotice(cfg.run.id, names.trajectories, js.publish)
+
+    async def queue_probe() -> int:
+        return await unconsumed_trajectories(js, names, end_of_data)
+
+    async def publish_metrics(doc: dict) -> None:
+        try:
+            await nc.publish(names.metrics("rollout"), orjson.dumps({"component": "rollout", "time": time.time(), **doc}))
+        except Exception as exc:  # noqa: BLE001 - metrics are best effort
+            log.debug("metrics not published: %s", exc)
+
+    val_records = await asyncio.to_thread(validation_records, cfg.data, cfg.run_dir)
+
+    async def validation_rollouts(version: int) -> dict:
+        """Greedy rollouts over the validation set, published as metrics."""
+        val_deps = dataclasses.replace(runner.deps, sampling=cfg.rollout.val_sampling)
+        result = await run_validation(val_records, val_deps, cfg.run.id, version, runner.max_concurrent)
+        await publish_metrics(result)
+        return result
+
+    def deps_factory(r: Runner) -> AgentDeps:
+        return build_agent_deps(cfg, r, pool, chat, tools, broker, rewards, rid_prefix)
+
+    runner = Runner(
+        RunnerSettings.from_config(cfg), deps_factory=deps_factory, stream=stream, outbox=outbox, publisher=publisher,
+        agent_store=AgentStore(await ensure_kv(js, names.agents_bucket), js, names.agents_bucket),
+        state_store=RunnerStateStore(await ensure_kv(js, names.state_bucket)), queue_probe=queue_probe,
+        abort_engines=pool.abort_inflight, rid_prefix=rid_prefix, validator=validation_rollouts if val_records else None,
+    )
+    return RolloutService(
+        cfg, url=url, nc=nc, names=names, pool=pool, runner=runner, tools=tools, broker=broker, chats=ChatCache(tokenizer),
+        sessions=sessions, model_name=served_model_name(cfg.api, cfg.model), math_reward=math_reward, env_driver=env_driver,
+        end_of_data=end_of_data, publish_metrics=publish_metrics,
+        inflight_stateless=InflightLimit(cfg.api.max_stateless_requests, "stateless completions"),
+        inflight_polls=InflightLimit(cfg.api.max_long_polls, "tool-call long-polls"),
+    )
+
+
+def adapter_route(run_id: str, syncs_adapters: bool, version: int | None) -> tuple[str, int] | None:
+    """Adapter syncs (``syncs_adapters``): the adapter of the rollout's ``version`` and that
+    version, which every call asks for (``lora_path``); None for the base model (full-weight
+    syncs, version 0: a fresh adapter adds zero)."""
+    if not syncs_adapters or not version:
+        return None
+    return adapter_name(run_id, version), version
+
+
+def build_agent_deps(cfg: RunConfig, runner: Runner, pool: EnginePool, chat: ChatTokenizer, tools: CountingTools,
+               broker: ExternalBroker, rewards, rid_prefix: str) -> AgentDeps:
+    """What the runner's agents run with: the engines through the runner's call tracking, its
+    gate and checkpoint store, the tools, the reward registry (a reward function that crashed
+    marks the trajectory ``reward_error``: never a learning signal)."""
+
+    async def reward(state) -> tuple[float, dict]:
+        tool_results = [{"name": m.get("name"), "is_error": bool(m.get("is_error"))}
+                        for m in state.messages if m.get("role") == "tool"]
+        extra = {**state.extra_info, "tool_results": tool_results}
+        res = await rewards.score(state.data_source, model_text(state, chat), state.ground_truth, extra)
+        if res.failed:
+            state.failure = "reward_error"
+        return res.score, dict(res.details)
+
+    return AgentDeps(
+        chat=chat, generator=runner.calls.routed(pool), tools=tools, gate=runner.gate,
+        parse=PARSERS[cfg.rollout.multi_turn.tool_parser], checkpoint=runner.agent_store.put, reward=reward,
+        version_of=weight_version_number, multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
+        response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,
+        rid_prefix=rid_prefix, on_tokens=runner.tokens.add, external=broker if broker.tools else None,
+    )
+
+
+async def unconsumed_trajectories(js, names: NatsNames, end_of_data: EndOfDataNotice) -> int:
+    """Trajectories in the stream the trainer has not acknowledged yet."""
+    try:
+        info = await js.consumer_info(names.stream, names.trainer_consumer, timeout=1.0)
+        pending = int(info.num_pending)
+        return pending + int(info.num_ack_pending) - end_of_data.unconsumed_share(pending)
+    except Exception:  # noqa: BLE001 - no trainer consumer yet: everything stored is unconsumed
+        sinfo = await js.stream_info(names.stream, subjects_filter=names.trajectories)
+        stored = int(sinfo.state.messages)
+        return stored - end_of_data.unconsumed_share(stored)
