@@ -163,7 +163,7 @@ async def test_a_crashing_reward_function_marks_the_trajectories_untrainable(tmp
     """A reward function that raises is an infrastructure failure, not a zero reward: the
     trajectories are published (exactly once, as always) with ``failure="reward_error"`` and
     the error in their details, counted per reason; the trainer never trains them."""
-    import rollout_service.service as service_mod
+    import rollout_service.build as service_mod
     from rollout_service.rewards import ARITH_DATA_SOURCE
 
     def crashing(response_text, ground_truth, extra_info):

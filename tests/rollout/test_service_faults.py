@@ -28,7 +28,7 @@ def outage_after_publishes(monkeypatch, nats_server, n: int) -> None:
     """NATS is SIGKILLed the moment the service's ``n``-th trajectory publish is acknowledged:
     mid-run whatever the pace (a fast run could otherwise publish everything before a test
     that watches from outside gets to kill it)."""
-    import rollout_service.service as service
+    import rollout_service.build as service
 
     real = service.TrajectoryPublisher
 
