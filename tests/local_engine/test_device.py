@@ -129,8 +129,8 @@ def test_runner_creates_every_tensor_on_the_model_device(tiny_cpu, device):
 def test_sampler_works_on_the_logits_device(device):
     want = torch.device(device)
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)).to(device)
-    rows = [RowSampling(temperature=0.0), RowSampling(temperature=0.0, banned=[int(logits[1].argmax())]),
-            RowSampling(temperature=0.8, top_k=5), RowSampling(top_p=0.5, min_p=0.1),
+    rows = [RowSampling(temperature=0.0, sampling_mask=True), RowSampling(temperature=0.0, banned=[int(logits[1].argmax())]),
+            RowSampling(temperature=0.8, top_k=5, sampling_mask=True), RowSampling(top_p=0.5, min_p=0.1, sampling_mask=True),
             RowSampling(generator=torch.Generator().manual_seed(7)), RowSampling(temperature=1.3)]
     rec = FactoryRecorder()
     with rec:
@@ -145,6 +145,49 @@ def test_sampler_works_on_the_logits_device(device):
     assert out.token_ids[0] == int(logits[0].argmax()) and out.token_ids[1] != int(logits[1].argmax())
     assert out.top[1] is not None and all(type(v) is float and type(i) is int for v, i in out.top[1])
     assert lps[0] is None and all(type(v) is float for v in lps[1:])
+    masks = out.masks  # sampling masks come back as Python numbers too
+    assert [m is not None for m in masks] == [True, False, True, True, False, False]
+    assert all(type(i) is int for m in masks if m for i in m.support) and type(masks[2].selected_logprob) is float
+    assert out.token_ids[2] in masks[2].support and len(masks[2].support) == 5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_prefill_over_an_exported_prefix_continues_the_row(tiny_cpu, device):
+    """A retracted request's re-prefill over its kept prompt KV (``export_prefix``, then
+    ``prefill(prefixes=...)``) gives the same next-token logits as one prefill of the whole
+    context with the same weights, on the model's device, beside a row without a prefix."""
+    import copy
+
+    model, pad = tiny_cpu
+    runner = HFModelRunner(copy.deepcopy(model).to(device), pad_token_id=pad)
+    prompt, output = [5, 6, 7, 8, 9], [21, 22, 23]
+    runner.prefill([[3, 4], prompt], [False, False])
+    prefix = runner.export_prefix(1, len(prompt))
+    assert prefix is not None and prefix[0][0].device.type == torch.device(device).type and prefix[0][0].shape[-2] == len(prompt)
+    runner.reset()
+    pf = runner.prefill([[11, 12, 13], prompt + output], [False, False], prefixes=[None, prefix])
+    whole = HFModelRunner(copy.deepcopy(model).to(device), pad_token_id=pad).prefill([prompt + output], [False]).last
+    assert (pf.last[1] - whole[0]).abs().max().item() < 1e-4
+    assert runner.num_rows == 2 and runner._mask.device.type == torch.device(device).type
+    nxt = runner.decode([int(pf.last[0].argmax()), int(pf.last[1].argmax())])  # the merged rows decode on
+    assert torch.isfinite(nxt).all()
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_sampling_masks_match_cpu():
+    """The same logits and seeded rows on both devices: the same tokens, supports and
+    behaviour log-probs (to float tolerance)."""
+    logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(5)) * 3
+    outs = {}
+    for device in ("cpu", "cuda"):
+        rows = [RowSampling(temperature=0.7, top_k=8, generator=torch.Generator().manual_seed(3), sampling_mask=True),
+                RowSampling(top_p=0.8, generator=torch.Generator().manual_seed(4), sampling_mask=True),
+                RowSampling(temperature=0.0, sampling_mask=True)]
+        outs[device] = sample(logits.to(device), rows, torch.Generator().manual_seed(1))
+    cpu, cuda = outs["cpu"], outs["cuda"]
+    assert cpu.token_ids == cuda.token_ids
+    for a, b in zip(cpu.masks, cuda.masks, strict=True):
+        assert a.support == b.support and abs(a.selected_logprob - b.selected_logprob) < 1e-5
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
