@@ -57,15 +57,17 @@ def test_each_secret_is_required(compose, env_file, tmp_path, secret):
 @pytest.mark.parametrize("role", sorted(ROLES))
 def test_cluster_node_roles(compose, role):
     project = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles=role, env=CLUSTER_ADDRS)
-    assert set(project["services"]) == ROLES[role]
+    assert set(project["services"]) == ROLES[role] | {"network-check"}  # every node checks its addresses first
     svc = project["services"]
+    for name in ROLES[role] & CHECKED_FIRST:
+        assert svc[name]["depends_on"]["network-check"]["condition"] == "service_completed_successfully", name
     if role == "engine":
         assert svc["sglang"]["network_mode"] == "host"
         assert svc["sglang"]["environment"]["ENGINE_HOST"] == CLUSTER_ADDRS["NODE_ADDR"]
         assert svc["sglang"]["environment"]["ENGINE_PORT_PER_SLOT"] == "1"
     if role == "trainer":
         env = svc["trainer"]["environment"]
-        assert svc["trainer"]["network_mode"] == "host" and not svc["trainer"].get("depends_on")
+        assert svc["trainer"]["network_mode"] == "host" and set(svc["trainer"]["depends_on"]) == {"network-check"}
         assert env["ASYNCRL_TRAINER__MASTER_ADDR"] == CLUSTER_ADDRS["MASTER_ADDR"]
         assert env["ASYNCRL_NATS__URL"] == f"nats://{CLUSTER_ADDRS['CONTROL_ADDR']}:4222"
         assert env["ASYNCRL_SYNC__URL"] == f"http://{CLUSTER_ADDRS['CONTROL_ADDR']}:8100"
@@ -75,6 +77,28 @@ def test_cluster_node_roles(compose, role):
             assert (p["host_ip"], int(p["published"]), p["target"]) == (CLUSTER_ADDRS["CONTROL_ADDR"], port, port)
     if role == "monitoring":
         assert svc["prometheus"]["extra_hosts"] == [f"trainer={CLUSTER_ADDRS['MASTER_ADDR']}"]
+
+
+CHECKED_FIRST = {"nats", "rollout", "sync-agent", "gateway", "python-sandbox", "sglang", "trainer"}
+"""The cluster's services that open ports to other nodes or reach them: each waits for network-check."""
+
+
+def test_the_cluster_refuses_public_addresses_before_anything_starts(compose):
+    """Issue 30 item 8: a one-shot ``python -m asyncrl.netcheck`` with the three addresses the
+    cluster file publishes or host-networks, no capability, no port, a read-only root; every
+    service that reaches another node waits for it to succeed (tests/foundation/test_netcheck.py
+    checks the command itself)."""
+    project = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles=ALL_PROFILES, env=CLUSTER_ADDRS)
+    check = project["services"]["network-check"]
+    assert check["entrypoint"] == ["python", "-m", "asyncrl.netcheck"]
+    assert check["command"] == [f"{k}={CLUSTER_ADDRS[k]}" for k in ("NODE_ADDR", "CONTROL_ADDR", "MASTER_ADDR")]
+    assert check["cap_drop"] == ["ALL"] and check["read_only"] is True and not check.get("ports")
+    assert check["restart"] == "no" and not check.get("profiles")
+    waiting = {name for name, s in project["services"].items() if "network-check" in (s.get("depends_on") or {})}
+    assert CHECKED_FIRST <= waiting
+    ports = [(name, p) for name, s in project["services"].items() for p in s.get("ports", [])]
+    published = {name: p.get("host_ip") for name, p in ports if name not in ("gateway", "grafana")}
+    assert published == {"nats": CLUSTER_ADDRS["CONTROL_ADDR"], "sync-agent": CLUSTER_ADDRS["CONTROL_ADDR"]}, ports
 
 
 def test_multi_node_trainer_world_from_env(compose):

@@ -1,0 +1,74 @@
+"""Refuse to run a multi-node deployment on addresses the internet can reach (issue 30 item 8).
+
+A cluster's control and training ports have no TLS, and some (the torchrun store, the weight
+group, NCCL) no authentication at all (docs/security.md, "Ports"): they must stay on a private
+network. ``compose.cluster.yaml`` starts ``python -m asyncrl.netcheck`` with the addresses it
+publishes or host-networks (``NODE_ADDR``, ``CONTROL_ADDR``, ``MASTER_ADDR``) before any other
+service of the node; every other service waits for it to succeed.
+
+Contract of :func:`address_problem`: an address is acceptable when every address it resolves
+to is not globally routable (:attr:`ipaddress.IPv4Address.is_global` false: RFC 1918,
+loopback, link-local, unique-local IPv6, and the shared 100.64.0.0/10 space VPN overlays such
+as Tailscale use); a name that does not resolve, an empty value, or any global address is a
+problem, named with its setting. ``NETCHECK_ALLOW_PUBLIC=1`` accepts global addresses
+(for a network its owner has otherwise closed: a firewall that admits only the nodes), saying
+so on stderr. Not covered: whether the private network is in fact trusted.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+
+ALLOW_ENV = "NETCHECK_ALLOW_PUBLIC"
+
+Resolver = Callable[[str], list[str]]
+
+
+def resolve(name: str) -> list[str]:
+    """Every address ``name`` resolves to (an IP literal resolves to itself)."""
+    return sorted({info[4][0] for info in socket.getaddrinfo(name, None)})
+
+
+def address_problem(setting: str, value: str, resolver: Resolver = resolve) -> str | None:
+    """Why ``value`` (the setting named ``setting``) is not a private address, or None."""
+    host = value.strip().strip("[]")
+    if not host:
+        return f"{setting} is empty: set it to this node's private address"
+    try:
+        addresses = [ipaddress.ip_address(host)]
+    except ValueError:
+        try:
+            addresses = [ipaddress.ip_address(a.split("%")[0]) for a in resolver(host)]
+        except OSError as exc:
+            return f"{setting}={value} does not resolve ({exc}): give a private address"
+    public = [str(a) for a in addresses if a.is_global]
+    if public:
+        return (f"{setting}={value} is a public address ({', '.join(public)}): the cluster's NATS, sync-agent, "
+                f"torchrun and NCCL ports would be reachable from the internet without TLS; use the nodes' "
+                f"private network (or a VPN), or set {ALLOW_ENV}=1 if a firewall admits only the nodes")
+    return None
+
+
+def main(argv: Sequence[str], environ=os.environ, resolver: Resolver = resolve) -> int:
+    """``python -m asyncrl.netcheck SETTING=VALUE ...``: 0 when every address is private
+    (or public ones are allowed), else 1 with one line per problem on stderr; 2 on bad usage."""
+    pairs = [a.split("=", 1) for a in argv]
+    if not pairs or any(len(p) != 2 for p in pairs):
+        print("usage: python -m asyncrl.netcheck SETTING=ADDRESS [SETTING=ADDRESS ...]", file=sys.stderr)
+        return 2
+    problems = [p for setting, value in pairs if (p := address_problem(setting, value, resolver))]
+    if not problems:
+        print("asyncrl netcheck: " + ", ".join(f"{s}={v}" for s, v in pairs) + ": private")
+        return 0
+    allowed = environ.get(ALLOW_ENV, "") in ("1", "true", "yes")
+    for p in problems:
+        print(("asyncrl netcheck (allowed by " + ALLOW_ENV + "): " if allowed else "asyncrl netcheck: ") + p, file=sys.stderr)
+    return 0 if allowed and all("public address" in p for p in problems) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
