@@ -94,3 +94,21 @@ def perturbed_weights(seed: int) -> tuple[torch.nn.Module, dict[str, torch.Tenso
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.05)
     return model, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+async def service_idle(svc, engine) -> bool:
+    """The rollout service runs no agent and the engine no request."""
+    from asyncrl.engine_client import EngineClient
+
+    if svc.runner.snapshot().active:
+        return False
+    async with EngineClient(engine.url) as c:
+        return (await c.loads())["loads"][0]["num_running_reqs"] == 0
+
+
+async def engine_tokens_over(engine, over: int) -> bool:
+    """The engine holds more than ``over`` tokens (prompt + decoded) in its running requests."""
+    from asyncrl.engine_client import EngineClient
+
+    async with EngineClient(engine.url) as c:
+        return (await c.loads())["loads"][0]["num_total_tokens"] > over

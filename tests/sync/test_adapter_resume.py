@@ -27,7 +27,7 @@ from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.reference_model import teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for
-from tests.sync.conftest import ENGINE_ARGS, stack
+from tests.sync.conftest import ENGINE_ARGS, engine_tokens_over, service_idle, stack
 from tests.sync.test_adapter_sync import LORA, RUN_ID, adapter_publisher, snapshots
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
@@ -48,14 +48,14 @@ async def test_a_sync_meets_a_turn_in_flight_and_the_turn_resumes_on_the_new_ada
             async with stack(tmp_path, nats_server.url, [proxy.url], *LORA, "async_training.partial_rollout=true",
                              "sync.pause_policy=abort", "rollout.total_rollout_steps=1", "rollout.n=1",
                              f"model.max_model_len={len(PROMPT) + LONG + 8}") as (svc, _, agent, agent_url, cfg):
-                await wait_for(lambda: _idle(svc, engine), WAIT_S, "the service's own sample to finish")
+                await wait_for(lambda: service_idle(svc, engine), WAIT_S, "the service's own sample to finish")
                 pub = adapter_publisher(agent_url, cfg, tmp_path)
                 try:
                     await pub.publish(1, v1)
                     await wait_for(lambda: svc.runner.version == 1 and not svc.runner.paused, WAIT_S, "the rollout at v1")
                     state, deps = _turn(svc, cfg)
                     turn = asyncio.create_task(generate_turn_tokens(state, deps))
-                    await wait_for(lambda: _running_tokens(engine, len(PROMPT) + BEFORE_HOLD), WAIT_S, "the turn to decode")
+                    await wait_for(lambda: engine_tokens_over(engine, len(PROMPT) + BEFORE_HOLD), WAIT_S, "the turn to decode")
                     (points / f"{STEP}.arm").touch()
                     await wait_for(lambda: bool(failpoints.reached(points, STEP)), WAIT_S, "the engine to hold the turn")
                     publish = asyncio.create_task(pub.publish(2, v2))
@@ -98,19 +98,3 @@ def _turn(svc, cfg) -> tuple[AgentState, object]:
                        data_source="test", phase=Phase.GENERATING, token_ids=list(PROMPT), prompt_length=len(PROMPT),
                        turn_start=len(PROMPT))
     return state, deps
-
-
-async def _idle(svc, engine) -> bool:
-    from asyncrl.engine_client import EngineClient
-
-    if svc.runner.snapshot().active:
-        return False
-    async with EngineClient(engine.url) as c:
-        return (await c.loads())["loads"][0]["num_running_reqs"] == 0
-
-
-async def _running_tokens(engine, over: int) -> bool:
-    from asyncrl.engine_client import EngineClient
-
-    async with EngineClient(engine.url) as c:
-        return (await c.loads())["loads"][0]["num_total_tokens"] > over

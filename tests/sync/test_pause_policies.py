@@ -15,7 +15,16 @@ from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import WAIT_S, wait_for
 from tests.rollout.conftest import ADMIN
-from tests.sync.conftest import ENGINE_ARGS, SYNC_TOKEN, config, perturbed_weights, publisher, stack
+from tests.sync.conftest import (
+    ENGINE_ARGS,
+    SYNC_TOKEN,
+    config,
+    engine_tokens_over,
+    perturbed_weights,
+    publisher,
+    service_idle,
+    stack,
+)
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
 LONG = 1500  # tokens: the generation's budget (it is held mid-way until the sync's pause reaches the engine)
@@ -51,12 +60,12 @@ async def test_a_sync_treats_the_generation_in_flight_by_its_policy(tmp_path, na
                              "rollout.total_rollout_steps=1", "rollout.n=1",  # the service's own agents: one, then none
                              f"sync.pause_policy={policy}") as (svc, rollout_url, agent, agent_url, cfg):
                 assert agent.coordinator.pause_mode == ("partial" if policy == "abort" else "hold")
-                await wait_for(lambda: _idle(svc, engine), WAIT_S, "the service's own sample to finish")
+                await wait_for(lambda: service_idle(svc, engine), WAIT_S, "the service's own sample to finish")
                 rid = f"{svc.runner.rid_prefix}policy-{policy}"
                 call = asyncio.create_task(svc.pool.generate(None, PROMPT, {"max_new_tokens": LONG, "temperature": 0.0,
                                                                             "ignore_eos": True}, rid))
                 # decoding (not just queued): its first tokens come from the old weights whatever the policy
-                await wait_for(lambda: _running_tokens(engine, len(PROMPT) + 10), WAIT_S, "the long generation to decode")
+                await wait_for(lambda: engine_tokens_over(engine, len(PROMPT) + 10), WAIT_S, "the long generation to decode")
                 (points / f"{STEP}.arm").touch()
                 await wait_for(lambda: bool(failpoints.reached(points, STEP)), WAIT_S, "the engine to hold the generation")
                 pub = publisher(agent_url, cfg, bucket_bytes=1 << 20)
@@ -92,22 +101,6 @@ async def test_a_sync_treats_the_generation_in_flight_by_its_policy(tmp_path, na
     assert len(spans) == 2 and spans[0][0] != "1" and spans[1][0] == "1" and spans[1][2] == LONG
     assert res.meta_info["num_retractions"] == (1 if policy == "retract" else 0)
     assert flushes == (["/flush_cache"] if policy == "retract" else []), "in_place never flushes; retract tries once"
-
-
-async def _idle(svc, engine) -> bool:
-    from asyncrl.engine_client import EngineClient
-
-    if svc.runner.snapshot().active:
-        return False
-    async with EngineClient(engine.url) as c:
-        return (await c.loads())["loads"][0]["num_running_reqs"] == 0
-
-
-async def _running_tokens(engine, over: int) -> bool:
-    from asyncrl.engine_client import EngineClient
-
-    async with EngineClient(engine.url) as c:
-        return (await c.loads())["loads"][0]["num_total_tokens"] > over
 
 
 async def test_a_policy_that_keeps_requests_is_refused_on_an_engine_without_spans(tmp_path, nats_server):
