@@ -19,6 +19,10 @@ each timed over ``--steps`` steps after one warm-up step (medians):
   (``actor.log_prob_chunk_tokens = --chunk``), AdamW; ``--compile``: ``actor.use_torch_compile``;
 - *padded*: the same step with ``actor.use_remove_padding = false``, micro-batches of ``--micro``
   rows (the path before issue 31);
+- *lora*: the packed step with peft adapters of ``--lora-rank`` on every linear layer
+  (``actor.target_modules = all-linear``, alpha 2 × rank), the optimiser over the adapters only:
+  what LoRA saves in step time and memory on the same batch (MFU still counts every parameter's
+  forward and backward: 6 × parameters, an upper bound of LoRA's work);
 - *plain*: ~50 lines, independent of the trainer's code: the trajectories first-fit into rows
   of at most ``--budget`` tokens, position ids restarting per sequence and a block-diagonal
   causal mask of its own (flex_attention with a ``BlockMask`` on CUDA, the measured reference
@@ -97,7 +101,7 @@ def make_batches(a, vocab: int):
     return build(tail), build([mean] * len(tail))
 
 
-def daemon_path(a, spec: str, ctx, trajs, packed: bool):
+def daemon_path(a, spec: str, ctx, trajs, packed: bool, lora_rank: int = 0):
     """``(step, processed tokens per step)`` of ``TrainStep.run`` on the one-rank policy."""
     from asyncrl.config import load_config
     from trainer_daemon.batch import collate
@@ -110,9 +114,13 @@ def daemon_path(a, spec: str, ctx, trajs, packed: bool):
                  f"actor.use_dynamic_bsz={str(packed).lower()}", f"actor.ppo_max_token_len_per_gpu={max(a.budget, a.prompt + a.cap)}",
                  f"actor.ppo_micro_batch_size_per_gpu={a.micro}", f"actor.use_torch_compile={str(a.compile).lower()}",
                  f"trainer.mixed_precision={'bf16' if ctx.device.type == 'cuda' else 'fp32'}"]
+    if lora_rank:
+        overrides += [f"actor.lora_rank={lora_rank}", f"actor.lora_alpha={2 * lora_rank}", "actor.target_modules=all-linear"]
     cfg = load_config(overrides=overrides, environ={})
     attn = attention_for(cfg.actor.attn_implementation, ctx.device, packed)
-    model = build_policy(spec, 0, ctx.device, 1, cfg.trainer.mixed_precision, compile_blocks=a.compile, attn_implementation=attn)
+    lora = (lora_rank, 2.0 * lora_rank, "all-linear") if lora_rank else None
+    model = build_policy(spec, 0, ctx.device, 1, cfg.trainer.mixed_precision, compile_blocks=a.compile, attn_implementation=attn,
+                         lora=lora)
     opt = build_optimizer(model, cfg.actor.optim)
     step = TrainStep(model, opt, build_scheduler(opt, cfg.actor.optim, None), StepSettings.from_config(cfg, 0), ctx)
     groups = [list(range(i, i + a.n)) for i in range(0, len(trajs), a.n)]
@@ -261,7 +269,8 @@ def main() -> int:
     p.add_argument("--chunk", type=int, default=1024, help="actor.log_prob_chunk_tokens")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="actor.use_torch_compile on the packed path")
-    p.add_argument("--paths", default="packed,padded,plain")
+    p.add_argument("--paths", default="packed,padded,plain", help="also: lora (the packed step with --lora-rank adapters)")
+    p.add_argument("--lora-rank", type=int, default=16, help="the lora path: adapters of this rank on every linear layer")
     p.add_argument("--batches", default="long-tail,uniform")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=None)
@@ -308,6 +317,8 @@ def main() -> int:
                     if path == "plain":
                         fn, processed = plain_path(a, spec, device, trajs)
                         params = sum(p.numel() for p in load_model(spec).parameters())
+                    elif path == "lora":
+                        fn, processed, params = daemon_path(a, spec, ctx, trajs, packed=True, lora_rank=a.lora_rank)
                     else:
                         fn, processed, params = daemon_path(a, spec, ctx, trajs, packed=path == "packed")
                     secs = statistics.median(timed({path: fn}, a.steps, device)[path])
