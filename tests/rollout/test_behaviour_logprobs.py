@@ -8,8 +8,6 @@ logits. An engine emulating 0.5.15 is never asked: its trajectories are marked u
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -55,8 +53,8 @@ async def test_trajectories_carry_the_truncated_distributions_logprobs(tmp_path,
             truncated = full[token] - torch.logsumexp(full[top], -1)
             assert lp == pytest.approx(float(full[token]), abs=1e-4)
             assert blp == pytest.approx(float(truncated), abs=1e-4)
-            assert blp > lp  # renormalised over the kept mass
-        assert t.behaviour_logprob_list() == t.behaviour_logprobs and not math.isclose(sum(t.behaviour_logprobs), sum(t.rollout_logprobs))
+            assert blp >= lp - 1e-6  # renormalised over the kept mass (equal where it holds all of it)
+        assert t.behaviour_logprob_list() == t.behaviour_logprobs
 
 
 async def test_an_engine_without_masks_is_not_asked_and_the_trajectory_says_uncorrected(tmp_path, nats_server, warm_model):
