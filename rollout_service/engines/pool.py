@@ -491,7 +491,7 @@ class EnginePool:
         except EngineError as exc:
             log.debug("engine %s: release not read: %s", handle.id, exc)
             return
-        handle.release = parse_version(info.get("version"))
+        handle.release = parse_version(info.get("version")) if isinstance(info, dict) else None
 
     def refresh_versions_soon(self, engine_ids: list[str] | None = None) -> None:
         """:meth:`refresh_versions` in the background (the caller's answer does not wait for it)."""
