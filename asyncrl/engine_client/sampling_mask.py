@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from asyncrl.wire.trajectory import GREEDY_TEMPERATURE
+
 SAMPLING_MASK_SINCE = (0, 5, 16)
 """First SGLang release with ``return_sampling_mask`` (read from the wheels:
 tests/contract/test_release_facts.py)."""
@@ -32,7 +34,6 @@ MASK_TOP_K_MAX = 1024
 """Largest ``top_k`` for which masks are asked: a quarter of SGLang's default
 ``--sampling-mask-max-tokens`` (ties at the cutoff can add ids), and at most that many ids per
 token in the answer."""
-GREEDY_TEMPERATURE = 1e-6
 
 
 def asks_sampling_mask(sampling_params: dict[str, Any], release: tuple[int, int, int] | None) -> bool:

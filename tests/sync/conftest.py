@@ -112,3 +112,17 @@ async def engine_tokens_over(engine, over: int) -> bool:
 
     async with EngineClient(engine.url) as c:
         return (await c.loads())["loads"][0]["num_total_tokens"] > over
+
+
+async def sync_through_the_held_step(points, proxy, publish) -> None:
+    """Run ``publish`` (a sync) while the engine is held at its ``local_engine.step`` failpoint
+    (armed and reached), release the engine once the sync's ``/pause_generation`` has reached it
+    (seen at ``proxy``), and wait for the sync: it always meets the generation in flight."""
+    from tests.helpers.waiting import wait_for
+
+    task = asyncio.create_task(publish)
+    await wait_for(lambda: any(path == "/pause_generation" for _, path, _, _ in proxy.requests) or task.done(),
+                   180.0, "the sync's pause to reach the engine")
+    (points / "local_engine.step.release").touch()
+    (points / "local_engine.step.arm").unlink()
+    await task

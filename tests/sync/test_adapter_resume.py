@@ -27,7 +27,13 @@ from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.reference_model import teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for
-from tests.sync.conftest import ENGINE_ARGS, engine_tokens_over, service_idle, stack
+from tests.sync.conftest import (
+    ENGINE_ARGS,
+    engine_tokens_over,
+    service_idle,
+    stack,
+    sync_through_the_held_step,
+)
 from tests.sync.test_adapter_sync import LORA, RUN_ID, adapter_publisher, snapshots
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
@@ -58,12 +64,7 @@ async def test_a_sync_meets_a_turn_in_flight_and_the_turn_resumes_on_the_new_ada
                     await wait_for(lambda: engine_tokens_over(engine, len(PROMPT) + BEFORE_HOLD), WAIT_S, "the turn to decode")
                     (points / f"{STEP}.arm").touch()
                     await wait_for(lambda: bool(failpoints.reached(points, STEP)), WAIT_S, "the engine to hold the turn")
-                    publish = asyncio.create_task(pub.publish(2, v2))
-                    await wait_for(lambda: any(p == "/pause_generation" for _, p, _, _ in proxy.requests) or publish.done(),
-                                   CALL_S, "the sync's pause to reach the engine")
-                    (points / f"{STEP}.release").touch()
-                    (points / f"{STEP}.arm").unlink()
-                    await publish
+                    await sync_through_the_held_step(points, proxy, pub.publish(2, v2))
                     ended, kept = await asyncio.wait_for(turn, CALL_S)
                 finally:
                     await pub.close()

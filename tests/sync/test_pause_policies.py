@@ -24,6 +24,7 @@ from tests.sync.conftest import (
     publisher,
     service_idle,
     stack,
+    sync_through_the_held_step,
 )
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
@@ -71,12 +72,7 @@ async def test_a_sync_treats_the_generation_in_flight_by_its_policy(tmp_path, na
                 pub = publisher(agent_url, cfg, bucket_bytes=1 << 20)
                 try:
                     _, weights = perturbed_weights(3)
-                    publish = asyncio.create_task(pub.publish(1, weights))
-                    await wait_for(lambda: any(path == "/pause_generation" for _, path, _, _ in proxy.requests) or publish.done(),
-                                   CALL_S, "the sync's pause to reach the engine")
-                    (points / f"{STEP}.release").touch()
-                    (points / f"{STEP}.arm").unlink()
-                    await publish
+                    await sync_through_the_held_step(points, proxy, pub.publish(1, weights))
                     rec = agent.coordinator.records[-1]
                     await wait_for(lambda: rec.done, 60, "the sync to finish")
                     assert rec.state == "succeeded", rec.error
