@@ -22,7 +22,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     warm model, then the shipped demo policy's rebuild (tests/helpers/shipped_rebuild.py)."""
     from tests.helpers import shipped_rebuild
 
-    rebuild = any(item.nodeid.endswith(shipped_rebuild.TEST_ID) for item in session.items)
+    rebuild = any(item.nodeid.endswith(shipped_rebuild.TEST_IDS) for item in session.items)
     warm = any(shipped_rebuild.WARM_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items)
     if rebuild or warm:
         shipped_rebuild.start(session.config, warm=warm, rebuild=rebuild)

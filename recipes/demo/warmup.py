@@ -14,7 +14,11 @@ Entry points:
 - ``python -m recipes.demo.warmup --export DIR`` also copies it to ``DIR`` (compose's CPU
   profile: the ``model-init`` service writes it into the models directory);
 - ``python -m recipes.demo.warmup --rebuild`` builds it from scratch into the cache even
-  though the package ships it (what the reproduction test runs);
+  though the package ships it (what ``./dev test-shipped`` runs); ``--rebuild --prefix``
+  builds only its first :data:`PREFIX_STEPS` steps (what ``./dev test`` runs: every build
+  records the digest of its weights after those steps in :data:`PREFIX_FILE`, the shipped one
+  too, and the learning-rate schedule does not depend on the number of steps, so a short
+  build reproduces the shipped build's first steps bit for bit);
 - ``python -m recipes.demo.warmup --ship`` builds it from scratch and writes it into the
   package (``asyncrl/models/assets/tiny-arith/``, ~4 MB, with the recipe key it was built
   from), so that a first run takes it at once instead of training 2 minutes;
@@ -78,6 +82,26 @@ DEMO = WarmupRecipe(name="tiny-arith", tools=("calculator", "estimate"), exact_f
                     steps=550, batch_size=32, lr=1e-3, examples=4000)
 SPEC = "builtin:tiny-arith"  # the model.path that names DEMO in a run config
 LOG_EVERY = 100
+PREFIX_STEPS = 40
+"""Steps after which every build records the digest of its weights (:data:`PREFIX_FILE`)."""
+PREFIX_FILE = "prefix-digest.json"
+
+
+def weights_digest(model) -> str:
+    """sha256 of a model's parameters and buffers: names, dtypes, shapes and bytes, in name order."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def prefix_recipe(recipe: WarmupRecipe) -> WarmupRecipe:
+    """``recipe``'s first :data:`PREFIX_STEPS` steps (the same examples, seeds and schedule)."""
+    return dataclasses.replace(recipe, steps=min(PREFIX_STEPS, recipe.steps))
 
 
 def recipe_key(recipe: WarmupRecipe) -> str:
@@ -190,10 +214,18 @@ def _train(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], sho
     tok = load_tokenizer(recipe.base)
     model = load_model(recipe.base)
     _chat, examples = examples_of(recipe, tok)
+    prefix = min(PREFIX_STEPS, recipe.steps)
+    digests: dict[str, object] = {}
+
+    def on_step(step: int, loss: float) -> None:
+        bar.advance(note=f"loss {loss:.3f}")
+        if step == prefix:
+            digests.update(steps=step, sha256=weights_digest(model))
+
     with TaskProgress(f"warm-up of {recipe.name}", total=recipe.steps, enabled=show_steps) as bar:
-        losses = sft(model, examples, sft_config(recipe), tok.pad_token_id,
-                     on_step=lambda step, loss: bar.advance(note=f"loss {loss:.3f}"))
+        losses = sft(model, examples, sft_config(recipe), tok.pad_token_id, on_step=on_step)
     save_hf(model, tok, out)
+    (out / PREFIX_FILE).write_text(json.dumps(digests, sort_keys=True) + "\n")
     tail = losses[-20:]
     progress(f"warm-up done (final loss {sum(tail) / len(tail):.3f}): {out}")
 
@@ -242,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"build it from scratch and write it into the package ({shipped_dir()}), for a release")
     parser.add_argument("--rebuild", action="store_true",
                         help="build it from scratch into the cache even when the package ships it (to check the shipped build)")
+    parser.add_argument("--prefix", action="store_true",
+                        help=f"with --rebuild: only its first {PREFIX_STEPS} steps (their digest is in {PREFIX_FILE})")
     parser.add_argument("--build-into", type=Path, help=argparse.SUPPRESS)  # the child of _build
     parser.add_argument("--recipe", help=argparse.SUPPRESS)
     parser.add_argument("--show-steps", action="store_true", help=argparse.SUPPRESS)
@@ -261,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(export(DEMO, shipped_dir(), progress, show, use_shipped=False), flush=True)
         return 0
     if ns.rebuild:
-        print(warm_up(DEMO, progress, show, use_shipped=False), flush=True)
+        recipe = prefix_recipe(DEMO) if ns.prefix else DEMO
+        print(warm_up(recipe, progress, show, use_shipped=False), flush=True)
         return 0
     print(export(DEMO, ns.export, progress, show) if ns.export else warm_up(DEMO, progress, show), flush=True)
     return 0

@@ -5,8 +5,11 @@
    cache, when a collected test uses the ``warm_model`` fixture: the fixture then finds it
    built, or waits on the same build lock (``asyncrl.models.cache.build_once``) instead of
    building it beside the rebuild below (which made it take over 3 minutes);
-2. the shipped demo policy's from-scratch rebuild for tests/recipes/test_warmup_shipped.py
-   (``python -m recipes.demo.warmup --rebuild``, ~3 CPU-minutes), into a fresh cache.
+2. the shipped demo policy's from-scratch rebuild for tests/recipes/test_warmup_shipped.py,
+   into a fresh cache: its first 40 steps (``python -m recipes.demo.warmup --rebuild
+   --prefix``, ~1 CPU-minute), or all 550 with ``ASYNCRL_FULL_REBUILD=1`` (``./dev
+   test-shipped``: 4 minutes alone on 2 cores, 15-20 CPU-minutes beside the suite, which made it the suite's
+   largest single cost).
 
 Both overlap with the many tests that wait on timeouts and sleeps instead of adding to the
 suite's wall time. With pytest-xdist, every worker collects the same tests: the first to get
@@ -32,8 +35,10 @@ from pathlib import Path
 
 import pytest
 
-TEST_ID = "tests/recipes/test_warmup_shipped.py::test_building_it_again_reproduces_the_shipped_weights"
-TIMEOUT_S = 1500.0  # both builds: ~4 min alone on 2 cores; several times that beside the suite
+TEST_IDS = ("tests/recipes/test_warmup_shipped.py::test_a_rebuild_reproduces_the_shipped_builds_first_steps_bit_for_bit",
+            "tests/recipes/test_warmup_shipped.py::test_building_it_again_reproduces_the_shipped_weights")
+FULL_ENV = "ASYNCRL_FULL_REBUILD"  # "1": rebuild all the steps (./dev test-shipped), else the prefix
+TIMEOUT_S = 1500.0  # the full builds: ~5 min alone on 2 cores; several times that beside the suite
 WARM_FIXTURE = "warm_model"
 ENV_DIR = "ASYNCRL_TEST_BACKGROUND_DIR"
 POLL_S = 1.0
@@ -41,7 +46,7 @@ POLL_S = 1.0
 CHILD = """
 import os, subprocess, sys
 from pathlib import Path
-d, warm, rebuild = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
+d, warm, rebuild, full = Path(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1", sys.argv[4] == "1"
 rc = 1
 try:
     if warm:
@@ -51,11 +56,17 @@ try:
     if rebuild:
         env = {**os.environ, "ASYNCRL_CACHE_DIR": str(d / "cache")}
         with open(d / "out", "w") as out:
-            rc = subprocess.run([sys.executable, "-m", "recipes.demo.warmup", "--rebuild", "--quiet"], env=env, stdout=out).returncode
+            argv = [sys.executable, "-m", "recipes.demo.warmup", "--rebuild", "--quiet", *([] if full else ["--prefix"])]
+            rc = subprocess.run(argv, env=env, stdout=out).returncode
 finally:
     (d / "rc.tmp").write_text(str(rc))
     os.replace(d / "rc.tmp", d / "rc")
 """
+
+
+def full_rebuild() -> bool:
+    """Whether this session rebuilds all of the shipped policy's steps (``ASYNCRL_FULL_REBUILD=1``)."""
+    return os.environ.get(FULL_ENV) == "1"
 
 
 @dataclass
@@ -113,7 +124,8 @@ def start(config: pytest.Config, warm: bool = False, rebuild: bool = True) -> Re
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     with (d / "background-builds.log").open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(d), "1" if warm else "0", "1" if rebuild else "0"],
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(d), "1" if warm else "0", "1" if rebuild else "0",
+                                 "1" if full_rebuild() else "0"],
                                 stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=root, start_new_session=True)
     (d / "pid").write_text(str(proc.pid))
     return Rebuild(d, rebuild)
