@@ -217,11 +217,16 @@ def build_agent_deps(cfg: RunConfig, runner: Runner, pool: EnginePool, chat: Cha
 
 
 async def unconsumed_trajectories(js, names: NatsNames, end_of_data: EndOfDataNotice) -> int:
-    """Trajectories in the stream the trainer has not acknowledged yet."""
+    """Trajectories in the stream not yet delivered to the trainer: verl's message-queue size,
+    what the staleness quota counts as queued. What the trainer already holds (its consumer's
+    ``num_ack_pending``: the part of a step it is still assembling, or the step it trains) is
+    not counted: it is trained without any new sample. Counting it held the quota shut while
+    the trainer waited for the rest of its step, for good (seen after a crash of the trainer
+    and the rollout: 11 "stale" samples of which 3 were the trainer's half step)."""
     try:
         info = await js.consumer_info(names.stream, names.trainer_consumer, timeout=1.0)
         pending = int(info.num_pending)
-        return pending + int(info.num_ack_pending) - end_of_data.unconsumed_share(pending)
+        return pending - end_of_data.unconsumed_share(pending)
     except Exception:  # noqa: BLE001 - no trainer consumer yet: everything stored is unconsumed
         sinfo = await js.stream_info(names.stream, subjects_filter=names.trajectories)
         stored = int(sinfo.state.messages)

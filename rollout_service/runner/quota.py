@@ -6,7 +6,8 @@ verl's FullyAsyncRollouter keeps a counter ``staleness_samples``:
   trajectories) is started; resuming a partial sample after a sync does not count again;
 - at every weight-version update it is **reset** to the number of samples that will be
   stale under the new version: those in flight (active or paused partial) plus those
-  finished but not yet consumed by the trainer (queued in the stream);
+  finished but not yet taken by the trainer (undelivered in the stream; what the trainer holds
+  for the step it assembles is trained without new samples and is not counted);
 - the rollout admits a new sample only while ``staleness_samples < max_required_samples``
   (``(1 + staleness_threshold) * trigger_parameter_sync_step * require_batches *
   ppo_mini_batch_size``) and the queue holds fewer than ``max_queue_size`` samples.
