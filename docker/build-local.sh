@@ -22,7 +22,8 @@ cd "$(dirname "$0")/.."
 export DOCKER_BUILDKIT=0
 BASE_IMAGE="${BASE_IMAGE:-asyncrl/debian-python:bookworm}"
 SERVICE_IMAGE="${ASYNCRL_SERVICE_IMAGE:-asyncrl/service:0.1.0}"
-NATS_VERSION="$(sed -n 's/.*image: \${NATS_IMAGE:-nats:\([0-9.]*\)-alpine}.*/\1/p' compose.yaml)"
+NATS_VERSION="$(sed -n 's/.*image: \${NATS_IMAGE:-nats:\([0-9.]*\)-alpine[@}].*/\1/p' compose.yaml)"
+[ -n "$NATS_VERSION" ] || { echo "[build-local] no nats:<version>-alpine default in compose.yaml" >&2; exit 1; }
 TORCH_VERSION="$(sed -n 's/^torch==\([0-9.]*\).*/\1/p' constraints/cpu.txt)"
 log() { echo "[build-local] $*"; }
 log_dir="$(mktemp -d)"

@@ -14,7 +14,7 @@
 #   TORCH_VERSION there (the CPU build) is installed instead of the one from TORCH_INDEX.
 # docker/build-local.sh fills docker/local/ from this machine and builds every image.
 
-ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 FROM ${PYTHON_IMAGE} AS build
 # The torch version of constraints/cpu.txt, from PyTorch's CPU wheel index: pip never

@@ -10,7 +10,9 @@ settings as flags and ``from_argv`` reads them back into the same model, so that
 
 Keys never go on the command line (``ps`` shows it): ``to_argv`` leaves them out and
 ``secret_env`` gives them as ``$LOCAL_ENGINE_API_KEY`` / ``$LOCAL_ENGINE_ADMIN_API_KEY``, which
-``from_argv`` reads when no flag gives them. SGLang's ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``
+``from_argv`` reads when no flag gives them, or from the file named by ``$LOCAL_ENGINE_API_KEY_FILE`` /
+``$LOCAL_ENGINE_ADMIN_API_KEY_FILE`` (one trailing newline removed: a Docker secret, compose's
+engine-cpu) so that the key is in no environment at all. SGLang's ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``
 and ``SGLANG_HEALTH_CHECK_TIMEOUT`` are honoured the same way. A flag beats its variable.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -163,6 +166,12 @@ class EngineSettings(LocalEngineSection):
         for name, var in {**SECRET_ENV, **SGLANG_ENV}.items():
             if name not in values and environ.get(var):
                 values[name] = environ[var]
+        for name, var in SECRET_ENV.items():
+            if name not in values and (path := environ.get(var + "_FILE")):
+                try:
+                    values[name] = Path(path).read_text().removesuffix("\n")
+                except OSError as exc:
+                    raise SettingsError(f"{name}: cannot read ${var}_FILE ({path}): {exc.strerror or exc}") from None
         if isinstance(values.get("health_generation"), str):  # SGLang: anything but 0/false/no is on
             values["health_generation"] = values["health_generation"].lower() not in ("0", "false", "no")
         try:

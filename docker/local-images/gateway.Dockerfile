@@ -4,7 +4,7 @@
 # /etc/nginx/conf.d/ included (compose.yaml mounts docker/gateway/default.conf there). Build context: docker/local-images/.
 # Built by docker/build-local.sh; compose.yaml takes it as GATEWAY_IMAGE.
 
-ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="nginx unprivileged (asyncrl local build, Debian package)"

@@ -4,7 +4,7 @@
 # official image: `nats-server -c /etc/nats/nats.conf`, JetStream store in /data.
 # Built by docker/build-local.sh; compose.yaml takes it as NATS_IMAGE.
 
-ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 FROM ${BASE_IMAGE} AS build
 ARG NATS_VERSION=2.12.1

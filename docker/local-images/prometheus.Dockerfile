@@ -4,7 +4,7 @@
 # as nobody (65534). The configuration compose.yaml mounts (docker/prometheus/) is valid for
 # 2.42 and 3.x alike. Built by docker/build-local.sh; compose.yaml takes it as PROMETHEUS_IMAGE.
 
-ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="prometheus (asyncrl local build, Debian package)"

@@ -19,7 +19,7 @@
 #   --enable-metrics (Prometheus sglang:*), --tool-call-parser (OpenAI tool calls; `qwen`,
 #   of which `qwen25` is a deprecated alias), the API key (every route but /health and
 #   /metrics; asyncrl's engine client sends it on data and control routes alike, see
-#   docs/deployment.md) in a `--config` YAML file only the server's user can read, not as
+#   docs/deployment.md; ENGINE_API_KEY, or the file ENGINE_API_KEY_FILE names) in a `--config` YAML file only the server's user can read, not as
 #   `--api-key` on a command line any process of the container can read (every supported
 #   release reads --config; ENGINE_API_KEY is then unset), --tp-size, --host/--port —
 # then ENGINE_EXTRA_ARGS (word-split), then any arguments given to this script.
@@ -33,7 +33,15 @@
 set -euo pipefail
 
 : "${ENGINE_MODEL_PATH:?ENGINE_MODEL_PATH is required (a model directory under /models)}"
-: "${ENGINE_API_KEY:?ENGINE_API_KEY is required}"
+if [[ -z "${ENGINE_API_KEY:-}" && -n "${ENGINE_API_KEY_FILE:-}" ]]; then
+    # a Docker secret (compose: /run/secrets/engine_api_key): the key is in no environment
+    if [[ ! -r "$ENGINE_API_KEY_FILE" ]]; then
+        echo "engine.sh: cannot read ENGINE_API_KEY_FILE=$ENGINE_API_KEY_FILE" >&2
+        exit 2
+    fi
+    ENGINE_API_KEY="$(cat "$ENGINE_API_KEY_FILE")"
+fi
+: "${ENGINE_API_KEY:?ENGINE_API_KEY or ENGINE_API_KEY_FILE is required}"
 ENGINE_GPUS="${ENGINE_GPUS:-0}"
 ENGINE_TP="${ENGINE_TP:-1}"
 ENGINE_HOST="${ENGINE_HOST:-0.0.0.0}"
@@ -84,8 +92,8 @@ export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION="${SGLANG_ENABLE_HEALTH_ENDPOINT
 
 # the key in a private file (mkdtemp: 0700; the file 0600), JSON-quoted (JSON is YAML)
 secrets_dir=$(mktemp -d -t asyncrl-engine-XXXXXX)
-(umask 077 && python3 -c 'import json, os; print(json.dumps({"api-key": os.environ["ENGINE_API_KEY"]}))' \
-    > "$secrets_dir/secrets.yaml")
+(umask 077 && ENGINE_API_KEY="$ENGINE_API_KEY" \
+    python3 -c 'import json, os; print(json.dumps({"api-key": os.environ["ENGINE_API_KEY"]}))' > "$secrets_dir/secrets.yaml")
 unset ENGINE_API_KEY
 
 read -r -a extra <<< "${ENGINE_EXTRA_ARGS:-}"

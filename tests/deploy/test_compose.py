@@ -13,7 +13,16 @@ import yaml
 from asyncrl.config import ConfigError, load_config
 from asyncrl.config.run_config import RunConfig
 from launcher.cli import COMMANDS
-from tests.deploy.conftest import ALL_PROFILES, CLUSTER_ADDRS, REPO, SECRET_VARS, parse_env_text
+from tests.deploy.conftest import (
+    ALL_PROFILES,
+    CLUSTER_ADDRS,
+    REPO,
+    SECRET_NAMES,
+    SECRETS_MOUNT,
+    container_environ,
+    make_secrets,
+    parse_env_text,
+)
 
 RUN_TOML = REPO / "docker" / "config" / "run.toml"
 ROLES = {
@@ -30,28 +39,65 @@ def test_one_box_project_is_valid_and_runs_every_role(one_box):
     assert set(one_box["services"]) == set().union(*ROLES.values())
 
 
-def test_example_env_refuses_to_start_without_secrets(compose, tmp_path):
+SECRET_WORDS = re.compile(r"TOKEN|PASSWORD|PASSWD|SECRET|API_KEY|PRIVATE", re.I)
+
+
+def test_no_secret_in_the_env_files_and_compose_refuses_without_secrets_dir(compose, tmp_path):
+    """Issue 30 item 8: secrets are files (Docker secrets), never variables of .env: the example
+    files name none, and compose refuses to start until SECRETS_DIR is set."""
     from tests.deploy.conftest import Compose
 
-    raw = Compose(compose.binary, REPO / ".env.example")
-    proc = raw.run("config", "--quiet")
-    assert proc.returncode != 0
-    assert re.search(r"required variable (\w+) is missing a value", proc.stderr), proc.stderr
-    missing = re.search(r"required variable (\w+) is missing", proc.stderr).group(1)
-    assert missing in SECRET_VARS
-    example = parse_env_text((REPO / ".env.example").read_text())
-    assert all(example[name] == "" for name in SECRET_VARS), "secrets in .env.example must be empty placeholders"
-
-
-@pytest.mark.parametrize("secret", SECRET_VARS)
-def test_each_secret_is_required(compose, env_file, tmp_path, secret):
-    from tests.deploy.conftest import Compose
-
-    text = "\n".join(f"{secret}=" if line.startswith(f"{secret}=") else line for line in env_file.read_text().splitlines())
+    for name in (".env.example", ".env.cpu.example"):
+        example = parse_env_text((REPO / name).read_text())
+        assert not [k for k in example if SECRET_WORDS.search(k) and k != "SECRETS_DIR"], f"{name} holds secrets: {sorted(example)}"
+        assert example["SECRETS_DIR"] == "./secrets", name
+    text = "\n".join(line for line in (REPO / ".env.example").read_text().splitlines() if not line.startswith("SECRETS_DIR="))
     path = tmp_path / ".env"
     path.write_text(text + "\n")
     proc = Compose(compose.binary, path).run("config", "--quiet")
-    assert proc.returncode != 0 and secret in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and "SECRETS_DIR" in proc.stderr and "make-secrets.sh" in proc.stderr, proc.stderr
+
+
+def test_every_secret_is_a_file_of_the_secrets_dir_read_through_a_file_variable(one_box, compose_secrets):
+    """Each secret of compose.yaml is ``$SECRETS_DIR/<name>`` (what make-secrets.sh writes); a
+    service gets it mounted at /run/secrets/<name> and reads it through a ``*_FILE`` variable; no
+    service's configuration (``docker inspect``) holds a secret's value or a secret variable."""
+    declared = one_box["secrets"]
+    assert set(declared) == set(SECRET_NAMES)
+    assert all(declared[name]["file"] == f"{compose_secrets['dir']}/{name}" for name in SECRET_NAMES), declared
+    script = (REPO / "docker" / "make-secrets.sh").read_text()
+    assert tuple(re.search(r"NAMES=\(([^)]*)\)", script).group(1).split()) == SECRET_NAMES
+    values = {v for k, v in compose_secrets.items() if k != "dir"}
+    used = set()
+    for name, svc in one_box["services"].items():
+        env = {k: "" if v is None else str(v) for k, v in (svc.get("environment") or {}).items()}
+        for key, value in env.items():
+            assert value not in values, f"{name}: {key} holds a secret's value"
+            if SECRET_WORDS.search(key):
+                assert key.endswith("_FILE") and value.startswith(SECRETS_MOUNT), f"{name}: {key}={value} is not a secret file"
+        for ref in svc.get("secrets", []):
+            used.add(ref["source"])
+        assert set(container_environ(one_box, name)) == set(env)  # every /run/secrets path is mounted
+    assert used == set(SECRET_NAMES), f"declared but unused: {set(SECRET_NAMES) - used}"
+    # the sync agent's read-only token is the exporter's; the sync token is not
+    assert [r["source"] for r in one_box["services"]["json-exporter"]["secrets"]] == ["status_token"]
+
+
+ASYNCRL_IMAGES = ("asyncrl/service", "asyncrl/trainer")
+
+
+def test_asyncrl_services_run_with_a_read_only_root(one_box, cpu_box):
+    """Issue 30 item 8: every service of asyncrl's images has a read-only root and a size-capped
+    /tmp; state goes to volumes. Run for real under Docker by tests/deploy/test_compose_run.py."""
+    checked = set()
+    for project in (one_box, cpu_box):
+        for name, svc in project["services"].items():
+            if not svc["image"].startswith(ASYNCRL_IMAGES) or name == "network-check":
+                continue
+            assert svc.get("read_only") is True, f"{name}: writable root"
+            assert any(t.startswith("/tmp:size=") for t in svc.get("tmpfs", [])), f"{name}: no size-capped /tmp"
+            checked.add(name)
+    assert checked == {"rollout", "sync-agent", "python-sandbox", "trainer", "model-init", "engine-cpu", "trainer-cpu"}
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))
@@ -103,8 +149,8 @@ def test_the_cluster_refuses_public_addresses_before_anything_starts(compose):
 
 def test_multi_node_trainer_world_from_env(compose):
     env = {**CLUSTER_ADDRS, "NNODES": "3", "NODE_RANK": "2", "MASTER_PORT": "29511", "TRAINER_NPROC": "8"}
-    trainer = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles="trainer", env=env)["services"]["trainer"]
-    cfg = load_config(RUN_TOML, environ={k: str(v) for k, v in trainer["environment"].items()})
+    project = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles="trainer", env=env)
+    cfg = load_config(RUN_TOML, environ=container_environ(project, "trainer"))
     t = cfg.trainer
     assert (t.nnodes, t.node_rank, t.nproc_per_node, t.master_addr, t.master_port) == (3, 2, 8, CLUSTER_ADDRS["MASTER_ADDR"], 29511)
     from trainer_daemon.launch import torchrun_argv
@@ -146,14 +192,39 @@ def test_the_python_tool_runs_in_a_sandbox_container_with_no_way_out(one_box):
     assert s["rollout"]["environment"]["ASYNCRL_ROLLOUT__PYTHON_SANDBOX_URL"] == f"unix://{socket_path}"
 
 
+# Pulled images whose digest could not be read where this is built (no container registry is
+# reachable; no public source gives these tags' digests): pinned by tag until an operator runs
+# `docker buildx imagetools inspect` on them (docs/security.md, point 8). Nothing else may be.
+UNPINNED = {"lmsysorg/sglang", "natsio/prometheus-nats-exporter"}
+PINNED_REF = re.compile(r"^(?P<repo>[a-z0-9./_-]+):(?P<tag>[\w][\w.-]*)(?P<digest>@sha256:[0-9a-f]{64})?$")
+BUILT_HERE = ("asyncrl/service", "asyncrl/trainer")  # built by `docker compose build`, never pulled
+
+
+def _check_pinned(where: str, ref: str) -> None:
+    m = PINNED_REF.match(ref)
+    assert m and m["tag"] != "latest", f"{where}: image {ref!r} is not pinned to a tag"
+    if m["repo"] not in UNPINNED and not m["repo"].startswith(BUILT_HERE):
+        assert m["digest"], f"{where}: image {ref!r} is pulled by tag only: pin its digest (tag@sha256:...)"
+
+
 def test_every_service_has_a_healthcheck_restart_policy_and_pinned_image(one_box):
+    """Issue 30 item 7: every image compose or a Dockerfile pulls is pinned by digest (a re-pushed
+    tag cannot change what runs), but for the two named in UNPINNED."""
     for name, s in one_box["services"].items():
         hc = s.get("healthcheck") or {}
         assert hc.get("test") and not hc.get("disable"), f"{name} has no healthcheck"
         assert s.get("restart") in ("unless-stopped", "on-failure", "always"), f"{name}: restart {s.get('restart')}"
-        image = s["image"]
-        repo, _, tag = image.rpartition(":")
-        assert repo and tag and "/" not in tag and tag != "latest", f"{name}: image {image!r} is not pinned to a tag"
+        _check_pinned(name, s["image"])
+        for arg, ref in (s.get("build") or {}).get("args", {}).items():
+            _check_pinned(f"{name}: build arg {arg}", ref)
+    defaults = 0
+    for dockerfile in sorted((REPO / "docker").rglob("*.Dockerfile")):
+        for arg, ref in re.findall(r"^ARG (\w*IMAGE)=(\S+)$", dockerfile.read_text(), re.M):
+            _check_pinned(f"{dockerfile.name}: ARG {arg}", ref)
+            defaults += 1
+    assert defaults >= 5
+    with pytest.raises(AssertionError, match="pulled by tag only"):
+        _check_pinned("a check that can fail", "nats:2.12.1-alpine")
 
 
 def test_volumes_keep_state(one_box):
@@ -219,7 +290,7 @@ def test_every_asyncrl_variable_is_a_config_field(one_box, compose):
             if not key.startswith("ASYNCRL_"):
                 continue
             assert "__" in key, f"{where}: {key} is not a config override (ASYNCRL_SECTION__KEY)"
-            dotted = ".".join(p.lower() for p in key[len("ASYNCRL_"):].split("__"))
+            dotted = ".".join(p.lower() for p in key[len("ASYNCRL_"):].split("__")).removesuffix("_file")
             assert _field_exists(dotted), f"{where}: {key} → {dotted} is not a RunConfig field"
             checked += 1
     assert checked > 40
@@ -227,7 +298,7 @@ def test_every_asyncrl_variable_is_a_config_field(one_box, compose):
 
 @pytest.mark.parametrize("service", sorted(ASYNCRL_SERVICES))
 def test_service_environment_loads_with_the_example_run_config(one_box, service):
-    env = {k: str(v) for k, v in one_box["services"][service]["environment"].items()}
+    env = container_environ(one_box, service)  # the secrets read from their files, as in the container
     try:
         cfg = load_config(RUN_TOML, environ=env)
     except ConfigError as exc:
@@ -260,7 +331,7 @@ def _scrape_targets() -> dict[str, list[str]]:
 def test_prometheus_scrapes_every_service_on_its_metrics_port(one_box):
     s = one_box["services"]
     targets = _scrape_targets()
-    cfg = {name: load_config(RUN_TOML, environ={k: str(v) for k, v in s[name]["environment"].items()}) for name in ASYNCRL_SERVICES}
+    cfg = {name: load_config(RUN_TOML, environ=container_environ(one_box, name)) for name in ASYNCRL_SERVICES}
     exporter_port = re.search(r"-port=(\d+)", " ".join(s["nats-exporter"]["command"])).group(1)
     expected = {
         "rollout": f"rollout:{cfg['rollout'].rollout.port}",
@@ -300,7 +371,7 @@ def test_engines_get_the_flags_the_system_needs(one_box, tmp_path):
 
     s = one_box["services"]["sglang"]
     assert s["entrypoint"] == ["/bin/bash", "/opt/asyncrl/engine.sh"]
-    env = {k: str(v) for k, v in s["environment"].items()}
+    env = container_environ(one_box, "sglang")  # ENGINE_API_KEY_FILE: the host's secret file
     env.update(PATH="/usr/bin:/bin", ENGINE_DRY_RUN="1", ENGINE_SLOT_DIR=str(tmp_path / "slots"),
                ENGINE_ADDR_FILE=str(tmp_path / "addr"), TMPDIR=str(tmp_path))  # its secrets dir: in the test's tmp
     out = subprocess.run(["bash", str(REPO / "docker" / "sglang" / "engine.sh")], env=env, capture_output=True,
@@ -312,13 +383,14 @@ def test_engines_get_the_flags_the_system_needs(one_box, tmp_path):
     assert "--enable-metrics" in argv
     assert flags["--tool-call-parser"] == "qwen" and "--api-key" not in argv
     secrets = Path(flags["--config"])  # the key in a file only the server's user reads (issue 30, item 8)
-    assert yaml.safe_load(secrets.read_text()) == {"api-key": env["ENGINE_API_KEY"]}
+    key = Path(env["ENGINE_API_KEY_FILE"]).read_text()
+    assert yaml.safe_load(secrets.read_text()) == {"api-key": key}
     assert secrets.stat().st_mode & 0o077 == 0 and secrets.parent.stat().st_mode & 0o077 == 0
     assert flags["--tp-size"] == "1" and "--tp" not in argv  # the flag sglang has (--tp is not one)
     assert (flags["--host"], flags["--port"]) == ("0.0.0.0", "30000")
     assert flags["--model-path"] == one_box["services"]["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]
-    rollout_key = one_box["services"]["rollout"]["environment"]["ASYNCRL_ENGINES__API_KEY"]
-    assert rollout_key == env["ENGINE_API_KEY"] and rollout_key not in out.stdout + out.stderr
+    rollout_key = Path(container_environ(one_box, "rollout")["ASYNCRL_ENGINES__API_KEY_FILE"]).read_text()
+    assert rollout_key == key and key not in out.stdout + out.stderr
 
 
 # -- the CPU profile (.env.cpu.example; run for real by tests/deploy/test_compose_run.py) ------
@@ -329,8 +401,9 @@ CPU_STANDINS = {"model-init", "engine-cpu", "trainer-cpu"}
 def cpu_box(deploy_tools, tmp_path_factory) -> dict:
     from tests.deploy.conftest import Compose
 
-    values = {name: ("nats-" if name.startswith("NATS_") else "") + "x" + name.lower() for name in SECRET_VARS}
-    env = parse_env_text((REPO / ".env.cpu.example").read_text()) | values
+    secrets_dir = tmp_path_factory.mktemp("cpu-secrets") / "secrets"
+    make_secrets(secrets_dir)
+    env = parse_env_text((REPO / ".env.cpu.example").read_text()) | {"SECRETS_DIR": str(secrets_dir)}
     path = tmp_path_factory.mktemp("cpu-env") / ".env"
     path.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     return Compose(deploy_tools.compose, path).config(profiles=None)
@@ -346,7 +419,8 @@ def test_cpu_profile_is_the_deployment_with_cpu_stand_ins(one_box, cpu_box):
         diff = {k for k in set(mine.get("environment", {})) | set(theirs.get("environment", {}))
                 if mine.get("environment", {}).get(k) != theirs.get("environment", {}).get(k)}
         assert diff <= {"ASYNCRL_ENGINES__BACKEND", "ASYNCRL_ENGINES__URLS", "ASYNCRL_MODEL__PATH",
-                        "ASYNCRL_API__PUBLIC_URL"} | {k for k in diff if "PASSWORD" in k or "TOKEN" in k or "KEY" in k}, (name, diff)
+                        "ASYNCRL_API__PUBLIC_URL"}, (name, diff)
+        assert mine.get("secrets") == theirs.get("secrets"), name
     assert s["rollout"]["environment"]["ASYNCRL_ENGINES__BACKEND"] == "local"
     trainer, gpu_trainer = s["trainer-cpu"], one_box["services"]["trainer"]
     assert trainer["image"] == s["rollout"]["image"] and trainer["command"] == ["trainer", "/etc/asyncrl/run.toml"]
@@ -356,14 +430,17 @@ def test_cpu_profile_is_the_deployment_with_cpu_stand_ins(one_box, cpu_box):
     assert trainer["restart"] == "on-failure" and trainer["init"] is True
     engine = s["engine-cpu"]
     assert engine["command"][:3] == ["engine", "--model", s["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]]
-    assert engine["environment"]["LOCAL_ENGINE_API_KEY"] == s["rollout"]["environment"]["ASYNCRL_ENGINES__API_KEY"]
+    assert engine["environment"]["LOCAL_ENGINE_API_KEY_FILE"] == s["rollout"]["environment"]["ASYNCRL_ENGINES__API_KEY_FILE"]
+    assert [r["source"] for r in engine["secrets"]] == ["engine_api_key"]
+    assert set(trainer["environment"]) - {"ASYNCRL_TRAINER__CHECKPOINT__SAVE_FREQ"} <= set(gpu_trainer["environment"])
+    assert trainer["secrets"] == gpu_trainer["secrets"]
     urls = yaml.safe_load(s["rollout"]["environment"]["ASYNCRL_ENGINES__URLS"])
     assert urls == [f"http://asyncrl-engine-cpu-{i}:30000" for i in range(1, int(engine["deploy"]["replicas"]) + 1)]
     init = s["model-init"]
     assert init["entrypoint"][-1] == "--export" and init["command"] == [s["rollout"]["environment"]["ASYNCRL_MODEL__PATH"]]
     for name in ("rollout", "engine-cpu", "trainer-cpu"):
         assert s[name]["depends_on"]["model-init"]["condition"] == "service_completed_successfully", name
-    load_config(str(REPO / "launcher" / "up" / "demo.toml"), environ={k: str(v) for k, v in trainer["environment"].items()})
+    load_config(str(REPO / "launcher" / "up" / "demo.toml"), environ=container_environ(cpu_box, "trainer-cpu"))
 
 
 def test_prometheus_finds_the_cpu_engines():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import time
 import urllib.parse
@@ -28,7 +27,7 @@ import pytest
 
 from asyncrl.launch import free_port
 from asyncrl.models.smollm2 import cache_dir
-from tests.deploy.conftest import REPO, SECRET_VARS, parse_env_text
+from tests.deploy.conftest import REPO, make_secrets, parse_env_text
 from tests.deploy.docker_engine import docker_engine
 
 pytestmark = [pytest.mark.timeout(3600)]
@@ -59,9 +58,11 @@ class CpuStack:
         # kept between runs (model-init skips the warm-up when it holds the same build)
         self.models = cache_dir() / "compose-cpu-models"
         self.models.mkdir(parents=True, exist_ok=True)
-        values = {name: ("nats-" if name.startswith("NATS_") else "") + secrets.token_hex(16) for name in SECRET_VARS}
+        # the operator's own tool writes them (docker/make-secrets.sh); compose mounts the files
+        self.secrets = make_secrets(workdir / "secrets")
         text = (REPO / ".env.cpu.example").read_text()
-        env = parse_env_text(text) | values | {
+        env = parse_env_text(text) | {
+            "SECRETS_DIR": str(workdir / "secrets"),
             "MODELS_DIR": str(self.models),
             "RUN_CONFIG": str(REPO / "launcher" / "up" / "demo.toml"),
             "OPENAI_PORT": str(free_port()),
@@ -155,17 +156,47 @@ def test_cpu_profile_trains_syncs_and_is_scraped(stack):
           lambda: all(stack.inspect(s)["State"].get("Health", {}).get("Status") == "healthy" for s in services))
     # the gateway publishes the OpenAI port and forwards /v1 only
     port = stack.env["OPENAI_PORT"]
-    models = _run(["curl", "-s", "-H", f"Authorization: Bearer {stack.env['API_TOKEN']}", f"http://127.0.0.1:{port}/v1/models"], 30)
+    models = _run(["curl", "-s", "-H", f"Authorization: Bearer {stack.secrets['api_token']}", f"http://127.0.0.1:{port}/v1/models"], 30)
     assert "tiny-arith" in models.stdout or '"data"' in models.stdout, models.stdout
     admin = _run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/admin/status"], 30)
     assert admin.stdout == "404", f"the gateway forwarded an admin route: {admin.stdout}"
+
+
+ASYNCRL_CONTAINERS = ("rollout", "sync-agent", "engine-cpu", "trainer-cpu", "python-sandbox")
+
+
+def test_secrets_are_files_and_the_asyncrl_roots_are_read_only(stack):
+    """Issue 30 item 8, under Docker: no container's configuration (``docker inspect``: what
+    anyone with the Docker socket or a support bundle sees) holds a secret; the services read
+    them from /run/secrets (they work: the run above trained, synced and was scraped with them);
+    the asyncrl containers' roots are read-only: the service's user cannot change the installed
+    code, and writes only to its volumes and /tmp."""
+    values = set(stack.secrets.values())
+    for service in stack.started:
+        state = stack.inspect(service)
+        env = state["Config"].get("Env") or []
+        leaked = [e.split("=", 1)[0] for e in env if e.split("=", 1)[-1] in values]
+        assert not leaked, f"{service}: secrets in its environment: {leaked}"
+        assert not [a for a in state.get("Args", []) if a in values], f"{service}: a secret on its command line"
+    for service in ASYNCRL_CONTAINERS:
+        assert stack.inspect(service)["HostConfig"]["ReadonlyRootfs"] is True, service
+    for service in ("rollout", "trainer-cpu", "engine-cpu"):
+        code = "import pathlib, sys; p = pathlib.Path(sys.argv[1]); p.write_text('x')"
+        for target, writable in (("/opt/asyncrl/lib/probe", False), ("/etc/probe", False), ("/tmp/probe", True)):
+            proc = stack.compose("exec", "-T", service, "python", "-c", code, target, timeout=60, check=False)
+            assert (proc.returncode == 0) == writable, f"{service}: writing {target}: exit {proc.returncode} {proc.stderr[-300:]}"
+            if not writable:
+                assert "Read-only file system" in proc.stderr, proc.stderr[-500:]
+    # the secret files are there for the service that mounts them, readable by its user
+    token = stack.compose("exec", "-T", "rollout", "cat", "/run/secrets/admin_token", timeout=60).stdout
+    assert token == stack.secrets["admin_token"]
 
 
 def test_grafana_loads_the_provisioned_dashboard(stack):
     if "grafana" not in stack.started:
         pytest.skip("no Grafana image here: compose.yaml's grafana/grafana cannot be pulled (no container registry) "
                     "and no Debian, PyPI or npm package ships Grafana; `docker load` it to run this check")
-    port, password = stack.env["GRAFANA_PORT"], stack.env["GRAFANA_ADMIN_PASSWORD"]
+    port, password = stack.env["GRAFANA_PORT"], stack.secrets["grafana_admin_password"]
     url = f"http://admin:{password}@127.0.0.1:{port}/api/dashboards/uid/asyncrl-overview"
     _wait("Grafana's provisioned dashboard", stack, 180,
           lambda: '"uid":"asyncrl-overview"' in _run(["curl", "-s", url], 30, check=False).stdout)
@@ -190,7 +221,7 @@ def _audit(stack: CpuStack) -> dict:
     (out / "run" / "rollout").mkdir(exist_ok=True)
     _run(["docker", "cp", f"{stack.container('rollout')}:{run}/rollout/published.jsonl", str(out / "run" / "rollout")], 60)
     _run(["chmod", "-R", "a+rwX", str(out)], 30)
-    password = stack.env["NATS_TRAINER_PASSWORD"]
+    password = stack.secrets["nats_trainer_password"]
     # plain `docker run` on the project's network: a `compose run` one-off would also answer to
     # the service's DNS name, which the engines and Prometheus resolve
     image = json.loads(stack.compose("config", "--format", "json").stdout)["services"]["trainer-cpu"]["image"]

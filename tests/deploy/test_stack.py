@@ -26,6 +26,7 @@ import sys
 import tomllib
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -34,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from asyncrl.jetstream import find_nats_server
 from asyncrl.launch import ChildProcess, free_port, http_ok, port_open
 from asyncrl.wire import NatsNames
-from tests.deploy.conftest import REPO
+from tests.deploy.conftest import REPO, container_environ
 from tests.deploy.external_metrics import NATS_JSZ, sglang_series, varz_series
 from tests.deploy.names import exported_series, json_exporter_series, metric_names
 from tests.helpers.processes import start_engine
@@ -58,7 +59,8 @@ REPLACED = {"run.dir", "nats.url", "engines.urls", "rollout.host", "rollout.port
 
 
 def _env(project: dict, service: str) -> dict[str, str]:
-    return {k: ("" if v is None else str(v)) for k, v in project["services"][service].get("environment", {}).items()}
+    """The service's environment, its /run/secrets paths pointing at the host's secret files."""
+    return container_environ(project, service)
 
 
 def _process_env(compose_env: dict[str, str]) -> dict[str, str]:
@@ -84,12 +86,12 @@ def _overrides_keys(args: list[str]) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def stack(one_box, tmp_path_factory):
+def stack(one_box, compose_secrets, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("deploy-stack")
     nats_env, rollout_env = _env(one_box, "nats"), _env(one_box, "rollout")
     sync_env, trainer_env = _env(one_box, "sync-agent"), _env(one_box, "trainer")
     procs: dict[str, ChildProcess] = {}
-    out: dict = {"tmp": tmp, "procs": procs, "env": {"nats": nats_env, "rollout": rollout_env, "sync": sync_env,
+    out: dict = {"tmp": tmp, "procs": procs, "secrets": compose_secrets, "env": {"nats": nats_env, "rollout": rollout_env, "sync": sync_env,
                                                       "trainer": trainer_env}}
     try:
         # NATS: docker/nats/nats.conf verbatim but for the store directory and the listeners.
@@ -98,12 +100,19 @@ def stack(one_box, tmp_path_factory):
         conf_path = tmp / "nats.conf"
         conf_path.write_text(conf.replace("store_dir: /data", f"store_dir: {tmp / 'nats-data'}"))
         port, mport = free_port(), free_port()
-        procs["nats"] = ChildProcess("nats", [find_nats_server(), "-c", str(conf_path), "-a", "127.0.0.1", "-p", str(port),
-                                              "-m", str(mport)], tmp / "nats.log", env={**os.environ, **nats_env}).start()
+        # through the service's own entry point, its passwords from the secret files
+        server = Path(find_nats_server())
+        entry = [*one_box["services"]["nats"]["entrypoint"]]
+        assert entry == ["/bin/sh", "/etc/nats/entrypoint.sh"]
+        nats_process_env = {**os.environ, **nats_env, "NATS_SECRETS_DIR": compose_secrets["dir"],
+                            "PATH": f"{server.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        procs["nats"] = ChildProcess("nats", ["sh", str(REPO / "docker" / "nats" / "entrypoint.sh"), "-c", str(conf_path),
+                                              "-a", "127.0.0.1", "-p", str(port), "-m", str(mport)], tmp / "nats.log",
+                                     env=nats_process_env).start()
         procs["nats"].wait_ready(lambda: port_open("127.0.0.1", port), 20)
         out["nats_url"], out["nats_monitor"] = f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
 
-        engine = start_engine(tmp, api_key=rollout_env["ASYNCRL_ENGINES__API_KEY"])
+        engine = start_engine(tmp, api_key=Path(rollout_env["ASYNCRL_ENGINES__API_KEY_FILE"]).read_text())
         procs["engine"], out["engine_url"] = engine.proc, engine.url
         engine_url = engine.url
         urls = json.dumps([engine_url])
@@ -144,7 +153,7 @@ def stack(one_box, tmp_path_factory):
             "trainer": _scrape(out["trainer_metrics"]),
             "engine": _scrape(f"{engine_url}/metrics"),
         }
-        token = sync_env["ASYNCRL_SECURITY__STATUS_TOKEN"]  # the json-exporter's read-only token
+        token = Path(sync_env["ASYNCRL_SECURITY__STATUS_TOKEN_FILE"]).read_text()  # the json-exporter's read-only token
         req = urllib.request.Request(f"{out['sync_url']}/status", headers={"Authorization": f"Bearer {token}"})
         out["status"] = json.loads(urllib.request.urlopen(req, timeout=30).read())
         refused = urllib.request.Request(f"{out['sync_url']}/v1/syncs", data=b"{}", method="POST",
@@ -219,19 +228,19 @@ async def _nats_attempt(url: str, user: str | None, password: str | None, action
 
 
 def test_nats_refuses_anonymous_clients_and_foreign_subjects(stack):
-    url, env = stack["nats_url"], stack["env"]["nats"]
+    url, secret = stack["nats_url"], stack["secrets"]
     run_id = tomllib.loads(RUN_TOML.read_text())["run"]["id"]
     ok, errors = asyncio.run(_nats_attempt(url, None, None, "stream_info", run_id))
     assert not ok and any("authorization" in e.lower() for e in errors), errors
-    ok, errors = asyncio.run(_nats_attempt(url, "trainer", env["NATS_TRAINER_PASSWORD"], "publish", run_id))
+    ok, errors = asyncio.run(_nats_attempt(url, "trainer", secret["nats_trainer_password"], "publish", run_id))
     assert not ok and any("permissions violation" in e.lower() for e in errors), errors
-    ok, errors = asyncio.run(_nats_attempt(url, "rollout", env["NATS_ROLLOUT_PASSWORD"], "purge", run_id))
+    ok, errors = asyncio.run(_nats_attempt(url, "rollout", secret["nats_rollout_password"], "purge", run_id))
     assert not ok and any("permissions violation" in e.lower() for e in errors), errors
-    ok, errors = asyncio.run(_nats_attempt(url, "rollout", env["NATS_ROLLOUT_PASSWORD"], "consume", run_id))
+    ok, errors = asyncio.run(_nats_attempt(url, "rollout", secret["nats_rollout_password"], "consume", run_id))
     assert not ok and any("permissions violation" in e.lower() for e in errors), errors
-    ok, errors = asyncio.run(_nats_attempt(url, "rollout", env["NATS_TRAINER_PASSWORD"], "stream_info", run_id))
+    ok, errors = asyncio.run(_nats_attempt(url, "rollout", secret["nats_trainer_password"], "stream_info", run_id))
     assert not ok and any("authorization" in e.lower() for e in errors), errors  # another user's password
-    ok, errors = asyncio.run(_nats_attempt(url, "trainer", env["NATS_TRAINER_PASSWORD"], "stream_info", run_id))
+    ok, errors = asyncio.run(_nats_attempt(url, "trainer", secret["nats_trainer_password"], "stream_info", run_id))
     assert ok, errors  # the same client can do what it is allowed to
 
 

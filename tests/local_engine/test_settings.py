@@ -70,6 +70,19 @@ def test_environment_fallbacks_and_flags_beat_them():
     assert (s.api_key, s.health_generation) == ("flag", True)
 
 
+def test_keys_from_secret_files(tmp_path):
+    """compose's engine-cpu: the key is a Docker secret, in no environment; an unreadable file is
+    refused naming the variable."""
+    (tmp_path / "key").write_text("from-file\n")
+    s = EngineSettings.from_argv([], environ={"LOCAL_ENGINE_API_KEY_FILE": str(tmp_path / "key")})
+    assert s.api_key == "from-file" and s.admin_api_key is None
+    s = EngineSettings.from_argv([], environ={"LOCAL_ENGINE_API_KEY": "env", "LOCAL_ENGINE_API_KEY_FILE": str(tmp_path / "key")})
+    assert s.api_key == "env"
+    with pytest.raises(SettingsError) as exc:
+        EngineSettings.from_argv([], environ={"LOCAL_ENGINE_ADMIN_API_KEY_FILE": str(tmp_path / "missing")})
+    assert "LOCAL_ENGINE_ADMIN_API_KEY_FILE" in str(exc.value) and "missing" in str(exc.value)
+
+
 def test_unknown_flags_exit_like_argparse():
     with pytest.raises(SystemExit) as exc:
         EngineSettings.from_argv(["--timing-mode-x"], environ={})
