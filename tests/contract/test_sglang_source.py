@@ -13,6 +13,7 @@ from fastapi import Body, FastAPI
 from fastapi.testclient import TestClient
 
 from tests.contract import sglang_source as kit
+from tests.contract import sglang_wheel
 
 KNOWN_ROUTES = [("POST", "/generate"), ("POST", "/update_weights_from_distributed"), ("GET", "/model_info"),
                 ("GET", "/server_info"), ("POST", "/abort_request"), ("POST", "/pause_generation"),
@@ -224,7 +225,7 @@ def test_concurrent_first_calls_download_once(tmp_path, monkeypatch):
             zf.writestr(f"sglang-{version}.dist-info/METADATA", "Name: sglang\nRequires-Dist: torch==9.0.0\n")
         return wheel
 
-    monkeypatch.setattr(kit, "_download", fake_download)
+    monkeypatch.setattr(sglang_wheel, "_download", fake_download)  # the download lives in the wheel module
     results = []
     threads = [threading.Thread(target=lambda: results.append(kit.source_dir("9.9.9"))) for _ in range(2)]
     for t in threads:
