@@ -214,7 +214,7 @@ def _train(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], sho
     tok = load_tokenizer(recipe.base)
     model = load_model(recipe.base)
     _chat, examples = examples_of(recipe, tok)
-    prefix = min(PREFIX_STEPS, recipe.steps)
+    prefix = prefix_recipe(recipe).steps
     digests: dict[str, object] = {}
 
     def on_step(step: int, loss: float) -> None:
