@@ -17,14 +17,16 @@ def secret(value: SecretStr | None) -> str | None:
 
 
 def revealed_document(model: BaseModel) -> dict[str, Any]:
-    """``model`` as plain data with every secret in clear: for the 0600 file a launcher writes
-    for its child processes (``model_dump(mode="json")`` masks them)."""
-    def plain(value: Any) -> Any:
-        if isinstance(value, SecretStr):
-            return value.get_secret_value()
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        return value
-    return plain(model.model_dump(mode="python"))
+    """``model`` as JSON-able data with every secret in clear: for the 0600 file a launcher writes
+    for its child processes (``model_dump(mode="json")`` alone masks them as ``**********``, a value
+    a child would then send as its key). Every path that writes a configuration for services uses
+    this (``asyncrl up``, ``asyncrl slurm``); tests/foundation/test_config.py walks every secret field."""
+    def overlay(js: Any, py: Any) -> Any:
+        if isinstance(py, SecretStr):
+            return py.get_secret_value()
+        if isinstance(py, dict) and isinstance(js, dict):
+            return {k: overlay(js[k], py[k]) for k in js}
+        if isinstance(py, (list, tuple)) and isinstance(js, list):
+            return [overlay(j, p) for j, p in zip(js, py, strict=True)]
+        return js
+    return overlay(model.model_dump(mode="json"), model.model_dump(mode="python"))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from asyncrl.config import RunConfig, secret
+from asyncrl.config import RunConfig, revealed_document, secret
 from asyncrl.jetstream import EmbeddedNats, write_endpoint
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from launcher.config_cli import resolved_document
@@ -53,7 +53,7 @@ class Stack:
         share: tokens, an engine key for the engines it starts, a NATS user and password for
         its embedded NATS (generated when not configured)."""
         cfg = self.cfg
-        doc = cfg.model_dump(mode="json")
+        doc = revealed_document(cfg)  # every configured secret in clear (never the masked display value)
         sec = cfg.security
         doc["security"].update(admin_token=_secret(sec.admin_token), sync_token=_secret(sec.sync_token),
                                api_token=_secret(sec.api_token))
@@ -64,8 +64,6 @@ class Stack:
         if not cfg.nats.url:
             doc["nats"]["user"] = cfg.nats.user or "asyncrl"
             doc["security"]["nats_password"] = _secret(sec.nats_password)
-        elif sec.nats_password is not None:
-            doc["security"]["nats_password"] = sec.nats_password.get_secret_value()
         doc["rollout"]["port"] = cfg.rollout.port or free_port()
         doc["sync"]["port"] = cfg.sync.port or free_port()
         doc["sync"]["url"] = f"http://127.0.0.1:{doc['sync']['port']}"

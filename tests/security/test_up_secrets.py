@@ -38,3 +38,46 @@ async def test_up_generates_an_engine_key_and_nats_credentials(tmp_path):
         await nc.close()
     finally:
         await asyncio.to_thread(stack.stop)
+
+
+def _secret_fields(model_cls, prefix=()):
+    """Every ``SecretStr`` field of a config model, as dotted paths (nested sections walked)."""
+    import types
+    import typing
+
+    from pydantic import BaseModel, SecretStr
+    for name, field in model_cls.model_fields.items():
+        ann = field.annotation
+        optional = typing.get_origin(ann) in (typing.Union, types.UnionType) and SecretStr in typing.get_args(ann)
+        if ann is SecretStr or optional:
+            yield (*prefix, name)
+        elif isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from _secret_fields(ann, (*prefix, name))
+
+
+def test_every_configured_secret_reaches_the_services_in_clear(tmp_path):
+    """Issue 45: ``asyncrl up`` wrote ``engines.admin_api_key`` as ``**********`` (the masked
+    display value) into the file the services read, so every sync was refused with 401. Every
+    secret field of the run config, set by the user, must reach the children as its own value,
+    from every launcher that writes a configuration (up's Stack and slurm's job document)."""
+    from asyncrl.config import RunConfig, revealed_document
+    paths = list(_secret_fields(RunConfig))
+    assert ("engines", "admin_api_key") in paths and ("security", "admin_token") in paths
+    overrides = [f"{'.'.join(p)}=secret-{'-'.join(p)}-0123456789abcdef" for p in paths]
+    overrides.append("security.environment_tokens={arith: secret-env-arith-0123456789abcdef}")
+    cfg = load_config(overrides=[f"run.dir={tmp_path / 'run'}", "model.path=builtin:tiny", *overrides,
+                                 "engines.backend=sglang", "engines.urls=[http://127.0.0.1:9]"], environ={})
+    stack = Stack(cfg, tmp_path / "run")
+    stack.write_config(stack.resolve())
+    written = yaml.safe_load((stack.run_dir / "config.yaml").read_text())
+    for doc in (written, revealed_document(cfg)):
+        assert "**********" not in yaml.safe_dump(doc)
+        for p in paths:
+            node = doc
+            for part in p:
+                node = node[part]
+            assert node == f"secret-{'-'.join(p)}-0123456789abcdef", p
+        assert doc["security"]["environment_tokens"] == {"arith": "secret-env-arith-0123456789abcdef"}
+    # and the services read it back as the same values
+    again = load_config(stack.run_dir / "config.yaml", environ={})
+    assert again.engines.admin_api_key.get_secret_value() == "secret-engines-admin_api_key-0123456789abcdef"
