@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,13 +20,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the long builds in the background when a collected test needs them: the tests'
-    warm model, then the shipped demo policy's rebuild (tests/helpers/shipped_rebuild.py)."""
+    warm model, then the shipped demo policy's rebuild (tests/helpers/shipped_rebuild.py), and
+    real SGLang's venv (tests/sglang_cpu/background.py)."""
     from tests.helpers import shipped_rebuild
 
     rebuild = any(item.nodeid.endswith(shipped_rebuild.TEST_IDS) for item in session.items)
     warm = any(shipped_rebuild.WARM_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items)
     if rebuild or warm:
         shipped_rebuild.start(session.config, warm=warm, rebuild=rebuild)
+    from tests.sglang_cpu import background
+
+    if any(item.nodeid.startswith(background.TIER_DIR) for item in session.items):
+        background.start(Path(os.environ[shipped_rebuild.ENV_DIR]))
 
 
 @pytest.fixture

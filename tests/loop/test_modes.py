@@ -48,7 +48,7 @@ def mode_config(tmp_path: Path, mode: str):
     ], environ={})
 
 
-async def run_to_end(stack: Stack):
+async def run_to_end(stack: Stack, limit_s: float = RUN_LIMIT_S):
     """Start the stack and wait for the trainer to finish (a child dying first fails); the
     started config."""
     cfg = await asyncio.to_thread(stack.start, lambda m: None)
@@ -60,7 +60,7 @@ async def run_to_end(stack: Stack):
         assert not done, f"a child died: {done}"
         return False
 
-    await wait_for(trainer_exited, RUN_LIMIT_S, "the trainer to finish its steps", interval_s=0.5)
+    await wait_for(trainer_exited, limit_s, "the trainer to finish its steps", interval_s=0.5)
     assert stack.children["trainer"].poll() == 0, (stack.run_dir / "logs" / "trainer.log").read_text()[-3000:]
     return cfg
 

@@ -1,0 +1,67 @@
+"""The real-SGLang tier: the product against SGLang's own server (its scheduler, tokenizer
+manager and HTTP server), on this CPU (tests/sglang_cpu: the venv per release, the stand-ins).
+
+``./dev test-sglang`` (``ASYNCRL_SGLANG_TESTS=1``) runs every test here. ``./dev test`` runs
+only the CI slice, the tests marked ``sglang_slice`` (the loop, the sync transaction and a
+fault at small scale); the others are deselected there (listed as such, never skipped). A
+test that cannot get its SGLang venv or server fails with the reason, in both.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.processes import Engine
+from tests.sglang_cpu.install import DEFAULT_RELEASE, venv_python
+from tests.sglang_cpu.server import start_sglang_servers
+
+ENABLED = os.environ.get("ASYNCRL_SGLANG_TESTS") == "1"
+SLICE = "sglang_slice"
+HERE = "tests/sglang/"
+API_KEY = "sglang-api-key-0123456789abcdef"
+ADMIN_KEY = "sglang-admin-key-0123456789abcdef"
+DEMO_MODEL = Path(__file__).resolve().parents[2] / "asyncrl" / "models" / "assets" / "tiny-arith"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{SLICE}: a real-SGLang test that ./dev test runs too (the CI slice)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if ENABLED:
+        return
+    kept, deselected = [], []
+    for item in items:
+        outside_slice = item.nodeid.startswith(HERE) and item.get_closest_marker(SLICE) is None
+        (deselected if outside_slice else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> Path:
+    """The release's venv interpreter (built on first use; a failed build fails the test)."""
+    return venv_python(DEFAULT_RELEASE)
+
+
+def stop_all(engines: list[Engine]) -> None:
+    for engine in engines:  # all told at once: each may sit out its graceful shutdown
+        engine.proc.signal(signal.SIGTERM)
+    for engine in engines:
+        engine.stop()
+
+
+@pytest.fixture(scope="module")
+def sglang_pair(sglang_python, tmp_path_factory) -> list[Engine]:
+    """Two real SGLang servers serving the demo model, with an API key and an admin key."""
+    engines = start_sglang_servers(tmp_path_factory.mktemp("sglang-logs"), DEMO_MODEL, count=2, api_key=API_KEY,
+                                   admin_api_key=ADMIN_KEY)
+    try:
+        yield engines
+    finally:
+        stop_all(engines)
