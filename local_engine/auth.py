@@ -1,11 +1,13 @@
 """Bearer-token auth with SGLang's three levels (pure ASGI, so disconnects still reach routes).
 
-- ``/health*`` and ``/metrics``: always open (probes and scrapers);
+- ``/health*``, ``/ready*`` and ``/metrics``: always open (probes and scrapers);
 - admin routes (weights, LoRA adapters, pause, continue, abort, flush): the admin key when one is set,
   else the api key when set, else open — a data-plane token cannot pause or reload;
 - everything else: the api key when set, else open.
 
-Keys are compared in constant time. A refusal is ``401`` in the HTTPException shape.
+Keys are compared in constant time; the scheme is matched without case (``bearer`` too). A
+refusal is ``401 {"error": "Unauthorized"}``, SGLang's own body (``srt/utils/auth.py``, every
+release 0.5.15-0.5.23; checked against a real 0.5.23 server by tests/sglang/test_differential.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import hmac
 
 import orjson
 
-OPEN_PREFIXES = ("/health", "/metrics")
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 ADMIN_PATHS = frozenset({
     "/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
     "/init_weights_update_group", "/destroy_weights_update_group", "/update_weights_from_distributed",
@@ -25,9 +27,10 @@ ADMIN_PATHS = frozenset({
 
 
 def _matches(header: str | None, key: str) -> bool:
-    if not header or not header.startswith("Bearer "):
+    parts = (header or "").split(" ", 1)
+    if len(parts) != 2 or parts[0].lower() != "bearer":
         return False
-    return hmac.compare_digest(header[len("Bearer "):].encode(), key.encode())
+    return hmac.compare_digest(parts[1].encode(), key.encode())
 
 
 def required_key(path: str, api_key: str | None, admin_api_key: str | None) -> str | None:
@@ -58,7 +61,7 @@ class BearerAuth:
                     header = value.decode("latin-1")
                     break
             if not _matches(header, key):
-                body = orjson.dumps({"object": "error", "message": "Unauthorized", "type": "401", "code": 401})
+                body = orjson.dumps({"error": "Unauthorized"})
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": body})

@@ -23,6 +23,11 @@ release that behaves the new way:
 - ``sampling_logprobs_mode`` (0.5.21): ``sampling_logprobs_mode`` (``selected`` | ``support``).
 - ``align_before_broadcast`` (0.5.23): a flattened bucket whose tensors are not aligned to
   their element size is refused before the broadcast; older releases fail after it.
+- ``contract_gate`` (0.5.22): ``sampling_params`` are decoded by a msgspec contract gate before
+  anything else: an unknown key or a wrong type answers ``400 {"error": "<message>"}``.
+- ``model_info_serving`` (0.5.21): ``/model_info`` also names ``served_model_name``,
+  ``load_format``, ``reasoning_parser``, ``tool_call_parser`` and ``disaggregation_mode``.
+- ``get_load_alias`` (up to 0.5.20): ``/get_load`` answers as ``/v1/loads``; 0.5.21 removed it (404).
 """
 
 from __future__ import annotations
@@ -57,6 +62,12 @@ class SglangCompat:
     """0.5.20+: ``--sampling-mask-max-tokens`` bounds a returned support."""
     sampling_logprobs_mode: bool
     """0.5.21+: ``sampling_logprobs_mode``."""
+    contract_gate: bool = True
+    """0.5.22+: ``sampling_params`` decode errors answer ``{"error": "<message>"}``."""
+    model_info_serving: bool = True
+    """0.5.21+: ``/model_info``'s serving fields (module docstring)."""
+    get_load_alias: bool = False
+    """Up to 0.5.20: ``/get_load`` exists."""
 
     @classmethod
     def of(cls, version: str) -> SglangCompat:
@@ -68,4 +79,5 @@ class SglangCompat:
                    soft_flush_failure=v >= (0, 5, 22), align_before_broadcast=v >= (0, 5, 23),
                    flush_ignores_queue_when_paused=v >= (0, 5, 21), abort_once=v >= (0, 5, 20),
                    weight_version_spans=v >= (0, 5, 19), sampling_mask=v >= (0, 5, 16),
-                   sampling_mask_cap=v >= (0, 5, 20), sampling_logprobs_mode=v >= (0, 5, 21))
+                   sampling_mask_cap=v >= (0, 5, 20), sampling_logprobs_mode=v >= (0, 5, 21),
+                   contract_gate=v >= (0, 5, 22), model_info_serving=v >= (0, 5, 21), get_load_alias=v <= (0, 5, 20))

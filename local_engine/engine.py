@@ -38,8 +38,16 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
+from pydantic import ValidationError
+
 from asyncrl.lora_targets import normalized_targets
-from local_engine.errors import Refused, validate
+from local_engine.errors import (
+    RANGE_ERRORS,
+    BadRequest,
+    ContractError,
+    Refused,
+    validation_message,
+)
 from local_engine.flush import CacheFlush
 from local_engine.locks import PauseGate, RWLock
 from local_engine.lora import AdapterStore, LoraError, lora_path_spec, read_adapter_config
@@ -163,11 +171,13 @@ class Engine:
     # -- generation ----------------------------------------------------------------------
     def build_request(self, body: GenerateBody) -> Req:
         """Validate a /generate body into a request; raises BadRequest / Refused (400)."""
-        params = validate(SamplingParams, body.sampling_params)
-        if body.text is not None:
-            ids = list(self.tokenizer.encode(body.text))
+        params = self._sampling_params(body.sampling_params)
+        if body.input_ids is None and body.text is None:
+            raise Refused("Either text, input_ids or input_embeds should be provided.")
+        if body.input_ids is not None:  # SGLang takes input_ids when both are given
+            ids = list(body.input_ids)
         else:
-            ids = list(body.input_ids or [])
+            ids = list(self.tokenizer.encode(body.text))
         if not ids:
             raise Refused("the input is empty: give a non-empty text or input_ids")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
@@ -190,6 +200,23 @@ class Engine:
             return_text_in_logprobs=body.return_text_in_logprobs, stream=body.stream, lora_name=body.lora_path,
             return_sampling_mask=bool(body.return_sampling_mask), sampling_logprobs_mode=body.sampling_logprobs_mode or "selected",
         )
+
+    def _sampling_params(self, raw: dict) -> SamplingParams:
+        """``sampling_params`` as SGLang refuses them: an unknown key or a wrong type fails its
+        decode (0.5.22+: the contract gate's string error), a value out of range its
+        ``SamplingParams.verify`` (a ValueError: ``{"error": {"message": ..}}``)."""
+        unknown = sorted(k for k in raw if k not in SamplingParams.model_fields)
+        decode_error = ContractError if self.compat.contract_gate else BadRequest
+        if unknown:
+            raise decode_error(f"unknown field `{unknown[0]}`, expected one of "
+                               + ", ".join(f"`{k}`" for k in SamplingParams.model_fields))
+        try:
+            return SamplingParams.model_validate(raw)
+        except ValidationError as exc:
+            message = validation_message(exc)
+            if all(e["type"] in RANGE_ERRORS for e in exc.errors()):
+                raise Refused(message) from None
+            raise decode_error(message) from None
 
     def _check_release_fields(self, body: GenerateBody) -> None:
         """Fields the emulated release lacks are refused (SGLang would drop them unread)."""

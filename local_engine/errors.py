@@ -4,7 +4,12 @@ Shapes, as the contract lists them:
 
 - schema / JSON errors: ``400 {"object":"error","message":..,"type":"Bad Request","param":null,"code":400}``
 - a request the engine refuses for its content (SGLang raises ValueError): ``400 {"error":{"message":..}}``
-- other HTTP errors (404, 405, 413 body too large, 500): ``{"object":"error","message":..,"type":"<status>","code":<status>}``
+- ``sampling_params`` that do not decode (an unknown key, a wrong type) on 0.5.22+, whose
+  contract gate answers with a string: ``400 {"error": ".."}`` (:class:`ContractError`)
+- an unknown route or method: FastAPI's ``{"detail": "Not Found"}`` (404, 405), as SGLang
+- local_engine's own limits (413 body too large) and 500: ``{"object":"error","message":..,"type":"<status>","code":<status>}``
+
+Each shape was observed on a real SGLang 0.5.23 server (tests/sglang/test_differential.py).
 
 Every route parses its body through :func:`parse_body`, so bad JSON, a non-object body,
 wrong types and out-of-range values all end as 400 with a JSON body. Anything unexpected
@@ -71,7 +76,13 @@ def refused_response(message: str, status: int = 400) -> JSONResp:
     return JSONResp({"error": {"message": message}}, status_code=status)
 
 
-def _pydantic_message(exc: ValidationError) -> str:
+RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal", "value_error",
+                          "finite_number"})
+"""pydantic error types of a value out of its range (or refused by a validator), as opposed to a
+wrong type: SGLang refuses those in ``SamplingParams.verify`` (a ValueError)."""
+
+
+def validation_message(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
@@ -85,7 +96,16 @@ def validate(model: type[M], data: Any) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise BadRequest(_pydantic_message(exc)) from None
+        raise BadRequest(validation_message(exc)) from None
+
+
+class ContractError(Exception):
+    """``sampling_params`` SGLang 0.5.22+'s contract gate (a msgspec decode) refuses: answered
+    ``400 {"error": "<message>"}`` (a string, not an object)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
 
 
 class TooLarge(Exception):
@@ -142,8 +162,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _schema(_: Request, exc: RequestValidationError) -> Response:
         return JSONResp(validation_body(str(exc.errors())), status_code=400)
 
+    @app.exception_handler(ContractError)
+    async def _contract(_: Request, exc: ContractError) -> Response:
+        return JSONResp({"error": exc.message}, status_code=400)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code in (404, 405):  # FastAPI's own answer, which SGLang keeps
+            return JSONResp({"detail": str(exc.detail)}, status_code=exc.status_code)
         return http_error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)

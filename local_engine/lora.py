@@ -14,7 +14,8 @@ What SGLang 0.5.15-0.5.23 does, read from its wheels (``managers/tokenizer_contr
   ("... is incompatible with the current LoRA memory pool configuration ..."), and here also a
   weight that does not fit the module it names (SGLang fails later, on the copy). Every answer
   is ``LoRAUpdateOutput``: ``success``, ``error_message``, ``loaded_adapters`` (name → path,
-  ``__tensor__`` for adapters sent as tensors).
+  ``__tensor__`` for adapters sent as tensors), and its base's ``rid`` and ``http_worker_ipc``
+  (null over HTTP).
 - An unload takes the name out at once (new requests for it fail), then waits until no request
   uses the adapter, then frees it; an unknown name: "LoRA with name X does not exist ...".
 - ``--max-loaded-loras``: a load that goes over it unloads the least recently used unpinned
@@ -127,7 +128,8 @@ class AdapterStore:
 
     def output(self, ok: bool, message: str = "", listed: bool = True) -> dict:
         """``LoRAUpdateOutput`` as SGLang renders it."""
-        return {"success": ok, "error_message": message, "loaded_adapters": self.loaded_adapters() if listed else None}
+        return {"rid": None, "http_worker_ipc": None, "success": ok, "error_message": message,
+                "loaded_adapters": self.loaded_adapters() if listed else None}
 
     # -- load / unload -------------------------------------------------------------------
     async def load(self, name: str, path: str, pinned: bool, config: Mapping | None = None,

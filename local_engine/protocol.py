@@ -171,8 +171,6 @@ class GenerateBody(_Body):
             batch_fields.append("input_ids")
         if batch_fields:
             raise ValueError(f"batch requests are not supported by local_engine (list-valued {', '.join(batch_fields)}): send one request per prompt")
-        if (self.text is None) == (self.input_ids is None):
-            raise ValueError("exactly one of text or input_ids is required")
         if self.input_ids is not None and not all(isinstance(t, int) and not isinstance(t, bool) for t in self.input_ids):
             raise ValueError("input_ids must be a list of integers")
         unsupported = [

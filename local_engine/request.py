@@ -207,8 +207,13 @@ class Renderer:
             meta["output_token_sampling_logprobs"] = [m.support_logprobs if support else m.selected_logprob
                                                       for m in req.output_masks]
             meta["output_token_sampling_mask_length"] = len(req.output_masks)
+        # SGLang 0.5.15+: the cache hit split by tier (None without a hit), the DP rank that served
+        # it (None: no DP attention), and when the answer left the server
+        meta["cached_tokens_details"] = {"device": req.cached_tokens, "host": 0} if req.cached_tokens else None
+        meta["dp_rank"] = None
         if req.finished:
             meta["e2e_latency"] = time.monotonic() - req.arrived
+        meta["response_sent_to_client_ts"] = time.time()
         return {"text": self.text(req), "output_ids": list(req.output_ids), "meta_info": meta}
 
     def _logprobs(self, req: Req, meta: dict[str, Any]) -> None:
@@ -226,6 +231,7 @@ class Renderer:
             inputs = [[lp, t, txt] for lp, t, txt in zip(lps, ids, texts, strict=True)]
         meta["input_token_logprobs"] = inputs
         if req.top_logprobs_num > 0:
+            meta["input_top_logprobs"] = []  # input positions' tops are refused (engine.build_request)
             meta["output_top_logprobs"] = [self._top(top, with_text) for top in req.output_top]
 
     def _top(self, top: list[tuple[float, int]] | None, with_text: bool) -> list[list[Any]] | None:

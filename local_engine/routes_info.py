@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 import local_engine
 from local_engine.engine import Engine
-from local_engine.errors import JSONResp, http_error
+from local_engine.errors import JSONResp
 from local_engine.routes_generate import EngineDep
 
 router = APIRouter()
@@ -24,12 +24,17 @@ SECRET_SETTINGS = frozenset({"api_key", "admin_api_key"})
 
 def model_info(engine: Engine) -> dict:
     cfg = engine.config
+    serving = {  # 0.5.21+ (compat.model_info_serving)
+        "served_model_name": engine.settings.served_model_name or engine.settings.model, "load_format": "auto",
+        "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
+    } if engine.compat.model_info_serving else {}
     return {
         "model_path": engine.settings.model,
         "tokenizer_path": engine.settings.model,
         "is_generation": True,
         "preferred_sampling_params": None,
         "weight_version": engine.weights.version,
+        **serving,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": getattr(cfg, "model_type", None),
@@ -87,6 +92,8 @@ async def get_server_info(engine: EngineDep) -> Response:
         "weight_version": engine.weights.version,
         "enable_lora": engine.lora.enabled,
         "max_lora_rank": engine.lora.max_rank or None,
+        "max_loaded_loras": engine.settings.max_loaded_loras,
+        "max_loras_per_batch": engine.settings.max_loras_per_batch,
         "lora_target_modules": engine.lora.target_modules,
         "max_total_num_tokens": engine.settings.max_batch_size * engine.max_model_len,
         "max_req_input_len": engine.max_model_len - 1,
@@ -113,8 +120,15 @@ def _nccl_version() -> str | None:
 
 
 @router.get("/v1/loads")
-@router.get("/get_load")
 async def get_loads(engine: EngineDep) -> Response:
+    return JSONResp(_loads(engine))
+
+
+@router.get("/get_load")
+async def get_load_alias(engine: EngineDep) -> Response:
+    """Up to 0.5.20 only (``compat.get_load_alias``); 0.5.21 removed it."""
+    if not engine.compat.get_load_alias:
+        return JSONResp({"detail": "Not Found"}, status_code=404)
     return JSONResp(_loads(engine))
 
 
@@ -149,4 +163,6 @@ async def weights_checksum(engine: EngineDep) -> Response:
 @router.get("/get_weight_version")
 @router.get("/weight_version")
 async def deprecated_weight_version() -> Response:
-    return http_error(404, "/get_weight_version is deprecated, use /model_info")
+    """Removed in SGLang (the version is ``/model_info``'s ``weight_version``): its 404, as FastAPI
+    answers an unknown route. Kept as a route so the deprecation is greppable here."""
+    return JSONResp({"detail": "Not Found"}, status_code=404)

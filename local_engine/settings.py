@@ -45,7 +45,7 @@ SGLANG_ENV = {"health_generation": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
 
 
 def check_lora_settings(enable: bool | None, paths: list[str] | None, max_rank: int | None,
-                        targets: list[str] | None, max_loaded: int | None) -> bool:
+                        targets: list[str] | None, max_loaded: int | None, per_batch: int = 8) -> bool:
     """Whether LoRA is on, after SGLang's start-time checks (``arg_groups/lora_hook.py``);
     raises ValueError with its messages."""
     on = bool(enable) or (enable is None and bool(paths))
@@ -60,6 +60,9 @@ def check_lora_settings(enable: bool | None, paths: list[str] | None, max_rank: 
                          f"(choose from {sorted(SERVABLE_TARGETS)})")
     if targets and "all" in targets and len(targets) != 1:
         raise ValueError("If 'all' is specified in --lora-target-modules, it should be the only module specified.")
+    if max_loaded is not None and max_loaded < per_batch:
+        raise ValueError(f"max_loaded_loras should be greater than or equal to max_loras_per_batch. "
+                         f"max_loaded_loras={max_loaded}, max_loras_per_batch={per_batch}")
     if max_loaded is not None and len(paths or []) > max_loaded:
         raise ValueError(f"The number of LoRA paths should not exceed max_loaded_loras. "
                          f"max_loaded_loras={max_loaded}, lora_paths={len(paths or [])}")
@@ -117,7 +120,11 @@ class EngineSettings(LocalEngineSection):
     """Adapters loaded at start, each ``NAME=PATH`` or ``PATH`` (SGLang ``--lora-paths``)."""
     max_loaded_loras: int | None = Field(None, ge=1)
     """At most this many adapters loaded; a load over it unloads the least recently used
-    (SGLang ``--max-loaded-loras``). None: no limit."""
+    (SGLang ``--max-loaded-loras``). None: no limit. SGLang refuses to start with it below
+    ``max_loras_per_batch``; so does local_engine."""
+    max_loras_per_batch: int = Field(8, ge=1)
+    """SGLang ``--max-loras-per-batch`` (default 8): reported in /server_info and checked against
+    ``max_loaded_loras`` at start as SGLang checks it; local_engine's batches are not limited by it."""
 
     sampling_mask_max_tokens: int = Field(4096, ge=1)
     """Largest sampling support ``return_sampling_mask`` reports; a request whose support is
@@ -127,7 +134,7 @@ class EngineSettings(LocalEngineSection):
     @model_validator(mode="after")
     def _lora(self) -> EngineSettings:
         check_lora_settings(self.enable_lora, self.lora_paths, self.max_lora_rank, self.lora_target_modules,
-                            self.max_loaded_loras)
+                            self.max_loaded_loras, self.max_loras_per_batch)
         return self
 
     @property

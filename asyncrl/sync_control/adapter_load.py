@@ -87,10 +87,12 @@ def adapter_problems(actor, info: dict, where: str) -> list[str]:
     found = serving_problem(a.lora_rank, a.target_modules, info.get("max_lora_rank") if on else None,
                             info.get("lora_target_modules") if on else None, where)
     out = [f"{found}; or set sync.lora_weights=merged"] if found else []
-    most = info.get("max_loaded_loras")
-    if on and isinstance(most, int) and most < 2:
-        out.append(f"{where} keeps at most {most} adapter (--max-loaded-loras): an adapter sync loads the new "
-                   "version beside the current one; start it with --max-loaded-loras 2 or more")
+    most, per_batch = info.get("max_loaded_loras"), info.get("max_loras_per_batch")
+    least = max(2, per_batch if isinstance(per_batch, int) else 0)
+    if on and isinstance(most, int) and most < least:
+        out.append(f"{where} keeps at most {most} adapter(s) (--max-loaded-loras): an adapter sync loads the new "
+                   f"version beside the current one, and SGLang also requires --max-loaded-loras >= "
+                   f"--max-loras-per-batch ({per_batch}); start it with --max-loaded-loras {least} or more")
     return out
 
 

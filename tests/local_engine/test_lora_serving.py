@@ -49,7 +49,7 @@ def lora_engine(tmp_path_factory):
     d = tmp_path_factory.mktemp("lora")
     (d / "failpoints").mkdir()
     with start_engine(d, "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj", "v_proj",
-                      "--max-loaded-loras", "2", admin_api_key=ADMIN_KEY, name="lora-engine",
+                      "--max-loaded-loras", "2", "--max-loras-per-batch", "2", admin_api_key=ADMIN_KEY, name="lora-engine",
                       env={failpoints.ENV_DIR: str(d / "failpoints")}) as e:
         e.failpoints = d / "failpoints"
         yield e
