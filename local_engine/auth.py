@@ -22,7 +22,7 @@ ADMIN_PATHS = frozenset({
     "/init_weights_update_group", "/destroy_weights_update_group", "/update_weights_from_distributed",
     "/update_weights_from_disk", "/update_weights_from_tensor", "/update_weight_version",
     "/begin_weight_update", "/end_weight_update", "/weights_checker",
-    "/load_lora_adapter", "/load_lora_adapter_from_tensors", "/unload_lora_adapter",
+    "/load_lora_adapter", "/load_lora_adapter_from_tensors", "/unload_lora_adapter", "/slow_down",
 })
 
 

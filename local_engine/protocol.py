@@ -225,6 +225,13 @@ class CheckWeightsBody(_Body):
     selector: Literal["target", "draft", "all"] = "all"
 
 
+class SlowDownBody(_Body):
+    """``/slow_down`` (SGLang ``SlowDownReqInput``: the field is required, null turns it off)."""
+
+    NULL_REFUSED = frozenset({"forward_sleep_time"})
+    forward_sleep_time: float | None = Field(..., ge=0.0, le=3600.0)
+
+
 class PauseBody(_Body):
     """/pause_generation: ``abort``, ``retract`` (requests kept, KV freed, prefilled again on continue) or ``in_place`` (requests and KV kept)."""
 

@@ -25,6 +25,7 @@ from local_engine.protocol import (
     InitGroupBody,
     PauseBody,
     SessionBody,
+    SlowDownBody,
     UpdateDiskBody,
     UpdateDistributedBody,
     UpdateVersionBody,
@@ -57,6 +58,15 @@ async def pause_generation(request: Request, engine: EngineDep) -> Response:
     body = await parse_body(request, PauseBody)
     await engine.pause(body.mode)
     return JSONResp({"message": "Generation paused successfully.", "status": "ok"})
+
+
+@router.api_route("/slow_down", methods=["GET", "POST"])
+async def slow_down(request: Request, engine: EngineDep) -> Response:
+    """SGLang's test hook (every release): each forward sleeps ``forward_sleep_time`` seconds
+    until it is set to null. Answers ``null`` as SGLang's route (it returns nothing)."""
+    body = await parse_body(request, SlowDownBody)
+    engine.scheduler.forward_sleep_s = body.forward_sleep_time or None
+    return JSONResp(None)
 
 
 @router.post("/continue_generation")

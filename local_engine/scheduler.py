@@ -89,6 +89,9 @@ class Scheduler:
         self._idle = asyncio.Event()
         self._idle.set()
         self._stopped = False
+        self.forward_sleep_s: float | None = None
+        """SGLang's ``/slow_down`` (``forward_sleep_time``): each step sleeps this long first
+        (tests hold a generation mid-way with it on both engines); None: no sleep."""
         self._holds = 0
         self._task: asyncio.Task | None = None
         self._admitting: list[Req] = []  # popped from waiting, not yet in rows (a failing prefill ends them)
@@ -240,6 +243,8 @@ class Scheduler:
 
     async def _step(self) -> None:
         await failpoints.hold_async("local_engine.step")  # tests: a generation held mid-way, deterministically
+        if self.forward_sleep_s:  # SGLang's /slow_down: every forward waits this long first
+            await asyncio.sleep(self.forward_sleep_s)
         keep = [i for i, r in enumerate(self.rows) if not r.finished]
         live = [self.rows[i] for i in keep]
         admitted = self._admitting = [] if (live and self._prefilled_last) else self._admit(len(live))

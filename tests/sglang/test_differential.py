@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.processes import start_engine
-from tests.sglang.conftest import ADMIN_KEY, API_KEY, DEMO_MODEL, SLICE
+from tests.sglang.conftest import ADMIN_KEY, API_KEY, DEMO_MODEL
 from tests.sglang.differential import CASES, FATAL, observe
 from tests.sglang_cpu.server import start_sglang
 
