@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers.processes import Engine
 from tests.sglang_cpu.install import DEFAULT_RELEASE, venv_python
-from tests.sglang_cpu.server import start_sglang_servers
+from tests.sglang_cpu.server import start_sglang, start_sglang_servers
 
 ENABLED = os.environ.get("ASYNCRL_SGLANG_TESTS") == "1"
 SLICE = "sglang_slice"
@@ -54,6 +54,23 @@ def stop_all(engines: list[Engine]) -> None:
         engine.proc.signal(signal.SIGTERM)
     for engine in engines:
         engine.stop()
+
+
+@pytest.fixture
+def engines(sglang_python, tmp_path) -> list[Engine]:
+    """Two real SGLang servers without keys: the ``engines`` of tests/sync, so its fault tests
+    run unchanged against SGLang (tests/sglang/test_faults.py)."""
+    started = start_sglang_servers(tmp_path, DEMO_MODEL, count=2, name="engine")
+    try:
+        yield started
+    finally:
+        stop_all(started)
+
+
+@pytest.fixture
+def restart_engine(sglang_python, tmp_path):
+    """tests/sync's ``restart_engine``: a real SGLang server started again on ``port``."""
+    return lambda port, name: start_sglang(tmp_path, DEMO_MODEL, port=port, name=name)
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ def cpu_flags(*, context_length: int = 1024, max_total_tokens: int = 8192) -> li
     """The launch flags SGLang needs on a CPU without its kernel library: torch-native attention
     (norms, activations and sampling then take plain-torch paths), no CUDA graphs, no grammar
     backend, a small KV pool, no warm-up request."""
-    return ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
+    return ["--device", "cpu", "--dtype", "float32", "--attention-backend", "torch_native", "--disable-cuda-graph",
             "--mem-fraction-static", "0.05", "--max-total-tokens", str(max_total_tokens),
             "--context-length", str(context_length), "--grammar-backend", "none", "--skip-server-warmup", "--sleep-on-idle"]
 

@@ -38,6 +38,13 @@ def engines(tmp_path) -> list[Engine]:
             engine.stop()
 
 
+@pytest.fixture
+def restart_engine(tmp_path):
+    """``restart_engine(port, name)``: an engine of the same kind as ``engines`` started again
+    on ``port`` (a context manager); tests/sglang/conftest.py gives a real SGLang one."""
+    return lambda port, name: start_engine(tmp_path, *ENGINE_ARGS, port=port, name=name)
+
+
 PROGRESS_WINDOW_S = 5.0  # the health blocks' window: "progressing" means tokens decoded in the last 5 s
 
 

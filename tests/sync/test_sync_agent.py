@@ -13,7 +13,7 @@ from tests.helpers.reference_model import teacher_forced_logprobs
 from tests.helpers.run_health import get_json, wait_run_healthy
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import ADMIN
-from tests.sync.conftest import ENGINE_ARGS, SYNC_TOKEN, perturbed_weights, publisher, stack
+from tests.sync.conftest import SYNC_TOKEN, perturbed_weights, publisher, stack
 
 F8_BOUND_S = 300.0  # RELIABILITY.md F8: an engine killed mid-sync is back, and the run healthy, within T_sync
 
@@ -139,9 +139,8 @@ async def test_trainer_that_never_broadcasts_leaves_nothing_paused(tmp_path, nat
         assert agent.coordinator.group is None
 
 
-async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_version(tmp_path, nats_server, engines, monkeypatch):
-    from tests.helpers.processes import start_engine
-
+async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_version(tmp_path, nats_server, engines, monkeypatch,
+                                                                                     restart_engine):
     rounds = count_reconcile_rounds(monkeypatch)
     held = hold_broadcast_after(monkeypatch, 2)
     engine_a, engine_b = engines
@@ -191,7 +190,7 @@ async def test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_ve
             await wait_for(lambda: svc.pool.engines[a_id].tokens_decoded > decoded_a + 50, 60, "engine A decoding again")
             # B restarts with its initial weights: it stays out until a sync brings it to the current version
             port_b = int(url_b.rsplit(":", 1)[1])
-            with start_engine(tmp_path, *ENGINE_ARGS, port=port_b, name="engine-1-restarted"):
+            with restart_engine(port_b, "engine-1-restarted"):
                 # two full reconcile rounds with B back: room for a wrong agent to release it early
                 seen = rounds[0]
                 await wait_for(lambda: rounds[0] >= seen + 2, 30, "two reconcile rounds after B restarted")
