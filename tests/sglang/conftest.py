@@ -17,7 +17,8 @@ import pytest
 
 from tests.helpers.processes import Engine
 from tests.sglang_cpu.install import DEFAULT_RELEASE, venv_python
-from tests.sglang_cpu.server import start_sglang, start_sglang_servers
+from tests.sglang_cpu.models import tiny_model_dir
+from tests.sglang_cpu.server import lora_flags, start_sglang, start_sglang_servers
 
 ENABLED = os.environ.get("ASYNCRL_SGLANG_TESTS") == "1"
 SLICE = "sglang_slice"
@@ -56,11 +57,17 @@ def stop_all(engines: list[Engine]) -> None:
         engine.stop()
 
 
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    """``builtin:tiny`` as a directory (tests/sglang_cpu/models.py): what tests/sync's engines serve."""
+    return tiny_model_dir()
+
+
 @pytest.fixture
-def engines(sglang_python, tmp_path) -> list[Engine]:
-    """Two real SGLang servers without keys: the ``engines`` of tests/sync, so its fault tests
-    run unchanged against SGLang (tests/sglang/test_faults.py)."""
-    started = start_sglang_servers(tmp_path, DEMO_MODEL, count=2, name="engine")
+def engines(sglang_python, tiny_dir, tmp_path) -> list[Engine]:
+    """Two real SGLang servers without keys serving ``builtin:tiny``: the ``engines`` of
+    tests/sync, so its fault tests run unchanged against SGLang (tests/sglang/test_faults.py)."""
+    started = start_sglang_servers(tmp_path, tiny_dir, count=2, name="engine")
     try:
         yield started
     finally:
@@ -68,9 +75,37 @@ def engines(sglang_python, tmp_path) -> list[Engine]:
 
 
 @pytest.fixture
-def restart_engine(sglang_python, tmp_path):
+def restart_engine(sglang_python, tiny_dir, tmp_path):
     """tests/sync's ``restart_engine``: a real SGLang server started again on ``port``."""
-    return lambda port, name: start_sglang(tmp_path, DEMO_MODEL, port=port, name=name)
+    return lambda port, name: start_sglang(tmp_path, tiny_dir, port=port, name=name)
+
+
+LORA_FLAGS = lora_flags(8, targets=("q_proj", "v_proj"))
+
+
+@pytest.fixture
+def lora_and_plain(sglang_python, tiny_dir, tmp_path) -> list[Engine]:
+    """tests/sync/test_adapter_sync.py's engines on real SGLang: one serving LoRA adapters
+    (torch-native LoRA backend, rank up to 8 on q_proj and v_proj), one without LoRA."""
+    started = []
+    try:
+        started.append(start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, name="lora-engine"))
+        started.append(start_sglang(tmp_path, tiny_dir, name="plain-engine"))
+        yield started
+    finally:
+        stop_all(started)
+
+
+@pytest.fixture
+def lora_engine(sglang_python, tiny_dir, tmp_path) -> Engine:
+    """tests/sync/test_adapter_resume.py's engine on real SGLang."""
+    with start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, name="lora-engine") as engine:
+        yield engine
+
+
+@pytest.fixture
+def restart_lora_engine(sglang_python, tiny_dir, tmp_path):
+    return lambda port, name: start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, port=port, name=name)
 
 
 @pytest.fixture(scope="module")

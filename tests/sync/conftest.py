@@ -121,6 +121,30 @@ async def engine_tokens_over(engine, over: int) -> bool:
         return (await c.loads())["loads"][0]["num_total_tokens"] > over
 
 
+async def slow_down(engine, seconds: float | None) -> None:
+    """SGLang's ``/slow_down`` (local_engine serves it too): each forward sleeps ``seconds``
+    first, or at full speed again with None. A generation then decodes slowly enough to be met
+    mid-way by a sync on any engine, deterministically: it is released only after the sync's
+    pause reached the engine (:func:`sync_through_a_slowed_engine`)."""
+    async with engine.client() as c:
+        await c._call("POST", "/slow_down", {"forward_sleep_time": seconds}, admin=True)
+
+
+async def sync_through_a_slowed_engine(engine, proxy, publish) -> None:
+    """Run ``publish`` (a sync) while ``engine`` is slowed down (:func:`slow_down`), give it its
+    speed back once the sync's ``/pause_generation`` has reached it (seen at ``proxy``), and wait
+    for the sync: a generation in flight on it is always met by the pause."""
+    from tests.helpers.waiting import wait_for
+
+    task = asyncio.create_task(publish)
+    try:
+        await wait_for(lambda: any(path == "/pause_generation" for _, path, _, _ in proxy.requests) or task.done(),
+                       180.0, "the sync's pause to reach the engine")
+    finally:
+        await slow_down(engine, None)
+    await task
+
+
 async def sync_through_the_held_step(points, proxy, publish) -> None:
     """Run ``publish`` (a sync) while the engine is held at its ``local_engine.step`` failpoint
     (armed and reached), release the engine once the sync's ``/pause_generation`` has reached it

@@ -72,7 +72,16 @@ def adapter_publisher(agent_url: str, cfg, tmp_path):
                               adapters={"run_id": RUN_ID, "transport": "auto", "adapter_dir": tmp_path / "adapters"})
 
 
-async def test_adapters_load_where_lora_is_served_and_the_rest_is_held_out(tmp_path, nats_server, lora_and_plain):
+@pytest.fixture
+def restart_lora_engine(tmp_path):
+    """``restart_lora_engine(port, name)``: a LoRA engine of ``lora_and_plain``'s kind started on
+    ``port`` (tests/sglang/conftest.py gives a real SGLang one)."""
+    return lambda port, name: start_engine(tmp_path, *ENGINE_ARGS, "--enable-lora", "--max-lora-rank", "8",
+                                           "--lora-target-modules", "q_proj", "v_proj", port=port, name=name)
+
+
+async def test_adapters_load_where_lora_is_served_and_the_rest_is_held_out(tmp_path, nats_server, lora_and_plain,
+                                                                            restart_lora_engine):
     lora, plain = lora_and_plain
     versions = snapshots(tmp_path, 3)
     async with stack(tmp_path, nats_server.url, [lora.url], *LORA) as (svc, rollout_url, agent, agent_url, cfg):
@@ -110,8 +119,7 @@ async def test_adapters_load_where_lora_is_served_and_the_rest_is_held_out(tmp_p
             # repair: the plain engine comes back with LoRA on (same URL); the agent asks the
             # trainer for a push while it waits, and the next sync loads it and releases it
             plain.stop()
-            lora_and_plain[1] = start_engine(tmp_path, *ENGINE_ARGS, "--enable-lora", "--max-lora-rank", "8",
-                                             "--lora-target-modules", "q_proj", "v_proj", port=plain.port, name="plain-now-lora")
+            lora_and_plain[1] = restart_lora_engine(plain.port, "plain-now-lora")
             await wait_for(lambda: _push_wanted(agent), 30, "the agent to ask for a push")
             await pub.publish(4, versions[0][1])
             status = {e.id: e for e in (await agent.rollout.status()).engines}
