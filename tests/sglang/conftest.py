@@ -108,6 +108,21 @@ def restart_lora_engine(sglang_python, tiny_dir, tmp_path):
     return lambda port, name: start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, port=port, name=name)
 
 
+@pytest.fixture(scope="session")
+def warm_model() -> Path:
+    """tests/rollout's warm tiny model (it calls the calculator): what its ``warm_engine`` serves."""
+    from tests.helpers.warm_model import warm_tiny_model
+
+    return warm_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def warm_engine(sglang_python, warm_model, tmp_path_factory) -> str:
+    """tests/rollout's ``warm_engine`` on real SGLang: the URL of a server serving the warm model."""
+    with start_sglang(tmp_path_factory.mktemp("warm-sglang"), warm_model, name="warm-sglang") as engine:
+        yield engine.url
+
+
 @pytest.fixture(scope="module")
 def sglang_pair(sglang_python, tmp_path_factory) -> list[Engine]:
     """Two real SGLang servers serving the demo model, with an API key and an admin key."""
