@@ -19,7 +19,10 @@ checkpoint, while ``dcp.async_save``'s future is pending); ``trainer.sync_bucket
 rank 0, through the sync agent, before broadcasting every bucket after the first: the engines
 hold part new, part old weights while it holds; :func:`hold_async`, the event loop runs on);
 ``local_engine.step`` (local_engine, before each scheduler step: generations stop where they
-are while HTTP, aborts and pauses are still answered; a pause waits for the step to end).
+are while HTTP, aborts and pauses are still answered; a pause waits for the step to end);
+``local_engine.lora_partial_load`` (local_engine emulating 0.5.21+, :func:`fires`: an adapter
+load fails as if one rank had failed after another loaded it, leaving the name "with an
+incomplete unload" until it is unloaded, as SGLang does).
 """
 
 from __future__ import annotations
@@ -67,6 +70,12 @@ async def hold_async(name: str) -> bool:
     while not release.exists() and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
     return True
+
+
+def fires(name: str) -> bool:
+    """True while failpoint ``name`` is armed (it is marked reached), without holding: for a
+    fault the process injects itself at that place (``local_engine.lora_partial_load``)."""
+    return _armed(name) is not None
 
 
 def reached(root: Path, name: str) -> list[int]:

@@ -76,7 +76,8 @@ async def adapter_push(url: str, model, cfg, version: int) -> tuple[float, float
         t1 = time.perf_counter()
         staged = await stage_adapter(update, spec, run_id=RUN_ID, keep=version - 1, transport="tensors", timeout_s=SYNC_TIMEOUT_S)
         t2 = time.perf_counter()
-        steps = UpdateSteps(load=lambda: switch_adapter(update, staged, spec.name, version, timeout_s=SYNC_TIMEOUT_S))
+        steps = UpdateSteps(load=lambda: switch_adapter(update, staged, spec.name, version, timeout_s=SYNC_TIMEOUT_S),
+                            session=False)  # as the sync agent runs an adapter sync
         await run_update(update, plan.engine_mode, plan.flush_retries, steps)
         window = time.perf_counter() - t2
     return prepare, t2 - t1, window, snap.nbytes, len(spec.model_dump_json())

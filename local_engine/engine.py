@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -65,6 +66,7 @@ from local_engine.settings import EngineSettings
 from local_engine.weights import WeightManager, WeightUpdateError
 
 log = logging.getLogger(__name__)
+FATAL_EXIT = 70  # EX_SOFTWARE: the exit status of --sglang-fatal-errors
 
 PAUSE_DRAIN_POLL_S = 0.01  # abort-all repeat interval while draining in-flight /generate calls
 
@@ -126,7 +128,8 @@ class Engine:
         targets = settings.lora_target_modules or sorted(set().union(*(normalized_targets(c["target_modules"]) for c in configs)))
         layers = LoraLayers(runner.model, targets)
         runner.lora = layers  # timing mode's runner ignores it
-        return AdapterStore(layers, rank, targets, settings.max_loaded_loras)
+        return AdapterStore(layers, rank, targets, settings.max_loaded_loras,
+                            incomplete_unloads=settings.compat.sessions)  # 0.5.21+, as sessions
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> Engine:
@@ -182,6 +185,7 @@ class Engine:
             raise Refused("the input is empty: give a non-empty text or input_ids")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
+            self.fatal_if_sglang_would_die(f"token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
             raise Refused(f"token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
         if len(ids) + params.max_new_tokens > self.max_model_len:
             raise Refused(
@@ -200,6 +204,15 @@ class Engine:
             return_text_in_logprobs=body.return_text_in_logprobs, stream=body.stream, lora_name=body.lora_path,
             return_sampling_mask=bool(body.return_sampling_mask), sampling_logprobs_mode=body.sampling_logprobs_mode or "selected",
         )
+
+    def fatal_if_sglang_would_die(self, why: str) -> None:
+        """``--sglang-fatal-errors``: exit now, answering nothing, as SGLang's server does when
+        its scheduler raises on such an input (settings docstring); else return (the caller
+        answers 400)."""
+        if self.settings.sglang_fatal_errors:
+            log.critical("exiting as SGLang's scheduler would (--sglang-fatal-errors): %s", why)
+            logging.shutdown()
+            os._exit(FATAL_EXIT)
 
     def _sampling_params(self, raw: dict) -> SamplingParams:
         """``sampling_params`` as SGLang refuses them: an unknown key or a wrong type fails its

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from asyncrl import failpoints
 from asyncrl.lora_targets import covers, normalized_targets
 from local_engine.lora_compute import AdapterWeights, LoraLayers
 
@@ -107,7 +108,7 @@ class AdapterStore:
     """The registry of the module docstring over :class:`LoraLayers` (None: LoRA off)."""
 
     def __init__(self, layers: LoraLayers | None, max_rank: int | None, targets: list[str] | None,
-                 max_loaded: int | None) -> None:
+                 max_loaded: int | None, incomplete_unloads: bool = True) -> None:
         self.layers = layers
         self.max_rank = max_rank or 0
         self.targets = normalized_targets(targets) if targets else set()
@@ -117,6 +118,10 @@ class AdapterStore:
         self.registry: OrderedDict[str, Adapter] = OrderedDict()  # least recently used first
         self.seen: dict[str, tuple[str, bool]] = {}  # every name ever loaded → (path, pinned): SGLang's lora_ref_cache
         self.pending_unloads: set[str] = set()
+        self.incomplete: set[str] = set()
+        """Names whose load failed on some rank after another loaded it (SGLang 0.5.21+: refused
+        until unloaded; injected by the ``local_engine.lora_partial_load`` failpoint)."""
+        self.incomplete_unloads = incomplete_unloads
         self.lock = asyncio.Lock()
 
     @property
@@ -139,7 +144,7 @@ class AdapterStore:
         if not self.enabled:
             return self.output(False, NOT_ENABLED, listed=False)
         async with self.lock:
-            if name in self.pending_unloads:
+            if name in self.pending_unloads or name in self.incomplete:
                 return self.output(False, f"LoRA adapter '{name}' has an incomplete unload. "
                                           "Retry the unload before loading it again.", listed=False)
             try:
@@ -148,6 +153,10 @@ class AdapterStore:
                 adapter = self._build(name, path, pinned, dict(config or {}), tensors)
             except (LoraError, OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
                 return self.output(False, str(exc))
+            if self.incomplete_unloads and failpoints.fires("local_engine.lora_partial_load"):
+                self.incomplete.add(name)  # one rank loaded it, another failed: neither registered nor gone
+                return self.output(False, f"Failed to load LoRA adapter {name} on every rank (injected: "
+                                          "local_engine.lora_partial_load)")
             self.registry[name] = adapter
             self.seen[name] = (path, pinned)
             if self.max_loaded is not None and len(self.registry) > self.max_loaded:
@@ -168,6 +177,9 @@ class AdapterStore:
 
     async def _unload_locked(self, name: str) -> None:
         adapter = self.registry.pop(name, None)
+        if adapter is None and name in self.incomplete:  # the unload SGLang's message asks for
+            self.incomplete.discard(name)
+            return
         if adapter is None:
             raise LoraError(f"LoRA with name {name} does not exist. Loaded LoRAs: {self.registry.keys()}")
         self.pending_unloads.add(name)

@@ -25,6 +25,7 @@ from local_engine.protocol import (
     InitGroupBody,
     PauseBody,
     SessionBody,
+    SlowDownBody,
     UpdateDiskBody,
     UpdateDistributedBody,
     UpdateVersionBody,
@@ -42,15 +43,18 @@ BODIES: dict[str, type[BaseModel]] = {
     "/update_weights_from_distributed": UpdateDistributedBody,
     "/update_weights_from_disk": UpdateDiskBody,
     "/update_weight_version": UpdateVersionBody,
+    "/slow_down": SlowDownBody,
 }
 OPTIONAL_BODY = {"/pause_generation", "/continue_generation", "/abort_request"}
 EXTRA: dict[str, tuple[int, ...]] = {
     "/health": (503,), "/health_generate": (503,), "/generate": (503,),
     "/get_weight_version": (404,), "/weight_version": (404,),  # removed in SGLang: 404 naming /model_info
+    "/get_load": (404,),  # removed in SGLang 0.5.21: 404 when emulating it or later
 }
 SSE_ROUTES = {"/generate"}
 _ERROR = {"content": {"application/json": {"schema": {"type": "object"}}}}
-_DESCRIPTIONS = {400: "invalid or refused request", 401: "missing or wrong API key", 404: "deprecated: use /model_info",
+_DESCRIPTIONS = {400: "invalid or refused request", 401: "missing or wrong API key",
+                 404: "removed in the emulated SGLang release (the weight version: /model_info; loads: /v1/loads)",
                  413: "body too large",
                  500: "internal error (also where SGLang fails an assertion)", 503: "not healthy / not serving"}
 

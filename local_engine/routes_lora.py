@@ -4,17 +4,23 @@
 Bodies are SGLang's ``LoadLoRAAdapterReqInput``, ``LoadLoRAAdapterFromTensorsReqInput`` and
 ``UnloadLoRAAdapterReqInput`` of the emulated release (``tests/contract/test_lora_contract.py``
 checks the fields against every wheel): the tensors come as ``serialized_tensors`` (one
-base64 string) up to 0.5.16 and as ``serialized_named_tensors`` (one base64 string per TP
-rank; rank 0's is read) from 0.5.17; ``expected_checksums`` (0.5.16+) are sha256 of each
-tensor's bytes, checked before anything is loaded (SGLang's "[LORA-CHECK]" message).
+base64 string every rank reads) up to 0.5.16 and as ``serialized_named_tensors`` (one base64
+string per TP rank: rank r reads entry r) from 0.5.17; ``expected_checksums`` (0.5.16+) are
+sha256 of each tensor's bytes, checked by every rank before anything is loaded (SGLang's
+"[LORA-CHECK]" message). Each emulated rank (``--tp-size``) decodes and checks its own entry.
 
 The payload is a pickle of a dict name → CPU tensor, read by a restricted unpickler like
-SGLang's ``SafeUnpickler``: tensors, storages and dtypes only. A plain pickle of CPU tensors
-goes through ``torch.storage._load_from_bytes``, which SGLang maps to a safe loader from
-0.5.21 on and blocks before ("Blocked unsafe global ... during pickle deserialization"): so
-does this engine, by ``--sglang-compat``. Shared-memory handles (same-host ``ForkingPickler``
-payloads) and ``load_format`` ``flattened_bucket`` are refused here. Every answer is
-``LoRAUpdateOutput``, 200 on success and 400 otherwise (:mod:`local_engine.lora`).
+SGLang's ``SafeUnpickler``: tensors, storages and dtypes only. Every release 0.5.15-0.5.23
+admits a plain pickle of CPU tensors (protocol 3 or later; their own unpicklers were run on
+it: tests/contract); protocol 2 and older reach for ``_codecs.encode``, blocked before 0.5.21
+("Blocked unsafe global ... during pickle deserialization"). Shared-memory handles (same-host
+``ForkingPickler`` payloads) and ``load_format`` ``flattened_bucket`` are refused here.
+
+In SGLang, decoding, unpickling, a rank's entry missing from a short list and a checksum
+mismatch all raise in the scheduler, outside the LoRA manager's error handling, and the server
+exits: with ``--sglang-fatal-errors`` local_engine exits too; without, it answers 400 naming the
+problem. Every other answer is ``LoRAUpdateOutput``, 200 on success and 400 otherwise
+(:mod:`local_engine.lora`).
 """
 
 from __future__ import annotations
@@ -75,11 +81,13 @@ class LoadLoraTensorsBody(_Body):
     expected_checksums: dict[str, str] | None = None
 
 
-def _unpickler(data: bytes, plain_tensors: bool) -> pickle.Unpickler:
+def _unpickler(data: bytes, old_protocols: bool) -> pickle.Unpickler:
     class Restricted(pickle.Unpickler):
         def find_class(self, module: str, name: str):
-            if (module, name) == ("torch.storage", "_load_from_bytes") and plain_tensors:
+            if (module, name) == ("torch.storage", "_load_from_bytes"):
                 return _load_storage
+            if (module, name) == ("_codecs", "encode") and old_protocols:
+                return super().find_class(module, name)
             if (module, name) in _SAFE_GLOBALS:
                 return super().find_class(module, name)
             raise RuntimeError(f"Blocked unsafe global ({module}.{name}) during pickle deserialization")
@@ -94,15 +102,16 @@ def _load_storage(data: bytes):
     return storage
 
 
-def decode_tensors(payload: str, plain_tensors: bool) -> dict[str, torch.Tensor]:
-    """One rank's payload as name → tensor; raises ValueError (bad base64, bad pickle, not a
-    dict of tensors) or RuntimeError (a blocked global)."""
+def decode_tensors(payload: str, old_protocols: bool) -> dict[str, torch.Tensor]:
+    """One rank's payload as name → tensor (``old_protocols``: pickle protocol 2 and older
+    admitted, 0.5.21+); raises ValueError (bad base64, bad pickle, not a dict of tensors) or
+    RuntimeError (a blocked global)."""
     try:
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ValueError(f"the serialized tensors are not base64: {exc}") from None
     try:
-        data = _unpickler(raw, plain_tensors).load()
+        data = _unpickler(raw, old_protocols).load()
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError) as exc:
         raise ValueError(f"the serialized tensors are not a pickle of tensors: {exc}") from None
     if isinstance(data, list):
@@ -133,9 +142,18 @@ async def load_lora_adapter_from_tensors(request: Request, engine: EngineDep) ->
     body = await parse_body(request, LoadLoraTensorsBody, limit=MAX_ADAPTER_BODY_BYTES)
     release = parse_version(engine.compat.version)
     named = release >= (0, 5, 17)
-    payload = body.serialized_named_tensors[0] if named and body.serialized_named_tensors else (
-        body.serialized_tensors if not named else None)
-    if payload is None:
+    tp = engine.settings.tp_size
+    if named and body.serialized_named_tensors:
+        payloads = body.serialized_named_tensors
+        if len(payloads) < tp:  # rank len(payloads) raises IndexError, uncaught: SGLang's server exits
+            why = (f"serialized_named_tensors has {len(payloads)} entries for {tp} TP ranks: rank {len(payloads)} "
+                   "raises IndexError (SGLang's server exits on it)")
+            engine.fatal_if_sglang_would_die(why)
+            raise BadRequest(why)
+        payloads = payloads[:tp]
+    elif not named and body.serialized_tensors is not None:
+        payloads = [body.serialized_tensors] * tp
+    else:
         field = "serialized_named_tensors" if named else "serialized_tensors"
         raise BadRequest(f"{field}: Field required (sglang {engine.compat.version} takes the adapter's tensors there)")
     if not engine.lora.enabled:
@@ -143,17 +161,28 @@ async def load_lora_adapter_from_tensors(request: Request, engine: EngineDep) ->
     if body.load_format is not None:
         return _answer(engine.lora.output(False, f"load_format {body.load_format!r} is not supported by local_engine "
                                                  "(send a dict of tensors)"))
-    try:
-        tensors = decode_tensors(payload, plain_tensors=release >= (0, 5, 21))
-    except (ValueError, RuntimeError) as exc:
-        return _answer(engine.lora.output(False, str(exc)))
     expected = body.expected_checksums if release >= (0, 5, 16) else None
-    if expected is not None:
-        mismatch = [n for n, want in expected.items() if n in tensors and sha256_of(tensors[n]) != want]
-        missing = [n for n in expected if n not in tensors]
-        extra = [n for n in tensors if n not in expected]
-        if mismatch or missing or extra:
-            return _answer(engine.lora.output(False, (
-                f"[LORA-CHECK] rank0 adapter sync MISMATCH of {len(expected)} expected: {len(mismatch)} value-diff "
-                f"{mismatch[:5]}, {len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}")))
-    return _answer(await engine.lora.load(body.lora_name, TENSOR_PATH, body.pinned, body.config_dict, tensors))
+    ranks = []
+    for rank, payload in enumerate(payloads):
+        try:
+            tensors = decode_tensors(payload, old_protocols=release >= (0, 5, 21))
+        except (ValueError, RuntimeError) as exc:
+            engine.fatal_if_sglang_would_die(f"rank {rank}: {exc}")
+            return _answer(engine.lora.output(False, str(exc)))
+        problem = _checksum_problem(rank, tensors, expected) if expected is not None else None
+        if problem:
+            engine.fatal_if_sglang_would_die(problem)
+            return _answer(engine.lora.output(False, problem))
+        ranks.append(tensors)
+    # local_engine does not shard: every rank holds the whole adapter; rank 0's copy is served
+    return _answer(await engine.lora.load(body.lora_name, TENSOR_PATH, body.pinned, body.config_dict, ranks[0]))
+
+
+def _checksum_problem(rank: int, tensors: dict[str, torch.Tensor], expected: dict[str, str]) -> str | None:
+    mismatch = [n for n, want in expected.items() if n in tensors and sha256_of(tensors[n]) != want]
+    missing = [n for n in expected if n not in tensors]
+    extra = [n for n in tensors if n not in expected]
+    if not (mismatch or missing or extra):
+        return None
+    return (f"[LORA-CHECK] rank{rank} adapter sync MISMATCH of {len(expected)} expected: {len(mismatch)} value-diff "
+            f"{mismatch[:5]}, {len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}")

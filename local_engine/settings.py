@@ -126,6 +126,13 @@ class EngineSettings(LocalEngineSection):
     """SGLang ``--max-loras-per-batch`` (default 8): reported in /server_info and checked against
     ``max_loaded_loras`` at start as SGLang checks it; local_engine's batches are not limited by it."""
 
+    sglang_fatal_errors: bool = False
+    """Exit, as SGLang's server does, on the inputs that kill SGLang's scheduler (an uncaught
+    exception there takes the whole server down): an input id outside the vocabulary, an
+    adapter payload that does not decode, whose ``expected_checksums`` do not match, or whose
+    ``serialized_named_tensors`` has fewer entries than ``tp_size``. Off: a 400 naming the
+    problem (what tests of the input itself want). The connection is dropped without an answer,
+    and the process exits with status 70."""
     sampling_mask_max_tokens: int = Field(4096, ge=1)
     """Largest sampling support ``return_sampling_mask`` reports; a request whose support is
     larger ends with an abort, 400 (SGLang 0.5.20+ ``--sampling-mask-max-tokens``; no bound

@@ -42,6 +42,7 @@ from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
 from asyncrl.sync_control.adapter_load import adapter_problems, stage_adapter, switch_adapter
 from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
+from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import PausePlan, plan_for, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
@@ -351,9 +352,16 @@ class SyncCoordinator:
                                   on_failure=lambda why: self._failing(rec, why))
                 rec.bytes += spec.nbytes
 
+        left_out: list = []  # members that could not stage the adapter: nothing more is asked of them
+
+        def take_back_left_out() -> None:
+            update.members.extend(left_out)  # their outcome (unchanged) is recorded and they are held out
+            left_out.clear()
+
         async def contain(exc: BaseException) -> None:
             nonlocal contained
             contained = True
+            take_back_left_out()
             self._failing(rec, f"{type(exc).__name__}: {exc}")
             await self._contain_failure(rec, update)
 
@@ -362,13 +370,22 @@ class SyncCoordinator:
                 self._enter(rec, "staging")
                 staged |= await stage_adapter(update, self.adapters[rec.id], run_id=self.settings.run_id, keep=self.version,
                                               transport=s.adapter_transport, timeout_s=s.engine_timeout_s)
+                if not staged:
+                    raise WeightSyncError(f"no engine staged adapter {rec.adapter['name']}: "
+                                          + "; ".join(f"{m.id}: {m.error}" for m in update.members))
+                # one that failed (refused it, or died on it as SGLang's server does on a bad payload) keeps
+                # its previous adapter: pausing it too would fail the sync for everyone when it is gone
+                left_out[:] = [m for m in update.members if m.id not in staged]
+                update.members[:] = [m for m in update.members if m.id in staged]
             self._enter(rec, "pausing")
             await self.rollout.pause(self.pause_mode, s.pause_timeout_s)
             paused_rollout = True
             steps = UpdateSteps(load=load, form=(lambda: self._form_group(rec, update)) if rec.join_group else None,
-                                phase=lambda phase: self._enter(rec, phase), contain=contain)
+                                phase=lambda phase: self._enter(rec, phase), contain=contain,
+                                session=rec.adapter is None)  # an adapter sync opens no weight session (issue 46)
             await run_update(update, self.plan.engine_mode, self.plan.flush_retries, steps,
                              check_weights=s.check_weights and rec.adapter is None)  # an adapter leaves the base as it was
+            take_back_left_out()
             self.version = rec.version
             rec.engines = {m.id: update.outcome(m) for m in update.members}  # "mixed": outvoted by the weights check
             if rec.adapter is None:  # a full push rewrote every parameter (an adapter leaves the base alone)
@@ -377,7 +394,8 @@ class SyncCoordinator:
             if rec.adapter is not None:
                 await self._quarantine_unloaded(rec, update)
         except Exception as exc:  # noqa: BLE001 - every failure ends in the same safe state
-            if not contained:  # the rollout's pause failed: nothing was sent to an engine
+            if not contained:  # the rollout's pause failed (or nothing staged): nothing was sent to an engine
+                take_back_left_out()
                 self._failing(rec, f"{type(exc).__name__}: {exc}")
                 await self._contain_failure(rec, update)
         finally:

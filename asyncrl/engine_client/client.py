@@ -369,12 +369,16 @@ class EngineClient:
 
     async def load_lora_adapter_from_tensors(self, name: str, config: dict[str, Any], payload: str,
                                              checksums: dict[str, str] | None = None, *, named: bool = True,
-                                             timeout_s: float | None = None) -> dict[str, Any]:
+                                             tp_size: int = 1, timeout_s: float | None = None) -> dict[str, Any]:
         """Load an adapter from its tensors (``payload``: base64 of a pickle of name → CPU
         tensor, :func:`asyncrl.weight_sync.adapter.encode_adapter`); ``named``: SGLang 0.5.17+'s
-        ``serialized_named_tensors`` (one entry, TP 1), else 0.5.15/0.5.16's ``serialized_tensors``."""
+        ``serialized_named_tensors``, one copy per TP rank (``tp_size``, from ``/server_info``:
+        rank r reads entry r, and a shorter list makes rank 1 raise and the server exit), else
+        0.5.15/0.5.16's ``serialized_tensors`` (one string every rank reads)."""
+        if tp_size < 1:
+            raise ValueError(f"tp_size must be at least 1, got {tp_size}")
         body: dict[str, Any] = {"lora_name": name, "config_dict": config}
-        body |= {"serialized_named_tensors": [payload]} if named else {"serialized_tensors": payload}
+        body |= {"serialized_named_tensors": [payload] * tp_size} if named else {"serialized_tensors": payload}
         if checksums is not None:
             body["expected_checksums"] = checksums
         return self._checked(await self._call("POST", "/load_lora_adapter_from_tensors", body, admin=True, timeout_s=timeout_s),

@@ -7,16 +7,20 @@ weights (:func:`asyncrl.sync_control.sequence.run_update`).
 keep asking for the current one until the rollout resumes), per member, concurrently, each
 call bounded by ``timeout_s``:
 
-1. read its ``/server_info``: LoRA must be on (``enable_lora``), and its release says how the
-   adapter can reach it (``transport``: ``tensors`` through ``/load_lora_adapter_from_tensors``
-   where it takes a plain pickle of CPU tensors — SGLang 0.5.21+, local_engine — else ``path``
-   through ``/load_lora_adapter``; ``auto`` picks, ``tensors``/``path`` force);
+1. read its ``/server_info``: LoRA must be on (``enable_lora``); ``transport`` says how the
+   adapter reaches it: ``tensors`` through ``/load_lora_adapter_from_tensors`` (every release
+   0.5.15-0.5.23 admits a plain pickle of CPU tensors: each release's own unpickler was run on
+   the payload; ``serialized_named_tensors``, one copy per TP rank as each rank reads entry
+   ``tp_rank``, from 0.5.17; one ``serialized_tensors`` string before), or ``path`` through
+   ``/load_lora_adapter`` (``sync.adapter_dir``); ``auto`` takes tensors when the sync has them;
 2. unload this run's adapters older than ``keep`` (the version the rollout serves until this
    sync ends: unloading it would leave a failed sync nothing to resume on). Since the last
    sync's pause aborted (or drained) every request, none uses them; SGLang's unload also waits
    for any that does;
 3. load the new adapter under its name (a name already loaded — a retried version — is
-   unloaded first), with ``expected_checksums`` where the release checks them.
+   unloaded first), with ``expected_checksums`` where the release checks them. A load refused
+   because an earlier, partly failed load of that name left "an incomplete unload" (0.5.21+) is
+   retried once after unloading the name.
 
 :func:`switch_adapter` is the sequence's load step, inside the pause: ``/update_weight_version``
 on every member that staged the adapter (the engines' spans and ``/model_info`` say the new
@@ -37,6 +41,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from asyncrl.engine_client import EngineHTTPError
 from asyncrl.lora_targets import serving_problem
 from asyncrl.sync_control.engine_update import EngineUpdate, Member
 from asyncrl.sync_control.errors import WeightSyncError
@@ -44,11 +49,12 @@ from asyncrl.sync_control.layout import parse_version
 from asyncrl.wire.sync import AdapterSpec
 
 Transport = Literal["auto", "tensors", "path"]
-TENSORS_FROM = (0, 5, 21)
-"""First SGLang release whose ``SafeUnpickler`` admits a plain pickle of CPU tensors."""
 NAMED_FROM = (0, 5, 17)
 """First release with ``serialized_named_tensors`` (before: ``serialized_tensors``)."""
 CHECKSUMS_FROM = (0, 5, 16)
+INCOMPLETE_UNLOAD = "has an incomplete unload"
+"""SGLang 0.5.21+'s refusal of a name whose earlier load failed on some rank (the message says
+to retry the unload first)."""
 
 
 def run_adapters(names, run_id: str) -> dict[str, int]:
@@ -63,14 +69,10 @@ def pick_transport(info: dict, transport: Transport, spec: AdapterSpec) -> str:
     if not info.get("enable_lora"):
         raise WeightSyncError("serves no LoRA adapters: start it with --enable-lora, --max-lora-rank and "
                               "--lora-target-modules, or set sync.lora_weights=merged")
-    release = parse_version(str(info.get("version", "")))
-    takes_tensors = release is None or release >= TENSORS_FROM or info.get("engine") == "local_engine"
-    if release is not None and release < NAMED_FROM:
-        takes_tensors = False  # serialized_tensors only: not implemented here
-    choice = transport if transport != "auto" else ("tensors" if takes_tensors and spec.tensors else "path")
-    if choice == "tensors" and not (takes_tensors and spec.tensors):
-        raise WeightSyncError(f"sglang {info.get('version')} cannot take an adapter's tensors over HTTP "
-                              f"(from {'.'.join(map(str, TENSORS_FROM))}): set sync.adapter_transport=path")
+    choice = transport if transport != "auto" else ("tensors" if spec.tensors else "path")
+    if choice == "tensors" and not spec.tensors:
+        raise WeightSyncError("this sync carries no adapter tensors (sync.adapter_transport=path on the trainer): "
+                              "set sync.adapter_transport=auto or tensors")
     if choice == "path" and spec.path is None:
         raise WeightSyncError(f"sglang {info.get('version')} loads adapters from a path only, and this sync has "
                               "none: set sync.adapter_dir to storage the engines can read")
@@ -110,11 +112,24 @@ async def stage_adapter(update: EngineUpdate, spec: AdapterSpec, *, run_id: str,
         for name in stale:
             await c.unload_lora_adapter(name, timeout_s=timeout_s)
         release = parse_version(str(info.get("version", "")))
-        if how == "tensors":
-            sums = spec.checksums if release is None or release >= CHECKSUMS_FROM else None
-            await c.load_lora_adapter_from_tensors(spec.name, spec.config, spec.tensors, sums, timeout_s=timeout_s)
-        else:
-            await c.load_lora_adapter(spec.name, spec.path, timeout_s=timeout_s)
+        tp = info.get("tp_size") if isinstance(info.get("tp_size"), int) and info["tp_size"] >= 1 else 1
+
+        async def load() -> None:
+            if how == "tensors":
+                sums = spec.checksums if release is None or release >= CHECKSUMS_FROM else None
+                named = release is None or release >= NAMED_FROM
+                await c.load_lora_adapter_from_tensors(spec.name, spec.config, spec.tensors, sums, named=named, tp_size=tp,
+                                                       timeout_s=timeout_s)
+            else:
+                await c.load_lora_adapter(spec.name, spec.path, timeout_s=timeout_s)
+
+        try:
+            await load()
+        except EngineHTTPError as exc:
+            if INCOMPLETE_UNLOAD not in str(exc):
+                raise
+            await c.unload_lora_adapter(spec.name, timeout_s=timeout_s)  # as SGLang's message asks, then once more
+            await load()
 
     results = await update.each(one, 4 * timeout_s)
     for m in update.members:

@@ -83,6 +83,8 @@ class Member:
     rank_offset: int = 1
     ranks: int = 1
     """Ranks it takes in the group (its TP size, from read_layouts)."""
+    release: str | None = None
+    """Its SGLang release (``/server_info``'s ``version``), once read (read_layouts, check_weights)."""
     sent: int = 0
     confirmed: int = 0
     paused: bool = False
@@ -169,7 +171,7 @@ class EngineUpdate:
         layouts = [EngineLayout.from_server_info(m.id, info) for m, info in zip(self.members, infos)]
         offsets, world = assign_ranks(layouts)
         for m, offset, layout in zip(self.members, offsets, layouts):
-            m.rank_offset, m.ranks = offset, layout.ranks
+            m.rank_offset, m.ranks, m.release = offset, layout.ranks, layout.version
         return layouts, world
 
     async def join(self, master_address: str, master_port: int, world_size: int, *, backend: str, timeout_s: float,
@@ -332,13 +334,18 @@ class EngineUpdate:
         checks: dict[str, WeightsCheck | None] = {}
 
         async def one(m: Member) -> None:
+            if m.release is None:  # an adapter sync reads no layouts
+                m.release = str((await m.client.server_info(timeout_s=self.control_timeout_s)).get("version"))
             checks[m.id] = await m.client.check_weights(timeout_s=self.control_timeout_s)
 
-        failed = await self.each(one, self.control_timeout_s + REPLY_SLACK_S, members)
+        failed = await self.each(one, 2 * self.control_timeout_s + REPLY_SLACK_S, members)
         if _errors(failed):
             log.warning("weights check failed (those engines are not compared): %s", _errors(failed))
         answered = {eid: c for eid, c in checks.items() if c is not None}
-        verdict = disagreeing(answered)
+        verdict = disagreeing(answered, {m.id: m.release for m in members})
+        if verdict.not_judged:
+            log.info("weights check: not judged (nothing to compare with): %s",
+                     "; ".join(f"{e}: {w}" for e, w in sorted(verdict.not_judged.items())))
         bad = verdict.all
         for m in members:
             if m.id in bad:

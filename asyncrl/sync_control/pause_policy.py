@@ -13,9 +13,9 @@ abort      ``partial``: abort this  ``abort``               flush the prefix cac
            their tokens and resend                          (re-prefilled with the new weights)
            after the sync
 retract    ``hold``: stop admitting ``retract``: requests   flush once (SGLang 0.5.21+ flushes a
-           new work, keep the calls stay queued, KV freed   paused engine with a queue; older
-           that are in flight                               refuse: left unflushed, logged); the
-                                                            engine re-prefills the requests
+           new work, keep the calls stay queued, KV freed   paused engine with a queue); the
+           that are in flight                               engine re-prefills the requests
+                                                            (refused before 0.5.21: below)
 in_place   ``hold``                 ``in_place``: requests  no flush (SGLang refuses one while
                                     and KV kept             requests run): generation goes on
                                                             over KV computed with the old weights
@@ -68,13 +68,20 @@ def plan_for(sync, async_training) -> PausePlan:
 SPANS_FROM = (0, 5, 19)
 """First sglang release whose finished outputs carry ``meta_info.weight_versions`` spans (read
 from the wheels: ``compute_weight_version_spans`` in the scheduler's output path)."""
+RETRACT_FLUSH_FROM = (0, 5, 21)
+"""First sglang release whose cache flush ignores the queue of a paused engine: before it the
+flush after a ``retract`` pause is refused while the retracted requests wait, so they re-prefill
+over prompt KV the old weights computed, and their log-probs are not the new policy's (nor is a
+flush with the update safe: 0.5.19-0.5.20 assert on it and the server exits)."""
 
 
 def policy_problems(plan: PausePlan, layouts) -> list[str]:
     """Why ``plan`` cannot run on these engines (``EngineLayout`` s): ``retract`` and
     ``in_place`` keep requests across a sync, so their tokens carry two versions, which only
     the engines' ``weight_versions`` spans tell apart; before :data:`SPANS_FROM` the client
-    would label old-weight tokens with the new version. Engines of an unknown release pass."""
+    would label old-weight tokens with the new version. ``retract`` also needs the flush of
+    :data:`RETRACT_FLUSH_FROM` (issue 46 item 11: 0.5.19-0.5.20 would record tokens whose
+    log-probs mix old prompt KV with new weights as exact). Engines of an unknown release pass."""
     if plan.engine_mode not in ("retract", "in_place"):
         return []
     from asyncrl.sync_control.layout import parse_version
@@ -87,4 +94,9 @@ def policy_problems(plan: PausePlan, layouts) -> list[str]:
                        f"(from {'.'.join(map(str, SPANS_FROM))}): sync.pause_policy={plan.policy} would label its "
                        f"old-weight tokens with the new version; use pause_policy=abort or sglang >= "
                        f"{'.'.join(map(str, SPANS_FROM))}")
+        elif v is not None and plan.engine_mode == "retract" and v < RETRACT_FLUSH_FROM:
+            out.append(f"engine {layout.engine} runs sglang {layout.version}, which cannot flush the prompt cache of the "
+                       f"requests a retract pause queued (from {'.'.join(map(str, RETRACT_FLUSH_FROM))}): they would "
+                       f"resume over prompt KV of the old weights with log-probs recorded as exact; use "
+                       f"pause_policy=abort or in_place, or sglang >= {'.'.join(map(str, RETRACT_FLUSH_FROM))}")
     return out

@@ -8,6 +8,11 @@
 - ``intercept``: an optional ``(method, path, body) -> (status, json) | None``; a non-None
   answer is returned instead of forwarding (fault injection: an engine refusing a call the
   way SGLang refuses it, while the engine itself stays as it was);
+- ``rewrite``: an optional ``(method, path, body) -> body | None``; a non-None body (parsed
+  JSON) is forwarded instead of the client's (fault injection: a corrupted payload reaching
+  the engine); what is recorded is what the client sent;
+- an engine that drops the connection (it died): the proxy drops its client's too, without an
+  answer, as the engine did;
 - ``hold``: an optional ``asyncio.Event``; while it is set on the proxy and not yet set
   itself, every /generate (or those whose body ``hold_if`` accepts) waits for it before being
   forwarded, ``held`` counting them: the callers stay mid-generation for as long as a test
@@ -32,6 +37,7 @@ class RecordingProxy:
         self.exchanges: list[tuple[dict, dict]] = []
         self.requests: list[tuple[str, str, dict[str, str], object]] = []
         self.intercept = None
+        self.rewrite = None
         self.hold: asyncio.Event | None = None
         self.hold_if: Callable[[dict], bool] | None = None
         self.held = 0
@@ -64,18 +70,30 @@ class RecordingProxy:
             if request.transport is None or request.transport.is_closing():
                 return web.Response(status=499)  # the client is gone: nothing to forward
         assert self._session is not None
-        async with self._session.request(request.method, self.target + request.path_qs, data=body,
-                                         headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}) as resp:
-            payload = await resp.read()
-            if request.path == "/generate" and resp.status == 200:
-                req = json.loads(body)
-                if req.get("stream"):  # SSE: record the last cumulative chunk (the whole answer)
-                    chunks = [line[5:].strip() for line in payload.split(b"\n") if line.startswith(b"data:")]
-                    final = json.loads(next(c for c in reversed(chunks) if c != b"[DONE]"))
-                else:
-                    final = json.loads(payload)
-                self.exchanges.append((req, final))
-            return web.Response(body=payload, status=resp.status, content_type=resp.content_type)
+        sent = body
+        if self.rewrite is not None:
+            changed = self.rewrite(request.method, request.path, parsed)
+            if changed is not None:
+                sent = json.dumps(changed).encode()
+        try:
+            async with self._session.request(request.method, self.target + request.path_qs, data=sent,
+                                             headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization")}) as resp:
+                payload = await resp.read()
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                raise  # nothing listens there: answered 500 as before
+            if request.transport is not None:
+                request.transport.close()  # as the engine did: no answer
+            raise
+        if request.path == "/generate" and resp.status == 200:
+            req = json.loads(body)
+            if req.get("stream"):  # SSE: record the last cumulative chunk (the whole answer)
+                chunks = [line[5:].strip() for line in payload.split(b"\n") if line.startswith(b"data:")]
+                final = json.loads(next(c for c in reversed(chunks) if c != b"[DONE]"))
+            else:
+                final = json.loads(payload)
+            self.exchanges.append((req, final))
+        return web.Response(body=payload, status=resp.status, content_type=resp.content_type)
 
     async def start(self) -> "RecordingProxy":
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))

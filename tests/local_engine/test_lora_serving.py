@@ -94,16 +94,19 @@ def test_each_row_runs_its_own_adapter_as_peft_computes_it(ref_model, adapters):
 
 def test_the_tensor_payload_is_read_only_as_tensors():
     tensors = {"x": torch.arange(4, dtype=torch.float32)}
-    assert torch.equal(decode_tensors(encode_adapter(tensors), plain_tensors=True)["x"], tensors["x"])
-    with pytest.raises(RuntimeError, match=r"Blocked unsafe global \(torch.storage._load_from_bytes\)"):
-        decode_tensors(encode_adapter(tensors), plain_tensors=False)  # SGLang before 0.5.21
+    for old in (False, True):  # a plain pickle: every release 0.5.15-0.5.23 admits it (issue 46 item 4)
+        assert torch.equal(decode_tensors(encode_adapter(tensors), old_protocols=old)["x"], tensors["x"])
+    protocol2 = base64.b64encode(pickle.dumps(tensors, protocol=2)).decode()
+    with pytest.raises(RuntimeError, match=r"Blocked unsafe global \(_codecs.encode\)"):
+        decode_tensors(protocol2, old_protocols=False)  # SGLang before 0.5.21
+    assert torch.equal(decode_tensors(protocol2, old_protocols=True)["x"], tensors["x"])
 
     class Evil:
         def __reduce__(self):
             return (print, ("owned",))
 
     with pytest.raises(RuntimeError, match=r"Blocked unsafe global \(builtins.print\)"):
-        decode_tensors(base64.b64encode(pickle.dumps({"x": Evil()})).decode(), plain_tensors=True)
+        decode_tensors(base64.b64encode(pickle.dumps({"x": Evil()})).decode(), old_protocols=True)
 
 
 def test_lora_settings_are_checked_as_sglang_checks_them():

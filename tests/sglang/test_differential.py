@@ -25,19 +25,22 @@ KNOWN = {
     # 0.5.23 adds an ``embedding`` block (its embedding-serving plan) to /model_info for some architectures
     "model_info": "embedding plan",
 }
+KNOWN_BY_RELEASE: dict[str, dict[str, str]] = {"0.5.18": {}}
 
 
-@pytest.mark.sglang_slice
-def test_local_engine_answers_as_real_sglang(tmp_path, sglang_python):
-    with start_engine(tmp_path, "--sglang-compat", "0.5.23", "--max-model-len", "1024", model=str(DEMO_MODEL),
-                      api_key=API_KEY, admin_api_key=ADMIN_KEY, name="local-0.5.23") as local, \
-            start_sglang(tmp_path, DEMO_MODEL, api_key=API_KEY, admin_api_key=ADMIN_KEY, name="sglang-0.5.23") as real:
+@pytest.mark.parametrize("release", [pytest.param("0.5.23", marks=pytest.mark.sglang_slice), "0.5.18"])
+def test_local_engine_answers_as_real_sglang(tmp_path, release):
+    known = KNOWN | KNOWN_BY_RELEASE.get(release, {})
+    with start_engine(tmp_path, "--sglang-compat", release, "--max-model-len", "1024", model=str(DEMO_MODEL),
+                      api_key=API_KEY, admin_api_key=ADMIN_KEY, name=f"local-{release}") as local, \
+            start_sglang(tmp_path, DEMO_MODEL, release=release, api_key=API_KEY, admin_api_key=ADMIN_KEY,
+                         name=f"sglang-{release}") as real:
         ours = observe(local.url, API_KEY, ADMIN_KEY, CASES + FATAL)
         theirs = observe(real.url, API_KEY, ADMIN_KEY, CASES + FATAL)
     differ = {a.name: (a.line(), b.line()) for a, b in zip(ours, theirs, strict=True) if a != b}
-    unexplained = {k: v for k, v in differ.items() if k not in KNOWN}
-    assert not unexplained, "local_engine answers differently from SGLang 0.5.23:\n" + "\n".join(
+    unexplained = {k: v for k, v in differ.items() if k not in known}
+    assert not unexplained, f"local_engine answers differently from SGLang {release}:\n" + "\n".join(
         f"{k}\n  local_engine: {a}\n  sglang:       {b}" for k, (a, b) in unexplained.items())
-    assert set(differ) == set(KNOWN), f"listed differences that are gone: {sorted(set(KNOWN) - set(differ))}"
+    assert set(differ) == set(known), f"listed differences that are gone: {sorted(set(known) - set(differ))}"
     fatal = theirs[-1]
     assert fatal.status == 0, "SGLang answered the input id outside the vocabulary instead of dying: update KNOWN and the docs"

@@ -9,8 +9,9 @@ printed as it starts:
 2. install those requirements (markers evaluated for this machine) minus :data:`CUDA_ONLY`
    (kernel packages that hold only CUDA binaries; nothing here calls them) and minus
    :data:`MEDIA_ONLY`, plus :data:`UNDECLARED` (imported at start-up but not declared), with
-   the release's own ``torch==`` pin (the CPU build on this machine's disk where it has one:
-   ``TORCH_LOCAL``) and the matching torchvision;
+   the release's own ``torch==`` pin (the registry's build exactly, never a local ``+cpu`` one:
+   torchvision's compiled ops load only against the build they were made for) and the matching
+   torchvision;
 3. ``pip install --no-deps sglang==<release>``, then ``COMPLETE``.
 
 A concurrent caller waits on a file lock (``asyncrl.models.cache.build_once``). A failed build
@@ -42,14 +43,12 @@ DEFAULT_RELEASE = "0.5.23"
 # only) or GPU-only helpers: never imported on the CPU path with the stand-ins in place.
 CUDA_ONLY = re.compile(r"^(sglang-kernel|sgl-kernel|sgl-deep-ep|sgl-deep-gemm|sgl-flash-mla|flashinfer[-_a-z]*|"
                        r"flash-attn[-_0-9a-z]*|humming-kernels|nvidia-[-_a-z]*|nvshmem4py[-_a-z0-9]*|cuda-python|"
-                       r"quack-kernels|tilelang|apache-tvm-ffi|torch[-_]memory[-_]saver|kernels|deepseek-recipe)$", re.I)
+                       r"quack-kernels|tilelang|apache-tvm-ffi|torch[-_]memory[-_]saver|kernels|deepseek-recipe|cuda-tile|"
+                       r"tokenspeed[-_]mla)$", re.I)
 # Audio/video decoding for multimodal models (pinned to other torch builds): not used by text models.
 MEDIA_ONLY = re.compile(r"^(torchaudio|torchcodec|av|decord2?)$", re.I)
 # Imported at start-up by some releases without being declared.
 UNDECLARED = ("IPython", "dill", "datasets", "timm", "soundfile")
-# torch builds this machine kind has on disk without CUDA libraries (pip's find-links): the
-# smaller choice where a release pins exactly that version.
-TORCH_LOCAL = {"2.13.0": "2.13.0+cpu"}
 PIP_TIMEOUT_S = 1800
 
 
@@ -84,6 +83,9 @@ def _pip(python: Path | str, *args: str, step: str) -> str:
         culprit = next((m.group(1) for ln in lines for m in [re.search(
             r"(?:No matching distribution found for|Could not find a version that satisfies the requirement|"
             r"Failed to build|ERROR: Cannot install) ([^\s(]+)", ln)] if m), None)
+        if culprit is None:  # a package whose build failed: the last one pip was collecting
+            collecting = re.findall(r"^Collecting (\S+)", out.stdout, re.M)
+            culprit = collecting[-1] if collecting else None
         tail = "\n".join(lines[-15:])
         raise SGLangVenvError(f"{step} failed{f' at package {culprit}' if culprit else ''} (pip exit {out.returncode}):\n{tail}")
     return out.stdout
@@ -91,7 +93,7 @@ def _pip(python: Path | str, *args: str, step: str) -> str:
 
 def requirements(wheel: Path) -> list[str]:
     """The wheel's runtime requirements that apply here, minus CUDA_ONLY and MEDIA_ONLY, plus
-    UNDECLARED; torch pinned as the wheel pins it (a CPU build where TORCH_LOCAL has one)."""
+    UNDECLARED; torch pinned exactly as the wheel pins it."""
     with zipfile.ZipFile(wheel) as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         lines = zf.read(meta).decode().splitlines()
@@ -106,7 +108,9 @@ def requirements(wheel: Path) -> list[str]:
             continue
         if req.name.lower() == "torch":
             pinned = str(req.specifier).removeprefix("==")
-            reqs.append(f"torch=={TORCH_LOCAL.get(pinned, pinned)}")
+            # ``===``: exactly the registry's build of the pin, never a local ``+cpu`` build from
+            # pip's find-links: torchvision's compiled ops load only against the build it was made for
+            reqs.append(f"torch==={pinned}")
             major, minor = pinned.split(".")[:2]
             reqs.append(f"torchvision==0.{int(minor) + 15}.*" if major == "2" else "torchvision")
         else:
@@ -134,7 +138,7 @@ def _build(release: str, out: Path, progress) -> None:
         python = out / "bin" / "python"
         progress(f"sglang-cpu {release}: [3/4] installing {len(reqs)} requirements "
                  f"({next(r for r in reqs if r.startswith('torch=='))}; CUDA-only kernels left out)")
-        _pip(python, "install", "--quiet", "-r", str(Path(tmp) / "requirements.txt"),
+        _pip(python, "install", "--progress-bar", "off", "-r", str(Path(tmp) / "requirements.txt"),
              step=f"installing sglang {release}'s requirements")
         progress(f"sglang-cpu {release}: [4/4] installing sglang {release} itself")
         _pip(python, "install", "--quiet", "--no-deps", str(wheel), step=f"installing sglang=={release}")

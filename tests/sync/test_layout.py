@@ -63,9 +63,14 @@ def test_retract_and_in_place_are_refused_on_releases_without_spans():
     pause_policy) and the direct publisher fails the sync, naming engine and release."""
     from asyncrl.sync_control.pause_policy import pause_plan, policy_problems
 
-    old, new, unknown = (EngineLayout(engine=e, version=v) for e, v in (("old", "0.5.18"), ("new", "0.5.19"), ("x", None)))
+    old, new, unknown = (EngineLayout(engine=e, version=v) for e, v in (("old", "0.5.18"), ("new", "0.5.21"), ("x", None)))
     for policy in ("retract", "in_place"):
         problems = policy_problems(pause_plan(policy, True), [old, new, unknown])
         assert len(problems) == 1 and "engine old runs sglang 0.5.18" in problems[0] and f"pause_policy={policy}" in problems[0]
     assert policy_problems(pause_plan("abort", True), [old]) == []
+    # issue 46 item 11: retract also needs 0.5.21's flush of a paused engine's queue; in_place does not
+    mid = [EngineLayout(engine=f"e{v}", version=v) for v in ("0.5.19", "0.5.20")]
+    problems = policy_problems(pause_plan("retract", True), [*mid, new])
+    assert len(problems) == 2 and all("cannot flush the prompt cache" in p and "pause_policy=abort" in p for p in problems)
+    assert policy_problems(pause_plan("in_place", True), mid) == []
     assert policy_problems(pause_plan("retract", False), [old]) == [], "no partial rollout: the sync drains, nothing is kept"

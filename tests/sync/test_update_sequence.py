@@ -51,6 +51,17 @@ async def test_the_steps_run_in_one_order():
     assert ("form",) not in calls and calls[-2:] == [("flush", 1), ("release",)]
 
 
+async def test_an_adapter_sync_opens_no_weight_session():
+    """Issue 46 item 8: an adapter's load step only sets the version; ``end_weight_update``
+    (0.5.21+) would re-process every base weight inside the pause for nothing."""
+    calls: list = []
+    adapter = steps(calls, form=False)
+    adapter.session = False
+    await run_update(Recorder(calls), "abort", 30, adapter)
+    assert calls == [("pause", "abort"), ("phase", "awaiting_broadcast"), ("phase", "loading"), ("load",),
+                     ("phase", "resuming"), ("flush", 30), ("release",)]
+
+
 @pytest.mark.parametrize("fail_at", ["pause", "begin", "end", "flush"])
 async def test_a_failing_engine_step_is_contained_before_the_release(fail_at):
     calls: list = []

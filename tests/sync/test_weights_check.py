@@ -32,8 +32,23 @@ def test_the_majority_of_a_layout_is_right_and_a_tie_convicts_everyone():
     v = disagreeing({"e1": a, "e2": b})  # nothing says which is right
     assert sorted(v.undecided) == ["e1", "e2"] and v.minority == {}
     assert sorted(disagreeing({"e1": a, "e2": a, "e3": b, "e4": b, "e5": c}).undecided) == ["e1", "e2", "e3", "e4", "e5"]
-    assert disagreeing({"e1": a, "e2": a, "tp2": WeightsCheck("d" * 64, 2)}).all == {}  # alone in its layout
+    v = disagreeing({"e1": a, "e2": a, "tp2": WeightsCheck("d" * 64, 2)})  # alone in its layout
+    assert v.all == {} and list(v.not_judged) == ["tp2"]
     assert disagreeing({"e1": a}).all == {}
+
+
+def test_engines_of_different_releases_are_never_compared():
+    """Issue 46 item 2: the releases hash different sets of tensors, so identical weights on
+    0.5.20 and 0.5.21 need not give one checksum. Two engines, one per release: neither is
+    judged (before: every sync failed, undecided); three: the odd release is not quarantined
+    (before: outvoted, mixed) while a real minority within a release still is."""
+    a, b, c = WeightsCheck("a" * 64, 1), WeightsCheck("b" * 64, 1), WeightsCheck("c" * 64, 1)
+    v = disagreeing({"old": a, "new": b}, {"old": "0.5.20", "new": "0.5.21"})
+    assert v.all == {} and sorted(v.not_judged) == ["new", "old"]
+    v = disagreeing({"n1": b, "n2": b, "old": a}, {"n1": "0.5.21", "n2": "0.5.21", "old": "0.5.20"})
+    assert v.all == {} and list(v.not_judged) == ["old"]
+    v = disagreeing({"n1": b, "n2": b, "n3": c, "old": a}, {"n1": "0.5.21", "n2": "0.5.21", "n3": "0.5.21", "old": "0.5.20"})
+    assert list(v.minority) == ["n3"] and "sglang 0.5.21" in v.minority["n3"]
 
 
 @pytest.fixture(scope="module")
