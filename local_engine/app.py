@@ -49,6 +49,7 @@ def create_app(settings: EngineSettings, engine: Engine | None = None) -> FastAP
         app.include_router(routes_admin.session_router)
     app.include_router(routes_info.router)
     if settings.api_key or settings.admin_api_key:
-        app.add_middleware(BearerAuth, api_key=settings.api_key, admin_api_key=settings.admin_api_key)
+        app.add_middleware(BearerAuth, api_key=settings.api_key, admin_api_key=settings.admin_api_key,
+                           sessions=settings.compat.sessions)
     install_openapi(app, authenticated=bool(settings.api_key or settings.admin_api_key))
     return app

@@ -33,11 +33,17 @@ def _matches(header: str | None, key: str) -> bool:
     return hmac.compare_digest(parts[1].encode(), key.encode())
 
 
-def required_key(path: str, api_key: str | None, admin_api_key: str | None) -> str | None:
-    """The key a request to ``path`` must present, or None when it is open."""
+SESSION_PATHS = frozenset({"/begin_weight_update", "/end_weight_update"})
+"""Admin routes from 0.5.21 only: before, they do not exist, and an unknown route is a normal one
+(the API key opens it, then 404)."""
+
+
+def required_key(path: str, api_key: str | None, admin_api_key: str | None, sessions: bool = True) -> str | None:
+    """The key a request to ``path`` must present, or None when it is open (``sessions``: the
+    emulated release has the weight-update session routes, 0.5.21+)."""
     if path.startswith(OPEN_PREFIXES):
         return None
-    if path in ADMIN_PATHS:
+    if path in ADMIN_PATHS and (sessions or path not in SESSION_PATHS):
         return admin_api_key or api_key
     return api_key
 
@@ -45,15 +51,16 @@ def required_key(path: str, api_key: str | None, admin_api_key: str | None) -> s
 class BearerAuth:
     """ASGI middleware enforcing :func:`required_key`."""
 
-    def __init__(self, app, api_key: str | None, admin_api_key: str | None):
+    def __init__(self, app, api_key: str | None, admin_api_key: str | None, sessions: bool = True):
         self.app = app
         self.api_key = api_key
         self.admin_api_key = admin_api_key
+        self.sessions = sessions
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
-        key = required_key(scope["path"], self.api_key, self.admin_api_key)
+        key = required_key(scope["path"], self.api_key, self.admin_api_key, self.sessions)
         if key is not None:
             header = None
             for name, value in scope.get("headers", []):

@@ -27,7 +27,9 @@ release that behaves the new way:
   anything else: an unknown key or a wrong type answers ``400 {"error": "<message>"}``.
 - ``model_info_serving`` (0.5.21): ``/model_info`` also names ``served_model_name``,
   ``load_format``, ``reasoning_parser``, ``tool_call_parser`` and ``disaggregation_mode``.
-- ``get_load_alias`` (up to 0.5.20): ``/get_load`` answers as ``/v1/loads``; 0.5.21 removed it (404).
+- ``legacy_routes`` (up to 0.5.20): ``/get_load`` (a list of per-DP-rank loads) and
+  ``/get_weight_version`` (404 in the validation shape: "deprecated, use /model_info"); 0.5.21
+  removed both (FastAPI's 404). ``/server_info``'s ``sampling_mask_max_tokens`` from 0.5.20.
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ class SglangCompat:
     """0.5.22+: ``sampling_params`` decode errors answer ``{"error": "<message>"}``."""
     model_info_serving: bool = True
     """0.5.21+: ``/model_info``'s serving fields (module docstring)."""
-    get_load_alias: bool = False
-    """Up to 0.5.20: ``/get_load`` exists."""
+    legacy_routes: bool = False
+    """Up to 0.5.20: ``/get_load`` and ``/get_weight_version`` exist (module docstring)."""
 
     @classmethod
     def of(cls, version: str) -> SglangCompat:
@@ -80,4 +82,4 @@ class SglangCompat:
                    flush_ignores_queue_when_paused=v >= (0, 5, 21), abort_once=v >= (0, 5, 20),
                    weight_version_spans=v >= (0, 5, 19), sampling_mask=v >= (0, 5, 16),
                    sampling_mask_cap=v >= (0, 5, 20), sampling_logprobs_mode=v >= (0, 5, 21),
-                   contract_gate=v >= (0, 5, 22), model_info_serving=v >= (0, 5, 21), get_load_alias=v <= (0, 5, 20))
+                   contract_gate=v >= (0, 5, 22), model_info_serving=v >= (0, 5, 21), legacy_routes=v <= (0, 5, 20))

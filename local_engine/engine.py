@@ -44,8 +44,8 @@ from pydantic import ValidationError
 from asyncrl.lora_targets import normalized_targets
 from local_engine.errors import (
     RANGE_ERRORS,
-    BadRequest,
     ContractError,
+    InternalError,
     Refused,
     validation_message,
 )
@@ -219,7 +219,8 @@ class Engine:
         decode (0.5.22+: the contract gate's string error), a value out of range its
         ``SamplingParams.verify`` (a ValueError: ``{"error": {"message": ..}}``)."""
         unknown = sorted(k for k in raw if k not in SamplingParams.model_fields)
-        decode_error = ContractError if self.compat.contract_gate else BadRequest
+        # before 0.5.22 ``SamplingParams(**params)`` raises a TypeError nothing catches: a 500
+        decode_error = ContractError if self.compat.contract_gate else InternalError
         if unknown:
             raise decode_error(f"unknown field `{unknown[0]}`, expected one of "
                                + ", ".join(f"`{k}`" for k in SamplingParams.model_fields))
@@ -442,6 +443,9 @@ class Engine:
                 if self.compat.sessions and not self.session_open:
                     raise WeightUpdateError("update_weights_from_distributed must run between begin_weight_update() "
                                             "and end_weight_update()")
+                if not self.compat.sessions and body.group_name not in self.weights.groups:
+                    # before 0.5.21 the scheduler looks the group up unchecked: a KeyError ends the server
+                    self.fatal_if_sglang_would_die(f"update_weights_from_distributed: no weight-update group {body.group_name!r}")
                 ranks = self.weights.plan_receive(body, check_alignment=self.compat.align_before_broadcast)
                 tensors = await self.weights.receive(ranks, body)
                 # off the loop: a big bucket's finiteness check would keep /model_info (the sync

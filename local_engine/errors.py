@@ -5,7 +5,8 @@ Shapes, as the contract lists them:
 - schema / JSON errors: ``400 {"object":"error","message":..,"type":"Bad Request","param":null,"code":400}``
 - a request the engine refuses for its content (SGLang raises ValueError): ``400 {"error":{"message":..}}``
 - ``sampling_params`` that do not decode (an unknown key, a wrong type) on 0.5.22+, whose
-  contract gate answers with a string: ``400 {"error": ".."}`` (:class:`ContractError`)
+  contract gate answers with a string: ``400 {"error": ".."}`` (:class:`ContractError`); before,
+  the TypeError escapes the route: ``500 Internal Server Error`` in plain text (:class:`InternalError`)
 - an unknown route or method: FastAPI's ``{"detail": "Not Found"}`` (404, 405), as SGLang
 - local_engine's own limits (413 body too large) and 500: ``{"object":"error","message":..,"type":"<status>","code":<status>}``
 
@@ -108,6 +109,11 @@ class ContractError(Exception):
         self.message = message
 
 
+class InternalError(Exception):
+    """What SGLang answers when an exception escapes its route (before 0.5.22, ``sampling_params``
+    with an unknown key or a wrong type: a TypeError): ``500 Internal Server Error``, plain text."""
+
+
 class TooLarge(Exception):
     """A body over :data:`MAX_BODY_BYTES`: answered 413 before it is read in full."""
 
@@ -161,6 +167,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _schema(_: Request, exc: RequestValidationError) -> Response:
         return JSONResp(validation_body(str(exc.errors())), status_code=400)
+
+    @app.exception_handler(InternalError)
+    async def _internal_error(_: Request, exc: InternalError) -> Response:
+        log.error("answered 500 as SGLang's server does: %s", exc)
+        return Response("Internal Server Error", status_code=500, media_type="text/plain")
 
     @app.exception_handler(ContractError)
     async def _contract(_: Request, exc: ContractError) -> Response:

@@ -80,7 +80,8 @@ async def get_model_info(engine: EngineDep) -> Response:
 @router.get("/server_info")
 @router.get("/get_server_info")
 async def get_server_info(engine: EngineDep) -> Response:
-    settings = {k: v for k, v in engine.settings.model_dump().items() if k not in SECRET_SETTINGS}
+    hidden = SECRET_SETTINGS | (set() if engine.compat.sampling_mask_cap else {"sampling_mask_max_tokens"})  # 0.5.20+
+    settings = {k: v for k, v in engine.settings.model_dump().items() if k not in hidden}
     return JSONResp({
         **settings,
         "model_path": engine.settings.model,
@@ -125,11 +126,16 @@ async def get_loads(engine: EngineDep) -> Response:
 
 
 @router.get("/get_load")
-async def get_load_alias(engine: EngineDep) -> Response:
-    """Up to 0.5.20 only (``compat.get_load_alias``); 0.5.21 removed it."""
-    if not engine.compat.get_load_alias:
+async def get_load(engine: EngineDep) -> Response:
+    """Up to 0.5.20 only (``compat.legacy_routes``): one load per DP rank, in its own shape (not
+    ``/v1/loads``'); 0.5.21 removed it."""
+    if not engine.compat.legacy_routes:
         return JSONResp({"detail": "Not Found"}, status_code=404)
-    return JSONResp(_loads(engine))
+    s = engine.scheduler
+    tokens = sum(len(r.prompt_ids) + len(r.output_ids) for r in s.running)
+    return JSONResp([{"dp_rank": 0, "num_reqs": len(s.running) + len(s.waiting), "num_waiting_reqs": len(s.waiting),
+                      "num_tokens": tokens, "num_pending_tokens": sum(len(r.prompt_ids) for r in s.waiting),
+                      "ts_tic": time.time()}])
 
 
 @router.get("/metrics")
@@ -162,7 +168,10 @@ async def weights_checksum(engine: EngineDep) -> Response:
 
 @router.get("/get_weight_version")
 @router.get("/weight_version")
-async def deprecated_weight_version() -> Response:
-    """Removed in SGLang (the version is ``/model_info``'s ``weight_version``): its 404, as FastAPI
-    answers an unknown route. Kept as a route so the deprecation is greppable here."""
+async def deprecated_weight_version(engine: EngineDep) -> Response:
+    """Deprecated up to 0.5.20 (a 404 saying so, ``compat.legacy_routes``), removed from 0.5.21
+    (FastAPI's 404): the version is ``/model_info``'s ``weight_version``."""
+    if engine.compat.legacy_routes:
+        return JSONResp({"object": "error", "message": "Endpoint '/get_weight_version' or '/weight_version' is deprecated. "
+                         "Please use '/model_info' instead.", "type": "404", "param": None, "code": 404}, status_code=404)
     return JSONResp({"detail": "Not Found"}, status_code=404)
