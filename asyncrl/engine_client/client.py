@@ -44,6 +44,7 @@ from asyncrl.engine_client.errors import (
     EngineUnavailable,
     error_message,
 )
+from asyncrl.engine_client.release import SESSIONS_FROM, parse_version
 from asyncrl.engine_client.types import GenerateResult, WeightsCheck
 from asyncrl.http.keepalive import client_session
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME
@@ -74,6 +75,8 @@ class EngineClient:
         self.request_timeout_s = request_timeout_s
         self.control_timeout_s = control_timeout_s
         self.max_connections = max_connections
+        self._sessions = True
+        """Whether the engine has weight-update sessions, as read at the last ``begin_weight_update``."""
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> EngineClient:
@@ -283,17 +286,26 @@ class EngineClient:
 
     # -- weights -------------------------------------------------------------------------
     async def _session_call(self, path: str, timeout_s: float | None) -> bool:
+        if path == "/begin_weight_update":  # the engine's release says whether it has sessions
+            release = parse_version((await self.server_info(timeout_s=timeout_s)).get("version"))
+            self._sessions = release is None or release >= SESSIONS_FROM
+        if not self._sessions:
+            # SGLang 0.5.20 and older: no such routes, none needed; calling them anyway, its auth
+            # takes an unknown route for a normal one and refuses the admin key with 401 (a real
+            # 0.5.18 server did: tests/sglang/test_sync_policies.py)
+            return False
         try:
             self._checked(await self._call("POST", path, {}, admin=True, timeout_s=timeout_s), path.lstrip("/"))
         except EngineHTTPError as exc:
             if exc.status == 404:
-                return False  # SGLang 0.5.20 and older: no sessions, none needed
+                return False  # a server without the routes that did not say its release
             raise
         return True
 
     async def begin_weight_update(self, *, timeout_s: float | None = None) -> bool:
         """Open the engine's weight-update session (SGLang 0.5.21+ refuses updates outside
-        one). False: the server has no such route (older SGLang) and needs none. An open
+        one). False: the server has no such route (an older release, as its ``/server_info``
+        says, or a 404) and needs none; ``end_weight_update`` then calls nothing either. An open
         session answers 400 "already open": end it and begin again."""
         return await self._session_call("/begin_weight_update", timeout_s)
 

@@ -18,10 +18,11 @@ torch is known from its version (:data:`SGLANG_TORCH_PINS`). An engine that repo
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from asyncrl.engine_client.release import parse_version  # the one parser (re-exported here)
 
 SGLANG_TORCH_PINS = ({(0, 5, n): "2.11.0" for n in range(15, 18)} | {(0, 5, n): "2.13.0" for n in range(18, 22)}
                      | {(0, 5, 22): "2.14.1", (0, 5, 23): "2.14.1"})
@@ -33,12 +34,6 @@ DP_STRICT_FROM = (0, 5, 22)
 
 class LayoutError(ValueError):
     """An engine's layout cannot be updated over a weight-update group; names engine and setting."""
-
-
-def parse_version(raw: Any) -> tuple[int, int, int] | None:
-    """``"0.5.23"`` / ``"0.5.23.post1"`` → (0, 5, 23); None when it is not a release number."""
-    m = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", str(raw or ""))
-    return (int(m[1]), int(m[2]), int(m[3])) if m else None
 
 
 @dataclass(frozen=True)

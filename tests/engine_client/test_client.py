@@ -151,3 +151,18 @@ async def test_flush_cache_gives_up_after_retries(old_server):
 
 async def _idle(c: EngineClient) -> bool:
     return (await c.loads())["loads"][0]["num_running_reqs"] == 0
+
+
+@pytest.mark.parametrize(("release", "sessions"), [("0.5.18", False), ("0.5.23", True)])
+async def test_weight_sessions_follow_the_release_with_an_admin_key(tmp_path, release, sessions):
+    """Found on a real SGLang 0.5.18 server (tests/sglang/test_sync_policies.py): with an admin key
+    configured, ``/begin_weight_update`` on a release without sessions is an unknown route, which
+    SGLang's auth treats as a normal one: the admin key got 401, and every sync failed. The client
+    reads the release and calls no session route before 0.5.21."""
+    from tests.helpers.processes import start_engine
+
+    with start_engine(tmp_path, "--sglang-compat", release, api_key="api-key-0123456789", admin_api_key="admin-key-0123456789",
+                      name=f"sessions-{release}") as engine:
+        async with engine.client() as c:
+            assert await c.begin_weight_update() is sessions
+            assert await c.end_weight_update() is sessions

@@ -44,10 +44,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+OLDER_RELEASE = "0.5.18"
+"""The release before 0.5.20 the tier also runs on (issue 45 item 8): aborts re-sent, no weight
+sessions, no spans, an older LoRA stack; its torch pin (2.13.0) installs here."""
+
+
 @pytest.fixture(scope="session")
 def sglang_python() -> Path:
-    """The release's venv interpreter (built on first use; a failed build fails the test)."""
+    """The default release's venv interpreter (built on first use; a failed build fails the test)."""
     return venv_python(DEFAULT_RELEASE)
+
+
+@pytest.fixture(scope="module", params=[DEFAULT_RELEASE, OLDER_RELEASE])
+def sglang_release(request) -> str:
+    """The release a test of tests/sync imported here runs against: each runs on both."""
+    venv_python(request.param)
+    return request.param
 
 
 def stop_all(engines: list[Engine]) -> None:
@@ -64,10 +76,10 @@ def tiny_dir() -> Path:
 
 
 @pytest.fixture
-def engines(sglang_python, tiny_dir, tmp_path) -> list[Engine]:
+def engines(sglang_release, tiny_dir, tmp_path) -> list[Engine]:
     """Two real SGLang servers without keys serving ``builtin:tiny``: the ``engines`` of
     tests/sync, so its fault tests run unchanged against SGLang (tests/sglang/test_faults.py)."""
-    started = start_sglang_servers(tmp_path, tiny_dir, count=2, name="engine")
+    started = start_sglang_servers(tmp_path, tiny_dir, count=2, name="engine", release=sglang_release)
     try:
         yield started
     finally:
@@ -75,37 +87,37 @@ def engines(sglang_python, tiny_dir, tmp_path) -> list[Engine]:
 
 
 @pytest.fixture
-def restart_engine(sglang_python, tiny_dir, tmp_path):
+def restart_engine(sglang_release, tiny_dir, tmp_path):
     """tests/sync's ``restart_engine``: a real SGLang server started again on ``port``."""
-    return lambda port, name: start_sglang(tmp_path, tiny_dir, port=port, name=name)
+    return lambda port, name: start_sglang(tmp_path, tiny_dir, port=port, name=name, release=sglang_release)
 
 
 LORA_FLAGS = lora_flags(8, targets=("q_proj", "v_proj"))
 
 
 @pytest.fixture
-def lora_and_plain(sglang_python, tiny_dir, tmp_path) -> list[Engine]:
+def lora_and_plain(sglang_release, tiny_dir, tmp_path) -> list[Engine]:
     """tests/sync/test_adapter_sync.py's engines on real SGLang: one serving LoRA adapters
     (torch-native LoRA backend, rank up to 8 on q_proj and v_proj), one without LoRA."""
     started = []
     try:
-        started.append(start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, name="lora-engine"))
-        started.append(start_sglang(tmp_path, tiny_dir, name="plain-engine"))
+        started.append(start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, name="lora-engine", release=sglang_release))
+        started.append(start_sglang(tmp_path, tiny_dir, name="plain-engine", release=sglang_release))
         yield started
     finally:
         stop_all(started)
 
 
 @pytest.fixture
-def lora_engine(sglang_python, tiny_dir, tmp_path) -> Engine:
+def lora_engine(sglang_release, tiny_dir, tmp_path) -> Engine:
     """tests/sync/test_adapter_resume.py's engine on real SGLang."""
-    with start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, name="lora-engine") as engine:
+    with start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, name="lora-engine", release=sglang_release) as engine:
         yield engine
 
 
 @pytest.fixture
-def restart_lora_engine(sglang_python, tiny_dir, tmp_path):
-    return lambda port, name: start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, port=port, name=name)
+def restart_lora_engine(sglang_release, tiny_dir, tmp_path):
+    return lambda port, name: start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, port=port, name=name, release=sglang_release)
 
 
 @pytest.fixture(scope="session")
@@ -117,9 +129,9 @@ def warm_model() -> Path:
 
 
 @pytest.fixture(scope="module")
-def warm_engine(sglang_python, warm_model, tmp_path_factory) -> str:
+def warm_engine(sglang_release, warm_model, tmp_path_factory) -> str:
     """tests/rollout's ``warm_engine`` on real SGLang: the URL of a server serving the warm model."""
-    with start_sglang(tmp_path_factory.mktemp("warm-sglang"), warm_model, name="warm-sglang") as engine:
+    with start_sglang(tmp_path_factory.mktemp("warm-sglang"), warm_model, name="warm-sglang", release=sglang_release) as engine:
         yield engine.url
 
 

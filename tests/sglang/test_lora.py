@@ -34,7 +34,7 @@ GREEDY = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
 
 
 @pytest.mark.parametrize("kind", ["local", "sglang"])
-async def test_a_request_naming_an_unloaded_adapter(tmp_path, sglang_python, tiny_dir, kind):
+async def test_a_request_naming_an_unloaded_adapter(tmp_path, sglang_release, tiny_dir, kind):
     """What SGLang really does (a probe saw LoRA output after an unload): a request naming an
     adapter that was loaded from a path and then unloaded loads it again from that path
     (implicitly) and answers with its output; one loaded from tensors cannot be reloaded and the
@@ -46,9 +46,9 @@ async def test_a_request_naming_an_unloaded_adapter(tmp_path, sglang_python, tin
     config, tensors = read_adapter_dir(str(tmp_path / "adapter"))
     if kind == "local":
         engine = start_engine(tmp_path, *ENGINE_ARGS, "--enable-lora", "--max-lora-rank", "8", "--lora-target-modules",
-                              "q_proj", "v_proj", name="lora-local")
+                              "q_proj", "v_proj", "--sglang-compat", sglang_release, name="lora-local")
     else:
-        engine = start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, name="lora-sglang")
+        engine = start_sglang(tmp_path, tiny_dir, *LORA_FLAGS, name="lora-sglang", release=sglang_release)
     with engine:
         async with engine.client() as c:
             await c.load_lora_adapter("by-path", str(tmp_path / "adapter"))
@@ -59,7 +59,8 @@ async def test_a_request_naming_an_unloaded_adapter(tmp_path, sglang_python, tin
             again = await c.generate(PROMPT, GREEDY, extra={"lora_path": "by-path"})  # reloaded from its path
             assert again.output_ids == first.output_ids and again.logprobs == pytest.approx(first.logprobs, abs=1e-5)
             assert "by-path" in await c.lora_adapters()
-            await c.load_lora_adapter_from_tensors("by-tensors", config, encode_adapter(tensors), adapter_checksums(tensors))
+            await c.load_lora_adapter_from_tensors("by-tensors", config, encode_adapter(tensors), adapter_checksums(tensors),
+                                                   named=sglang_release >= "0.5.17")
             await c.unload_lora_adapter("by-tensors")
             with pytest.raises(EngineHTTPError) as refused:
                 await c.generate(PROMPT, GREEDY, extra={"lora_path": "by-tensors"})
