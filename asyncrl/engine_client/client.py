@@ -49,6 +49,8 @@ from asyncrl.engine_client.types import GenerateResult, WeightsCheck
 from asyncrl.http.keepalive import client_session
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME
 
+SERVER_INFO_SECRETS = ("api_key", "admin_api_key")
+"""Keys SGLang's ``/server_info`` answers in clear; :meth:`EngineClient.server_info` drops them."""
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # a long agent turn on a slow engine; callers set their own
 DEFAULT_CONTROL_TIMEOUT_S = 120.0  # group init blocks until every rank joins (prime-rl PR #2673: 120 s)
 DEFAULT_MAX_CONNECTIONS = 1024  # concurrent requests per client; aiohttp's default of 100 throttles rollouts
@@ -438,7 +440,13 @@ class EngineClient:
         return None if version is None else str(version)
 
     async def server_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
-        return await self._get_with_alias("/server_info", "/get_server_info", timeout_s)
+        """The engine's ``/server_info``, without ``api_key`` and ``admin_api_key``: SGLang
+        answers both in clear (every release), and nothing here needs them or may log them."""
+        info = await self._get_with_alias("/server_info", "/get_server_info", timeout_s)
+        if isinstance(info, dict):
+            for key in SERVER_INFO_SECRETS:
+                info.pop(key, None)
+        return info
 
     async def loads(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         return await self._get_with_alias("/v1/loads", "/get_load", timeout_s)

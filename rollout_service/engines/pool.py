@@ -16,9 +16,12 @@ requests on it (they come back with their partial tokens and continue elsewhere)
 Aborts are by exact rid: SGLang's tokenizer ignores a rid it does not track exactly, so a
 prefix aborts nothing. The pool records every rid it has in flight on each engine and
 :meth:`EnginePool.abort_inflight` aborts each matching one by name. A request still on the wire
-(or waiting at a paused engine's gate) is not yet known to the engine: the abort misses it,
-so a caller that must stop everything re-sends (the runner's pause does, every
-``PAUSE_REABORT_S``). Rids are ``<prefix><trajectory id>.t<turn>.s<segment>`` with fixed-length
+is not yet known to the engine: the abort misses it. One waiting at a paused engine's gate is
+known (SGLang's tokenizer registers it before the gate), but from 0.5.20 the tokenizer passes
+one exact-rid abort per request and drops the later ones, and an abort that reaches a request
+held at the gate finds it not yet scheduled and is lost. So a caller that must stop everything
+re-sends (the runner's pause does, every ``PAUSE_REABORT_S``) and, once the re-sends are used
+up, aborts everything on the engines still holding its calls. Rids are ``<prefix><trajectory id>.t<turn>.s<segment>`` with fixed-length
 ids, so no live rid is a prefix of another (SGLang's scheduler matches by prefix).
 
 Health: every ``HEALTH_INTERVAL_S`` each engine must answer ``/model_info`` within

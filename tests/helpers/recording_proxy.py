@@ -4,7 +4,8 @@
   what the product sends against SGLang's own request classes (tests/contract);
 - ``exchanges``: every /generate request with its answer, so a test can compare what the
   engine returned with what a service published (streaming answers are buffered whole: the
-  client gets every chunk, at once);
+  client gets every chunk, at once); an answer that came after its client had gone (a call the
+  client took back) goes to ``undelivered`` instead: the client never saw it;
 - ``intercept``: an optional ``(method, path, body) -> (status, json) | None``; a non-None
   answer is returned instead of forwarding (fault injection: an engine refusing a call the
   way SGLang refuses it, while the engine itself stays as it was);
@@ -35,6 +36,7 @@ class RecordingProxy:
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
         self.exchanges: list[tuple[dict, dict]] = []
+        self.undelivered: list[tuple[dict, dict]] = []
         self.requests: list[tuple[str, str, dict[str, str], object]] = []
         self.intercept = None
         self.rewrite = None
@@ -92,7 +94,8 @@ class RecordingProxy:
                 final = json.loads(next(c for c in reversed(chunks) if c != b"[DONE]"))
             else:
                 final = json.loads(payload)
-            self.exchanges.append((req, final))
+            gone = request.transport is None or request.transport.is_closing()
+            (self.undelivered if gone else self.exchanges).append((req, final))
         return web.Response(body=payload, status=resp.status, content_type=resp.content_type)
 
     async def start(self) -> "RecordingProxy":

@@ -2,9 +2,11 @@
 manager and HTTP server), on this CPU (tests/sglang_cpu: the venv per release, the stand-ins).
 
 ``./dev test-sglang`` (``ASYNCRL_SGLANG_TESTS=1``) runs every test here. ``./dev test`` runs
-only the CI slice, the tests marked ``sglang_slice`` (the loop, the sync transaction and a
-fault at small scale); the others are deselected there (listed as such, never skipped). A
-test that cannot get its SGLang venv or server fails with the reason, in both.
+only the CI slice, the tests marked ``sglang_slice`` and those in :data:`SLICE_NODEIDS` (the
+installer, the differential check, a 6-step loop, the abort sync, an engine killed mid-sync: the
+loop, the sync transaction and a fault at small scale, on 0.5.23); the others are deselected
+there (listed as such, never skipped). A test that cannot get its SGLang venv or server fails
+with the reason, in both.
 """
 
 from __future__ import annotations
@@ -32,12 +34,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{SLICE}: a real-SGLang test that ./dev test runs too (the CI slice)")
 
 
+SLICE_NODEIDS = ("tests/sglang/test_faults.py::test_engine_killed_mid_sync_is_quarantined_and_rejoins_at_the_right_version[0.5.23]",)
+"""Tests of tests/sync run here that are in the slice too (a marker would mark every release)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if ENABLED:
         return
     kept, deselected = [], []
     for item in items:
-        outside_slice = item.nodeid.startswith(HERE) and item.get_closest_marker(SLICE) is None
+        in_slice = item.get_closest_marker(SLICE) is not None or item.nodeid in SLICE_NODEIDS
+        outside_slice = item.nodeid.startswith(HERE) and not in_slice
         (deselected if outside_slice else kept).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
@@ -135,10 +142,13 @@ def warm_engine(sglang_release, warm_model, tmp_path_factory) -> str:
         yield engine.url
 
 
-@pytest.fixture(scope="module")
-def sglang_pair(sglang_python, tmp_path_factory) -> list[Engine]:
-    """Two real SGLang servers serving the demo model, with an API key and an admin key."""
-    engines = start_sglang_servers(tmp_path_factory.mktemp("sglang-logs"), DEMO_MODEL, count=2, api_key=API_KEY,
+@pytest.fixture
+def sglang_pair(sglang_python, tmp_path) -> list[Engine]:
+    """Two real SGLang servers serving the demo model, with an API key and an admin key, started
+    for the test: a run must not begin on weights an earlier run left them (its sync agent would
+    quarantine them and take back the calls in flight, as it should, and the test would compare
+    calls its rollout never used)."""
+    engines = start_sglang_servers(tmp_path / "sglang-logs", DEMO_MODEL, count=2, api_key=API_KEY,
                                    admin_api_key=ADMIN_KEY)
     try:
         yield engines

@@ -45,3 +45,15 @@ def test_local_engine_answers_as_real_sglang(tmp_path, release):
         f"{k}\n  local_engine: {a}\n  sglang:       {b}" for k, (a, b) in unexplained.items())
     assert set(differ) == set(known), f"listed differences that are gone: {sorted(set(known) - set(differ))}"
     assert theirs[-1].status == 0 and ours[-1].status == 0, "an input id outside the vocabulary kills both"
+
+
+@pytest.mark.sglang_slice
+async def test_the_engine_client_never_passes_on_sglangs_keys(tmp_path, sglang_python):
+    """SGLang's /server_info answers --api-key and --admin-api-key in clear (docs/security.md);
+    the engine client, through which everything in asyncrl reads it, drops both."""
+    with start_sglang(tmp_path, DEMO_MODEL, api_key=API_KEY, admin_api_key=ADMIN_KEY, name="sglang-keys") as real:
+        async with real.client() as c:
+            raw = await c._call("GET", "/server_info")
+            assert raw["api_key"] == API_KEY and raw["admin_api_key"] == ADMIN_KEY  # what SGLang does
+            info = await c.server_info()
+    assert "api_key" not in info and "admin_api_key" not in info and info["version"] == "0.5.23"
