@@ -9,12 +9,16 @@ emulating 0.5.23, one 0.5.18) while the product's own code runs against it:
   group calls, disk reload, version, info routes, health probes);
 - the weight sync's engine side (:class:`~trainer_daemon.sync.direct.DirectEnginePublisher`,
   i.e. ``asyncrl.sync_control.engine_update``): two publishes (a new group, then a reused one);
-- the rollout service's engine pool: routed generations and exact-rid aborts.
+- the rollout service's engine pool: routed generations and exact-rid aborts;
+- an adapter sync's engine side (``asyncrl.sync_control.adapter_load`` as the sync agent runs
+  it: staged over the tensors transport, then over the path transport, switched inside a pause
+  with no weight session), a request naming the adapter, and a weights check.
 
 A request the kit reports fails the test with the route, the release and the problem: a new
-field SGLang would drop or reject, a route it does not have. The only route allowed to be
-missing is a weight-update session route on a release without sessions, where the product
-relies on the 404 (``EngineClient.begin_weight_update`` returns False).
+field SGLang would drop or reject, a route it does not have. Each release is checked against
+the recording of the emulation that shares its request shapes: 0.5.21+ (weight sessions)
+against 0.5.23's, 0.5.17-0.5.20 against 0.5.18's, 0.5.15-0.5.16 (``serialized_tensors``)
+against 0.5.15's. The client calls no session route on a release without sessions.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import wait_for
 from trainer_daemon.sync.direct import DirectEnginePublisher
 
-EMULATED = {"0.5.23": "0.5.23", "0.5.18": "0.5.18"}
-SESSION_ROUTES = {("POST", "/begin_weight_update"), ("POST", "/end_weight_update")}
+EMULATED = {"0.5.23": "0.5.23", "0.5.18": "0.5.18", "0.5.15": "0.5.15"}
+LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj", "v_proj")
+SESSION_ROUTES = {("POST", "/begin_weight_update"), ("POST", "/end_weight_update")}  # 0.5.21+ only
 TIMEOUT_S = 60.0
 PROMPT = [5, 17, 42, 99]
 
@@ -98,6 +103,34 @@ async def drive_pool(url: str) -> None:
         await pool.close()
 
 
+async def drive_adapters(url: str, tmp_dir) -> None:
+    """Two adapter syncs as the sync agent runs them (module docstring), then the adapter asked
+    for by name and a weights check."""
+    from asyncrl.sync_control.adapter_load import stage_adapter, switch_adapter
+    from asyncrl.sync_control.engine_update import EngineUpdate, Member
+    from asyncrl.sync_control.sequence import UpdateSteps, run_update
+    from local_engine.lora import read_adapter_dir
+    from tests.helpers.lora import make_adapter
+    from trainer_daemon.sync.adapter import AdapterSnapshot, adapter_spec
+
+    make_adapter(load_model("builtin:tiny"), tmp_dir / "adapter", seed=5)
+    snapshot = AdapterSnapshot(*reversed(read_adapter_dir(str(tmp_dir / "adapter"))))
+
+    async def one_sync(c: EngineClient, version: int, transport: str) -> None:
+        spec = adapter_spec(snapshot, version, run_id="contract", transport=transport, adapter_dir=tmp_dir / "adapters")
+        update = EngineUpdate([Member("engine", c)], control_timeout_s=TIMEOUT_S, total_buckets=1)
+        staged = await stage_adapter(update, spec, run_id="contract", keep=version - 1, transport=transport, timeout_s=TIMEOUT_S)
+        assert staged == {"engine"}, update.members[0].error
+        load = lambda: switch_adapter(update, staged, spec.name, version, timeout_s=TIMEOUT_S)  # noqa: E731
+        await run_update(update, "abort", 3, UpdateSteps(load=load, session=False))
+
+    async with EngineClient(url, control_timeout_s=TIMEOUT_S, request_timeout_s=TIMEOUT_S) as c:
+        for version, transport in ((1, "tensors"), (2, "path"), (3, "tensors")):  # the third unloads the first
+            await one_sync(c, version, transport)
+        await c.generate(PROMPT, {"max_new_tokens": 2, "temperature": 0.0}, extra={"lora_path": "contract-v3"})
+        await c.check_weights(timeout_s=TIMEOUT_S)
+
+
 async def _running(c: EngineClient) -> bool:
     return (await c.loads())["loads"][0]["num_running_reqs"] > 0
 
@@ -108,11 +141,13 @@ async def record(url: str, version: str, tmp) -> list:
     try:
         async with EngineClient(proxy.url, request_timeout_s=TIMEOUT_S, control_timeout_s=TIMEOUT_S) as c:
             await drive_client(c, tmp)
-            assert await c.begin_weight_update() is (version != "0.5.18")
-            if version != "0.5.18":
+            sessions = SglangCompat.of(version).sessions
+            assert await c.begin_weight_update() is sessions
+            if sessions:
                 await c.end_weight_update()
         await drive_sync(proxy.url)
         await drive_pool(proxy.url)
+        await drive_adapters(proxy.url, tmp)
         return list(proxy.requests)
     finally:
         await proxy.stop()
@@ -124,7 +159,7 @@ def traffic(tmp_path_factory) -> dict[str, list]:
     out = {}
     for version, compat in EMULATED.items():
         tmp = tmp_path_factory.mktemp(f"traffic-{version}")
-        with start_engine(tmp, "--sglang-compat", compat, name=f"engine-{version}") as engine:
+        with start_engine(tmp, "--sglang-compat", compat, *LORA_FLAGS, name=f"engine-{version}") as engine:
             out[version] = asyncio.run(record(engine.url, version, tmp))
     return out
 
@@ -135,7 +170,9 @@ def test_the_recording_covers_what_the_product_sends(traffic):
                 ("GET", "/flush_cache"), ("POST", "/begin_weight_update"), ("POST", "/end_weight_update"),
                 ("POST", "/init_weights_update_group"), ("POST", "/update_weights_from_distributed"),
                 ("POST", "/destroy_weights_update_group"), ("POST", "/update_weights_from_disk"), ("POST", "/update_weight_version"),
-                ("GET", "/model_info"), ("GET", "/server_info"), ("GET", "/v1/loads"), ("GET", "/health"), ("GET", "/health_generate")}
+                ("GET", "/model_info"), ("GET", "/server_info"), ("GET", "/v1/loads"), ("GET", "/health"), ("GET", "/health_generate"),
+                ("POST", "/load_lora_adapter_from_tensors"), ("POST", "/load_lora_adapter"), ("POST", "/unload_lora_adapter"),
+                ("GET", "/v1/models"), ("POST", "/weights_checker")}
     assert expected <= seen, expected - seen
     aborts = [b for m, p, _, b in traffic["0.5.23"] if p == "/abort_request"]
     assert {"rid": "rl-contract.0123abcd.t0.s0"} in aborts and {"rid": "contract-long-1"} in aborts
@@ -144,16 +181,14 @@ def test_the_recording_covers_what_the_product_sends(traffic):
 
 @pytest.mark.parametrize("version", kit.SUPPORTED_RELEASES)
 def test_every_request_is_one_sglang_accepts(traffic, releases, version):
-    """Every supported release, with the traffic recorded against the emulation of its side of
-    the weight-update sessions (0.5.21+ have them: the 0.5.23 recording; older: the 0.5.18 one)."""
-    sessions = SglangCompat.of(version).sessions
-    recorded = traffic["0.5.23" if sessions else "0.5.18"]
+    """Every supported release, with the traffic recorded against the emulation that shares its
+    request shapes (module docstring)."""
+    compat = SglangCompat.of(version)
+    recorded = traffic["0.5.23" if compat.sessions else "0.5.18" if compat.version >= "0.5.17" else "0.5.15"]
     problems = []
     for method, path, query, body in recorded:
+        assert compat.sessions or (method, path) not in SESSION_ROUTES, f"{path} called on a release without sessions"
         issues = kit.check_request(version, method, path, body if body is not None else None, query or None)
-        if not sessions and (method, path) in SESSION_ROUTES:
-            assert all("no route" in i for i in issues), issues  # absent on purpose: the product handles the 404
-            continue
         problems += [f"{method} {path} {body!r:.200}: {i}" for i in issues]
     assert not problems, "\n".join(problems)
 

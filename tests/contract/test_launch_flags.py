@@ -53,7 +53,7 @@ def engine_argv(tmp_path: Path, **env: str) -> list[str]:
     return out.stdout.split("\n")
 
 
-@pytest.mark.parametrize("version", kit.PINNED)
+@pytest.mark.parametrize("version", kit.SUPPORTED_RELEASES)
 def test_engine_sh_uses_only_flags_and_parsers_sglang_has(tmp_path, version):
     flags = launch_flags(version)
     assert {"--tp-size", "--model-path", "--enable-metrics"} <= flags and "--tp" not in flags  # the reader works
@@ -65,7 +65,7 @@ def test_engine_sh_uses_only_flags_and_parsers_sglang_has(tmp_path, version):
     assert parser in tool_call_parsers(version) and parser == "qwen"
 
 
-@pytest.mark.parametrize("version", kit.PINNED)
+@pytest.mark.parametrize("version", kit.SUPPORTED_RELEASES)
 def test_the_flags_docs_deployment_advises_exist(version):
     """docs/deployment.md ("SGLang versions") advises them through ENGINE_EXTRA_ARGS."""
     assert {"--disable-radix-cache", "--enable-deterministic-inference"} <= launch_flags(version)
