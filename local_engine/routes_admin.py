@@ -158,7 +158,7 @@ async def weights_checker(request: Request, engine: EngineDep) -> Response:
     if body.action != "checksum":
         return _result(False, f"Unsupported action={body.action!r}")
     async with engine.rwlock.read():  # no update interleaves
-        checksums = await asyncio.to_thread(engine.weights.tensor_hashes, body.skip_tensor_list)
+        checksums = await asyncio.to_thread(engine.weights.tensor_hashes, body.skip_tensor_list, engine.compat.version)
     return _result(True, "Success.", **checksum_answer(checksums, parallelism_infos(engine.settings, engine.compat.version)))
 
 

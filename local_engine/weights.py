@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.engine_client.release import parse_version
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import (
     WeightGroup,
@@ -93,13 +94,14 @@ class WeightManager:
 
         return weights_checksum({n: self.params[n] for n in self._all})
 
-    def tensor_hashes(self, skip: list[str] | None = None) -> dict[str, str]:
+    def tensor_hashes(self, skip: list[str] | None = None, release: str = "0.5.23") -> dict[str, str]:
         """SGLang's ``/weights_checker`` checksums, per parameter name (tied ones once; a
-        name containing any of ``skip`` left out): 16 hex digits of SHA-256 over the tensor's
+        name containing any of ``skip``, or one the ``release`` takes for a non-persistent
+        buffer, left out: :func:`skipped_as_buffer`): 16 hex digits of SHA-256 over the tensor's
         bytes as served (its dtype; SGLang hashes its own tensors' bytes too)."""
         out = {}
         for name in sorted(self._all):
-            if any(s in name for s in skip or ()):
+            if any(s in name for s in skip or ()) or skipped_as_buffer(name, release):
                 continue
             t = self.params[name].detach().contiguous().cpu()
             out[name] = hashlib.sha256(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"").hexdigest()[:16]
@@ -256,3 +258,24 @@ def _finite(t: torch.Tensor) -> bool:
         return True
     lo, hi = torch.aminmax(t)
     return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+
+
+def buffer_patterns(release: str) -> tuple[str, ...]:
+    """The name substrings SGLang's weight checker takes for non-persistent buffers and leaves
+    out of its checksum, per release (``utils/weight_checker.py``, read from the wheels): the
+    list changed in 0.5.18 (``expert_mask_gpu``), 0.5.19 (``_weight_fp32`` no longer) and 0.5.20
+    (``cos_cache``, ``sin_cache``). So two releases need not hash the same tensors, and
+    checksums are compared within a release only (``asyncrl.sync_control.weights_check``)."""
+    v = parse_version(release) or (0, 5, 23)
+    patterns = ["cos_sin_cache", "inv_freq", "freqs_cis"]
+    if v <= (0, 5, 18):
+        patterns.append("_weight_fp32")
+    if v >= (0, 5, 18):
+        patterns.append("expert_mask_gpu")
+    if v >= (0, 5, 20):
+        patterns += ["cos_cache", "sin_cache"]
+    return tuple(patterns)
+
+
+def skipped_as_buffer(name: str, release: str) -> bool:
+    return any(p in name for p in buffer_patterns(release))

@@ -154,3 +154,15 @@ async def test_the_agent_quarantines_an_outvoted_engine_and_the_sync_succeeds(tm
                     assert (await engine_logprobs(url, 2))[2] == "1"
             finally:
                 await pub.close()
+
+
+def test_local_engine_skips_the_buffers_each_release_skips():
+    """Issue 46 item 2: local_engine's checksum leaves out the names SGLang's weight checker of
+    the emulated release takes for non-persistent buffers (its patterns, read from the wheels)."""
+    from local_engine.weights import skipped_as_buffer
+
+    assert skipped_as_buffer("model.rotary_emb.inv_freq", "0.5.15") and skipped_as_buffer("model.rotary_emb.inv_freq", "0.5.23")
+    assert skipped_as_buffer("mlp.gate._weight_fp32", "0.5.18") and not skipped_as_buffer("mlp.gate._weight_fp32", "0.5.19")
+    assert not skipped_as_buffer("experts.expert_mask_gpu", "0.5.17") and skipped_as_buffer("experts.expert_mask_gpu", "0.5.18")
+    assert not skipped_as_buffer("attn.rotary.cos_cache", "0.5.19") and skipped_as_buffer("attn.rotary.cos_cache", "0.5.20")
+    assert not skipped_as_buffer("model.layers.0.self_attn.q_proj.weight", "0.5.23")
