@@ -1,7 +1,8 @@
 """Weight updates: a separate trainer process broadcasts through gloo; disk reloads; failures.
 
 The engine here (SGLang 0.5.23 behaviour, the default) runs with an api key and an admin key
-(the trainer uses the admin key), and ``--weight-sync-timeout-s 60``. Each test starts from
+(the trainer holds both, as the sync agent does: from 0.5.21 the client reads the release
+from ``/server_info``, a normal route that SGLang opens to the api key only), and ``--weight-sync-timeout-s 60``. Each test starts from
 the base weights loaded from disk, with no weight-update session or group left open, so the
 tests do not depend on each other's order. Like SGLang, the engine never says whether its
 weights are consistent: a failed push leaves it serving a mix, and knowing that is the caller's
@@ -62,7 +63,7 @@ async def wclient(wengine, base_dir):
 
 async def run_trainer(engine, *args: str, expect_exit: int = 0) -> dict:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.local_engine.weight_trainer", "--engine-url", engine.url, "--admin-api-key", ADMIN_KEY, *args,
+        sys.executable, "-m", "tests.local_engine.weight_trainer", "--engine-url", engine.url, "--api-key", API_KEY, "--admin-api-key", ADMIN_KEY, *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
     )
     try:
