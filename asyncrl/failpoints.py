@@ -18,6 +18,8 @@ Failpoints in the product: ``checkpoint.write`` (trainer, inside the background 
 checkpoint, while ``dcp.async_save``'s future is pending); ``trainer.sync_bucket`` (trainer
 rank 0, through the sync agent, before broadcasting every bucket after the first: the engines
 hold part new, part old weights while it holds; :func:`hold_async`, the event loop runs on);
+``trainer.step.<N>`` (trainer, every rank, before training step ``N``: its batch is taken from
+the stream, nothing of it committed);
 ``local_engine.step`` (local_engine, before each scheduler step: generations stop where they
 are while HTTP, aborts and pauses are still answered; a pause waits for the step to end);
 ``local_engine.lora_partial_load`` (local_engine emulating 0.5.21+, :func:`fires`: an adapter

@@ -13,7 +13,11 @@ classifies every stream sequence from 1 to the last:
 - ``pending``: still in the stream, not yet accounted for along the checkpoint lineage (trained
   after the last checkpoint, or not yet consumed);
 - ``lost``: gone from the stream (purged or expired) without being accounted for — a violation;
-- ``twice``: trajectory ids trained more than once along the lineage — a violation.
+- ``twice``: trajectory ids trained more than once along the lineage — a violation;
+- ``unconsumed_at_end``: of a *finished* run (the trainer recorded that it ended at this
+  checkpoint: ``trainer_daemon.ledger``, "Finished"), the trajectories still pending — published
+  before the rollout's end-of-data message (or at all, when the run read none) and neither
+  trained nor dropped; listed by id — a violation (issue 47).
 
 ``published`` = every sequence that is not a dead-letter copy. The stream's own sequences cannot
 show messages the server lost after acknowledging them (a NATS host crash with unflushed pages,
@@ -21,7 +25,7 @@ RELIABILITY F3: the stream restarts shorter and reuses the lost sequences). The 
 service's *published record* (``<run dir>/rollout/published.jsonl``: the id of every PubAck)
 can: ``lost_after_ack`` counts the ids it holds that are neither accounted for by the ledger nor
 stored in the stream (by ``Nats-Msg-Id``) — a violation. The exit status is 1 when anything
-is lost (either way) or trained twice, else 0. NATS: ``--nats``, else the run's ``nats.url``, else its running
+is lost (either way), trained twice or unconsumed at the end, else 0. NATS: ``--nats``, else the run's ``nats.url``, else its running
 embedded server, else an embedded server started on the run's store for the audit.
 
 Not covered: ledgers written before stream sequences were recorded (their ids are counted, but
@@ -40,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from trainer_daemon.checkpoint import complete_checkpoints
-from trainer_daemon.ledger import ID_KINDS, read_lineage
+from trainer_daemon.ledger import ID_KINDS, read_finished, read_lineage
 
 SHOW = 10  # ids/sequences listed per violation
+END_MESSAGE = "<end of data>"  # read_stream's id for the rollout's end-of-data message (not a trajectory)
 
 
 @dataclass
@@ -68,10 +73,14 @@ class Audit:
     lost_step_trajectories: int = 0
     lost_seqs: list[int] = field(default_factory=list)
     twice_ids: list[str] = field(default_factory=list)
+    finished: str | None = None
+    """Why the run ended at the audited checkpoint (``data_ended``, ``total_steps``); None: not ended there."""
+    unconsumed_at_end: int = 0
+    unconsumed_ids: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.twice == 0 and self.lost_after_ack == 0
+        return self.lost == 0 and self.twice == 0 and self.lost_after_ack == 0 and self.unconsumed_at_end == 0
 
 
 def ledger_accounts(entries: list[dict[str, Any]]) -> tuple[dict[int, str], Counter]:
@@ -90,17 +99,25 @@ def ledger_accounts(entries: list[dict[str, Any]]) -> tuple[dict[int, str], Coun
     return kinds, trained_ids
 
 
-def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: int, dlq_subject: str) -> Audit:
+def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: int, dlq_subject: str,
+              finished: str | None = None, stream_ids: dict[int, str] | None = None) -> Audit:
     """The audit of a lineage's ``entries`` against ``stream`` (sequence → subject of every
-    message still stored) up to ``last_seq`` (module docstring)."""
+    message still stored) up to ``last_seq`` (module docstring); ``finished``: the run ended at
+    this lineage's checkpoint; ``stream_ids``: sequence → ``Nats-Msg-Id`` of stored messages."""
     kinds, trained_ids = ledger_accounts(entries)
-    out = Audit()
+    out = Audit(finished=finished)
+    ends = [seq for seq, kind in kinds.items() if kind == "end"]
+    end_seq = min(ends) if ends else last_seq + 1
     for seq in range(1, last_seq + 1):
         kind = kinds.get(seq) or ("dlq" if stream.get(seq) == dlq_subject else None)
         if kind is None:
             kind = "pending" if seq in stream else "lost"
             if kind == "lost" and len(out.lost_seqs) < SHOW:
                 out.lost_seqs.append(seq)
+            if kind == "pending" and finished and seq < end_seq and (stream_ids or {}).get(seq) != END_MESSAGE:
+                out.unconsumed_at_end += 1
+                if len(out.unconsumed_ids) < SHOW:
+                    out.unconsumed_ids.append((stream_ids or {}).get(seq, f"seq {seq}"))
         setattr(out, kind, getattr(out, kind) + 1)
     out.published = last_seq - out.dlq - out.end
     twice = [i for i, n in trained_ids.items() if n > 1]
@@ -118,12 +135,13 @@ def lost_after_ack(published: list[dict[str, Any]], entries: list[dict[str, Any]
 
 
 async def read_stream(url: str, stream: str, user: str | None = None, password: str | None = None,
-                      ids: set[str] | None = None) -> tuple[dict[int, str], int]:
+                      ids: set[str] | None = None, seq_ids: dict[int, str] | None = None) -> tuple[dict[int, str], int]:
     """Subject of every stored message, and the stream's last sequence; ``ids`` (if given) gets
-    every stored message's ``Nats-Msg-Id``."""
+    every stored message's ``Nats-Msg-Id``, ``seq_ids`` (if given) the same by sequence."""
     from nats.js.errors import NotFoundError
 
     from asyncrl.jetstream import connect
+    from asyncrl.wire import is_end_of_data
 
     nc = await connect(url, "asyncrl-audit", user=user, password=password, persistent=False)
     try:
@@ -137,8 +155,13 @@ async def read_stream(url: str, stream: str, user: str | None = None, password: 
             except NotFoundError:
                 continue  # deleted inside the range
             out[seq] = msg.subject
-            if ids is not None and msg.headers and msg.headers.get("Nats-Msg-Id"):
-                ids.add(msg.headers["Nats-Msg-Id"])
+            if seq_ids is not None and is_end_of_data(msg.headers):
+                seq_ids[seq] = END_MESSAGE
+            elif msg.headers and msg.headers.get("Nats-Msg-Id"):
+                if ids is not None:
+                    ids.add(msg.headers["Nats-Msg-Id"])
+                if seq_ids is not None:
+                    seq_ids[seq] = msg.headers["Nats-Msg-Id"]
         return out, last
     finally:
         await nc.close()
@@ -172,11 +195,15 @@ async def audit_run(run_dir: Path, nats_url: str | None, run_id: str | None) -> 
 
     try:
         stored_ids: set[str] = set()
-        stream, last = await read_stream(url, names.stream, cfg.nats.user, secret(cfg.security.nats_password), stored_ids)
+        seq_ids: dict[int, str] = {}
+        stream, last = await read_stream(url, names.stream, cfg.nats.user, secret(cfg.security.nats_password), stored_ids,
+                                         seq_ids)
     finally:
         if server is not None:
             server.stop()
-    out = reconcile(entries, stream, last, names.dead_letters)
+    marked = read_finished(run_dir / "checkpoints")
+    finished = marked["reason"] if marked and step is not None and int(marked["step"]) == step else None
+    out = reconcile(entries, stream, last, names.dead_letters, finished, seq_ids)
     out.checkpoint_step = step
     from asyncrl.jsonl_log import BoundedJsonl
 
@@ -213,5 +240,9 @@ def main(argv=None) -> int:
             print(f"  acknowledged by NATS, then lost (first {SHOW}): {result.lost_after_ack_ids}")
         if result.twice_ids:
             print(f"  trained twice (first {SHOW}): {result.twice_ids}")
-        print("OK" if result.ok else "VIOLATION: trajectories lost or trained twice")
+        if result.finished:
+            print(f"  the run ended at this checkpoint ({result.finished}); unconsumed at the end: {result.unconsumed_at_end}")
+        if result.unconsumed_ids:
+            print(f"  unconsumed at the end, neither trained nor dropped (first {SHOW}): {result.unconsumed_ids}")
+        print("OK" if result.ok else "VIOLATION: trajectories lost, trained twice or left unconsumed at the end")
     return 0 if result.ok else 1

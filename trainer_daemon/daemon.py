@@ -38,6 +38,7 @@ from typing import Any
 import msgspec
 import torch
 
+from asyncrl import failpoints
 from asyncrl.models import load_tokenizer
 from asyncrl.models.cuda_attention import avoid_cudnn_attention
 from asyncrl.wire import decode_trajectory
@@ -46,6 +47,7 @@ from trainer_daemon.checkpoint import CheckpointManager
 from trainer_daemon.consume.admission import admission_check
 from trainer_daemon.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
 from trainer_daemon.export import export_hf
+from trainer_daemon.ledger import write_finished
 from trainer_daemon.lora import adapter_snapshot
 from trainer_daemon.model import (
     attention_for,
@@ -93,6 +95,7 @@ class TrainerDaemon:
         self._last_saved = -1
         self._publishing: tuple[int, int] | None = None  # (step, target version) of the last sync started
         self._idle_s = 0.0
+        self._finished: str | None = None  # why the run ended (ledger.FINISH_REASONS); None: stopped, not ended
         self._window_start = time.perf_counter()
         self._wait_started: float | None = None
         self._pending: list | None = None
@@ -191,6 +194,7 @@ class TrainerDaemon:
     def _decide(self) -> Command:
         self._background()
         if self.stop_requested or (self.total_steps and self.step >= self.total_steps):
+            self._finished = None if self.stop_requested else "total_steps"
             return Command("stop")
         if self.r0.sync_failed and self.r0.push_wanted():
             return Command("push")  # a failed sync left engines waiting for weights: before the next batch
@@ -205,6 +209,7 @@ class TrainerDaemon:
             groups = self.r0.take_rest(self.staleness) or None
             if groups is None:
                 log.info("the rollout's data ended and every trajectory is resolved: stopping at step %d", self.step)
+                self._finished = "data_ended"
                 return Command("stop")
             log.info("the rollout's data ended: training the %d groups left (%d trajectories) as a last, smaller step",
                      len(groups), sum(len(g.kept) for g in groups))
@@ -238,6 +243,7 @@ class TrainerDaemon:
             if cmd.kind == "push":  # engines wait for the weights; no step to wait for
                 self._publish()
                 continue
+            failpoints.hold(f"trainer.step.{self.step + 1}")  # fault tests: the step's batch is taken, not trained
             trajs = [decode_trajectory(p) for p in cmd.payloads]
             t0 = time.perf_counter()
             metrics = self.step_fn.run(trajs, cmd.groups, cmd.weights or None)
@@ -387,6 +393,8 @@ class TrainerDaemon:
         done = self.ckpt.wait()
         if done is not None and self.ctx.is_rank0:
             self.r0.checkpointed(done, self.ckpt.oldest_kept_cursor(), purge=self.stop_deadline is None)
+        if self.ctx.is_rank0 and self._finished:
+            write_finished(self.cfg.run_dir / "checkpoints", self.step, self._finished)  # ledger.py, "Finished"
         log.info("trainer finished at step %d", self.step)
 
     def close(self) -> None:

@@ -28,6 +28,11 @@ steps trained after its checkpoint and lost with the crash (:func:`lost_steps`);
 entry of its new segment records them as ``{"lost_steps": [{"step", "version", "trained",
 "seqs"}], "between_steps": true}`` — off the lineage's count of trained trajectories (their
 data is trained again), on the record for an audit.
+
+**Finished.** A trainer that ends its run (the data ended, or its total steps reached; not a
+signalled stop) writes ``<checkpoints>/ledger/finished.json`` = ``{"step", "reason"}`` once its
+final checkpoint is complete; a starting trainer removes it. The audit holds a finished run to
+"nothing unconsumed at the end" (``trainer_daemon/audit.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from asyncrl.files import atomic_write
 
 LEDGER_DIR = "ledger"
 JOURNAL = "journal.jsonl"
+FINISHED = "finished.json"
+FINISH_REASONS = ("data_ended", "total_steps")
 KINDS = ("trained", "dropped", "duplicate", "poison", "dlq", "end")
 ID_KINDS = ("trained", "dropped", "duplicate")  # recorded as ids, with their sequences in "seqs"
 
@@ -159,3 +166,21 @@ def read_lineage(root: Path, step: int) -> list[dict[str, Any]]:
         chain.append(segment["entries"])
         current = segment["parent"]
     return [e for entries in reversed(chain) for e in entries]
+
+
+def write_finished(root: Path, step: int, reason: str) -> None:
+    """Record that the run ended at checkpoint ``step`` for ``reason`` (module docstring)."""
+    if reason not in FINISH_REASONS:
+        raise ValueError(f"unknown finish reason {reason!r}")
+    path = Path(root) / LEDGER_DIR / FINISHED
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"step": step, "reason": reason}))
+
+
+def read_finished(root: Path) -> dict[str, Any] | None:
+    path = Path(root) / LEDGER_DIR / FINISHED
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def clear_finished(root: Path) -> None:
+    (Path(root) / LEDGER_DIR / FINISHED).unlink(missing_ok=True)

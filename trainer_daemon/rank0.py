@@ -22,7 +22,7 @@ from trainer_daemon.algo import StalenessBound
 from trainer_daemon.consume import ConsumptionState, PendingGroup, TrajectorySource
 from trainer_daemon.consume.exclusion import excluder
 from trainer_daemon.io_loop import IoLoop
-from trainer_daemon.ledger import JOURNAL, LEDGER_DIR, Ledger, lost_steps
+from trainer_daemon.ledger import JOURNAL, LEDGER_DIR, Ledger, clear_finished, lost_steps
 from trainer_daemon.lineage import Lineage
 from trainer_daemon.metrics import MetricsHub
 from trainer_daemon.sync import SyncController, build_publisher
@@ -56,6 +56,7 @@ class Rank0Services:
         if trainer_state.get("consumption"):
             state.load_state_dict(trainer_state["consumption"])
         ckpts = Path(cfg.run_dir) / "checkpoints"
+        clear_finished(ckpts)  # this trainer continues the run: it is not finished (ledger.py, "Finished")
         self.periodic_checkpoints = cfg.trainer.checkpoint.save_freq > 0
         journal = ckpts / LEDGER_DIR / JOURNAL if self.periodic_checkpoints else None  # without checkpoints nothing is "lost"
         ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None, journal=journal)
@@ -196,6 +197,7 @@ class Rank0Services:
             "trainer/truncated_sampling_trajectories": float(c.get("truncated_sampling_trained", 0)),
             "trainer/stream_cursor": float(self.source.state.cursor),
             "trainer/redelivered_messages": float(self.source.redelivered_skipped + self.source.redelivered_held),
+            "trainer/consumer_resyncs": float(self.source.resyncs),
         })
         return metrics
 

@@ -36,3 +36,22 @@ def test_a_trajectory_trained_twice_is_a_violation():
     entries.append({"step": 3, "version": 2, "trained": ["a-1"], "seqs": {"trained": [10]}})
     out = reconcile(entries, {8: TRAJ}, last_seq=10, dlq_subject=DLQ)
     assert out.twice == 1 and out.twice_ids == ["a-1"] and not out.ok
+
+
+def test_a_finished_run_with_trajectories_left_before_its_end_is_a_violation():
+    """Issue 47: a run that ended (the trainer recorded it) still holding trajectories published
+    before the rollout's end of data, neither trained nor dropped: named by id, a violation.
+    The same stream mid-run (not finished) is only pending."""
+    entries = lineage()
+    entries.append({"step": 3, "version": 2, "end": [11]})
+    stream = {8: TRAJ, 9: DLQ, 10: TRAJ, 11: TRAJ, 12: TRAJ}
+    ids = {8: "d-0", 10: "d-1", 11: "<end of data>", 12: "late-0"}
+    running = reconcile(entries, stream, last_seq=12, dlq_subject=DLQ, stream_ids=ids)
+    assert running.ok and running.pending == 3 and running.unconsumed_at_end == 0
+    ended = reconcile(entries, stream, last_seq=12, dlq_subject=DLQ, finished="data_ended", stream_ids=ids)
+    assert not ended.ok and ended.unconsumed_at_end == 2 and ended.unconsumed_ids == ["d-0", "d-1"]
+    # a run that stopped at its total steps before reading the marker: the marker is no trajectory
+    entries.pop()
+    at_total = reconcile(entries, {8: TRAJ, 9: DLQ, 11: TRAJ}, last_seq=11, dlq_subject=DLQ, finished="total_steps",
+                         stream_ids={8: "d-0", 11: "<end of data>"})
+    assert at_total.unconsumed_ids == ["d-0"] and at_total.unconsumed_at_end == 1

@@ -17,13 +17,29 @@ nothing here is touched from another thread).
   ``Nats-Msg-Id: dlq-<seq>`` so a replay after a crash does not copy it twice), counted,
   logged; never an exception. A trajectory id already held → ``duplicate``. Otherwise held.
 - The rollout's end-of-data message (:mod:`asyncrl.wire.end_of_data`) → acked, resolved as
-  ``end``, remembered with its sequence in the checkpointed counters. The data has ended
-  (``data_ended``) once the marker was seen *and* every sequence before it was delivered in
-  this incarnation or resolved: a trainer restored from a checkpoint taken after the marker
-  but before the trajectories ahead of it were trained reads those again first. From then on
-  every group still waiting for a member is released incomplete; ``take_rest`` hands over the
-  groups left when they no longer make a whole step (the daemon trains them as a last, smaller
-  step, as verl's trainer trains the samples it holds at its rollouter's end signal).
+  ``end``, remembered with its sequence in the checkpointed counters. The marker is *read*
+  (``marker_read``) once it was seen *and* every sequence before it was delivered in this
+  incarnation or resolved: a trainer restored from a checkpoint taken after the marker but
+  before the trajectories ahead of it were trained reads those again first.
+- **The end** (``data_ended``): the marker read, and the server agrees (``consumer_info``):
+  nothing undelivered (``num_pending`` 0; a message published after the marker, e.g. by an
+  external session, is read first) and no message delivered that this instance neither holds
+  nor acked (``num_ack_pending`` ≤ held). A mismatch that persists ``END_CHECKS`` reads
+  (acks are processed asynchronously) means deliveries went elsewhere: resync (below). From
+  the end on every group still waiting for a member is released incomplete; ``take_rest``
+  hands over the groups left when they no longer make a whole step (the daemon trains them as
+  a last, smaller step, as verl's trainer trains the samples it holds at its rollouter's end
+  signal).
+- **Gaps**: the cursor rule (``state.py``) needs every delivery of the consumer to reach this
+  instance in stream order. Each delivery carries the consumer's sequence (1, 2, ... from the
+  consumer's creation; a redelivery takes a new one). A jump means deliveries this instance
+  never saw: taken by another client bound to the same durable (a trainer of the same run
+  still alive, a consumer instance of a process that died while its pull was outstanding)
+  or lost in the client. They would come back only after ``ack_wait`` and out of order, below
+  a cursor that had moved past them: skipped as resolved, never trained. So the message
+  showing the jump is not processed; the consumer is recreated at ``cursor + 1`` (``resyncs``,
+  logged) and everything above the cursor is delivered again, in order (held messages are
+  recognised by sequence, resolved ones skipped).
 - ``next_batch(k, ...)`` waits up to ``wait_s`` for ``k`` groups (``groups.py``); stale and
   excluded (``exclusion.py``) trajectories travel with their group and are resolved with it
   at commit, so a checkpoint never separates them.
@@ -75,6 +91,7 @@ GROUP_PATIENCE_MIN = 256  # messages after a group's first member before it is r
 GROUP_PATIENCE_PER_IN_FLIGHT = 4
 DLQ_REASON_MAX = 512  # characters of the decode error copied into the dead letter's header
 NATS_OP_TIMEOUT_S = 10.0  # one JetStream API request (consumer create, purge, info)
+END_CHECKS = 3  # consecutive end-of-data checks finding deliveries neither held nor acked before a resync
 END_HORIZON = 2**62  # "the stream has been read to its end": every group's release point is behind it
 
 
@@ -115,11 +132,21 @@ class TrajectorySource:
         """Redeliveries of messages already resolved (acked again, skipped)."""
         self.redelivered_held = 0
         """Redeliveries of messages still held (``ack_wait`` passed without a heartbeat: a frozen trainer)."""
+        self.resyncs = 0
+        """Consumers recreated because deliveries did not reach this instance (module docstring, "Gaps")."""
+        self._next_delivery = 1  # the consumer sequence the next delivery must carry
+        self._end_checks = 0
+        self._end_confirmed = False
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, js: JetStreamContext) -> None:
         self._js = js
-        stream, durable = self.names.stream, self.names.trainer_consumer
+        await self._create_consumer()
+
+    async def _create_consumer(self) -> None:
+        """(Re)create the durable consumer at ``cursor + 1`` and bind a fresh pull subscription:
+        from here every delivery is this instance's, in stream order, consumer sequence 1, 2, ..."""
+        js, stream, durable = self._js, self.names.stream, self.names.trainer_consumer
         try:
             await js.delete_consumer(stream, durable)
         except NotFoundError:
@@ -132,7 +159,19 @@ class TrajectorySource:
         )
         await js.add_consumer(stream, config, timeout=NATS_OP_TIMEOUT_S)
         self._sub = await js.pull_subscribe_bind(durable=durable, stream=stream)
+        self._next_delivery = 1
+        self._end_checks = 0
         log.info("consumer %s on %s starts at sequence %d", durable, stream, self.state.cursor + 1)
+
+    async def _resync(self, why: str) -> None:
+        """A delivery of this consumer never reached this instance (module docstring, "Gaps"):
+        read everything above the cursor again, in order, from a recreated consumer."""
+        self.resyncs += 1
+        log.warning("%s: recreating consumer %s at sequence %d to read what it sent elsewhere again "
+                    "(is another trainer of run %s consuming?)", why, self.names.trainer_consumer,
+                    self.state.cursor + 1, self.names.run_id)
+        await self.close()
+        await self._create_consumer()
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -176,7 +215,14 @@ class TrajectorySource:
 
     async def _process(self, msgs: list) -> None:
         for msg in msgs:
-            seq = int(msg.metadata.sequence.stream)
+            seq, delivery = int(msg.metadata.sequence.stream), int(msg.metadata.sequence.consumer)
+            if delivery < self._next_delivery:  # a delivery already handled (cannot happen with one subscription)
+                continue
+            if delivery > self._next_delivery:  # deliveries missed: they went to another client, or were lost
+                self.state.resolve([])
+                await self._resync(f"consumer deliveries {self._next_delivery}..{delivery - 1} never reached this trainer")
+                return
+            self._next_delivery += 1
             self.state.delivered(seq)
             if self.state.is_resolved(seq):
                 self.redelivered_skipped += 1
@@ -219,13 +265,37 @@ class TrajectorySource:
         self.state.resolve([])  # advance over skipped sequences
 
     @property
-    def data_ended(self) -> bool:
-        """Nothing more comes: the rollout's end-of-data message was read (now or before a
-        restart) and every message ahead of it in the stream has been delivered since, or was
-        resolved before the checkpoint (the consumer delivers in stream order, so delivering
-        the marker again after a restart means everything before it was delivered)."""
+    def marker_read(self) -> bool:
+        """The rollout's end-of-data message was read (now or before a restart) and every
+        message ahead of it in the stream was delivered to this instance since, or resolved
+        before the checkpoint (deliveries reach this instance in stream order: see "Gaps")."""
         c = self.state.counters
         return bool(c["end_of_data"]) and self.state.max_delivered >= c.get("end_of_data_seq", 0)
+
+    @property
+    def data_ended(self) -> bool:
+        """Nothing more comes: :attr:`marker_read`, and the server confirmed it (module
+        docstring, "The end"): no message undelivered, none delivered that this instance
+        neither holds nor acked."""
+        return self._end_confirmed
+
+    async def _confirm_end(self) -> None:
+        if self._end_confirmed or not self.marker_read:
+            return
+        try:
+            info = await self._js.consumer_info(self.names.stream, self.names.trainer_consumer, timeout=NATS_OP_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - asked again at the next read
+            log.warning("could not confirm the end of data with the server (%s); asking again", exc)
+            return
+        elsewhere = int(info.num_ack_pending) - len(self._msgs)
+        if int(info.num_pending) == 0 and elsewhere <= 0:
+            self._end_confirmed = True
+            return
+        if int(info.num_pending) > 0:  # published after the marker (an external session): read it first
+            return
+        self._end_checks += 1  # acks are processed asynchronously: a mismatch must persist
+        if self._end_checks >= END_CHECKS:
+            await self._resync(f"at the end of data {elsewhere} message(s) were delivered but neither held nor acked here")
 
     def _take(self, k: int, version: int, bound: StalenessBound | None) -> None:
         need = k - len(self._pending)
@@ -251,6 +321,7 @@ class TrajectorySource:
             if remaining <= 0:
                 return None
             await self._process(await self._fetch(min(remaining, FETCH_WAIT_S)))
+            await self._confirm_end()
 
     def take_rest(self, version: int, bound: StalenessBound | None) -> list[PendingGroup]:
         """After the end of data: every group still held (all released: no member can still

@@ -1,0 +1,30 @@
+"""tests/loop: the whole loop as real processes.
+
+``test_finite_run_faults.py``'s matrix (six faults near a finite run's end, ~8 minutes) is the
+``./dev test-endings`` tier (``ASYNCRL_ENDINGS_TESTS=1``); ``./dev test`` runs only its cases
+marked ``endings_slice`` and lists the others as deselected (never skipped)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+ENDINGS_MODULE = "tests/loop/test_finite_run_faults.py"
+SLICE = "endings_slice"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{SLICE}: a case of the finite-run fault matrix that ./dev test runs too")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("ASYNCRL_ENDINGS_TESTS") == "1":
+        return
+    kept, deselected = [], []
+    for item in items:
+        outside = item.nodeid.startswith(ENDINGS_MODULE) and item.get_closest_marker(SLICE) is None
+        (deselected if outside else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
