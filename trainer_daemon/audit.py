@@ -9,7 +9,8 @@ classifies every stream sequence from 1 to the last:
 
 - ``trained`` / ``dropped`` / ``duplicate`` / ``poison``: accounted for by the ledger;
 - ``dlq``: a dead-letter copy the trainer published (ledger, or the dead-letter subject);
-- ``end``: the rollout's end-of-data message, read by the trainer;
+- ``end``: the rollout's end-of-data message, read by the trainer or still stored (a trainer
+  that stopped at its total steps need not read it);
 - ``pending``: still in the stream, not yet accounted for along the checkpoint lineage (trained
   after the last checkpoint, or not yet consumed);
 - ``lost``: gone from the stream (purged or expired) without being accounted for — a violation;
@@ -110,11 +111,13 @@ def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: i
     end_seq = min(ends) if ends else last_seq + 1
     for seq in range(1, last_seq + 1):
         kind = kinds.get(seq) or ("dlq" if stream.get(seq) == dlq_subject else None)
+        if kind is None and (stream_ids or {}).get(seq) == END_MESSAGE:
+            kind = "end"  # the rollout's marker, stored, not read by a trainer that stopped at its total steps
         if kind is None:
             kind = "pending" if seq in stream else "lost"
             if kind == "lost" and len(out.lost_seqs) < SHOW:
                 out.lost_seqs.append(seq)
-            if kind == "pending" and finished and seq < end_seq and (stream_ids or {}).get(seq) != END_MESSAGE:
+            if kind == "pending" and finished and seq < end_seq:
                 out.unconsumed_at_end += 1
                 if len(out.unconsumed_ids) < SHOW:
                     out.unconsumed_ids.append((stream_ids or {}).get(seq, f"seq {seq}"))

@@ -1,6 +1,6 @@
 """tests/loop: the whole loop as real processes.
 
-``test_finite_run_faults.py``'s matrix (six faults near a finite run's end, ~8 minutes) is the
+``test_finite_run_faults.py``'s matrix (six faults near a finite run's end, ~4 minutes) is the
 ``./dev test-endings`` tier (``ASYNCRL_ENDINGS_TESTS=1``); ``./dev test`` runs only its cases
 marked ``endings_slice`` and lists the others as deselected (never skipped)."""
 

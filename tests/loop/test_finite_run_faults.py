@@ -10,8 +10,9 @@ at a moment guessed by a timer:
 
 - the trainer SIGKILLed before the rollout's last publish (the rollout frozen while it is
   checked that the marker is not in the stream yet);
-- the trainer SIGKILLed after the end-of-data marker was published but before it was read
-  (the trainer frozen before it, then the marker awaited in the stream);
+- the trainer SIGKILLed after the end-of-data marker was published but before it was read (the
+  engine held by failpoint ``local_engine.step`` until the trainer is up and frozen; then the
+  rollout, its staleness quota never binding, plays its data out while the trainer cannot read);
 - the trainer SIGKILLed while the last step is assembled (failpoint ``trainer.step.12``: the
   last step's batch taken from the stream, nothing committed);
 - the trainer SIGKILLed during the last step's sync (``trainer.sync_bucket``: the engines hold
@@ -26,7 +27,7 @@ lost, nothing unconsumed at the end, the run marked finished, and its final chec
 last step (step 12 when nothing was dropped).
 
 ``./dev test`` runs the issue's own case (the marker published but unread); ``./dev
-test-endings`` runs all six (about 8 minutes).
+test-endings`` runs all six (about 4 minutes).
 """
 
 from __future__ import annotations
@@ -111,7 +112,9 @@ class FiniteRun:
 
 
 @asynccontextmanager
-async def finite_run(tmp_path: Path, *extra: str):
+async def finite_run(tmp_path: Path, *extra: str, hold_engine: bool = False):
+    """The stack; ``hold_engine``: failpoint ``local_engine.step`` armed once the engine is up and
+    before the rollout service starts, so nothing is generated until the test releases it."""
     from asyncrl.config import load_config
     from launcher.up.main import demo_config_path, demo_policy
     from launcher.up.stack import Stack
@@ -128,7 +131,11 @@ async def finite_run(tmp_path: Path, *extra: str):
     before = os.environ.get(failpoints.ENV_DIR)
     os.environ[failpoints.ENV_DIR] = str(fp_dir)  # every child inherits it
     try:
-        await asyncio.to_thread(stack.start, lambda m: None)
+        def progress(message: str) -> None:
+            if hold_engine and message.startswith("starting the rollout service"):
+                (fp_dir / "local_engine.step.arm").touch()
+
+        await asyncio.to_thread(stack.start, progress)
         yield FiniteRun(stack, run_dir, fp_dir)
     finally:
         for name in ("trainer", "rollout"):
@@ -172,9 +179,13 @@ async def trainer_before_the_last_publish(run: FiniteRun) -> None:
 
 
 async def trainer_after_the_marker_before_reading_it(run: FiniteRun) -> None:
-    await run.at_step(2)
+    # the engine holds (nothing generated) until the trainer is up and frozen; then the rollout,
+    # its quota never binding, plays its data out and publishes the marker the trainer cannot read
+    await wait_for(lambda: "trainer ready" in run.child("trainer").log_path.read_text(errors="replace"), REACH_S,
+                   "the trainer ready", procs=[run.child("trainer")])
     run.child("trainer").signal(signal.SIGSTOP)
-    assert not await run.marker_stored()  # the precondition: the frozen trainer cannot have read it
+    assert not await run.marker_stored() and run.published() == 0  # the precondition
+    run.release("local_engine.step")
     await wait_for(run.marker_stored, REACH_S, "the marker in the stream", procs=[run.child("rollout")])
     await kill_and_restart_trainer(run)
 
@@ -222,13 +233,14 @@ FAULTS = {
     "nats-near-end": (nats_near_the_end, ()),
 }
 SLICE = ("trainer-marker-unread",)
+HOLD_ENGINE = ("trainer-marker-unread",)
 
 
 @pytest.mark.parametrize("fault", [pytest.param(f, marks=[pytest.mark.endings_slice] if f in SLICE else [])
                                    for f in FAULTS])
 async def test_a_finite_run_trains_or_drops_every_trajectory_after_a_fault_near_its_end(tmp_path, fault):
     strike, extra = FAULTS[fault]
-    async with finite_run(tmp_path, *extra) as run:
+    async with finite_run(tmp_path, *extra, hold_engine=fault in HOLD_ENGINE) as run:
         await strike(run)
         await finish_and_audit(run)
 

@@ -55,3 +55,4 @@ def test_a_finished_run_with_trajectories_left_before_its_end_is_a_violation():
     at_total = reconcile(entries, {8: TRAJ, 9: DLQ, 11: TRAJ}, last_seq=11, dlq_subject=DLQ, finished="total_steps",
                          stream_ids={8: "d-0", 11: "<end of data>"})
     assert at_total.unconsumed_ids == ["d-0"] and at_total.unconsumed_at_end == 1
+    assert at_total.end == 1 and at_total.pending == 1 and at_total.published == 8  # the stored marker is no trajectory
