@@ -2,7 +2,8 @@
 model and batch (the daemon's overhead), and weight broadcast to a real local_engine.
 
     .venv/bin/python bench/trainer.py [--model builtin:tiny] [--batch 16] [--prompt 32] \\
-        [--response 96] [--micro 4] [--steps 3] [--pushes 3] [--threads 1] [--no-sync] [--lengths long-tail]
+        [--response 96] [--micro 4] [--steps 3] [--pushes 3] [--threads 1] [--no-sync] [--lengths long-tail] \\
+        [--override actor.use_remove_padding=false] [--profile]
 
 ``--lengths long-tail``: the step part is issue 31's instead (``bench/step_compare.py``): 16
 groups × 4, prompt 256, responses log-normal (median 400, sigma 1, cap 4096) and the uniform
@@ -67,12 +68,16 @@ def make_batch(batch: int, prompt: int, response: int, n: int = 4):
 def daemon_step(args, ctx, trajs):
     """The daemon's step function on its one-rank policy: a callable doing one step."""
     from asyncrl.config import load_config
-    from trainer_daemon.model import build_optimizer, build_policy, build_scheduler
+    from trainer_daemon.model import attention_for, build_optimizer, build_policy, build_scheduler
     from trainer_daemon.step import StepSettings, TrainStep
 
     cfg = load_config(overrides=["rollout.n=4", f"actor.ppo_mini_batch_size={len(trajs) // 4}",
-                                 f"actor.ppo_micro_batch_size_per_gpu={args.micro}"], environ={})
-    model = build_policy(args.model, 0, ctx.device, 1)
+                                 f"actor.ppo_micro_batch_size_per_gpu={args.micro}", *args.override], environ={})
+    # the attention the daemon builds for this config (trainer_daemon/daemon.py): on the CPU,
+    # packed rows attend per sequence (segmented_sdpa); with plain sdpa they would take a dense
+    # T x T mask, a path the daemon never runs (what this bench measured by mistake: issue 49)
+    attn = attention_for(cfg.actor.attn_implementation, ctx.device, cfg.actor.use_remove_padding)
+    model = build_policy(args.model, 0, ctx.device, 1, attn_implementation=attn)
     opt = build_optimizer(model, cfg.actor.optim)
     step = TrainStep(model, opt, build_scheduler(opt, cfg.actor.optim, None), StepSettings.from_config(cfg, 0), ctx)
     groups = [list(range(i, i + 4)) for i in range(0, len(trajs), 4)]
@@ -103,6 +108,18 @@ def plain_step(args, trajs):
         opt.zero_grad(set_to_none=True)
 
     return one_step
+
+
+def profile_step(step, rows: int = 15) -> None:
+    """The daemon step's operators by self CPU time over two steps (after one warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+        step()
+    print("daemon step, two steps profiled (torch.profiler, self CPU time):")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
 def alternate(steps: int, **fns) -> dict[str, list[float]]:
@@ -230,6 +247,10 @@ def main() -> int:
     p.add_argument("--pushes", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-sync", action="store_true")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for the daemon's step (repeatable), e.g. actor.use_remove_padding=false")
+    p.add_argument("--profile", action="store_true",
+                   help="also print the daemon step's operators by self CPU time (torch.profiler, two steps)")
     p.add_argument("--lengths", choices=["fixed", "long-tail"], default="fixed",
                    help="long-tail: the step part on issue 31's batches instead (bench/step_compare.py: packed "
                         "daemon step vs a plain packed loop, long-tail and uniform lengths, padding)")
@@ -272,6 +293,8 @@ def main() -> int:
         print(f"  plain PyTorch loop                : {tokens / plain_s:9.1f} tok/s  ({plain_s:.3f} s/step)")
         print(f"  daemon / plain: {plain_s / daemon_s:.2f}x the plain loop's throughput "
               f"(per round: {', '.join(f'{p / d:.2f}' for d, p in zip(times['daemon'], times['plain'], strict=True))})")
+        if args.profile:
+            profile_step(daemon_step(args, ctx, trajs))
         if not args.no_sync:
             asyncio.run(bench_sync(args, ctx))
     finally:

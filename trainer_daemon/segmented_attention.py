@@ -9,7 +9,10 @@ Measured on this project's 2-core CPU the packed step ran 6.4x slower than the p
 batch of equal lengths (docs/benchmarks.md). This runs ``scaled_dot_product_attention`` with
 ``is_causal`` on each sequence's slice of q, k and v and concatenates the outputs: the same
 maths (tests/trainer/test_segmented_attention.py: log-probs and gradients equal to the dense
-mask's), the sequences' own work, no mask in memory.
+mask's), the sequences' own work, no mask in memory. Consecutive sequences of equal length (a
+batch of fixed-length samples, the CPU demo's) go through one call as a batch of that length
+(a view of the row, no copy), so a row of equal lengths costs one SDPA call per layer, as the
+padded layout does (issue 49).
 
 Contract:
 
@@ -63,10 +66,33 @@ def segmented_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: to
         raise ValueError(f"{NAME} takes one packed row, got a batch of {query.shape[0]}")
     bounds = _bounds(query.shape[2], kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids"))
     gqa = query.shape[1] != key.shape[1]
-    parts = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout,
-                                            is_causal=True, scale=scaling, enable_gqa=gqa) for s, e in bounds]
+    parts = []
+    for s, e, k in _runs(bounds):  # k consecutive sequences of one length: one call, batched
+        length = (e - s) // k
+        q, kk, v = (_as_batch(x[:, :, s:e], k, length) for x in (query, key, value))
+        o = F.scaled_dot_product_attention(q, kk, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa)
+        parts.append(o.transpose(0, 1).reshape(1, o.shape[1], e - s, o.shape[3]) if k > 1 else o)
     out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _runs(bounds: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``(start, end, count)`` of each maximal run of consecutive sequences of equal length."""
+    runs: list[tuple[int, int, int]] = []
+    for s, e in bounds:
+        if runs and (runs[-1][1] - runs[-1][0]) // runs[-1][2] == e - s and runs[-1][1] == s:
+            runs[-1] = (runs[-1][0], e, runs[-1][2] + 1)
+        else:
+            runs.append((s, e, 1))
+    return runs
+
+
+def _as_batch(x: torch.Tensor, k: int, length: int) -> torch.Tensor:
+    """``(1, H, k * length, D)`` → ``(k, H, length, D)``: the run's sequences as a batch (a view)."""
+    if k == 1:
+        return x
+    h, d = x.shape[1], x.shape[3]
+    return x.reshape(h, k, length, d).transpose(0, 1)
 
 
 def _no_mask(*args, **kwargs) -> None:

@@ -83,3 +83,31 @@ def test_it_refuses_what_it_cannot_do(kwargs, message):
         segmented_sdpa_forward(None, q, q, q, None, **kwargs)
     with pytest.raises(ValueError, match="one packed row"):
         segmented_sdpa_forward(None, torch.randn(2, 2, 10, 8), q, q, None, cu_seq_lens_q=cu_seq_lens([10]))
+
+
+def test_runs_of_equal_lengths_batched_in_one_call_give_the_same_outputs_and_gradients():
+    """Issue 49: consecutive sequences of one length go through SDPA as one batch (a view of the
+    row). On fixed tensors: the output and the gradients of q, k and v equal those of one call
+    per sequence, for rows of equal lengths, mixed runs, and grouped-query heads."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    for lens, heads_kv in (([6, 6, 6, 6], 2), ([4, 4, 7, 3, 3, 3, 5], 4), ([9], 2), ([2, 5, 2, 5], 1)):
+        t = sum(lens)
+        q = torch.randn(1, 4, t, 8, requires_grad=True)
+        k = torch.randn(1, heads_kv, t, 8, requires_grad=True)
+        v = torch.randn(1, heads_kv, t, 8, requires_grad=True)
+        weights = torch.randn(1, t, 4, 8)
+        fast, _ = segmented_sdpa_forward(None, q, k, v, None, cu_seq_lens_q=cu_seq_lens(lens))
+        (fast * weights).sum().backward()
+        fast_grads = [x.grad.clone() for x in (q, k, v)]
+        for x in (q, k, v):
+            x.grad = None
+        edges = cu_seq_lens(lens).tolist()
+        simple = torch.cat([F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
+                                                           enable_gqa=heads_kv != 4)
+                            for s, e in zip(edges[:-1], edges[1:])], dim=2).transpose(1, 2)
+        (simple * weights).sum().backward()
+        torch.testing.assert_close(fast, simple, rtol=0, atol=1e-6, msg=str(lens))
+        for got, x in zip(fast_grads, (q, k, v)):
+            torch.testing.assert_close(got, x.grad, rtol=0, atol=1e-5, msg=str(lens))
