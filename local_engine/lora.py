@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import json
 import uuid
 from collections import OrderedDict
@@ -53,6 +54,11 @@ SUFFIXES = {".lora_A.weight": 0, ".lora_B.weight": 1}
 
 class LoraError(ValueError):
     """A refused adapter operation; the message is SGLang's where SGLang has one."""
+
+
+MAX_LORA_ALPHA = 1e6
+"""Largest ``lora_alpha`` in size accepted (peft's are single or double digits; 1e308 made every
+output infinite: issue 48)."""
 
 
 def sha256_of(t: torch.Tensor) -> str:
@@ -198,7 +204,11 @@ class AdapterStore:
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1 or not isinstance(alpha, (int, float)):
             raise LoraError(f"adapter {name}: config needs an integer r >= 1 and a number lora_alpha "
                             f"(got r={rank!r}, lora_alpha={alpha!r})")
-        if not isinstance(config["target_modules"], (str, list)):
+        if not math.isfinite(alpha) or not 0 < abs(alpha) <= MAX_LORA_ALPHA:
+            raise LoraError(f"adapter {name}: lora_alpha must be finite, non-zero and at most {MAX_LORA_ALPHA:g} "
+                            f"in size (got {alpha!r})")
+        targets = config["target_modules"]
+        if not (isinstance(targets, str) or (isinstance(targets, list) and all(isinstance(t, str) for t in targets))):
             raise LoraError(f"adapter {name}: target_modules must be a string or a list of names")
         if rank > self.max_rank or not covers(self.targets, normalized_targets(config["target_modules"])):
             raise LoraError(

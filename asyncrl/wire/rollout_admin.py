@@ -45,7 +45,7 @@ class PauseRequest(_Request):
 
 
 class ResumeRequest(_Request):
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, le=2**63 - 1)  # int63 (issue 48)
     """The weight version the engines now serve; refused (409) when older than the current one."""
 
 

@@ -123,7 +123,7 @@ class ReloadSpec(_Strict):
     """A full checkpoint of the trainer's weights engines can reload from after a failure."""
 
     path: str = Field(min_length=1)
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, le=2**63 - 1)
 
 
 ADAPTER_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,159}$"
@@ -165,7 +165,7 @@ class SyncRequest(_Strict):
     """``POST /v1/syncs``: make every engine serve these buckets as ``version`` — or, with
     ``adapter`` (no group, no buckets), load this LoRA adapter on every engine as ``version``."""
 
-    version: int = Field(ge=1)
+    version: int = Field(ge=1, le=2**63 - 1)  # int63: a 2^70 once wedged every later sync (issue 48)
     group: GroupSpec | None = None
     buckets: list[BucketSpec] = Field(default_factory=list)
     reload: ReloadSpec | None = None

@@ -201,6 +201,10 @@ class Trajectory(msgspec.Struct, kw_only=True, tag_field="schema", tag=SCHEMA_TA
         return self.version_end != self.version_start
 
 
+MAX_VERSION = 2**63 - 1
+"""Largest weight version anywhere on the wire: int63, what every holder stores (issue 48)."""
+
+
 def _invariant_errors(t: Trajectory) -> list[str]:
     errors = []
     n = len(t.token_ids) - t.prompt_length
@@ -239,6 +243,10 @@ def _invariant_errors(t: Trajectory) -> list[str]:
         errors.append(f"group_index {t.group_index} must be in [0, group_size={t.group_size})")
     if t.version_start > t.version_end:
         errors.append(f"version_start {t.version_start} > version_end {t.version_end}")
+    if not (math.isfinite(t.temperature) and t.temperature >= 0.0):
+        errors.append(f"temperature {t.temperature!r} must be finite and >= 0")
+    if max(abs(t.version_start), abs(t.version_end)) > MAX_VERSION or (model_versions and max(model_versions) > MAX_VERSION):
+        errors.append(f"weight versions must be at most {MAX_VERSION} (int63)")
     if not is_plain_name(t.id):
         errors.append(f"id {t.id[:80]!r} must be a plain name (letters, digits, _ . : -, not starting with a dot)")
     if not (math.isfinite(t.reward) and abs(t.reward) <= REWARD_BOUND):

@@ -171,7 +171,7 @@ class ChatCompletionRequest(_Strict):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, what the engine's sampler takes (issue 48)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool | None = None
@@ -202,7 +202,7 @@ class CompletionRequest(_Strict):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)  # int64, what the engine's sampler takes (issue 48)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
     stream: bool | None = None
