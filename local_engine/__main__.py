@@ -6,7 +6,8 @@
 
 Every flag is a field of :class:`local_engine.settings.EngineSettings` (``--help`` lists them;
 ``EngineSettings.from_argv`` parses them, environment variables included). A bad value exits
-with status 2 and a line naming the field and its flag. torch and transformers are imported
+with status 2 and a line naming the field and its flag. Off loopback the engine needs an api
+key of 12+ characters (its environment), else it refuses to start (issue 48). torch and transformers are imported
 only after the flags parsed (``--help`` is instant).
 """
 
@@ -28,6 +29,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = EngineSettings.from_argv(list(sys.argv[1:] if argv is None else argv))
     except SettingsError as exc:
         print(f"asyncrl engine: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    from asyncrl.http.binding import bind_refusal
+
+    # like the other services (issue 48): off loopback, the engine needs its key (SGLang starts
+    # open anywhere; asyncrl's own engine does not)
+    refusal = bind_refusal(settings.host, False, len(settings.api_key or "") >= 12,
+                           "the engine's api key (LOCAL_ENGINE_API_KEY or LOCAL_ENGINE_API_KEY_FILE)")
+    if refusal:
+        print(f"asyncrl engine: refusing to start: {refusal}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, json_lines=settings.log_json)
     import torch

@@ -48,3 +48,11 @@ def test_the_services_refuse_to_start_open_off_loopback(tmp_path):
     assert "refusing to start" in err and "loopback only" in err
     err = _refused(["sync-agent", *run, "--host", "0.0.0.0", "--insecure-dev"], {})
     assert "refusing to start" in err and "loopback only" in err
+
+
+def test_the_local_engine_refuses_to_start_open_off_loopback():
+    """Issue 48 item 11: ``asyncrl engine`` off loopback without its key (or with a short one)
+    exits 2 naming the key, before loading a model."""
+    for env in ({}, {"LOCAL_ENGINE_API_KEY": "short"}):
+        err = _refused(["engine", "--model", "builtin:tiny", "--host", "0.0.0.0", "--port", "1"], env)
+        assert "refusing to start" in err and "LOCAL_ENGINE_API_KEY" in err and "non-loopback" in err
