@@ -38,6 +38,7 @@ PROGRESS_S = 600.0  # after a crash: restarted, recovered and two more steps
 HEALTHY_S = 120.0  # the slowest healthcheck interval is 30 s (trainer)
 POLL_S = 5.0
 STOP_GRACE_S = 60  # docker compose stop's grace period before SIGKILL
+DISCOVERY_S = 90.0  # Prometheus' DNS discovery of the engines (10 s refresh) and a scrape (10 s), with room
 STEPS = 3  # trainer steps (and as many syncs) before the crash test
 OPTIONAL = {"grafana", "nats-exporter", "json-exporter"}  # images no registry here provides
 ENABLED = os.environ.get("ASYNCRL_DOCKER_TESTS") == "1"
@@ -109,6 +110,15 @@ class CpuStack:
         result = json.loads(proc.stdout)["data"]["result"]
         return max((float(r["value"][1]) for r in result), default=None)
 
+    def targets(self, job: str) -> list[dict]:
+        """Prometheus' active targets of ``job`` (``/api/v1/targets``): each one's scrape URL,
+        health and last scrape error."""
+        url = "http://127.0.0.1:9090/api/v1/targets?state=active"
+        proc = self.compose("exec", "-T", "prometheus", "wget", "-q", "-O", "-", url, timeout=30, check=False)
+        if proc.returncode != 0:
+            return []
+        return [t for t in json.loads(proc.stdout)["data"]["activeTargets"] if t["labels"].get("job") == job]
+
     def logs(self) -> str:
         return self.compose("logs", "--no-color", "--tail", "60", timeout=60, check=False).stdout[-12000:]
 
@@ -142,6 +152,22 @@ def stack(tmp_path_factory):
         s.compose("down", "--volumes", "--remove-orphans", "--timeout", "20", timeout=300, check=False)
 
 
+def _wait_scraped(stack: CpuStack, job: str, what: str) -> None:
+    """Wait until Prometheus discovered ``job``'s targets and scraped every one successfully
+    (discovery by DNS refreshes every 10 s: a slow start is waited for, up to DISCOVERY_S);
+    a failure names each target and its last scrape error, or says none was discovered."""
+    deadline = time.monotonic() + DISCOVERY_S
+    seen: list[dict] = []
+    while time.monotonic() < deadline:
+        seen = stack.targets(job)
+        if seen and all(t["health"] == "up" for t in seen) and stack.promql(f'min(up{{job="{job}"}})') == 1.0:
+            return
+        time.sleep(POLL_S)
+    found = "; ".join(f"{t['scrapeUrl']}: {t['health']} ({t.get('lastError') or 'no error'})" for t in seen) \
+        or "no target discovered"
+    raise AssertionError(f"{what} are not scraped within {DISCOVERY_S:.0f} s: {found}\n--- compose logs ---\n{stack.logs()}")
+
+
 def _step(stack: CpuStack) -> float:
     return stack.promql("asyncrl_trainer_global_step") or 0.0
 
@@ -150,7 +176,7 @@ def test_cpu_profile_trains_syncs_and_is_scraped(stack):
     _wait(f"{STEPS} trainer steps and {STEPS} weight syncs in Prometheus", stack, UP_S,
           lambda: _step(stack) >= STEPS and (stack.promql('asyncrl_sync_syncs_total{state="succeeded"}') or 0) >= STEPS)
     assert (stack.promql("asyncrl_rollout_publish_request_seconds_count") or 0) > 0, "the rollout service is not scraped"
-    assert stack.promql('up{job="engines"}') == 1.0, "the CPU engines are not scraped"
+    _wait_scraped(stack, "engines", "the CPU engines (DNS discovery of engine-cpu)")
     services = ("nats", "rollout", "sync-agent", "engine-cpu", "trainer-cpu", "prometheus", "gateway")
     _wait("every service healthy by its own healthcheck", stack, HEALTHY_S,
           lambda: all(stack.inspect(s)["State"].get("Health", {}).get("Status") == "healthy" for s in services))
