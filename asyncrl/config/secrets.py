@@ -30,3 +30,30 @@ def revealed_document(model: BaseModel) -> dict[str, Any]:
             return [overlay(j, p) for j, p in zip(js, py, strict=True)]
         return js
     return overlay(model.model_dump(mode="json"), model.model_dump(mode="python"))
+
+
+def secret_values(model: BaseModel) -> list[str]:
+    """Every secret field's plain text in ``model`` (non-empty ones), longest first."""
+    found: list[str] = []
+
+    def walk(py: Any) -> None:
+        if isinstance(py, SecretStr):
+            if py.get_secret_value():
+                found.append(py.get_secret_value())
+        elif isinstance(py, dict):
+            for v in py.values():
+                walk(v)
+        elif isinstance(py, (list, tuple)):
+            for v in py:
+                walk(v)
+    walk(model.model_dump(mode="python"))
+    return sorted(set(found), key=len, reverse=True)
+
+
+def redact(text: str, secrets: list[str], mask: str = "[redacted]") -> str:
+    """``text`` with every occurrence of each of ``secrets`` replaced by ``mask``: for a log tail
+    asyncrl copies somewhere others may read (SGLang logs its server args, keys included)."""
+    for value in secrets:
+        if value:
+            text = text.replace(value, mask)
+    return text

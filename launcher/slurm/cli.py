@@ -27,7 +27,7 @@ import yaml
 from asyncrl.cli_args import split_config_args
 from asyncrl.config import ConfigError, load_config, revealed_document
 from launcher.slurm.placement import PlacementError, requirements
-from launcher.slurm.script import render
+from launcher.slurm.script import UnsafeScriptValue, render
 from launcher.slurm.steps import interpreter
 
 
@@ -55,11 +55,19 @@ def main(argv: Sequence[str]) -> int:
     doc = revealed_document(cfg)
     doc["run"]["dir"] = str(run_dir)
     run_file = run_dir / "slurm" / "run.yaml"
-    write_private(run_file, yaml.safe_dump(doc, sort_keys=False))
     script = run_dir / "slurm" / "job.sbatch"
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)  # Slurm opens the job's output file there before the script runs
-    script.write_text(render(cfg, need, run_file, interpreter(cfg), Path.cwd()))
-    script.chmod(0o755)
+    try:
+        text = render(cfg, need, run_file, interpreter(cfg), Path.cwd())
+    except UnsafeScriptValue as exc:  # before anything is written
+        print(f"asyncrl slurm: {exc}", file=sys.stderr)
+        return 2
+    # the run directory and its logs are the user's alone (engines' and services' logs, the
+    # job's output): 0700 where asyncrl creates them (issue 48)
+    for d in (run_dir, run_dir / "slurm", run_dir / "logs"):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_private(run_file, yaml.safe_dump(doc, sort_keys=False))
+    script.write_text(text)  # Slurm opens the job's output file in logs/ before the script runs
+    script.chmod(0o700)
     print(f"wrote {script} ({need.nodes} node(s), {need.engines} engine(s), "
           f"{need.gpus_per_node} GPU(s) on the busiest node) and {run_file}")
     if not ns.submit:

@@ -39,6 +39,7 @@ from pathlib import Path
 import yaml
 
 from asyncrl.config import ConfigError, RunConfig, load_config, revealed_document
+from asyncrl.config.secrets import redact, secret_values
 from asyncrl.files import atomic_write
 from asyncrl.jetstream.embedded import ENDPOINT_FILE, server_config
 from asyncrl.launch import ChildProcess, http_ok, log_tail, port_open
@@ -132,12 +133,24 @@ class SlurmJob:
                 return
             time.sleep(TICK_S)
         raise JobFailed(f"{name} did not become ready within {timeout_s:.0f} s; its log: {child.log_path}\n"
-                        f"{log_tail(child.log_path, 2000)}")
+                        f"{self._tail(child)}")
 
-    @staticmethod
-    def _exit_message(name: str, child: ChildProcess, what: str) -> str:
+    @property
+    def _secrets(self) -> list[str]:
+        """The configured secrets and those this job generated (``resolve``)."""
+        doc = self.doc or {}
+        generated = [v for v in (*doc.get("security", {}).values(), doc.get("engines", {}).get("api_key"),
+                                 doc.get("engines", {}).get("admin_api_key")) if isinstance(v, str) and len(v) >= 8]
+        return sorted(set(secret_values(self.cfg)) | set(generated), key=len, reverse=True)
+
+    def _tail(self, child: ChildProcess) -> str:
+        """A child's log tail for the job's output, every configured secret redacted (SGLang logs
+        its server args, the api key included: issue 48)."""
+        return redact(log_tail(child.log_path, 2000), self._secrets)
+
+    def _exit_message(self, name: str, child: ChildProcess, what: str) -> str:
         return (f"{name} {what} (exit code {child.poll()}); its log: {child.log_path}; last lines:\n"
-                f"{log_tail(child.log_path, 2000)}")
+                f"{self._tail(child)}")
 
     @property
     def nats_endpoint(self) -> Path:

@@ -41,9 +41,25 @@ def sbatch_options(cfg: RunConfig, need: Requirements, run_dir: Path) -> list[st
     return opts
 
 
+class UnsafeScriptValue(ValueError):
+    """A value the batch script cannot hold safely (``#SBATCH`` lines cannot be quoted)."""
+
+
+def _plain(what: str, value: str) -> str:
+    """``value`` unchanged when it has no control character or whitespace, else an error: a
+    newline in ``run.dir`` once injected shell lines into job.sbatch (issue 48)."""
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        raise UnsafeScriptValue(f"{what} {value!r} contains whitespace or a control character; the batch script's "
+                                "#SBATCH lines cannot quote it: choose a path without them")
+    return value
+
+
 def render(cfg: RunConfig, need: Requirements, run_file: Path, python: str, workdir: Path) -> str:
-    """The batch script's text."""
-    run_dir = Path(cfg.run_dir).resolve()
+    """The batch script's text (raises :class:`UnsafeScriptValue` for a run directory, job name
+    or interpreter path with whitespace or control characters)."""
+    run_dir = Path(_plain("run.dir", str(Path(cfg.run_dir).resolve())))
+    _plain("slurm.job_name", job_name(cfg))
+    _plain("the python interpreter path", python)
     lines = ["#!/bin/bash", f"# asyncrl run {cfg.run.id}: written by `asyncrl slurm`; submit with `sbatch {run_dir / 'slurm' / 'job.sbatch'}`"]
     lines += [f"#SBATCH {opt}" for opt in sbatch_options(cfg, need, run_dir)]
     lines += ["set -euo pipefail", *cfg.slurm.setup, f"cd {shlex.quote(str(workdir))}",
