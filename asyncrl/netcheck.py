@@ -10,7 +10,9 @@ Contract of :func:`address_problem`: an address is acceptable when every address
 to is not globally routable (:attr:`ipaddress.IPv4Address.is_global` false: RFC 1918,
 loopback, link-local, unique-local IPv6, and the shared 100.64.0.0/10 space VPN overlays such
 as Tailscale use); a name that does not resolve, an empty value, or any global address is a
-problem, named with its setting. ``NETCHECK_ALLOW_PUBLIC=1`` accepts global addresses
+problem, named with its setting, and so is the unspecified address (``0.0.0.0``, ``::``,
+``0``: every interface, the public ones too; issue 48), never "private" whatever
+``NETCHECK_ALLOW_PUBLIC`` says. ``NETCHECK_ALLOW_PUBLIC=1`` accepts global addresses
 (for a network its owner has otherwise closed: a firewall that admits only the nodes), saying
 so on stderr. Not covered: whether the private network is in fact trusted.
 """
@@ -45,6 +47,10 @@ def address_problem(setting: str, value: str, resolver: Resolver = resolve) -> s
             addresses = [ipaddress.ip_address(a.split("%")[0]) for a in resolver(host)]
         except OSError as exc:
             return f"{setting}={value} does not resolve ({exc}): give a private address"
+    unspecified = [str(a) for a in addresses if a.is_unspecified]
+    if unspecified:  # 0.0.0.0, ::, "0": every interface, the public ones too
+        return (f"{setting}={value} is the unspecified address ({', '.join(unspecified)}): a port published or bound "
+                f"there listens on every interface of the node, its public ones too; give this node's private address")
     public = [str(a) for a in addresses if a.is_global]
     if public:
         return (f"{setting}={value} is a public address ({', '.join(public)}): the cluster's NATS, sync-agent, "

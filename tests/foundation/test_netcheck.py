@@ -55,3 +55,13 @@ def test_it_runs_as_a_module():
                          timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert ok.returncode == 0 and "private" in ok.stdout
     assert bad.returncode == 1 and "NODE_ADDR=1.1.1.1 is a public address" in bad.stderr
+
+
+@pytest.mark.parametrize("value", ["0.0.0.0", "::", "[::]", "0"])
+def test_the_unspecified_address_is_refused_even_when_public_ones_are_allowed(value):
+    """Issue 48 item 3: 0.0.0.0, :: and "0" passed as private (not global), so CONTROL_ADDR=0.0.0.0
+    published NATS and the sync agent on every interface, public ones too."""
+    resolver = lambda name: {"0": ["0.0.0.0"]}[name]  # noqa: E731 - what getaddrinfo("0") answers
+    problem = address_problem("CONTROL_ADDR", value, resolver)
+    assert problem is not None and problem.startswith("CONTROL_ADDR") and "unspecified address" in problem
+    assert main([f"CONTROL_ADDR={value}"], environ={ALLOW_ENV: "1"}, resolver=resolver) == 1
