@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 import json
+import math
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping

@@ -101,7 +101,7 @@ def _check_opcodes(raw: bytes) -> None:
     """Refuse a payload using an opcode outside a plain pickle of tensors, or declaring more
     bytes than it holds (before anything is allocated)."""
     try:
-        for op, arg, _pos in pickletools.genops(raw):
+        for op, _arg, _pos in pickletools.genops(raw):
             if op.name in _REFUSED_OPCODES:
                 raise ValueError(f"the serialized tensors use the pickle opcode {op.name}, which a dict of tensors never needs")
     except ValueError:

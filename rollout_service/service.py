@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config import RunConfig, secret
+from asyncrl.engine_client.allowed import engine_url_refusal
 from asyncrl.jetstream import store_sizes
 from asyncrl.loops import LoopSupervisor
 from asyncrl.progress import ProgressWindow
@@ -163,7 +164,8 @@ class RolloutService:
         return AdminPorts(admin_token=secret(self.cfg.security.admin_token), runner=self.runner, engines=self.pool,
                           status=self.status, validate=self.validate,
                           pause_mode=plan_for(self.cfg.sync, self.cfg.async_training).rollout_mode,
-                          pause_timeout_s=self.cfg.rollout.pause_timeout_s)
+                          pause_timeout_s=self.cfg.rollout.pause_timeout_s,
+                          engine_refusal=lambda url: engine_url_refusal(url, self.cfg.engines.urls, self.cfg.engines.allowed_hosts))
 
     async def validate(self, version: int | None = None) -> dict:
         """Validate now (at the current version unless given); the result is kept for

@@ -39,6 +39,7 @@ from typing import Any
 
 from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
+from asyncrl.engine_client.allowed import engine_url_refusal
 from asyncrl.engine_client.errors import EngineError
 from asyncrl.sync_control.adapter_load import adapter_problems, stage_adapter, switch_adapter
 from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
@@ -105,6 +106,7 @@ class SyncCoordinator:
         self.accepted_version = self.version
         self.queue: asyncio.Queue[SyncRecord] = asyncio.Queue()
         self.clients: dict[str, EngineClient] = {}
+        self._refused_urls: set[str] = set()  # engine URLs the rollout lists that the config does not allow (logged once)
         self.running: SyncRecord | None = None
         self.reload_hint: ReloadSpec | None = None
         self.last_views: list[dict[str, Any]] = []
@@ -122,6 +124,9 @@ class SyncCoordinator:
 
     # -- engines -------------------------------------------------------------------------
     def client(self, engine_id: str, url: str) -> EngineClient:
+        refusal = engine_url_refusal(url, self.settings.engines.urls, self.settings.engines.allowed_hosts)
+        if refusal:
+            raise ValueError(refusal)
         c = self.clients.get(engine_id)
         if c is None or c.base_url != url.rstrip("/"):
             e = self.settings.engines
@@ -132,7 +137,16 @@ class SyncCoordinator:
     async def engine_views(self) -> list[dict[str, Any]]:
         """The rollout service's engines with each one's liveness, served version and whether it
         awaits a reload (it may hold mixed weights)."""
-        engines = (await self.rollout.status()).engines
+        e_cfg = self.settings.engines
+        engines = []
+        for e in (await self.rollout.status()).engines:
+            refusal = engine_url_refusal(e.url, e_cfg.urls, e_cfg.allowed_hosts)
+            if refusal:  # never send the engine keys, pauses or weights there (issue 48)
+                if e.url not in self._refused_urls:
+                    log.error("ignoring the rollout's engine %s: %s", e.id, refusal)
+                    self._refused_urls.add(e.url)
+                continue
+            engines.append(e)
 
         async def view(e: EngineState) -> dict:
             out = {"id": e.id, "url": e.url, "rollout_state": e.state, "reason": e.reason, "alive": False,

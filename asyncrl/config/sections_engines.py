@@ -86,6 +86,10 @@ class EnginesConfig(Section):
     ``trainer.weight_sync_backend`` (local engines join gloo groups only)."""
     urls: list[str] = Field(default_factory=list)
     """Base URLs of running engines (SGLang, or local engines started elsewhere)."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Hosts an engine added at run time (``POST /admin/engines``) may be on, besides those of
+    ``urls``: host names or addresses, or networks in CIDR form (``10.0.0.0/24``). The engine
+    keys go to every engine the services know (:mod:`asyncrl.engine_client.allowed`)."""
     num_local: int = Field(1, ge=0, le=64)
     """Local engines ``asyncrl up`` starts when ``backend`` is ``local`` and ``urls`` is empty."""
     local: LocalEngineSection = Field(default_factory=LocalEngineSection)

@@ -66,8 +66,11 @@ def build_admin_router(ports: AdminPorts) -> APIRouter:
     async def status() -> RolloutStatus:
         return service_status()
 
-    @router.post("/engines", responses=errors(409))
+    @router.post("/engines", responses=errors(403, 409))
     async def add_engine(body: AddEngineRequest) -> RolloutStatus:
+        refusal = ports.engine_refusal(str(body.url))
+        if refusal:  # the engine key would go there (issue 48)
+            raise ApiError(403, refusal, param="url")
         try:
             pool.add(str(body.url), body.id)
         except ValueError as exc:

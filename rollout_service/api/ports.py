@@ -54,3 +54,5 @@ class AdminPorts:
     """The rollout's pause mode when a pause names none (``sync.pause_policy``'s plan)."""
     pause_timeout_s: float
     """``rollout.pause_timeout_s``: a pause that names no timeout waits this long."""
+    engine_refusal: Callable[[str], str | None] = lambda url: None
+    """Why an engine URL may not be added (``asyncrl.engine_client.allowed``), or None."""
