@@ -5,8 +5,8 @@
 #
 # - a file that exists is kept: running it again never rotates a secret by accident (delete the
 #   file and restart the services that read it to rotate one);
-# - a missing one gets the value of its upper-case variable when that is set (ADMIN_TOKEN for
-#   admin_token: `set -a; . ./old.env; set +a; docker/make-secrets.sh` moves the secrets of an
+# - a missing one gets the value of its upper-case variable when that is set and 16+ characters
+#   long (a shorter one is refused: the names are generic; ADMIN_TOKEN for admin_token: `set -a; . ./old.env; set +a; docker/make-secrets.sh` moves the secrets of an
 #   .env of an older release into files), else 24 random bytes in hex (the NATS passwords
 #   start with "nats-": nats.conf takes them as bare values, which must start with a letter);
 # - the directory is 0700 (only its owner on the host reads it), each file 0444 without a
@@ -28,6 +28,14 @@ for name in "${NAMES[@]}"; do
     fi
     var="${name^^}"
     value="${!var:-}"
+    if [[ -n "$value" && ${#value} -lt 16 ]]; then
+        # the names are generic (API_TOKEN, ADMIN_TOKEN, ...): a shell may hold one set for
+        # something else; a short value is refused rather than written as a weak secret
+        echo "make-secrets: \$$var is set but shorter than 16 characters: refusing to write it as $name" \
+             "(unset it for a random value, or set a strong one)" >&2
+        exit 1
+    fi
+    [[ -n "$value" ]] && echo "make-secrets: $name from \$$var"
     if [[ -z "$value" ]]; then
         value="$(od -An -tx1 -N24 /dev/urandom | tr -d ' \n')"
         [[ "$name" == nats_* ]] && value="nats-$value"

@@ -462,6 +462,26 @@ def test_nats_and_the_engines_run_without_capabilities_or_the_hosts_ipc(one_box)
     assert s["sglang"]["shm_size"]
 
 
+ADDED_BACK = {
+    "model-init": {"DAC_OVERRIDE"},
+    # per-run uids: the sandbox creates, owns and kills them (docs/security.md, the sandbox)
+    "python-sandbox": {"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"},
+}
+
+
+def test_every_service_drops_every_capability_and_none_shares_the_hosts_ipc(compose, one_box):
+    """Issue 48 item 12: trainer, gateway, grafana and model-init kept their capabilities and the
+    cluster's trainer shared the host's IPC namespace. Now every service of both files drops
+    them all (model-init adds back DAC_OVERRIDE alone, to write a MODELS_DIR another user owns)."""
+    cluster = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles=ALL_PROFILES, env=CLUSTER_ADDRS)
+    for where, project in (("one box", one_box), ("cluster", cluster)):
+        for name, svc in project["services"].items():
+            assert svc.get("cap_drop") == ["ALL"], f"{where}: {name} keeps capabilities"
+            assert set(svc.get("cap_add") or []) <= ADDED_BACK.get(name, set()), (where, name)
+            assert svc.get("ipc") is None, f"{where}: {name} shares the host's IPC namespace"
+    assert cluster["services"]["trainer"]["shm_size"]
+
+
 def test_the_engine_image_is_a_checked_release_on_which_every_pause_policy_is_exact():
     """compose and the trainer image pin one SGLang release; the contract kit checks the
     product's requests against it (``tests.contract.sglang_source.PINNED``), and on it every

@@ -33,6 +33,16 @@ def test_make_secrets_keeps_what_exists_and_moves_an_old_env_in(tmp_path):
     assert {k: v for k, v in again.items() if k != "api_token"} == {k: v for k, v in first.items() if k != "api_token"}
 
 
+def test_make_secrets_refuses_a_short_value_from_a_generic_variable(tmp_path):
+    """Issue 48 item 12: API_TOKEN, ADMIN_TOKEN, ... are generic names a shell may hold for
+    something else; one shorter than 16 characters is refused, naming it, not written weak."""
+    directory = tmp_path / "secrets"
+    proc = subprocess.run(["bash", str(REPO / "docker" / "make-secrets.sh"), str(directory)], capture_output=True,
+                          text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "API_TOKEN": "x"})
+    assert proc.returncode == 1 and "$API_TOKEN" in proc.stderr and "16 characters" in proc.stderr, proc.stderr
+    assert not (directory / "api_token").exists()
+
+
 def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", **env})
 
