@@ -56,7 +56,12 @@ from rollout_service.runner.finish import model_text
 from rollout_service.runner.runner import Runner, RunnerSettings
 from rollout_service.runner.store import AgentStore, KvRecords, RunnerStateStore
 from rollout_service.runner.validation import run_validation
-from rollout_service.service import CountingTools, RolloutService, tool_options
+from rollout_service.service import (
+    CountingTools,
+    RolloutService,
+    sandbox_hidden_paths,
+    tool_options,
+)
 from tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -94,7 +99,7 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
     for engine_url in e.urls:
         pool.add(engine_url)
     tokenizer = await asyncio.to_thread(load_tokenizer, cfg.model.tokenizer_path or cfg.model.path)
-    tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **tool_options(cfg.rollout)))
+    tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **tool_options(cfg.rollout, sandbox_hidden_paths(cfg))))
     clash = {t.name for t in cfg.rollout.external_tools} & set(tools.registry.names)
     if clash:
         raise ValueError(f"external tools {sorted(clash)} have the names of builtin tools")

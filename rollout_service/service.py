@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from asyncrl.config import RunConfig, secret
@@ -69,12 +70,26 @@ class CountingTools:
         return result
 
 
-def tool_options(rollout) -> dict[str, dict[str, Any]]:
-    """``rollout.tool_options``, with ``rollout.python_sandbox_url`` given to the python tool."""
+def tool_options(rollout, hidden: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``rollout.tool_options``, with ``rollout.python_sandbox_url`` given to the python tool, and
+    ``hidden`` (the run directory and data roots: issue 48) added to what its runs must not see."""
     options = {name: dict(opts) for name, opts in rollout.tool_options.items()}
     if rollout.python_sandbox_url and "python" in rollout.tools:
         options["python"] = {**options.get("python", {}), "sandbox_url": rollout.python_sandbox_url}
+    elif hidden and "python" in rollout.tools:
+        python = options.get("python", {})
+        options["python"] = {**python, "hidden_paths": [*python.get("hidden_paths", []), *hidden]}
     return options
+
+
+def sandbox_hidden_paths(cfg: RunConfig) -> list[str]:
+    """What the python tool's runs must not see: the run directory (trajectories, checkpoints,
+    the exported data with its answers) and the directories of the data files."""
+    paths = [str(Path(cfg.run_dir).resolve())]
+    for f in [*cfg.data.train_files, *cfg.data.val_files]:
+        if "://" not in str(f) and ":" not in str(f)[:12]:  # local files only (not hf:, reasoning_gym:, ...)
+            paths.append(str(Path(f).resolve().parent))
+    return list(dict.fromkeys(paths))
 
 
 class RolloutService:

@@ -8,8 +8,10 @@ It uses only the standard library and runs *before* any model code, in this orde
 2. as root: ``unshare(CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS)``: a network namespace
    whose only interface, ``lo``, is down, a pid namespace (needs CAP_SYS_ADMIN, which default
    Docker does not grant; without it if only that is refused) and a private mount namespace
-   in which ``/tmp`` and ``/dev/shm`` are fresh tmpfs of :data:`PRIVATE_TMPFS_BYTES` (and
-   :data:`PRIVATE_TMPFS_INODES` files) each, gone with the run, and ``/proc`` is a new procfs
+   in which every world-writable directory (``/tmp``, ``/dev/shm``, ``/var/tmp``, the lock
+   directories) is a fresh tmpfs of :data:`PRIVATE_TMPFS_BYTES` (and
+   :data:`PRIVATE_TMPFS_INODES` files), gone with the run, each ``hidden`` path (the run
+   directory, the data roots) an empty read-only tmpfs, and ``/proc`` is a new procfs
    with ``hidepid=2`` (the run's uid sees its own processes only: no host command lines or
    environments). ``/tmp`` keeps the host's when the interpreter lives under it; the run's
    own directory, when under a fresh tmpfs, is bind-mounted back at its path (the only thing
@@ -49,7 +51,10 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
+WORLD_WRITABLE = ("/tmp", "/dev/shm", "/var/tmp", "/run/lock", "/var/lock")
+"""Directories any uid may write: each gets a fresh private tmpfs per run (issue 48: /var/tmp
+and the lock directories were shared with the host and between runs)."""
 PRIVATE_TMPFS_BYTES = 16 * 2**20
 PRIVATE_TMPFS_INODES = 1024
 PR_SET_PDEATHSIG = 1
@@ -91,10 +96,12 @@ def _unshare_network(libc, user_namespace, want_pid_namespace):
     return error, with_pid_namespace
 
 
-def _private_mounts(libc, interpreter):
+def _private_mounts(libc, interpreter, hidden=()):
     """In the new mount namespace (root): nothing propagates back to the host, fresh capped
-    tmpfs on ``/tmp`` and ``/dev/shm``, a procfs showing only the run's own processes (module
-    docstring). Returns what was mounted; raises on any failure."""
+    tmpfs on every world-writable directory (``WORLD_WRITABLE``), an empty read-only tmpfs over
+    each of ``hidden`` (the run directory and data roots: no answer keys, no trajectories), a
+    procfs showing only the run's own processes (module docstring). Returns what was mounted;
+    raises on any failure."""
     def mount(source, target, fstype, flags, data):
         error = _libc_call(libc, "mount", source, target, fstype, ctypes.c_ulong(flags), data)
         if error is not None:
@@ -105,14 +112,23 @@ def _private_mounts(libc, interpreter):
     real = os.path.realpath(interpreter)
     cwd = os.getcwd()
     cwd_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    seen = set()
     try:
-        for target in ("/tmp", "/dev/shm"):
-            if not os.path.isdir(target) or interpreter.startswith(target + "/") or real.startswith(target + "/"):
+        scratch = [(t, f"size={PRIVATE_TMPFS_BYTES},nr_inodes={PRIVATE_TMPFS_INODES},mode=1777", MS_NOSUID | MS_NODEV)
+                   for t in WORLD_WRITABLE]
+        veiled = [(t, "size=4096,nr_inodes=8,mode=0555", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY) for t in hidden]
+        for target, options, flags in scratch + veiled:
+            resolved = os.path.realpath(target)
+            if resolved in seen or not os.path.isdir(resolved) or resolved == "/":
                 continue
-            options = f"size={PRIVATE_TMPFS_BYTES},nr_inodes={PRIVATE_TMPFS_INODES},mode=1777".encode()
-            mount(b"tmpfs", target.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
+            if interpreter.startswith(resolved + "/") or real.startswith(resolved + "/"):
+                continue  # the interpreter lives there: keep the host's
+            if flags & MS_RDONLY and (cwd + "/").startswith(resolved + "/"):
+                continue  # the run's own directory is inside: hiding it would hide the run (work_root elsewhere)
+            seen.add(resolved)
+            mount(b"tmpfs", resolved.encode(), b"tmpfs", flags, options.encode())
             mounted.append(target)
-            if cwd.startswith(target + "/"):  # the run's directory lives there: bind it back at its path, alone
+            if cwd.startswith(resolved + "/"):  # the run's directory lives there: bind it back at its path, alone
                 os.makedirs(cwd, mode=0o755, exist_ok=True)
                 mount(f"/proc/self/fd/{cwd_fd}".encode(), cwd.encode(), None, MS_BIND, None)
                 os.chdir(cwd)
@@ -194,7 +210,7 @@ def main():
             attempts["net"], pid_namespace = _unshare_network(libc, False, config["pid_namespace"])
             if attempts["net"] is None:
                 try:
-                    report["private_mounts"] = _private_mounts(libc, config["interpreter"])
+                    report["private_mounts"] = _private_mounts(libc, config["interpreter"], config.get("hidden", ()))
                 except (RuntimeError, OSError) as exc:  # hardening on top: the namespaces above still hold
                     report["private_mounts_error"] = str(exc)
         if config["uid_base"] is None or os.geteuid() != 0:

@@ -107,6 +107,10 @@ class PythonSandboxConfig(BaseModel):
     interpreter: str | None = None
     """Python for the sandboxed code; None: this interpreter if the run's uid can use it,
     else /usr/bin/python3 or /usr/local/bin/python3."""
+    hidden_paths: list[str] = Field(default_factory=list, max_length=64)
+    """Directories a run must not see: in its mount namespace (root mode) each is an empty,
+    read-only tmpfs. The rollout service passes its run directory and data roots (the answer
+    keys, the trajectories: issue 48)."""
     work_root: str | None = None
     """Parent directory of the per-run temporary directories; None: the system default."""
     sandbox_url: str | None = Field(None, pattern=r"^unix:///.+")
@@ -238,6 +242,7 @@ class PythonSandbox(Tool):
             uid_tasks=None,
             uid_base=self.config.uid_base,
             max_output_bytes=self.config.max_output_bytes,
+            hidden=tuple(self.config.hidden_paths),
         )
 
     def _rlimits(self) -> dict[str, tuple[int, int]]:

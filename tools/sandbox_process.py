@@ -66,6 +66,7 @@ class RunSpec:
     uid_tasks: int | None  # tasks of the service's uid now; None with a per-run uid
     uid_base: int | None  # run's uid = uid_base + launcher pid; None: keep the service's uid
     max_output_bytes: int
+    hidden: tuple[str, ...] = ()  # directories the program must not see (an empty tmpfs over each, root mode)
 
 
 @dataclass
@@ -211,6 +212,7 @@ def _launch_config(spec: RunSpec) -> str:
         "max_processes": spec.max_processes,
         "uid_tasks": spec.uid_tasks,
         "uid_base": spec.uid_base,
+        "hidden": list(spec.hidden),
     })
 
 

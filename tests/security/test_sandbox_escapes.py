@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,7 +253,7 @@ async def test_root_mode_runs_get_their_own_tmp_shm_and_proc(work_root, tmp_path
     """)}, timeout_s=10)
     assert not first.is_error, first
     iso = first.metadata["isolation"]
-    assert iso["private_mounts"] == ["/tmp", "/dev/shm", "/proc"], iso
+    assert iso["private_mounts"][:2] == ["/tmp", "/dev/shm"] and iso["private_mounts"][-1] == "/proc", iso
     assert f"shm {PRIVATE_TMPFS_BYTES} tmp {PRIVATE_TMPFS_BYTES}" in first.content, first.content
     assert "mine True" in first.content and "host init visible False" in first.content, first.content
     pids = int(first.content.split("pids ")[1].split()[0])
@@ -261,3 +263,40 @@ async def test_root_mode_runs_get_their_own_tmp_shm_and_proc(work_root, tmp_path
                                 timeout_s=10)
     assert second.content.strip() == "[False, False]", second
     assert sandbox_pids() == {}
+
+
+async def test_root_mode_runs_see_no_run_directory_data_or_shared_world_writable_dirs(work_root, tmp_path):
+    """Issue 48 items 5 and 10: a sandboxed program printed the ``ground_truth`` of the run's data
+    export and read acked trajectories, and ``/var/tmp`` and the lock directories were shared
+    with the host and between runs. Now the run directory and the data roots (``hidden_paths``)
+    are empty and read-only in the run's mount namespace, and every world-writable directory is
+    a fresh tmpfs of the run's own."""
+    # outside /tmp (which the run gets fresh anyway): where a deployment keeps its run directory
+    run_dir = Path(tempfile.mkdtemp(prefix="asyncrl-hidden-", dir="/var/lib")) / "run"
+    (run_dir / "data").mkdir(parents=True)
+    (run_dir / "data" / "train.jsonl").write_text('{"ground_truth": "42"}\n')
+    (run_dir / "data").chmod(0o755)
+    run_dir.chmod(0o755)
+    run_dir.parent.chmod(0o755)
+    (run_dir / "data" / "train.jsonl").chmod(0o644)  # readable by anyone on the host: hidden all the same
+    shared = [d for d in ("/var/tmp", "/run/lock") if os.path.isdir(d)]
+    marker = f"asyncrl-shared-{os.getpid()}"
+    sandbox = PythonSandbox(**{**TIGHT_LIMITS, "work_root": str(work_root), "hidden_paths": [str(run_dir)]})
+    out = await sandbox.call({"code": textwrap.dedent(f"""
+        import os
+        try:
+            print('answer', open({str(run_dir / 'data' / 'train.jsonl')!r}).read().strip())
+        except OSError as exc:
+            print('hidden', type(exc).__name__)
+        print('listing', os.listdir({str(run_dir)!r}))
+        for d in {shared!r}:
+            open(os.path.join(d, {marker!r}), 'w').write('x')
+        print('wrote', len({shared!r}))
+    """)}, timeout_s=10)
+    assert not out.is_error, out
+    assert "hidden FileNotFoundError" in out.content and "listing []" in out.content, out.content
+    assert f"wrote {len(shared)}" in out.content, out.content
+    assert not any(os.path.exists(os.path.join(d, marker)) for d in shared)  # nothing reached the host's
+    assert set(shared) <= set(out.metadata["isolation"]["private_mounts"]), out.metadata["isolation"]
+    assert str(run_dir) in out.metadata["isolation"]["private_mounts"]
+    shutil.rmtree(run_dir.parent)
