@@ -53,11 +53,11 @@ async def _serve(cfg, host: str, port: int) -> int:
     import uvicorn
 
     from rollout_service.app import create_app
-    from rollout_service.service import RolloutService
+    from rollout_service.build import build
 
     if port == 0:
         port = free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1")
-    svc = await RolloutService.create(cfg, url=f"http://{loopback_for(host)}:{port}")
+    svc = await build(cfg, url=f"http://{loopback_for(host)}:{port}")
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host=host, port=port, log_level="warning", log_config=None, lifespan="on",
                                            timeout_keep_alive=SERVER_KEEP_ALIVE_S))
     await server.serve()

@@ -41,7 +41,8 @@ from rollout_service.agent.external_tools import ExternalBroker
 from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.api.limits import InflightLimit
 from rollout_service.engines import EnginePool
-from rollout_service.openai.handlers import ChatCache, served_model_name
+from rollout_service.openai.chat_cache import ChatCache
+from rollout_service.openai.handlers import served_model_name
 from rollout_service.openai.sessions import SessionManager
 from rollout_service.prompts import (
     build_prompt_stream,
@@ -99,7 +100,7 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
     for engine_url in e.urls:
         pool.add(engine_url)
     tokenizer = await asyncio.to_thread(load_tokenizer, cfg.model.tokenizer_path or cfg.model.path)
-    tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **tool_options(cfg.rollout, sandbox_hidden_paths(cfg))))
+    tools = CountingTools(ToolRegistry.from_names(cfg.rollout.tools, **tool_options(cfg.rollout, sandbox_hidden_paths(cfg.run_dir, cfg.data))))
     clash = {t.name for t in cfg.rollout.external_tools} & set(tools.registry.names)
     if clash:
         raise ValueError(f"external tools {sorted(clash)} have the names of builtin tools")

@@ -1,5 +1,5 @@
-"""The rollout service: its components, built by :func:`rollout_service.build.build`
-(``RolloutService.create``), and their lifecycle. ``start`` restores checkpointed agents and
+"""The rollout service: its components, built by :func:`rollout_service.build.build` (which
+imports this module, never the other way round), and their lifecycle. ``start`` restores checkpointed agents and
 begins admitting, then supervises the background loops (session expiry, engine health,
 metrics, progress, loop lag); ``close`` stops everything, leaving the agents' checkpoints for
 the next start. The routes get narrow ports from it (``admin_ports``, ``openai_context``,
@@ -30,8 +30,8 @@ from rollout_service.api.status import service_status
 from rollout_service.engines import EnginePool
 from rollout_service.loop_lag import LoopLag
 from rollout_service.metrics import MetricsSources
+from rollout_service.openai.chat_cache import ChatCache
 from rollout_service.openai.context import OpenAIContext
-from rollout_service.openai.handlers import ChatCache
 from rollout_service.openai.sessions import SessionManager
 from rollout_service.prompts import plays_verifiers
 from rollout_service.publish.end_of_data import EndOfDataNotice
@@ -82,11 +82,11 @@ def tool_options(rollout, hidden: list[str] | None = None) -> dict[str, dict[str
     return options
 
 
-def sandbox_hidden_paths(cfg: RunConfig) -> list[str]:
+def sandbox_hidden_paths(run_dir: Path | str, data) -> list[str]:
     """What the python tool's runs must not see: the run directory (trajectories, checkpoints,
-    the exported data with its answers) and the directories of the data files."""
-    paths = [str(Path(cfg.run_dir).resolve())]
-    for f in [*cfg.data.train_files, *cfg.data.val_files]:
+    the exported data with its answers) and the directories of the ``data`` section's files."""
+    paths = [str(Path(run_dir).resolve())]
+    for f in [*data.train_files, *data.val_files]:
         if "://" not in str(f) and ":" not in str(f)[:12]:  # local files only (not hf:, reasoning_gym:, ...)
             paths.append(str(Path(f).resolve().parent))
     return list(dict.fromkeys(paths))
@@ -124,13 +124,6 @@ class RolloutService:
         self.loops = LoopSupervisor("the rollout service")
         """Session expiry, engine health, metrics, progress, loop lag (:mod:`asyncrl.loops`)."""
         self.loop_lag = LoopLag()
-
-    @classmethod
-    async def create(cls, cfg: RunConfig, url: str | None = None) -> RolloutService:
-        """:func:`rollout_service.build.build`: the service with every component constructed."""
-        from rollout_service.build import build
-
-        return await build(cfg, url)
 
     def health(self, r, engines: list[dict]) -> dict:
         """The run's health block (:func:`rollout_service.api.run_health.rollout_health`) from a

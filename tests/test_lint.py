@@ -102,9 +102,96 @@ def test_services_import_a_recipes_data_but_never_its_builders():
 
 
 def test_the_sync_control_package_is_torch_free():
-    bad = _violations("asyncrl/sync_control", lambda n: _top(n) == "torch" or n.startswith("asyncrl.weight_sync"),
-                      type_checking=False)
+    """Not even for a type (issue 50): the control side names the hosted group by a protocol."""
+    bad = _violations("asyncrl/sync_control", lambda n: _top(n) == "torch" or n.startswith("asyncrl.weight_sync"))
     assert not bad, "\n".join(bad)
+
+
+FIRST_PARTY = ("asyncrl", *SERVICES, "local_engine", "tools", "recipes", "launcher")
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """First-party module → the first-party modules it imports, counting lazy (function-body)
+    and ``TYPE_CHECKING`` imports too: a cycle through one is still a cycle to a reader, and
+    the eager-only lint missed four (issue 50 item 3). A package's own ``__init__`` is not an
+    edge of its submodules."""
+    modules: dict[str, Path] = {}
+    for package in FIRST_PARTY:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            for target in targets:
+                found = resolve(target)
+                if found and found != name and not name.startswith(found + "."):
+                    graph[name].add(found)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def test_no_module_import_cycles_even_through_lazy_or_type_checking_imports():
+    cycles = _cycles(_module_graph())
+    assert not cycles, "import cycles (lazy and TYPE_CHECKING imports counted): " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_lint_finds_a_cycle_through_a_lazy_import():
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
 def test_the_control_plane_apps_load_no_torch():
@@ -136,7 +223,7 @@ def test_the_lint_sees_lazy_and_type_checking_imports_only_when_asked():
 # signature. ``build_*`` functions assemble components from the whole config (the publisher,
 # the trackers that record the config, the verifiers driver's spec).
 WIRING = {
-    ("rollout_service/service.py", "RolloutService.__init__"), ("rollout_service/service.py", "RolloutService.create"),
+    ("rollout_service/service.py", "RolloutService.__init__"),
     ("rollout_service/build.py", "_assemble"),
     ("rollout_service/__main__.py", "_serve"),
     ("sync_agent/agent.py", "SyncAgent.__init__"),

@@ -37,7 +37,7 @@ from tools.base import ToolResult
 from tools.sandbox_process import RunOutcome
 
 if TYPE_CHECKING:
-    from tools.python_sandbox import PythonSandboxConfig
+    from tools.sandbox_config import PythonSandboxConfig
 
 _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory")
 _FILE_SIZE_MARKERS = ("File too large",)

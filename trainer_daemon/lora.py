@@ -112,15 +112,15 @@ def adapter_snapshot(model: torch.nn.Module, actor, base_model: str, dtype: torc
     from the ``actor`` section, ``base_model`` named in its config): every rank
     gathers the trainable parameters only; rank 0 (``write``) gets the snapshot, others None."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import FSDPModule
 
-    from trainer_daemon.model import is_sharded
     from trainer_daemon.sync.adapter import AdapterSnapshot
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     trained = get_model_state_dict(model, options=opts)
     if not write:
         return None
-    if not is_sharded(model):  # one rank: these are the live parameters
+    if not isinstance(model, FSDPModule):  # one rank (not sharded): these are the live parameters
         trained = {k: t.detach().clone() for k, t in trained.items()}
     a = actor
     tensors = {k: t.to(dtype) for k, t in adapter_weights(trained).items()}

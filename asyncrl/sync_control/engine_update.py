@@ -39,7 +39,7 @@ import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from asyncrl.engine_client import EngineClient, EngineError, EngineHTTPError, WeightsCheck
 from asyncrl.sync_control.errors import WeightSyncError
@@ -47,8 +47,16 @@ from asyncrl.sync_control.layout import EngineLayout, assign_ranks
 from asyncrl.sync_control.weights_check import disagreeing
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME, BucketSpec
 
-if TYPE_CHECKING:  # the direct publisher hosts a group; the control side only hands it back
-    from asyncrl.weight_sync.group import WeightGroup
+
+class HostedGroup(Protocol):
+    """A weight group hosted in this process (the direct publisher's
+    ``asyncrl.weight_sync.group.WeightGroup``): the control side only hands it back, or
+    destroys it when the engines failed to join (it never names the torch package)."""
+
+    def destroy(self) -> None: ...
+
+
+G = TypeVar("G", bound=HostedGroup)
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +183,7 @@ class EngineUpdate:
         return layouts, world
 
     async def join(self, master_address: str, master_port: int, world_size: int, *, backend: str, timeout_s: float,
-                   host: Callable[[], Awaitable[WeightGroup]] | None = None) -> WeightGroup | None:
+                   host: Callable[[], Awaitable[G]] | None = None) -> G | None:
         """Every member joins the group at its rank offset; ``host`` (the sender in this
         process) runs concurrently. Any failure destroys a hosted group and raises."""
         await self.leave_group()  # a stale group of that name (best effort)

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from rollout_service.agent.deps import AgentDeps
     from rollout_service.agent.external_tools import ExternalBroker
     from rollout_service.api.limits import InflightLimit
-    from rollout_service.openai.handlers import ChatCache
+    from rollout_service.openai.chat_cache import ChatCache
     from rollout_service.openai.sessions import SessionManager
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections import OrderedDict
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -17,24 +16,6 @@ from rollout_service.openai.responses import chat_completion, text_completion
 from rollout_service.openai.schemas import ChatCompletionRequest, CompletionRequest
 from rollout_service.openai.streaming import stream_turn
 from rollout_service.openai.turns import TurnOutcome, TurnSpec, run_turn
-
-CHAT_CACHE = 64  # chat tokenizers kept per distinct tool list
-
-
-class ChatCache:
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._cache: OrderedDict[str, ChatTokenizer] = OrderedDict()
-
-    def get(self, key: str, tools: list[dict] | None) -> ChatTokenizer:
-        chat = self._cache.get(key)
-        if chat is None:
-            chat = ChatTokenizer(self.tokenizer, tools)
-            self._cache[key] = chat
-            while len(self._cache) > CHAT_CACHE:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(key)
-        return chat
 
 
 def served_model_name(api, model) -> str:

@@ -43,10 +43,10 @@ def service_config(tmp_path: Path, nats_url: str, engine_urls: list[str], *overr
 async def running_service(cfg):
     """The rollout service with its app on a free loopback port; yields (service, base_url)."""
     from rollout_service.app import create_app
-    from rollout_service.service import RolloutService
+    from rollout_service.build import build
 
     port = free_port()
-    svc = await RolloutService.create(cfg, url=f"http://127.0.0.1:{port}")
+    svc = await build(cfg, url=f"http://127.0.0.1:{port}")
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                                            timeout_keep_alive=SERVER_KEEP_ALIVE_S))
     task = asyncio.create_task(server.serve())

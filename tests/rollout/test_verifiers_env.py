@@ -210,8 +210,8 @@ async def test_an_environment_that_cannot_load_is_reported_not_restarted(tmp_pat
 
 
 async def test_a_setting_the_openai_api_cannot_carry_is_refused_at_start(tmp_path, nats_server, warm_engine):
-    from rollout_service.service import RolloutService
+    from rollout_service.build import build
 
     cfg = service_config(tmp_path, nats_server.url, [warm_engine], f"data.source=verifiers:{ENV}", "rollout.sampling.top_k=5")
     with pytest.raises(ValueError, match="top_k"):
-        await RolloutService.create(cfg)
+        await build(cfg)

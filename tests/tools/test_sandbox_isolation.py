@@ -206,7 +206,8 @@ async def test_program_cannot_signal_the_service(sandbox: PythonSandbox) -> None
 
 @root_only
 async def test_program_cannot_write_outside_its_directory(sandbox: PythonSandbox) -> None:
-    target = Path(tempfile.mkdtemp(prefix="asyncrl-test-readonly-", dir="/var/tmp"))  # not a run's private tmpfs
+    # a host directory the run's mount namespace keeps (/tmp and /var/tmp are its own tmpfs there)
+    target = Path(tempfile.mkdtemp(prefix="asyncrl-test-readonly-", dir="/var/lib"))
     try:
         target.chmod(0o755)
         code = f"try:\n    open({str(target / 'pwned')!r}, 'w')\n    print('wrote')\nexcept PermissionError:\n    print('denied')"
