@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from asyncrl.config import secret
 from asyncrl.http.errors import ApiError, BodySizeLimit, install_error_handlers
 from asyncrl.http.openapi import document_errors, errors
-from asyncrl.wire.sync import SyncAccepted, SyncRequest
+from asyncrl.wire.sync import AgentStatus, SyncAccepted, SyncRequest
 from sync_agent.coordinator import SyncConflict
 from sync_agent.health import agent_health
 from sync_agent.metrics import SyncCollector
@@ -94,7 +94,7 @@ def create_app(agent) -> FastAPI:
         return {"syncs": [r.public() for r in co.records[-20:]]}
 
     @router.get("/status")
-    async def status():
+    async def status() -> AgentStatus:
         unreachable = None
         try:
             engines = await co.engine_views()
@@ -103,11 +103,12 @@ def create_app(agent) -> FastAPI:
             engines, push, unreachable = [{"error": str(exc)}], False, str(exc)
         health = agent_health(co, [] if unreachable else engines, push, agent.progress, time.time() - agent.started_at,
                               rollout_error=unreachable)
-        return {"version": co.version, "accepted_version": co.accepted_version, "pause_mode": co.pause_mode,
-                "push_wanted": push, "health": health,
-                "group": None if co.group is None else {**co.group.__dict__}, "running": co.running.id if co.running else None,
-                "queued": co.queue.qsize(), "needs_reload": sorted(co.needs_reload), "engines": engines,
-                "syncs": [r.public() for r in co.records[-10:]]}
+        return AgentStatus(version=co.version, accepted_version=co.accepted_version, pause_mode=co.pause_mode,
+                           push_wanted=push, health=health,
+                           group=None if co.group is None else {**co.group.__dict__},
+                           running=co.running.id if co.running else None, queued=co.queue.qsize(),
+                           needs_reload=sorted(co.needs_reload), engines=engines,
+                           syncs=[r.public() for r in co.records[-10:]])
 
     app.include_router(router)
 

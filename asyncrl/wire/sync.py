@@ -21,10 +21,11 @@ stops at once when the agent reports ``failing``/``failed``.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEFAULT_GROUP_NAME = "weight_update_group"
 """SGLang's default name of the weight-update process group."""
@@ -215,3 +216,51 @@ class SyncStatus(BaseModel):
     def failing(self) -> bool:
         """The agent gave up on this sync (a sender still broadcasting should stop)."""
         return self.state in ("failing", "failed")
+
+
+class AgentStatus(BaseModel):
+    """``GET /status`` of the sync agent: the weight version the agent holds (``version``: what
+    the engines serve after its last successful sync; ``accepted_version``: a sync it accepted
+    and runs), whether engines wait for a full push, and its views (engines, group, syncs,
+    health) as plain data for people and dashboards. The trainer reads the first three."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: int = Field(0, ge=0)
+    accepted_version: int = Field(0, ge=0)
+    push_wanted: bool = False
+    pause_mode: str | None = None
+    health: dict[str, Any] = Field(default_factory=dict)
+    group: dict[str, Any] | None = None
+    running: str | None = None
+    queued: int = 0
+    needs_reload: list[str] = Field(default_factory=list)
+    engines: list[dict[str, Any]] = Field(default_factory=list)
+    syncs: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def newest_version(self) -> int:
+        """The newest version the agent knows of: served, or accepted and under way."""
+        return max(self.version, self.accepted_version)
+
+
+class SyncRefusal(BaseModel):
+    """A refused ``POST /v1/syncs`` (409 or 503): the error envelope's ``error`` object, with
+    ``reason`` one of :data:`REFUSALS` and, for ``stale``, ``current_version`` (the version the
+    trainer must move past). :meth:`parse` reads an answer's body; None when it is not one."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    message: str = ""
+    reason: str
+    current_version: int | None = None
+
+    @classmethod
+    def parse(cls, status: int, body: str | bytes) -> SyncRefusal | None:
+        if status not in (409, 503):
+            return None
+        try:
+            error = json.loads(body).get("error")
+            return cls.model_validate(error) if isinstance(error, dict) and error.get("reason") in REFUSALS else None
+        except (ValueError, AttributeError, ValidationError):
+            return None

@@ -153,3 +153,22 @@ def test_nats_names_derive_from_run_id():
         NatsNames("Bad.Run")
     with pytest.raises(ValueError):
         n.environment("a.b")
+
+
+def test_the_sync_agents_status_and_refusals_are_typed_once():
+    """Issue 50 item 1: the trainer reads the agent's ``GET /status`` and its 409 through
+    ``AgentStatus`` and ``SyncRefusal`` (asyncrl.wire.sync), not hand-parsed dicts."""
+    import json
+
+    from asyncrl.wire.sync import AgentStatus, SyncRefusal
+
+    status = AgentStatus.model_validate_json(json.dumps({"version": 5, "accepted_version": 7, "push_wanted": True,
+                                                         "engines": [{"id": "e-1"}], "unknown": 1}))
+    assert status.newest_version == 7 and status.push_wanted and status.engines == [{"id": "e-1"}]
+    stale = {"error": {"message": "older", "type": "conflict", "reason": "stale", "current_version": 9}}
+    refusal = SyncRefusal.parse(409, json.dumps(stale))
+    assert refusal is not None and refusal.reason == "stale" and refusal.current_version == 9
+    assert SyncRefusal.parse(409, json.dumps({"error": {"reason": "regroup"}})).reason == "regroup"
+    assert SyncRefusal.parse(200, json.dumps(stale)) is None
+    assert SyncRefusal.parse(409, "not json") is None
+    assert SyncRefusal.parse(409, json.dumps({"error": {"reason": "sideways"}})) is None  # not one of REFUSALS

@@ -31,7 +31,6 @@ weight-update sessions, the version on the engines, quarantining engines left mi
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -50,8 +49,10 @@ from asyncrl.weight_sync import (
 )
 from asyncrl.wire.sync import (
     DEFAULT_GROUP_NAME,
+    AgentStatus,
     GroupSpec,
     SyncAccepted,
+    SyncRefusal,
     SyncRequest,
     SyncStatus,
     fresh_group_name,
@@ -78,19 +79,6 @@ SYNC_REQUEST_TIMEOUT_S = 30.0  # the agent answers 202 before doing any work
 WATCH_INTERVAL_S = 0.25  # while broadcasting: how soon an engine's refusal stops the trainer
 POLL_INTERVAL_S = 1.0  # after the broadcasts: the final state is for metrics only
 POLL_BUDGET_S = 600.0
-
-
-def _stale_version(status: int, text: str) -> int | None:
-    """The agent's ``current_version`` from a 409 "stale" answer, else None."""
-    if status != 409:
-        return None
-    try:
-        err = json.loads(text).get("error", {})
-    except (ValueError, AttributeError):
-        return None
-    if err.get("reason") != "stale" or not isinstance(err.get("current_version"), int):
-        return None
-    return int(err["current_version"])
 
 
 class SyncAgentPublisher(WeightPublisher):
@@ -137,11 +125,11 @@ class SyncAgentPublisher(WeightPublisher):
                                          timeout=aiohttp.ClientTimeout(total=SYNC_REQUEST_TIMEOUT_S)) as resp:
                 text = await resp.text()
                 if resp.status != 202:
-                    if resp.status == 409 and '"regroup"' in text:  # the agent's engines changed: new group, new port
+                    refusal = SyncRefusal.parse(resp.status, text)
+                    if refusal is not None and refusal.reason == "regroup":  # the agent's engines changed: new group, new port
                         self._reset_group()
-                    stale = _stale_version(resp.status, text)
-                    if stale is not None:
-                        raise StaleVersion(f"sync agent answered 409 stale: {text[:500]}", stale)
+                    if refusal is not None and refusal.reason == "stale" and refusal.current_version is not None:
+                        raise StaleVersion(f"sync agent answered 409 stale: {text[:500]}", refusal.current_version)
                     raise WeightSyncError(f"sync agent answered {resp.status}: {text[:500]}")
                 accepted = SyncAccepted.model_validate_json(text)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -154,26 +142,23 @@ class SyncAgentPublisher(WeightPublisher):
                                   f"{'forms' if request.group.new else 'already formed'}")
         return accepted
 
-    async def _agent_status(self) -> dict | None:
+    async def _agent_status(self) -> AgentStatus | None:
         try:
             async with self._http().get(f"{self.url}/status", headers=self._headers(),
                                         timeout=aiohttp.ClientTimeout(total=SYNC_REQUEST_TIMEOUT_S)) as resp:
-                body = await resp.json(content_type=None) if resp.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                return AgentStatus.model_validate_json(await resp.read()) if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValidationError) as exc:
             log.warning("asking the sync agent for its status: %s", exc)
             return None
-        return body if isinstance(body, dict) else None
 
     async def current_version(self) -> int | None:
         """The agent's version (what the engines serve, or a sync it accepted); None if unreachable."""
-        body = await self._agent_status()
-        if body is None:
-            return None
-        return max(int(body.get("version") or 0), int(body.get("accepted_version") or 0))
+        status = await self._agent_status()
+        return None if status is None else status.newest_version
 
     async def push_wanted(self) -> bool:
-        body = await self._agent_status()
-        return bool(body and body.get("push_wanted"))
+        status = await self._agent_status()
+        return status is not None and status.push_wanted
 
     async def _status(self, sync_id: str) -> SyncStatus | None:
         try:
