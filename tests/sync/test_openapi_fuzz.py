@@ -64,8 +64,12 @@ async def test_every_service_answers_as_its_openapi_document_says(tmp_path, nats
             start_engine(tmp_path, name="engine-rollout") as engine:
         async with stack(tmp_path, nats_server.url, [engine.url], f"security.api_token={API}", "rollout.total_rollout_steps=1",
                          "rollout.n=1", "actor.ppo_mini_batch_size=1", f"api.max_tokens={MAX_TOKENS}") as (svc, rollout_url, agent, agent_url, cfg):
+            # left out: routes that stop the engine on purpose (a pause; a group join or a broadcast
+            # waiting for peers; /slow_down, SGLang's test hook, which may make every forward sleep
+            # up to an hour: /health then answers 503 as SGLang's does once it cannot generate)
             runs = [(fuzzed.url, None, ("--exclude-path-regex",
-                                         "^/(pause_generation|init_weights_update_group|update_weights_from_distributed)$")),
+                                         "^/(pause_generation|init_weights_update_group|update_weights_from_distributed"
+                                         "|slow_down)$")),
                     (rollout_url, API, ("--include-path-regex", "^/(v1/|health|metrics)")),
                     (rollout_url, ADMIN, ("--include-path-regex", "^/admin/", "--exclude-path", "/admin/pause",
                                           "--exclude-path-regex", "^/admin/engines/\\{engine_id\\}")),
