@@ -14,7 +14,10 @@ problem, named with its setting, and so is the unspecified address (``0.0.0.0``,
 ``0``: every interface, the public ones too; issue 48), never "private" whatever
 ``NETCHECK_ALLOW_PUBLIC`` says. ``NETCHECK_ALLOW_PUBLIC=1`` accepts global addresses
 (for a network its owner has otherwise closed: a firewall that admits only the nodes), saying
-so on stderr. Not covered: whether the private network is in fact trusted.
+so on stderr. ``--this-node=SETTING`` (compose passes ``NODE_ADDR``) also checks the node's
+interfaces: that setting's address must be one of them (:func:`node_problem`), else the
+services that bind it (engines, the trainer's stores) could not, or a typo would point the
+peers at another machine. Not covered: whether the private network is in fact trusted.
 """
 
 from __future__ import annotations
@@ -59,21 +62,54 @@ def address_problem(setting: str, value: str, resolver: Resolver = resolve) -> s
     return None
 
 
-def main(argv: Sequence[str], environ=os.environ, resolver: Resolver = resolve) -> int:
-    """``python -m asyncrl.netcheck SETTING=VALUE ...``: 0 when every address is private
-    (or public ones are allowed), else 1 with one line per problem on stderr; 2 on bad usage."""
-    pairs = [a.split("=", 1) for a in argv]
-    if not pairs or any(len(p) != 2 for p in pairs):
-        print("usage: python -m asyncrl.netcheck SETTING=ADDRESS [SETTING=ADDRESS ...]", file=sys.stderr)
+def local_addresses() -> set[str]:
+    """Every address on this node's interfaces."""
+    import psutil
+
+    return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family in (socket.AF_INET, socket.AF_INET6)}
+
+
+def node_problem(setting: str, value: str, resolver: Resolver = resolve,
+                 local: Callable[[], set[str]] = local_addresses) -> str | None:
+    """Why ``value`` is not an address of this node's interfaces, or None."""
+    host = value.strip().strip("[]")
+    try:
+        wanted = {str(ipaddress.ip_address(host))}
+    except ValueError:
+        try:
+            wanted = {a.split("%")[0] for a in resolver(host)}
+        except OSError:
+            return None  # address_problem names it
+    have = {str(ipaddress.ip_address(a)) for a in local()}
+    if wanted & have:
+        return None
+    return (f"{setting}={value} is not an address of this node (its interfaces have {', '.join(sorted(have))}): "
+            f"the engines and the trainer bind it; give this node's private address")
+
+
+def main(argv: Sequence[str], environ=os.environ, resolver: Resolver = resolve,
+         local: Callable[[], set[str]] = local_addresses) -> int:
+    """``python -m asyncrl.netcheck [--this-node=SETTING] SETTING=VALUE ...``: 0 when every address
+    is private (or public ones are allowed) and the ``--this-node`` ones are this node's, else 1
+    with one line per problem on stderr; 2 on bad usage."""
+    own = {a.split("=", 1)[1] for a in argv if a.startswith("--this-node=")}
+    pairs = [a.split("=", 1) for a in argv if not a.startswith("--this-node=")]
+    if not pairs or any(len(p) != 2 for p in pairs) or own - {p[0] for p in pairs}:
+        print("usage: python -m asyncrl.netcheck [--this-node=SETTING] SETTING=ADDRESS [SETTING=ADDRESS ...]",
+              file=sys.stderr)
         return 2
     problems = [p for setting, value in pairs if (p := address_problem(setting, value, resolver))]
-    if not problems:
+    misplaced = [p for setting, value in pairs if setting in own and (p := node_problem(setting, value, resolver, local))]
+    for p in misplaced:
+        print("asyncrl netcheck: " + p, file=sys.stderr)
+    if not problems and not misplaced:
         print("asyncrl netcheck: " + ", ".join(f"{s}={v}" for s, v in pairs) + ": private")
         return 0
     allowed = environ.get(ALLOW_ENV, "") in ("1", "true", "yes")
     for p in problems:
         print(("asyncrl netcheck (allowed by " + ALLOW_ENV + "): " if allowed else "asyncrl netcheck: ") + p, file=sys.stderr)
-    return 0 if allowed and all("public address" in p for p in problems) else 1
+    return 0 if not misplaced and allowed and all("public address" in p for p in problems) else 1
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ Contract:
 - ``device="cpu"``: backend gloo, fp32 unless ``mixed_precision=bf16``. ``device="cuda"``: NCCL
   for the default group (FSDP) plus a gloo ``cpu_group`` for host-side messages. The same code
   path otherwise.
-- Loopback: when ``MASTER_ADDR`` is a loopback address and ``GLOO_SOCKET_IFNAME`` is unset, gloo
-  is told to use ``lo`` so its pair sockets listen on 127.0.0.1 (torchrun's own store is the
-  launcher's business, see ``trainer_daemon.torchrun``).
+- Interfaces (issue 48): ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``, where unset, name the
+  interface this node reaches ``MASTER_ADDR`` through (``lo`` for a loopback master;
+  :func:`asyncrl.listen.socket_ifname_env`), so gloo's and NCCL's own sockets listen there and
+  not on a public interface (torchrun's store is the launcher's business, see
+  ``trainer_daemon.torchrun``; the weight group's is :mod:`asyncrl.weight_sync`'s).
 - Every collective has a timeout: ``PROCESS_GROUP_TIMEOUT_S``.
 - Host messages travel as msgpack bytes in a uint8 tensor, never pickled.
 
@@ -28,7 +30,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from asyncrl.weight_sync import is_loopback, reserve_listen_socket
+from asyncrl.listen import reserve_listen_socket, socket_ifname_env
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +115,8 @@ def init_distributed(device: str = "cpu", timeout_s: float = PROCESS_GROUP_TIMEO
         dev = torch.device("cpu")
     keep: list = []
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        if is_loopback(os.environ.get("MASTER_ADDR", "")) and "GLOO_SOCKET_IFNAME" not in os.environ:
-            os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        # gloo's and NCCL's listening sockets on the interface toward the master, never every one
+        os.environ.update(socket_ifname_env(os.environ.get("MASTER_ADDR", ""), os.environ))
         dist.init_process_group(backend=backend, timeout=timeout, device_id=dev if device == "cuda" else None)
     else:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

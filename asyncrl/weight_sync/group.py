@@ -3,7 +3,8 @@
 This module owns group hosting for everyone: the trainer hosts (:func:`host_group`, gloo or
 NCCL), local_engine joins (:func:`join_group`, gloo); SGLang joins with its own
 ``init_custom_process_group``. The group lives outside the trainer's torchrun world: rank 0
-hosts a ``TCPStore`` (bound to 127.0.0.1 when the address is loopback, else all interfaces),
+hosts a ``TCPStore`` bound to the master address itself (:mod:`asyncrl.listen`: 127.0.0.1 for a
+loopback one, never every interface; issue 48), its gloo connections on that address too,
 and the process group is built by hand on that store with the key prefixes torch's
 ``_new_process_group_helper`` uses (``<group>`` / ``<group>/`` / ``cpu/`` for gloo, ``cuda/``
 for NCCL), so SGLang's side meets it. ``dist.broadcast(group=...)`` refuses hand-built
@@ -35,7 +36,6 @@ API but was not run; ``bench/gpu.py`` exercises CUDA without a second NCCL rank.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import socket
@@ -48,6 +48,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from asyncrl.listen import is_loopback, reserve_listen_socket
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME
 
@@ -62,33 +63,6 @@ DESTROY_WAIT_S = 5.0  # destroy() waits this long for an ordinary shutdown befor
 # NCCL's own watchdog timeout exceeds ours by this much, so our cancel/timeout acts first.
 NCCL_WATCHDOG_SLACK_S = 60.0
 _ENV_LOCK = threading.Lock()  # the error-handling variable is read when an NCCL group is built
-
-
-def is_loopback(address: str) -> bool:
-    """True for ``localhost`` and loopback IPs (127.0.0.0/8, ::1)."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
-def reserve_listen_socket(address: str, port: int = 0) -> socket.socket:
-    """Bind and listen on the rendezvous port before announcing it (``port=0``: pick one).
-
-    Bound to 127.0.0.1 when ``address`` is loopback, to all interfaces otherwise. Pass it to
-    :func:`host_group` as ``listen_socket``; read the port with ``sock.getsockname()[1]``."""
-    host = "127.0.0.1" if is_loopback(address) else ""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 @dataclass
@@ -202,29 +176,34 @@ def _store(master_address: str, master_port: int, world_size: int, rank: int, li
            listen_socket: socket.socket | None) -> dist.TCPStore:
     if rank != 0:
         return dist.TCPStore(master_address, master_port, world_size, False, limit)
-    if listen_socket is None and is_loopback(master_address):
+    if listen_socket is None:
         listen_socket = reserve_listen_socket(master_address, master_port)
-    fd = listen_socket.fileno() if listen_socket is not None else None
     try:
         store = dist.TCPStore(master_address, master_port, world_size, True, limit,
-                              wait_for_workers=False, multi_tenant=False, master_listen_fd=fd)
+                              wait_for_workers=False, multi_tenant=False, master_listen_fd=listen_socket.fileno())
     except Exception:
-        if listen_socket is not None:
-            listen_socket.close()
+        listen_socket.close()
         raise
-    if listen_socket is not None:
-        # The store owns the fd now and closes it when it goes; closing the Python socket too
-        # would be a double close that can hit an fd number reused meanwhile.
-        listen_socket.detach()
+    # The store owns the fd now and closes it when it goes; closing the Python socket too
+    # would be a double close that can hit an fd number reused meanwhile.
+    listen_socket.detach()
     return store
 
 
-def _gloo_pg(store, rank: int, world_size: int, group_name: str, limit: timedelta, loopback: bool) -> dist.ProcessGroup:
+def _gloo_pg(store, rank: int, world_size: int, group_name: str, limit: timedelta, address: str | None) -> dist.ProcessGroup:
+    """``address``: where this rank's gloo connections listen (None: the interface
+    ``GLOO_SOCKET_IFNAME`` names, else gloo's default device, the host name's address)."""
     prefixed = dist.PrefixStore("cpu/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = limit
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1", lazy_init=False) if loopback
-                     else dist.ProcessGroupGloo.create_default_device()]
+    interface = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+    if address:
+        device = dist.ProcessGroupGloo.create_device(hostname=address, lazy_init=False)
+    elif interface:  # as torch's own gloo groups honour it
+        device = dist.ProcessGroupGloo.create_device(interface=interface, lazy_init=False)
+    else:
+        device = dist.ProcessGroupGloo.create_default_device()
+    opts._devices = [device]
     return dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
 
 
@@ -251,9 +230,15 @@ def _form(master_address: str, master_port: int, world_size: int, rank: int, *, 
     if not 0 <= rank < world_size:
         raise WeightSyncError(f"rank {rank} outside world of size {world_size}")
     limit = timedelta(seconds=timeout_s)
+    # the host's gloo connections listen where its store does; a joiner's on loopback or gloo's default
+    gloo_address = "127.0.0.1" if is_loopback(master_address) else None
     try:
+        if rank == 0 and listen_socket is None:
+            listen_socket = reserve_listen_socket(master_address, master_port)
+        if rank == 0:
+            gloo_address = listen_socket.getsockname()[0]
         store = _store(master_address, master_port, world_size, rank, limit, listen_socket)
-        pg = (_gloo_pg(store, rank, world_size, group_name, limit, is_loopback(master_address)) if backend == "gloo"
+        pg = (_gloo_pg(store, rank, world_size, group_name, limit, gloo_address) if backend == "gloo"
               else _nccl_pg(store, rank, world_size, group_name, limit))
     except Exception as exc:
         raise WeightSyncError(f"forming {backend} weight group {group_name!r} (rank {rank}/{world_size} via "

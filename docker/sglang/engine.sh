@@ -88,6 +88,16 @@ probe_host=$ENGINE_HOST
 [[ "$probe_host" == "0.0.0.0" ]] && probe_host=127.0.0.1
 echo "$probe_host:$port" > "$ENGINE_ADDR_FILE"
 export CUDA_VISIBLE_DEVICES="$visible"
+# NCCL's and gloo's own sockets of the weight group on the interface of ENGINE_HOST (a node's
+# private address), not every interface (issue 48); an operator's own setting stays
+if [[ "$ENGINE_HOST" != "0.0.0.0" && -z "${NCCL_SOCKET_IFNAME:-}${GLOO_SOCKET_IFNAME:-}" ]]; then
+    ifname=$(ENGINE_HOST="$ENGINE_HOST" python3 -c 'import os, psutil
+want = os.environ["ENGINE_HOST"]
+print(next((n for n, addrs in psutil.net_if_addrs().items() for a in addrs if a.address.split("%")[0] == want), ""))' 2>/dev/null || true)
+    if [[ -n "$ifname" ]]; then
+        export NCCL_SOCKET_IFNAME="$ifname" GLOO_SOCKET_IFNAME="$ifname"
+    fi
+fi
 export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION="${SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION:-0}"
 
 # the key in a private file (mkdtemp: 0700; the file 0600), JSON-quoted (JSON is YAML)
@@ -107,7 +117,8 @@ cmd=(python3 -m sglang.launch_server
      --config "$secrets_dir/secrets.yaml"
      "${extra[@]}" "$@")
 
-echo "engine.sh: slot $slot of $slots (CUDA_VISIBLE_DEVICES=$visible), listening on $ENGINE_HOST:$port" >&2
+echo "engine.sh: slot $slot of $slots (CUDA_VISIBLE_DEVICES=$visible), listening on $ENGINE_HOST:$port" \
+     "(weight-group interface: ${NCCL_SOCKET_IFNAME:-any})" >&2
 if [[ "${ENGINE_DRY_RUN:-0}" == "1" ]]; then
     printf '%s\n' "${cmd[@]}"
     exec sleep "${ENGINE_DRY_RUN_HOLD_S:-0}"

@@ -136,7 +136,7 @@ def test_the_cluster_refuses_public_addresses_before_anything_starts(compose):
     checks the command itself)."""
     project = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles=ALL_PROFILES, env=CLUSTER_ADDRS)
     check = project["services"]["network-check"]
-    assert check["entrypoint"] == ["python", "-m", "asyncrl.netcheck"]
+    assert check["entrypoint"] == ["python", "-m", "asyncrl.netcheck", "--this-node=NODE_ADDR"]
     assert check["command"] == [f"{k}={CLUSTER_ADDRS[k]}" for k in ("NODE_ADDR", "CONTROL_ADDR", "MASTER_ADDR")]
     assert check["cap_drop"] == ["ALL"] and check["read_only"] is True and not check.get("ports")
     assert check["restart"] == "no" and not check.get("profiles")

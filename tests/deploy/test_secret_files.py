@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
+from pathlib import Path
 
 from tests.deploy.conftest import REPO, SECRET_NAMES, make_secrets
 
@@ -80,3 +82,19 @@ def test_engine_entry_point_reads_the_key_file_and_refuses_an_unreadable_one(tmp
     assert "engine-key-from-a-file" not in ok.stdout + ok.stderr
     refused = _run(["bash", engine], {**base, "ENGINE_API_KEY_FILE": str(tmp_path / "missing")})
     assert refused.returncode == 2 and "ENGINE_API_KEY_FILE" in refused.stderr
+
+
+def test_engine_entry_point_puts_the_weight_group_on_the_interface_of_its_host(tmp_path):
+    """Issue 48 item 3: with ENGINE_HOST a node address, NCCL's and gloo's sockets are told its
+    interface (``lo`` here for 127.0.0.1); an operator's own NCCL_SOCKET_IFNAME stays."""
+    (tmp_path / "key").write_text("engine-key-from-a-file")
+    venv_bin = str(Path(sys.executable).parent)  # a python3 with psutil, as the SGLang image has
+    base = {"ENGINE_MODEL_PATH": "/models/m", "ENGINE_SLOT_DIR": str(tmp_path / "slots"), "ENGINE_DRY_RUN": "1",
+            "ENGINE_ADDR_FILE": str(tmp_path / "addr"), "TMPDIR": str(tmp_path), "ENGINE_HOST": "127.0.0.1",
+            "ENGINE_API_KEY_FILE": str(tmp_path / "key"), "PATH": f"{venv_bin}:/usr/bin:/bin"}
+    engine = str(REPO / "docker" / "sglang" / "engine.sh")
+    chosen = subprocess.run(["bash", engine], capture_output=True, text=True, timeout=30, env=base)
+    assert chosen.returncode == 0 and "(weight-group interface: lo)" in chosen.stderr, chosen.stderr
+    kept = subprocess.run(["bash", engine], capture_output=True, text=True, timeout=30,
+                          env={**base, "NCCL_SOCKET_IFNAME": "ib0"})
+    assert kept.returncode == 0 and "(weight-group interface: ib0)" in kept.stderr, kept.stderr

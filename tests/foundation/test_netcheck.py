@@ -65,3 +65,27 @@ def test_the_unspecified_address_is_refused_even_when_public_ones_are_allowed(va
     problem = address_problem("CONTROL_ADDR", value, resolver)
     assert problem is not None and problem.startswith("CONTROL_ADDR") and "unspecified address" in problem
     assert main([f"CONTROL_ADDR={value}"], environ={ALLOW_ENV: "1"}, resolver=resolver) == 1
+
+
+def test_this_node_setting_must_be_an_address_of_the_nodes_interfaces(capsys):
+    """Issue 48 item 3 ("check the node's interfaces"): ``--this-node=NODE_ADDR`` fails when the
+    address is on none of the node's interfaces, naming the setting and the addresses it has."""
+    node = lambda: {"127.0.0.1", "10.1.2.3", "fe80::1"}  # noqa: E731 - the node's interfaces
+    assert main(["--this-node=NODE_ADDR", "NODE_ADDR=10.1.2.3", "MASTER_ADDR=10.9.9.9"], environ={}, resolver=table,
+                local=node) == 0
+    assert main(["--this-node=NODE_ADDR", "NODE_ADDR=node-a.internal"], environ={}, resolver=table, local=node) == 0
+    assert main(["--this-node=NODE_ADDR", "NODE_ADDR=10.1.2.4"], environ={ALLOW_ENV: "1"}, resolver=table,
+                local=node) == 1
+    err = capsys.readouterr().err
+    assert "NODE_ADDR=10.1.2.4 is not an address of this node" in err and "10.1.2.3" in err
+    assert main(["--this-node=CONTROL_ADDR", "NODE_ADDR=10.1.2.3"], environ={}, resolver=table, local=node) == 2
+
+
+def test_this_node_check_reads_the_real_interfaces():
+    """The check against this machine's own interfaces (psutil): loopback is one, TEST-NET-3 is not."""
+    ok = subprocess.run([sys.executable, "-m", "asyncrl.netcheck", "--this-node=NODE_ADDR", "NODE_ADDR=127.0.0.1"],
+                        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    bad = subprocess.run([sys.executable, "-m", "asyncrl.netcheck", "--this-node=NODE_ADDR", "NODE_ADDR=10.255.254.253"],
+                         capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert ok.returncode == 0, ok.stderr
+    assert bad.returncode == 1 and "is not an address of this node" in bad.stderr and "127.0.0.1" in bad.stderr
