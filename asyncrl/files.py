@@ -11,6 +11,14 @@ code that scans a directory ignores (or deletes) ``*.tmp``. Not covered: keeping
 versions (callers that need them rotate themselves), directory renames, concurrent writers
 of one path within a process.
 
+Privacy (issue 48 item 5): what a run writes is its user's alone. The temporary file is
+created 0600 whatever the umask; :func:`private_dir` makes a directory 0700 (tightening one
+that exists and is ours); :func:`keep_new_files_private` sets the process umask to 077, which
+the run-writing commands (``asyncrl rollout``, ``trainer``, ``sync-agent``, ``nats``, ``up``,
+``slurm``...) do first, so every file and directory they and their children create (the data
+export, trajectories, checkpoints, NATS' store, logs) is 0600/0700. Not covered: files a
+deployment's own tools put in the run directory.
+
 ``child_path(parent, name)`` is the one way an identifier (a trajectory or group id, which a
 client may have chosen) becomes a path: a plain single component or an error;
 ``hashed_name(id)`` names anything else (the outbox's held groups).
@@ -26,6 +34,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_UMASK = 0o077
+
+
+def keep_new_files_private() -> int:
+    """Set this process's umask to 077 (its children inherit it); returns the previous one."""
+    return os.umask(PRIVATE_UMASK)
+
+
+def private_dir(path: str | Path) -> Path:
+    """Create ``path`` (and its parents) with mode 0700, or tighten it to 0700 when it exists,
+    is ours and lets group or others in; returns it."""
+    path = Path(path)
+    path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        path.chmod(PRIVATE_DIR_MODE)
+    return path
+
 
 @contextmanager
 def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
@@ -33,7 +61,7 @@ def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE), "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

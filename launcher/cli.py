@@ -22,6 +22,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from asyncrl.files import keep_new_files_private
+
 
 def _cmd_config(argv: Sequence[str]) -> int:
     from launcher.config_cli import main as config_main
@@ -110,6 +112,11 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "demo-stack": (_cmd_demo_stack, "start embedded NATS and a local engine, and show them working"),
 }
 
+# Commands that write a run directory (or a NATS store): their files and their children's are
+# the user's alone, umask 077 (asyncrl.files; issue 48). Not model exports: engines of other
+# users (containers) read those.
+WRITES_A_RUN = frozenset({"nats", "rollout", "trainer", "sync-agent", "audit", "up", "slurm", "slurm-job", "demo-stack"})
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -121,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(sorted(COMMANDS))}")
     handler, _ = COMMANDS[argv[0]]
+    if argv[0] in WRITES_A_RUN:
+        keep_new_files_private()
     return int(handler(argv[1:]) or 0)
 
 

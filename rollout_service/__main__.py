@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from asyncrl.cli_args import config_parser, resolve_config
 from asyncrl.config import secret
+from asyncrl.files import private_dir
 from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from asyncrl.launch import free_port
 from asyncrl.logs import configure_logging
@@ -37,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"refusing to start: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json)
+    private_dir(cfg.run_dir)  # the data export and the outbox are the user's alone (issue 48)
     return asyncio.run(_serve(cfg, host, ns.port if ns.port is not None else cfg.rollout.port))
 
 

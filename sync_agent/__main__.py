@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from asyncrl.cli_args import config_parser, resolve_config
 from asyncrl.config import secret
+from asyncrl.files import private_dir
 from asyncrl.http.binding import bind_refusal
 from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from asyncrl.logs import configure_logging
@@ -37,6 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "(set ASYNCRL_SECURITY__SYNC_TOKEN or pass --insecure-dev)", file=sys.stderr)
         return 2
     configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json)
+    private_dir(cfg.run_dir)
     import uvicorn
 
     from sync_agent.agent import SyncAgent

@@ -43,6 +43,7 @@ def torchrun_argv(trainer, args: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str]) -> int:
     from asyncrl.cli_args import split_config_args as _split_config_args
     from asyncrl.config import load_config
+    from asyncrl.files import private_dir
 
     args = list(argv)
     if args and args[0] in ("-h", "--help"):
@@ -51,6 +52,7 @@ def main(argv: Sequence[str]) -> int:
     path, overrides = _split_config_args(args)
     cfg = load_config(path, overrides)  # fail here, once, on a bad config
     cmd = torchrun_argv(cfg.trainer, args)
+    private_dir(cfg.run_dir)  # checkpoints, the ledger and metrics are the user's alone (issue 48)
     if cfg.trainer.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.trainer.nproc_per_node))
     print("+ " + shlex.join(cmd), flush=True)

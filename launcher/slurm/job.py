@@ -101,6 +101,9 @@ class SlurmJob:
         for key in ("admin_token", "sync_token", "api_token"):
             sec[key] = sec[key] or _token()
         doc["engines"]["api_key"] = doc["engines"]["api_key"] or _token()
+        # the admin routes (pause, weights) get a key of this job's own: a data-plane key that
+        # lives longer (configured) never pauses or reloads this job's engines (issue 48)
+        doc["engines"]["admin_api_key"] = doc["engines"]["admin_api_key"] or _token()
         doc["nats"]["user"] = cfg.nats.user or "asyncrl"
         sec["nats_password"] = sec["nats_password"] or _token()
         ports = dict(zip(("nats", "rollout", "sync", "metrics", "master"), distinct_free_ports(5), strict=True))

@@ -17,7 +17,11 @@ runs on its node, before it ``exec``s the service (so srun's signals reach the s
   can read (a fresh private directory) and append ``--config FILE`` to COMMAND: SGLang reads
   its API key from a flag or from its ``--config`` file (every release asyncrl supports), and
   a flag would show the key in the command line to every user of the node. The key travels
-  in the environment up to here.
+  in the environment up to here. The file lives only until the server is up (issue 48): a
+  detached watcher removes it (and its directory) once the service accepts connections on its
+  port, or once the service has exited, whichever comes first; SGLang reads it while parsing
+  its arguments, long before it listens. Not covered: a step killed with SIGKILL before its
+  server listened leaves the file in its private directory (mode 0700) under ``$TMPDIR``.
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 
 from asyncrl.files import atomic_write
@@ -49,6 +56,48 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("0.0.0.0", 0))  # noqa: S104 - where the service will listen
         return s.getsockname()[1]
+
+
+WATCH_TICK_S = 0.2
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (an exited process its parent has not reaped yet does not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _remove_when_up(directory: str, port: int | None, service_pid: int) -> None:
+    """Fork a detached watcher (double fork: the service never has to reap it) that removes
+    ``directory`` once ``port`` accepts connections on this node or ``service_pid`` is gone."""
+    if os.fork() != 0:
+        os.wait()  # the intermediate child exits at once
+        return
+    if os.fork() != 0:
+        os._exit(0)
+    try:
+        null = os.open(os.devnull, os.O_RDWR)  # never hold the step's output open
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stop signal to the step: outlive the service, then clean
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while _alive(service_pid) and not (port and _listening(port)):
+            time.sleep(WATCH_TICK_S)
+        shutil.rmtree(directory, ignore_errors=True)
+    finally:
+        os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env["CUDA_VISIBLE_DEVICES"] = _visible_gpus(ns.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     if ns.node_rank_env:
         env[ns.node_rank_env] = os.environ.get("SLURM_NODEID", "0")
+    port = None
     if ns.endpoint:
         port = ns.port or _free_port()
         command = [a.replace("{port}", str(port)) for a in command]
@@ -93,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(secrets) + "\n")  # JSON is YAML
         command += ["--config", path]
+        sys.stdout.flush()
+        _remove_when_up(os.path.dirname(path), port, os.getpid())  # this pid is the service's after exec
     sys.stdout.flush()
     os.execvpe(command[0], command, env)
     return 0  # not reached

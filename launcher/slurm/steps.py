@@ -20,7 +20,8 @@ from asyncrl.jetstream.embedded import find_nats_server
 from asyncrl.launch import ChildProcess
 from launcher.slurm.placement import EngineSlot
 
-ENGINE_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"  # the SGLang key's way to the step (see launcher.slurm.step)
+ENGINE_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"  # the SGLang keys' way to the step (see launcher.slurm.step)
+ENGINE_ADMIN_KEY_ENV = "ASYNCRL_ENGINE_ADMIN_API_KEY"
 NODE_RANK_ENV = "ASYNCRL_TRAINER__NODE_RANK"  # the config's environment override of trainer.node_rank
 
 
@@ -92,14 +93,17 @@ def engine_command(cfg: RunConfig, python: str) -> tuple[list[str], dict[str, st
                    "--port", "{port}", "--tp-size", str(cfg.engines.gpus_per_engine), "--enable-metrics",
                    *cfg.slurm.sglang_args]
         env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0")}
-        key = secret(cfg.engines.api_key)
-        if key:
-            env[ENGINE_KEY_ENV] = key
-            return command, env, [f"--secret-config=api-key={ENGINE_KEY_ENV}"]
-        return command, env, []
+        opts = []
+        for flag, var, value in (("api-key", ENGINE_KEY_ENV, secret(cfg.engines.api_key)),
+                                 ("admin-api-key", ENGINE_ADMIN_KEY_ENV, secret(cfg.engines.admin_api_key))):
+            if value:
+                env[var] = value
+                opts.append(f"--secret-config={flag}={var}")
+        return command, env, opts
     from local_engine.settings import EngineSettings  # components only lazily
 
-    settings = EngineSettings.for_run(cfg, 1).model_copy(update={"host": "0.0.0.0", "api_key": secret(cfg.engines.api_key)})
+    settings = EngineSettings.for_run(cfg, 1).model_copy(update={
+        "host": "0.0.0.0", "api_key": secret(cfg.engines.api_key), "admin_api_key": secret(cfg.engines.admin_api_key)})
     args = settings.to_argv()
     args[args.index("--port") + 1] = "{port}"
     return [python, "-m", "launcher", "engine", *args], settings.secret_env(), []

@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from asyncrl.config import ConfigError, load_config, secret
+from asyncrl.files import private_dir
 from asyncrl.http.keepalive import client_session
 from asyncrl.launch import log_tail
 from asyncrl.logs import configure_logging
@@ -178,6 +179,7 @@ def main(argv: Sequence[str]) -> int:
         shutil.rmtree(prev, ignore_errors=True)
         run_dir.rename(prev)
         print(f"moved the previous run to {prev}")
+    private_dir(run_dir)
     stack = Stack(cfg, run_dir)
     stop = asyncio.Event()
     started = time.monotonic()

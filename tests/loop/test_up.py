@@ -93,6 +93,11 @@ def test_up_runs_to_total_rollout_steps_and_writes_the_summary(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics" / "trainer.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert children_left(run_dir) == []
+    # issue 48 item 5: the run is its user's alone (the answer key in data/, trajectories, the store)
+    loose = [f"{p.relative_to(run_dir)} {oct(p.lstat().st_mode & 0o777)}" for p in [run_dir, *run_dir.rglob("*")]
+             if not p.is_symlink() and p.lstat().st_mode & 0o077]
+    assert loose == [], loose[:20]
+    assert (run_dir / "data" / "train.jsonl").is_file()
 
 
 def test_up_trains_on_a_verifiers_environment(tmp_path):

@@ -67,3 +67,88 @@ def test_the_job_driver_copies_a_failing_services_log_tail_redacted(tmp_path):
     log.write_text(f"server_args api_key='engine-key-0123456789' sync={generated}\nTraceback: boom\n")
     message = job._exit_message("engine-0", ChildProcess("engine-0", ["true"], log), "exited")
     assert "boom" in message and "engine-key-0123456789" not in message and generated not in message
+
+
+def test_each_job_has_an_engine_admin_key_of_its_own_and_the_engines_get_it_privately(tmp_path):
+    """Issue 48 item 4: a data-plane key that outlives the job (configured) cannot pause or reload
+    this job's engines: the admin routes get a key generated for the job, which reaches SGLang
+    through the step's private config file and a local engine through its environment."""
+    from launcher.slurm.job import SlurmJob as Job
+    from launcher.slurm.placement import place
+    from launcher.slurm.steps import ENGINE_ADMIN_KEY_ENV, engine_command
+
+    overrides = [f"run.dir={tmp_path / 'run'}", "engines.api_key=engine-key-0123456789"]
+    cfg = load_config(overrides=overrides, environ={})
+    first, second = Job(cfg, place(cfg, ["n1"])), Job(cfg, place(cfg, ["n1"]))
+    keys = [first.resolve()["engines"]["admin_api_key"], second.resolve()["engines"]["admin_api_key"]]
+    assert all(k and len(k) >= 24 for k in keys) and keys[0] != keys[1] and "engine-key-0123456789" not in keys
+    assert keys[0] in first._secrets  # redacted from any log tail the job copies
+    job_cfg = load_config(overrides=[*overrides, "engines.backend=sglang", f"engines.admin_api_key={keys[0]}"], environ={})
+    cmd, env, opts = engine_command(job_cfg, "python3")
+    assert opts == ["--secret-config=api-key=ASYNCRL_ENGINE_API_KEY", f"--secret-config=admin-api-key={ENGINE_ADMIN_KEY_ENV}"]
+    assert env[ENGINE_ADMIN_KEY_ENV] == keys[0] and keys[0] not in " ".join(cmd)
+    local_cfg = load_config(overrides=[*overrides, f"engines.admin_api_key={keys[0]}"], environ={})
+    cmd, env, opts = engine_command(local_cfg, "python3")
+    assert env["LOCAL_ENGINE_ADMIN_API_KEY"] == keys[0] and keys[0] not in " ".join(cmd) and opts == []
+
+
+SERVICE = """
+import json, os, socket, sys, time
+path = sys.argv[sys.argv.index("--config") + 1]
+read = json.load(open(path))
+report = {"read": sorted(read), "dir": os.path.dirname(path)}
+if sys.argv[1] == "listen":
+    srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("0.0.0.0", int(sys.argv[2]))); srv.listen(8)
+    deadline = time.monotonic() + 60
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    report["removed_while_serving"] = not os.path.exists(path)
+print(json.dumps(report), flush=True)
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _step_service(tmp_path: Path, mode: str) -> dict:
+    import json
+    import os
+
+    port = _free_port()
+    out = subprocess.run([sys.executable, "-m", "launcher.slurm.step", f"--endpoint={tmp_path / 'endpoint.json'}",
+                          f"--port={port}", "--secret-config=api-key=K1", "--secret-config=admin-api-key=K2", "--",
+                          sys.executable, "-c", SERVICE, mode, str(port)], capture_output=True, text=True, cwd=REPO,
+                         timeout=120, env={**os.environ, "K1": "data-key-0123456789", "K2": "admin-key-0123456789",
+                                           "TMPDIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _gone(path: str, timeout_s: float = 30.0) -> bool:
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not os.path.exists(path)
+
+
+def test_the_steps_secrets_file_is_removed_once_the_server_listens(tmp_path):
+    """Issue 48 item 4: the per-step ``--config`` file with the engine keys is gone as soon as the
+    server accepts connections (it read the file before), not left for the job's lifetime."""
+    got = _step_service(tmp_path, "listen")
+    assert got["read"] == ["admin-api-key", "api-key"] and got["removed_while_serving"] is True
+    assert _gone(got["dir"])
+
+
+def test_the_steps_secrets_file_is_removed_when_the_server_exits_before_listening(tmp_path):
+    got = _step_service(tmp_path, "exit")
+    assert got["read"] == ["admin-api-key", "api-key"]
+    assert _gone(got["dir"]), "the watcher removes the file once the service is gone"
