@@ -44,8 +44,22 @@ def _cmd_engine(argv: Sequence[str]) -> int:
 
 
 def _cmd_rollout(argv: Sequence[str]) -> int:
+    """The rollout service, given the demo task's files when the run has no data of its own."""
+    import os
+
+    from asyncrl.cli_args import split_config_args
+    from asyncrl.config import ConfigError, load_config
+    from launcher.demo_data import demo_data_env
+    from rollout_service.__main__ import argument_parser
     from rollout_service.__main__ import main as rollout_main
 
+    ns, _ = argument_parser().parse_known_args(list(argv))
+    try:
+        cfg = load_config(*split_config_args(ns.args))
+    except ConfigError:
+        cfg = None  # the service reports it
+    if cfg is not None:
+        os.environ.update(demo_data_env(cfg))
     return rollout_main(argv)
 
 

@@ -7,6 +7,7 @@ Runs the rollout service under uvicorn (default 127.0.0.1:8000 from ``rollout.ho
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
@@ -19,16 +20,26 @@ from asyncrl.launch import free_port
 from asyncrl.logs import configure_logging
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def argument_parser() -> argparse.ArgumentParser:
+    """``asyncrl rollout``'s arguments (the launcher reads the config with it too)."""
     parser = config_parser("asyncrl rollout", __doc__)
     parser.add_argument("--host", help="bind address (default rollout.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default rollout.port)")
     parser.add_argument("--insecure-dev", action="store_true", help="allow an empty admin token (local development only)")
-    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = argument_parser().parse_args(sys.argv[1:] if argv is None else argv)
     cfg = resolve_config(ns.args, ["security.insecure_dev=true"] if ns.insecure_dev else [])
     if cfg is None:
         return 2
     from rollout_service.api.auth import InsecureConfig, check_tokens
+    from rollout_service.prompts import data_problem
+
+    if problem := data_problem(cfg.data):
+        print(f"refusing to start: {problem}", file=sys.stderr)
+        return 2
 
     sec = cfg.security
     host = ns.host or cfg.rollout.host

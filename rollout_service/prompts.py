@@ -1,39 +1,31 @@
-"""The prompt stream of a run: the configured training files, a generated task
-(``data.source``: :mod:`rollout_service.data.reasoning_gym_task`), or the built-in demo task.
-A verifiers environment (``data.source = "verifiers:..."``) brings its own data and agent: the
-runner then gets :class:`~rollout_service.verifiers_env.supervisor.DriverPrompts` (no prompts
-for its own agents), no validation set and no reward of its own.
+"""The prompt stream of a run: the configured training files, or a generated task
+(``data.source``: :mod:`rollout_service.data.reasoning_gym_task`). A verifiers environment
+(``data.source = "verifiers:..."``) brings its own data and agent: the runner then gets
+:class:`~rollout_service.verifiers_env.supervisor.DriverPrompts` (no prompts for its own
+agents), no validation set and no reward of its own.
 
-With ``data.train_files`` and ``data.source`` empty, the demo dataset (arithmetic problems that want a
-calculator call) is written to ``<run dir>/data/`` once and used; its files are kept so a
-restarted service sees the same records (the stream's cursor checks a fingerprint).
+The service trains on data it is given: with neither ``data.train_files`` nor ``data.source``
+it refuses to start (:func:`data_problem`). The built-in demo task is the launcher's: ``asyncrl
+rollout`` writes its files and passes their paths (:mod:`launcher.demo_data`); no service
+imports a recipe (issue 50).
 """
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from asyncrl.chat import ChatTokenizer
 from asyncrl.config.sections_core import DataConfig, RolloutConfig
-from recipes.demo.task import ArithSpec, write_demo_dataset
 from rollout_service.data import PromptStream, logging_reporter, read_validation_set
 
-log = logging.getLogger(__name__)
 
-DEMO_TRAIN_ROWS = 2000
-DEMO_VAL_ROWS = 64
-
-
-def demo_files(data: DataConfig, run_dir: Path | str) -> tuple[list[str], list[str]]:
-    """Paths of the demo task's train and validation files (written when missing)."""
-    data_dir = Path(run_dir) / "data"
-    train, val = data_dir / "train.jsonl", data_dir / "val.jsonl"
-    if not (train.is_file() and val.is_file()):
-        written = write_demo_dataset(data_dir, n_train=DEMO_TRAIN_ROWS, n_val=DEMO_VAL_ROWS, seed=data.seed,
-                                     spec=ArithSpec.level(data.demo_level))
-        log.info("wrote the demo task to %s", written)
-    return [str(train)], [str(val)]
+def data_problem(data: DataConfig) -> str | None:
+    """Why the run has no data to train on, or None."""
+    if data.train_files or data.source:
+        return None
+    return ("no data: set data.train_files (verl-layout JSONL or Parquet) or data.source (a generated task or a "
+            "verifiers environment); `asyncrl rollout` (and asyncrl up, Slurm, compose) writes the built-in demo "
+            "task and passes its files when neither is set")
 
 
 def plays_verifiers(data: DataConfig) -> bool:
@@ -51,11 +43,6 @@ def source_files(data: DataConfig, run_dir: Path | str) -> tuple[list[str], list
     return [str(train)], ([str(val)] if d.source_val_size > 0 else [])
 
 
-def generated_files(data: DataConfig, run_dir: Path | str) -> tuple[list[str], list[str]]:
-    """The files of whatever is configured instead of ``data.train_files``."""
-    return source_files(data, run_dir) if data.source else demo_files(data, run_dir)
-
-
 def build_prompt_stream(data: DataConfig, rollout: RolloutConfig, run_dir: Path | str, chat: ChatTokenizer, driver=None):
     """The runner's prompt stream: a :class:`PromptStream`, or DriverPrompts reading ``driver``
     (the verifiers driver's supervisor) for a verifiers source."""
@@ -63,7 +50,10 @@ def build_prompt_stream(data: DataConfig, rollout: RolloutConfig, run_dir: Path 
         from rollout_service.verifiers_env.supervisor import DriverPrompts
 
         return DriverPrompts(driver)
-    files = data.train_files or generated_files(data, run_dir)[0]
+    problem = data_problem(data)
+    if problem:
+        raise ValueError(problem)
+    files = data.train_files or source_files(data, run_dir)[0]
     return PromptStream.from_files(
         files, on_error=logging_reporter(), total_epochs=rollout.total_epochs, shuffle=data.shuffle,
         seed=data.seed, total_rollout_steps=rollout.total_rollout_steps,
@@ -80,8 +70,8 @@ def validation_records(data: DataConfig, run_dir: Path | str) -> list:
         files = data.val_files
     elif plays_verifiers(data):
         return []
-    elif not data.train_files:
-        files = generated_files(data, run_dir)[1]
+    elif data.source and not data.train_files:
+        files = source_files(data, run_dir)[1]
     else:
         return []
     if not files:

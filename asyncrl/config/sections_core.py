@@ -40,7 +40,8 @@ class ModelConfig(Section):
 class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list)
     """JSONL or Parquet files in verl's layout (``prompt``, ``data_source``,
-    ``reward_model.ground_truth``, ``extra_info``). Empty: ``source``, else the built-in demo task."""
+    ``reward_model.ground_truth``, ``extra_info``). Empty: ``source``, else the built-in demo task
+    (its files written by ``asyncrl rollout``; the rollout service alone refuses to start)."""
     source: str | None = Field(None, pattern=r"^(reasoning_gym:[A-Za-z0-9_]+|verifiers:[A-Za-z0-9_][A-Za-z0-9_.\-/]*)$")
     """Data instead of files. ``reasoning_gym:<dataset>``: a generated task (any reasoning-gym
     dataset; needs ``asyncrl[reasoning-gym]``), scored by the task's own verifier

@@ -1,6 +1,6 @@
 """Prompt datasets for the rollout service: verl-layout JSONL/Parquet readers that report
 and skip malformed rows and a resumable shuffled prompt stream
-(the built-in demo task is :mod:`recipes.demo.task`).
+(the built-in demo task is :mod:`recipes.demo.task`, whose files the launcher writes).
 See docs/data_and_rewards.md."""
 
 from .reader import (

@@ -14,6 +14,7 @@ import uvicorn
 from asyncrl.config import load_config
 from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from asyncrl.launch import free_port
+from launcher.demo_data import demo_data_env
 from tests.helpers.processes import start_engine
 from tests.helpers.waiting import wait_for
 from tests.helpers.warm_model import warm_tiny_model
@@ -34,9 +35,13 @@ def warm_engine(warm_model: Path, tmp_path_factory):
 
 
 def service_config(tmp_path: Path, nats_url: str, engine_urls: list[str], *overrides: str):
+    """The service's config; with no data of its own, the demo task's files, as ``asyncrl rollout``
+    gives them (launcher.demo_data)."""
     base = [f"run.dir={tmp_path / 'run'}", f"nats.url={nats_url}", f"engines.urls={engine_urls!r}".replace("'", '"'),
             f"security.admin_token={ADMIN}", "rollout.n=2", "actor.ppo_mini_batch_size=2"]
-    return load_config(overrides=[*base, *overrides], environ={})
+    cfg = load_config(overrides=[*base, *overrides], environ={})
+    demo = demo_data_env(cfg)
+    return load_config(overrides=[*base, *overrides], environ=demo) if demo else cfg
 
 
 @contextlib.asynccontextmanager
