@@ -26,6 +26,7 @@ from asyncrl.config import RunConfig
 from asyncrl.jetstream import EmbeddedNats, StreamSettings, connect, ensure_stream, write_endpoint
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from asyncrl.wire import NatsNames, Trajectory, decode_trajectory, encode_trajectory
+from asyncrl.wire.sync import weight_version_number
 
 ENGINE_READY_TIMEOUT_S = 180.0  # loading builtin:smollm2-135m converts a GGUF on first use
 DEMO_QUESTION = "What is 12 + 30? Use the calculator tool."
@@ -51,8 +52,7 @@ def generate_demo_trajectory(cfg: RunConfig, engine_url: str) -> Trajectory:
     })
     meta = out["meta_info"]
     logprobs = [float(lp) for lp, _tok, _txt in meta["output_token_logprobs"]]
-    version = meta.get("weight_version", "0")
-    v = int(version) if str(version).isdigit() else 0
+    v = weight_version_number(meta.get("weight_version"))
     return Trajectory(
         id=f"demo-{uuid.uuid4().hex}", run_id=cfg.run.id, group_id="demo", group_size=1, group_index=0,
         prompt_id="demo-0", data_source="asyncrl/demo", token_ids=list(prompt_ids) + list(out["output_ids"]),

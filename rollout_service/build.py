@@ -6,10 +6,10 @@ them (issue 34: one wiring point, constructor injection only).
 run's stream and KV buckets, loads the tokenizer, tools, rewards and prompts, opens the outbox
 in ``<run dir>/rollout/outbox`` and wires the :class:`Runner`.
 
-The one cycle: the runner routes its agents' calls through the engine pool, and the pool asks
-the runner whether it is paused, which version it serves and which adapter to ask for. The
-pool is built first with closures over the runner built after it (bound before anything
-runs: the pool asks only once the service has started).
+No cycle between the runner and the engine pool: the runner routes its agents' calls through
+the pool, and what the pool must know of the rollout (paused, calls held, the version served,
+the adapter asked for) is a :class:`~rollout_service.serving.ServingState` built first and
+given to both (the runner writes it at restore, pause and resume; issue 50).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from asyncrl.jetstream import (
 from asyncrl.jsonl_log import BoundedJsonl
 from asyncrl.models import load_tokenizer
 from asyncrl.wire import NatsNames
-from asyncrl.wire.sync import adapter_name, weight_version_number
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.external_tools import ExternalBroker
 from rollout_service.agent.tool_parser import PARSERS
@@ -63,6 +62,7 @@ from rollout_service.service import (
     sandbox_hidden_paths,
     tool_options,
 )
+from rollout_service.serving import ServingState
 from tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
@@ -87,15 +87,11 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
     if not cfg.engines.urls:
         raise ValueError("engines.urls is empty: give the engines' URLs (asyncrl up starts local engines and passes them)")
     names, rid_prefix = NatsNames(cfg.run.id), f"rl-{cfg.run.id}."
-    runner: Runner | None = None  # bound below (module docstring: the one cycle)
+    serving = ServingState(cfg.run.id, cfg.syncs_adapters)  # module docstring: shared, the runner writes it
     e = cfg.engines
     pool = EnginePool(api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key), request_timeout_s=e.request_timeout_s,
                       control_timeout_s=e.control_timeout_s, request_timeout_floor_s=e.request_timeout_floor_s,
-                      min_decode_tokens_per_s=e.min_decode_tokens_per_s,
-                      paused=lambda: runner is not None and runner.paused,
-                      holds_calls=lambda: runner is not None and runner.gate.paused,
-                      current_version=lambda: None if runner is None else str(runner.version),
-                      lora_route=lambda: adapter_route(cfg.run.id, cfg.syncs_adapters, None if runner is None else runner.version))
+                      min_decode_tokens_per_s=e.min_decode_tokens_per_s, serving=serving)
     opened.append(pool.close)
     for engine_url in e.urls:
         pool.add(engine_url)
@@ -179,6 +175,7 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
         agent_store=AgentStore(await ensure_kv(js, names.agents_bucket), js, names.agents_bucket),
         state_store=RunnerStateStore(await ensure_kv(js, names.state_bucket)), queue_probe=queue_probe,
         abort_engines=pool.abort_inflight, rid_prefix=rid_prefix, validator=validation_rollouts if val_records else None,
+        serving=serving,
     )
     return RolloutService(
         cfg, url=url, nc=nc, names=names, pool=pool, runner=runner, tools=tools, broker=broker, chats=ChatCache(tokenizer),
@@ -187,15 +184,6 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
         inflight_stateless=InflightLimit(cfg.api.max_stateless_requests, "stateless completions"),
         inflight_polls=InflightLimit(cfg.api.max_long_polls, "tool-call long-polls"),
     )
-
-
-def adapter_route(run_id: str, syncs_adapters: bool, version: int | None) -> tuple[str, int] | None:
-    """Adapter syncs (``syncs_adapters``): the adapter of the rollout's ``version`` and that
-    version, which every call asks for (``lora_path``); None for the base model (full-weight
-    syncs, version 0: a fresh adapter adds zero)."""
-    if not syncs_adapters or not version:
-        return None
-    return adapter_name(run_id, version), version
 
 
 def build_agent_deps(cfg: RunConfig, runner: Runner, pool: EnginePool, chat: ChatTokenizer, tools: CountingTools,
@@ -216,7 +204,7 @@ def build_agent_deps(cfg: RunConfig, runner: Runner, pool: EnginePool, chat: Cha
     return AgentDeps(
         chat=chat, generator=runner.calls.routed(pool), tools=tools, gate=runner.gate,
         parse=PARSERS[cfg.rollout.multi_turn.tool_parser], checkpoint=runner.agent_store.put, reward=reward,
-        version_of=weight_version_number, multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
+        multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
         response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,
         rid_prefix=rid_prefix, on_tokens=runner.tokens.add, external=broker if broker.tools else None,
     )

@@ -67,6 +67,5 @@ class SyncAgent:
     async def close(self) -> None:
         await self.loops.stop()
         await self.coordinator.liveness.close()
-        for c in self.coordinator.clients.values():
-            await c.close()
+        await self.coordinator.fleet.close()
         await self.rollout.close()

@@ -100,14 +100,14 @@ def create_app(agent) -> FastAPI:
             engines = await co.engine_views()
             push = co.push_wanted(engines)
         except RolloutAdminError as exc:
-            engines, push, unreachable = [{"error": str(exc)}], False, str(exc)
-        health = agent_health(co, [] if unreachable else engines, push, agent.progress, time.time() - agent.started_at,
+            engines, push, unreachable = [], False, str(exc)
+        health = agent_health(co, engines, push, agent.progress, time.time() - agent.started_at,
                               rollout_error=unreachable)
         return AgentStatus(version=co.version, accepted_version=co.accepted_version, pause_mode=co.pause_mode,
                            push_wanted=push, health=health,
                            group=None if co.group is None else {**co.group.__dict__},
                            running=co.running.id if co.running else None, queued=co.queue.qsize(),
-                           needs_reload=sorted(co.needs_reload), engines=engines,
+                           needs_reload=sorted(co.needs_reload), engines=engines, rollout_error=unreachable,
                            syncs=[r.public() for r in co.records[-10:]])
 
     app.include_router(router)

@@ -37,9 +37,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
-from asyncrl.engine_client.allowed import engine_url_refusal
 from asyncrl.engine_client.errors import EngineError
 from asyncrl.sync_control.adapter_load import adapter_problems, stage_adapter, switch_adapter
 from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
@@ -47,13 +45,13 @@ from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.sync_control.layout import LayoutError, check_nccl
 from asyncrl.sync_control.pause_policy import PausePlan, plan_for, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
-from asyncrl.wire.rollout_admin import EngineState
-from asyncrl.wire.sync import AdapterSpec, ReloadSpec, SyncRequest, weight_version_number
+from asyncrl.wire.sync import AdapterSpec, EngineView, ReloadSpec, SyncRequest
+from sync_agent.fleet import AGENT_REASON, Fleet, held_because
 from sync_agent.health import SyncTally
 from sync_agent.history import SyncHistory
-from sync_agent.liveness import EngineLiveness
 from sync_agent.records import (
     KEEP_RECORDS,
+    AdapterRef,
     AgentState,
     GroupInfo,
     PlannedGroup,
@@ -66,7 +64,6 @@ log = logging.getLogger(__name__)
 
 RESUME_RETRIES = 5  # a resume that fails is retried: a rollout left paused stalls the whole run
 RESUME_RETRY_S = 2.0
-AGENT_REASON = "sync-agent:"  # prefix of quarantine reasons set by the agent (only those are released by it)
 
 
 class SyncConflict(Exception):
@@ -105,13 +102,11 @@ class SyncCoordinator:
         self.version, self.group, self.records, self.needs_reload = state.version, state.group, state.records, state.needs_reload
         self.accepted_version = self.version
         self.queue: asyncio.Queue[SyncRecord] = asyncio.Queue()
-        self.clients: dict[str, EngineClient] = {}
-        self._refused_urls: set[str] = set()  # engine URLs the rollout lists that the config does not allow (logged once)
+        self.fleet = Fleet(settings.engines, settings.sync.engine_timeout_s, rollout)
+        """The engines as the agent sees them: clients, liveness, views (:mod:`.fleet`)."""
+        self.liveness = self.fleet.liveness
         self.running: SyncRecord | None = None
         self.reload_hint: ReloadSpec | None = None
-        self.last_views: list[dict[str, Any]] = []
-        self.liveness = EngineLiveness(settings.sync.engine_timeout_s)
-        """Who answers /model_info; engines that missed a probe are not waited for (:mod:`.liveness`)."""
         self.unfinished: SyncRecord | None = next((r for r in reversed(self.records) if not r.done), None)
         """A sync the previous agent process left unfinished; new syncs wait until it is recovered."""
         self.plan = settings.plan
@@ -122,62 +117,19 @@ class SyncCoordinator:
         """The adapter (tensors included) of each queued or running adapter sync, by sync id;
         memory only, dropped when the sync ends."""
 
-    # -- engines -------------------------------------------------------------------------
+    # -- engines (the fleet view: sync_agent/fleet.py) -------------------------------------
     def client(self, engine_id: str, url: str) -> EngineClient:
-        refusal = engine_url_refusal(url, self.settings.engines.urls, self.settings.engines.allowed_hosts)
-        if refusal:
-            raise ValueError(refusal)
-        c = self.clients.get(engine_id)
-        if c is None or c.base_url != url.rstrip("/"):
-            e = self.settings.engines
-            c = self.clients[engine_id] = EngineClient(url, api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key),
-                                                       control_timeout_s=self.settings.sync.engine_timeout_s)
-        return c
+        return self.fleet.client(engine_id, url)
 
-    async def engine_views(self) -> list[dict[str, Any]]:
-        """The rollout service's engines with each one's liveness, served version and whether it
-        awaits a reload (it may hold mixed weights)."""
-        e_cfg = self.settings.engines
-        engines = []
-        for e in (await self.rollout.status()).engines:
-            refusal = engine_url_refusal(e.url, e_cfg.urls, e_cfg.allowed_hosts)
-            if refusal:  # never send the engine keys, pauses or weights there (issue 48)
-                if e.url not in self._refused_urls:
-                    log.error("ignoring the rollout's engine %s: %s", e.id, refusal)
-                    self._refused_urls.add(e.url)
-                continue
-            engines.append(e)
-
-        async def view(e: EngineState) -> dict:
-            out = {"id": e.id, "url": e.url, "rollout_state": e.state, "reason": e.reason, "alive": False,
-                   "version": None, "needs_reload": e.id in self.needs_reload}
-            info = await self.liveness.model_info(e.id, self.client(e.id, e.url))
-            if info is not None:
-                out.update(alive=True, version=weight_version_number(info.get("weight_version")))
-            return out
-
-        views = list(await asyncio.gather(*(view(e) for e in engines)))
+    async def engine_views(self) -> list[EngineView]:
+        """The rollout service's engines with each one's liveness, served version, whether it
+        awaits a reload (it may hold mixed weights) and why it is held (:mod:`.fleet`)."""
+        views = await self.fleet.views(self.needs_reload)
+        source = self.reload_source()
         for v in views:
-            v["held_because"] = self.held_because(v)
-        self.last_views = views
+            v.held_because = held_because(v, version=self.version, needs_reload=self.needs_reload, reload_source=source)
+        self.fleet.last_views = views
         return views
-
-    def held_because(self, v: dict[str, Any]) -> str | None:
-        """Why a quarantined engine is still out, and what brings it back (None when routable)."""
-        if v["rollout_state"] != "quarantined":
-            return None
-        if not (v.get("reason") or "").startswith(AGENT_REASON):
-            return f"quarantined by someone else ({v.get('reason')}): only they release it"
-        if not v["alive"]:
-            return "not answering; repaired once it answers"
-        if v["id"] in self.needs_reload:
-            source = self.reload_source()
-            if source is None:
-                return "may hold mixed weights; waits for the trainer's next full push (no reload source)"
-            return f"may hold mixed weights; reload from {source[0]} (version {source[1]}) pending"
-        if v["version"] != self.version:
-            return f"serves version {v['version']}, current is {self.version}; the next sync brings it"
-        return "whole at the current version; released at the next reconcile round"
 
     def reload_source(self) -> tuple[str, int] | None:
         """Where engines that may hold mixed weights reload from: the trainer's newest export named
@@ -188,16 +140,16 @@ class SyncCoordinator:
             return self.settings.sync.reload_path, 0
         return None
 
-    def push_wanted(self, views: list[dict[str, Any]]) -> bool:
+    def push_wanted(self, views: list[EngineView]) -> bool:
         """Live engines wait for the trainer's full weights to serve again: marked for reload with
         nothing to reload from, or quarantined here while serving another version. The trainer,
         idle because no data comes, then publishes at once (``WeightPublisher.push_wanted``)."""
         if self.running is not None or self.unfinished is not None or not self.queue.empty():
             return False
         no_source = self.reload_source() is None
-        return any(v["alive"] and ((v["id"] in self.needs_reload and no_source)
-                                   or (v["rollout_state"] == "quarantined" and (v.get("reason") or "").startswith(AGENT_REASON)
-                                       and v["version"] != self.version))
+        return any(v.alive and ((v.id in self.needs_reload and no_source)
+                                or (v.rollout_state == "quarantined" and (v.reason or "").startswith(AGENT_REASON)
+                                    and v.version != self.version))
                    for v in views)
 
     def _update(self, rec: SyncRecord) -> EngineUpdate:
@@ -272,16 +224,16 @@ class SyncCoordinator:
         if version < self.accepted_version and self.running is not None:
             raise SyncConflict(409, "stale", f"a sync to version {self.accepted_version} is already under way",
                                current_version=self.accepted_version)
-        views = [v for v in await self.engine_views() if v["alive"]]
+        views = [v for v in await self.engine_views() if v.alive]
         if not views:
             raise SyncConflict(503, "no_engines", "no live engine to update")
         if request.adapter is not None:
             return await self._queue(SyncRecord(
-                version=version, group=None, buckets=[], urls={v["id"]: v["url"] for v in views},
-                adapter={"name": request.adapter.name, "path": request.adapter.path, "nbytes": request.adapter.nbytes}),
+                version=version, group=None, buckets=[], urls={v.id: v.url for v in views},
+                adapter=AdapterRef(name=request.adapter.name, path=request.adapter.path, nbytes=request.adapter.nbytes)),
                 request), 1
         g = request.group
-        live = {v["id"]: v["url"] for v in views}
+        live = {v.id: v.url for v in views}
         if self.group is not None and g.key == self.group.key and not g.new:
             if set(live) != set(self.group.members):
                 self.group = None
@@ -357,12 +309,12 @@ class SyncCoordinator:
 
         async def load() -> None:
             if rec.adapter is not None:
-                await switch_adapter(update, staged, rec.adapter["name"], rec.version, timeout_s=s.engine_timeout_s)
-                rec.bytes += int(rec.adapter["nbytes"])
+                await switch_adapter(update, staged, rec.adapter.name, rec.version, timeout_s=s.engine_timeout_s)
+                rec.bytes += rec.adapter.nbytes
                 return
             for i, spec in enumerate(rec.buckets):
                 last = i == len(rec.buckets) - 1
-                await update.load(spec, weight_version=str(rec.version) if last else None, timeout_s=s.broadcast_timeout_s,
+                await update.load(spec, weight_version=rec.version if last else None, timeout_s=s.broadcast_timeout_s,
                                   on_failure=lambda why: self._failing(rec, why))
                 rec.bytes += spec.nbytes
 
@@ -385,7 +337,7 @@ class SyncCoordinator:
                 staged |= await stage_adapter(update, self.adapters[rec.id], run_id=self.settings.run_id, keep=self.version,
                                               transport=s.adapter_transport, timeout_s=s.engine_timeout_s)
                 if not staged:
-                    raise WeightSyncError(f"no engine staged adapter {rec.adapter['name']}: "
+                    raise WeightSyncError(f"no engine staged adapter {rec.adapter.name}: "
                                           + "; ".join(f"{m.id}: {m.error}" for m in update.members))
                 # one that failed (refused it, or died on it as SGLang's server does on a bad payload) keeps
                 # its previous adapter: pausing it too would fail the sync for everyone when it is gone

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.progress import ProgressWindow
+from asyncrl.wire.sync import EngineView
 
 PHASE_STUCK_S = 60.0  # a sync phase longer than this is reported (pause, group and broadcast timeouts are each shorter by default)
 
@@ -76,7 +77,7 @@ class SyncTally:
                 **{f"refused_{code}": n for code, n in self.refused.items()}}
 
 
-def _stuck(co, views: list[dict[str, Any]], push_wanted: bool, moved: dict[str, float], now: float,
+def _stuck(co, views: list[EngineView], push_wanted: bool, moved: dict[str, float], now: float,
            rollout_error: str | None) -> list[dict[str, str]]:
     stuck: list[dict[str, str]] = []
     if rollout_error:
@@ -104,12 +105,12 @@ def _stuck(co, views: list[dict[str, Any]], push_wanted: bool, moved: dict[str, 
             last = co.tally.last_refusal[1] if co.tally.last_refusal and co.tally.last_refusal[0] == code else ""
             stuck.append({"component": REFUSAL_COMPONENT.get(code, "sync_agent"),
                           "reason": f"{int(n)} sync request(s) refused ({code}): {last}. {REFUSAL_HINT.get(code, '')}".rstrip(". ")})
-    if not rollout_error and not any(v.get("alive") for v in views):
+    if not rollout_error and not any(v.alive for v in views):
         stuck.append({"component": "engines", "reason": "no live engine behind the rollout service"})
     return stuck
 
 
-def agent_health(co, views: list[dict[str, Any]], push_wanted: bool, window: ProgressWindow, uptime_s: float,
+def agent_health(co, views: list[EngineView], push_wanted: bool, window: ProgressWindow, uptime_s: float,
                  now: float | None = None, rollout_error: str | None = None) -> dict[str, Any]:
     """The ``health`` block (see the module docstring). ``now``: wall-clock seconds;
     ``rollout_error``: why the rollout service did not answer (``views`` is then empty)."""

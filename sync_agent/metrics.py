@@ -53,9 +53,9 @@ class SyncCollector:
         yield speed
         engines = GaugeMetricFamily("asyncrl_sync_engine_weight_version", "Weight version each engine reports (last check)",
                                     labels=["engine", "url", "state"])
-        for v in co.last_views:
-            if v.get("version") is not None:
-                engines.add_metric([v["id"], v["url"], v["rollout_state"]], v["version"])
+        for v in co.fleet.last_views:
+            if v.version is not None:
+                engines.add_metric([v.id, v.url, v.rollout_state], v.version)
         yield engines
         reload = GaugeMetricFamily("asyncrl_sync_engines_needing_reload", "Engines waiting for a reload after a failed update")
         reload.add_metric([], len(co.needs_reload))

@@ -27,7 +27,8 @@ import logging
 
 from asyncrl.engine_client.errors import EngineError, EngineHTTPError
 from asyncrl.wire.sync import DEFAULT_GROUP_NAME
-from sync_agent.coordinator import AGENT_REASON, SyncCoordinator
+from sync_agent.coordinator import SyncCoordinator
+from sync_agent.fleet import AGENT_REASON
 from sync_agent.rollout_admin import RolloutAdminError
 
 log = logging.getLogger(__name__)
@@ -46,30 +47,30 @@ async def reconcile_once(co: SyncCoordinator) -> None:
         return
     source = co.reload_source()
     for v in views:
-        if not v["alive"]:
+        if not v.alive:
             continue
-        eid = v["id"]
-        client = co.client(eid, v["url"])
+        eid = v.id
+        client = co.client(eid, v.url)
         if eid in co.needs_reload and source is not None:
             try:
                 await repair(co, client, *source)
                 co.needs_reload.discard(eid)
                 co.persist()
-                v.update(version=source[1])
+                v.version = source[1]
                 log.info("engine %s reloaded from %s (version %d)", eid, *source)
             except EngineError as exc:
                 log.warning("reloading engine %s from %s failed (it may still sit in a failed sync's collective): %s",
                             eid, source[0], exc)
                 continue
-        healthy_here = eid not in co.needs_reload and v["version"] == co.version
-        ours = (v.get("reason") or "").startswith(AGENT_REASON)
+        healthy_here = eid not in co.needs_reload and v.version == co.version
+        ours = (v.reason or "").startswith(AGENT_REASON)
         try:
-            if v["rollout_state"] == "quarantined" and ours and healthy_here:
+            if v.rollout_state == "quarantined" and ours and healthy_here:
                 await client.resume()  # a failed sync may have left it paused
                 await co.rollout.release(eid)
                 log.info("engine %s released at version %d", eid, co.version)
-            elif v["rollout_state"] != "quarantined" and not healthy_here:
-                why = "may hold mixed weights" if eid in co.needs_reload else f"serves version {v['version']}, current is {co.version}"
+            elif v.rollout_state != "quarantined" and not healthy_here:
+                why = "may hold mixed weights" if eid in co.needs_reload else f"serves version {v.version}, current is {co.version}"
                 await co.rollout.quarantine(eid, f"{AGENT_REASON} {why}")
                 log.warning("engine %s quarantined: %s", eid, why)
         except (RolloutAdminError, EngineError) as exc:
@@ -87,7 +88,7 @@ async def repair(co: SyncCoordinator, client, path: str, version: int) -> None:
         except EngineHTTPError as exc:
             if exc.status >= 500:
                 raise
-    await client.update_weights_from_disk(path, weight_version=str(version), timeout_s=t * 4)
+    await client.update_weights_from_disk(path, weight_version=version, timeout_s=t * 4)
     try:
         await client.flush_cache(retries=1, timeout_s=t, wait_s=1.5)
     except EngineHTTPError as exc:  # a stale prefix cache only costs hits; the weights are whole
@@ -101,26 +102,26 @@ async def recover(co: SyncCoordinator) -> str | None:
     if rec is None:
         return None
     try:
-        views = {v["id"]: v for v in await co.engine_views()}
+        views = {v.id: v for v in await co.engine_views()}
     except RolloutAdminError as exc:
         log.error("cannot recover sync %s yet: %s", rec.id, exc)
         return None
-    members = [views[eid] for eid in rec.member_urls if eid in views and views[eid]["alive"]]
-    complete = bool(members) and all(m["version"] == rec.version for m in members)
+    members = [views[eid] for eid in rec.member_urls if eid in views and views[eid].alive]
+    complete = bool(members) and all(m.version == rec.version for m in members)
     # Died while loading (or failing): an engine that did not get the last bucket (which
     # carries the new version) may hold some new parameters and some old ones, and no failed
     # call told it so. Treat it as mixed: quarantine and reload.
     maybe_mixed = rec.state in ("loading", "failing") and rec.adapter is None  # an adapter loads whole or not at all
     for m in members:
-        client = co.client(m["id"], m["url"])
-        if (m["version"] not in (rec.version, rec.previous_version)
-                or (maybe_mixed and not complete and m["version"] != rec.version)):
+        client = co.client(m.id, m.url)
+        if (m.version not in (rec.version, rec.previous_version)
+                or (maybe_mixed and not complete and m.version != rec.version)):
             if rec.adapter is None:  # an adapter sync never touches the base weights: the next sync brings it
-                co.needs_reload.add(m["id"])
+                co.needs_reload.add(m.id)
             try:
-                await co.rollout.quarantine(m["id"], f"{AGENT_REASON} agent restarted during the update to version {rec.version}")
+                await co.rollout.quarantine(m.id, f"{AGENT_REASON} agent restarted during the update to version {rec.version}")
             except RolloutAdminError as exc:
-                log.error("could not quarantine %s: %s", m["id"], exc)
+                log.error("could not quarantine %s: %s", m.id, exc)
         try:
             await client.destroy_weights_update_group(co.group.group_name if co.group else DEFAULT_GROUP_NAME)
         except EngineError:
@@ -138,10 +139,10 @@ async def recover(co: SyncCoordinator) -> str | None:
     co.group = None
     if complete:
         co.version = rec.version
-        rec.engines = {m["id"]: "loaded" for m in members}
+        rec.engines = {m.id: "loaded" for m in members}
     else:
         rec.error = f"the agent restarted during {rec.state}; rolled back to version {co.version}"
-        rec.engines = {m["id"]: ("loaded" if m["version"] == rec.version else "unchanged") for m in members}
+        rec.engines = {m.id: ("loaded" if m.version == rec.version else "unchanged") for m in members}
     await co._resume_rollout(rec)
     co.unfinished = None
     co._enter(rec, "succeeded" if complete else "failed")

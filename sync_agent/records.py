@@ -22,8 +22,17 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from asyncrl.files import atomic_write
-from asyncrl.wire.sync import SYNC_FINAL, BucketSpec, GroupSpec, ReloadSpec, SyncStatus
+from asyncrl.wire.sync import (
+    ADAPTER_NAME,
+    SYNC_FINAL,
+    BucketSpec,
+    GroupSpec,
+    ReloadSpec,
+    SyncStatus,
+)
 
 KEEP_RECORDS = 50  # syncs kept in the state file and in /status
 
@@ -38,6 +47,17 @@ class PlannedGroup(GroupSpec):
     """engine id → URL, as the rollout service listed the live engines."""
 
 
+class AdapterRef(BaseModel):
+    """An adapter sync's adapter as the agent keeps it: its name on the engines, the path they
+    can read it from (``sync.adapter_transport = path``) and its tensor bytes; never the tensors,
+    which the agent holds in memory only for the sync (docs/architecture.md, "Adapters")."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=ADAPTER_NAME)
+    path: str | None = None
+    nbytes: int = Field(0, ge=0)
+
+
 @dataclass
 class SyncRecord:
     version: int
@@ -45,8 +65,8 @@ class SyncRecord:
     """None for an adapter sync (no weight-update group)."""
     buckets: list[BucketSpec]
     reload: ReloadSpec | None = None
-    adapter: dict[str, Any] | None = None
-    """An adapter sync's adapter: ``name``, ``path``, ``nbytes`` (its tensors are not persisted)."""
+    adapter: AdapterRef | None = None
+    """An adapter sync's adapter (its tensors are not persisted)."""
     urls: dict[str, str] = field(default_factory=dict)
     """An adapter sync's members: engine id → URL (a weight sync's are ``group.urls``)."""
     id: str = field(default_factory=lambda: "sync-" + uuid.uuid4().hex[:12])
@@ -93,7 +113,8 @@ class SyncRecord:
         """The record as the state file keeps it."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(group=self.group.model_dump() if self.group is not None else None, buckets=[b.model_dump() for b in self.buckets],
-                   reload=self.reload.model_dump() if self.reload else None)
+                   reload=self.reload.model_dump() if self.reload else None,
+                   adapter=self.adapter.model_dump() if self.adapter else None)
         return out
 
     @classmethod
@@ -101,7 +122,8 @@ class SyncRecord:
         known = {k: v for k, v in doc.items() if k in _RECORD_FIELDS}
         known.update(group=PlannedGroup.model_validate(doc["group"]) if doc.get("group") else None,
                      buckets=[BucketSpec.model_validate(b) for b in doc.get("buckets", [])],
-                     reload=ReloadSpec.model_validate(doc["reload"]) if doc.get("reload") else None)
+                     reload=ReloadSpec.model_validate(doc["reload"]) if doc.get("reload") else None,
+                     adapter=AdapterRef.model_validate(doc["adapter"]) if doc.get("adapter") else None)
         return cls(**known)
 
 

@@ -47,7 +47,7 @@ from asyncrl.engine_client.errors import (
 from asyncrl.engine_client.release import SESSIONS_FROM, parse_version
 from asyncrl.engine_client.types import GenerateResult, WeightsCheck
 from asyncrl.http.keepalive import client_session
-from asyncrl.wire.sync import DEFAULT_GROUP_NAME
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME, weight_version_label, weight_version_number
 
 SERVER_INFO_SECRETS = ("api_key", "admin_api_key")
 """Keys SGLang's ``/server_info`` answers in clear; :meth:`EngineClient.server_info` drops them."""
@@ -341,7 +341,7 @@ class EngineClient:
         shapes: Sequence[Sequence[int]],
         *,
         group_name: str = DEFAULT_GROUP_NAME,
-        weight_version: str | None = None,
+        weight_version: int | None = None,
         load_format: str | None = None,
         flush_cache: bool | None = None,
         abort_all_requests: bool | None = None,
@@ -349,7 +349,8 @@ class EngineClient:
     ) -> dict[str, Any]:
         """Receive one bucket; the engine answers after its broadcasts finished."""
         body: dict[str, Any] = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes], "group_name": group_name}
-        for key, value in (("weight_version", weight_version), ("load_format", load_format), ("flush_cache", flush_cache), ("abort_all_requests", abort_all_requests)):
+        label = None if weight_version is None else weight_version_label(weight_version)
+        for key, value in (("weight_version", label), ("load_format", load_format), ("flush_cache", flush_cache), ("abort_all_requests", abort_all_requests)):
             if value is not None:
                 body[key] = value
         return self._checked(await self._call("POST", "/update_weights_from_distributed", body, admin=True, timeout_s=timeout_s), "update_weights_from_distributed")
@@ -359,7 +360,7 @@ class EngineClient:
         return self._checked(await self._call("POST", "/destroy_weights_update_group", body, admin=True, timeout_s=timeout_s), "destroy_weights_update_group")
 
     async def update_weights_from_disk(
-        self, model_path: str, weight_version: str | None = None, *, abort_all_requests: bool = False,
+        self, model_path: str, weight_version: int | None = None, *, abort_all_requests: bool = False,
         flush_cache: bool = False, timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Reload every weight from a model directory. ``flush_cache`` defaults to False (not
@@ -367,11 +368,11 @@ class EngineClient:
         after loading and 0.5.21 and older crash on an assert; call :meth:`flush_cache` after."""
         body: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests, "flush_cache": flush_cache}
         if weight_version is not None:
-            body["weight_version"] = weight_version
+            body["weight_version"] = weight_version_label(weight_version)
         return self._checked(await self._call("POST", "/update_weights_from_disk", body, admin=True, timeout_s=timeout_s), "update_weights_from_disk")
 
-    async def update_weight_version(self, new_version: str, abort_all_requests: bool = True, *, timeout_s: float | None = None) -> dict[str, Any]:
-        body = {"new_version": new_version, "abort_all_requests": abort_all_requests}
+    async def update_weight_version(self, new_version: int, abort_all_requests: bool = True, *, timeout_s: float | None = None) -> dict[str, Any]:
+        body = {"new_version": weight_version_label(new_version), "abort_all_requests": abort_all_requests}
         return self._checked(await self._call("POST", "/update_weight_version", body, admin=True, timeout_s=timeout_s), "update_weight_version")
 
     # -- LoRA adapters -------------------------------------------------------------------
@@ -435,9 +436,10 @@ class EngineClient:
             raise
         return WeightsCheck.parse(body)
 
-    async def weight_version(self, *, timeout_s: float | None = None) -> str | None:
+    async def weight_version(self, *, timeout_s: float | None = None) -> int | None:
+        """The engine's weight version (``/model_info``) as a number; None when it reports none."""
         version = (await self.model_info(timeout_s=timeout_s)).get("weight_version")
-        return None if version is None else str(version)
+        return None if version is None else weight_version_number(version)
 
     async def server_info(self, *, timeout_s: float | None = None) -> dict[str, Any]:
         """The engine's ``/server_info``, without ``api_key`` and ``admin_api_key``: SGLang

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from asyncrl.wire.sync import weight_version_number
+
 
 @dataclass(frozen=True)
 class FinishReason:
@@ -40,7 +42,7 @@ class FinishReason:
 class WeightVersionSpan:
     """Output tokens ``[start, end)`` were produced with weight ``version``."""
 
-    version: str
+    version: int
     start: int
     end: int
 
@@ -54,7 +56,9 @@ class GenerateResult:
     output_ids: list[int]
     logprobs: list[float] | None
     finish_reason: FinishReason
-    weight_version: str | None
+    weight_version: int | None
+    """The engine's weight version when it answered (its ``meta_info.weight_version`` read as a
+    number: ``"default"``, an engine never synced, is 0); None when it reported none."""
     prompt_tokens: int | None
     completion_tokens: int
     cached_tokens: int
@@ -70,16 +74,16 @@ class GenerateResult:
     def aborted(self) -> bool:
         return self.finish_reason.type == "abort"
 
-    def labelled(self, version: str) -> GenerateResult:
+    def labelled(self, version: int) -> GenerateResult:
         """This result with every token labelled ``version`` (an adapter sync's requests: the
         adapter asked for, by name, decides the version, whatever the engine reports)."""
         return replace(self, weight_version=version, weight_versions=[])
 
-    def token_versions(self) -> list[str | None]:
+    def token_versions(self) -> list[int | None]:
         """The weight version of each output token (spans, else the single version)."""
         if not self.weight_versions:
             return [self.weight_version] * len(self.output_ids)
-        out: list[str | None] = [None] * len(self.output_ids)
+        out: list[int | None] = [None] * len(self.output_ids)
         for span in self.weight_versions:
             for i in range(max(0, span.start), min(span.end, len(out))):
                 out[i] = span.version
@@ -96,7 +100,7 @@ class GenerateResult:
             ids = [int(t) for t in body.get("output_ids") or []]
             logprobs = None
         spans = [
-            WeightVersionSpan(str(s["version"]), int(s["start"]), int(s["end"]))
+            WeightVersionSpan(weight_version_number(s["version"]), int(s["start"]), int(s["end"]))
             for s in meta.get("weight_versions") or []
         ]
         version = meta.get("weight_version")
@@ -106,7 +110,7 @@ class GenerateResult:
             output_ids=ids,
             logprobs=logprobs,
             finish_reason=FinishReason.parse(meta.get("finish_reason")),
-            weight_version=None if version is None else str(version),
+            weight_version=None if version is None else weight_version_number(version),
             prompt_tokens=meta.get("prompt_tokens"),
             completion_tokens=int(meta.get("completion_tokens", len(ids))),
             cached_tokens=int(meta.get("cached_tokens", 0) or 0),

@@ -142,7 +142,7 @@ async def switch_adapter(update: EngineUpdate, staged: set[str], name: str, vers
     """The load step of the sequence (module docstring): ``version`` on every staged member."""
 
     async def one(m: Member) -> None:
-        await m.client.update_weight_version(str(version), abort_all_requests=False, timeout_s=timeout_s)
+        await m.client.update_weight_version(version, abort_all_requests=False, timeout_s=timeout_s)
         m.sent = m.confirmed = 1  # a failure leaves it unchanged (module docstring)
 
     results = await update.each(one, timeout_s, [m for m in update.members if m.id in staged])

@@ -208,7 +208,7 @@ class EngineUpdate:
         return [m.id for m in self.members if any(m.rank_offset <= r < m.rank_offset + max(1, m.ranks) for r in ranks)]
 
     # -- the buckets -------------------------------------------------------------------------
-    async def load(self, bucket: BucketSpec, *, weight_version: str | None, timeout_s: float, send: Sender | None = None,
+    async def load(self, bucket: BucketSpec, *, weight_version: int | None, timeout_s: float, send: Sender | None = None,
                    on_failure: Callable[[str], None] | None = None) -> None:
         """One bucket to every member (HTTP calls first, then the broadcast, then the answers)."""
         self.buckets += 1

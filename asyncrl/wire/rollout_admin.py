@@ -71,8 +71,9 @@ class EngineState(_Answer):
     inflight: int = 0
     routed: int = 0
     served: int = 0
-    weight_version: str | None = None
-    """The version its last health check reported."""
+    weight_version: int | None = None
+    """The version the engine reported in its newest-asked answer (None: none yet; an engine
+    never synced, SGLang's ``"default"``, is 0)."""
     tokens_decoded: int = 0
     evicted: int = 0
     quarantined_current_s: float = 0.0

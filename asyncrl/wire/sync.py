@@ -5,16 +5,19 @@ The trainer (``trainer_daemon/sync/agent.py``) sends :class:`SyncRequest` to
 an error envelope whose ``error.reason`` is one of :data:`REFUSALS`; ``GET /v1/syncs/{id}``
 answers :class:`SyncStatus`. The test suite's stand-in agent uses the same types.
 
-A weight version is an integer here and a decimal string on the engines
-(``weight_version`` of SGLang's update calls and ``/model_info``);
-:func:`weight_version_number` reads an engine's string back (``"default"`` → 0).
+A weight version is an integer everywhere in asyncrl and a decimal string only on SGLang's wire
+(``weight_version`` of its update calls, ``/model_info`` and every answer's ``meta_info``): the
+engine client converts at that wire and nowhere else, with :func:`weight_version_label` (int →
+the engine's string) and :func:`weight_version_number` (the engine's string → int,
+``"default"`` → 0). What the number means and who owns it: docs/architecture.md, "The weight
+version".
 
 Contract of a sync, in one walk (docs/sync_agent.md draws it): the optimizer step makes
 version ``v``; the trainer plans buckets (:mod:`asyncrl.weight_sync.buckets`), posts
 ``SyncRequest(version=v)``; the agent pauses the rollout and the engines, opens their
 weight-update sessions, has them join the group when ``group.new``, and for each bucket fires
 ``/update_weights_from_distributed`` while the trainer broadcasts the bucket's bytes; the last
-bucket carries ``weight_version=str(v)``; the agent closes the sessions, resumes the engines
+bucket carries ``weight_version=v``; the agent closes the sessions, resumes the engines
 and the rollout at ``v``. The trainer watches :class:`SyncStatus` during its broadcasts and
 stops at once when the agent reports ``failing``/``failed``.
 """
@@ -59,6 +62,11 @@ def dtype_itemsize(name: str) -> int:
     if key not in _DTYPE_SIZES:
         raise ValueError(f"unknown dtype {name!r}; known: {', '.join(sorted(_DTYPE_SIZES))}")
     return _DTYPE_SIZES[key]
+
+
+def weight_version_label(version: int) -> str:
+    """The string an engine stores for weight version ``version`` (SGLang's ``weight_version``)."""
+    return str(int(version))
 
 
 def weight_version_number(raw: object) -> int:
@@ -218,6 +226,24 @@ class SyncStatus(BaseModel):
         return self.state in ("failing", "failed")
 
 
+class EngineView(BaseModel):
+    """One engine as the sync agent sees it (``GET /status``'s ``engines``): the rollout
+    service's state for it (``rollout_state``, ``reason``), whether it answers ``/model_info``
+    (``alive``) and the version it reports, whether it awaits a reload (it may hold mixed
+    weights) and, when quarantined, why it is still out and what brings it back."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    url: str
+    rollout_state: str
+    reason: str | None = None
+    alive: bool = False
+    version: int | None = None
+    needs_reload: bool = False
+    held_because: str | None = None
+
+
 class AgentStatus(BaseModel):
     """``GET /status`` of the sync agent: the weight version the agent holds (``version``: what
     the engines serve after its last successful sync; ``accepted_version``: a sync it accepted
@@ -235,7 +261,9 @@ class AgentStatus(BaseModel):
     running: str | None = None
     queued: int = 0
     needs_reload: list[str] = Field(default_factory=list)
-    engines: list[dict[str, Any]] = Field(default_factory=list)
+    engines: list[EngineView] = Field(default_factory=list)
+    rollout_error: str | None = None
+    """Why the rollout service did not answer the agent (``engines`` is then empty)."""
     syncs: list[dict[str, Any]] = Field(default_factory=list)
 
     @property

@@ -52,7 +52,6 @@ class AgentDeps:
     parse: Callable[[str, int], ParsedTurn]
     checkpoint: Callable[[AgentState], Awaitable[None]]
     reward: Callable[[AgentState], Awaitable[tuple[float, dict[str, Any]]]]
-    version_of: Callable[[str | None], int]
     multi_turn: MultiTurnConfig
     sampling: SamplingConfig
     response_length: int

@@ -193,7 +193,7 @@ def append_model_tokens(state: AgentState, res: GenerateResult, deps: AgentDeps)
     logprobs = res.logprobs if res.logprobs is not None or res.output_ids else []  # aborted while queued: no tokens
     if logprobs is None or len(logprobs) != len(res.output_ids):
         raise EngineError(f"engine returned {len(res.output_ids)} tokens without matching logprobs (rid {res.rid})")
-    versions = [deps.version_of(v) for v in res.token_versions()]
+    versions = [0 if v is None else v for v in res.token_versions()]  # an engine that names none: 0
     if res.sampling_logprobs is not None:  # the engine's sampling mask: the behaviour log-probs
         offset = state.response_length
         state.behaviour_logprobs.update((offset + i, min(0.0, v)) for i, v in enumerate(res.sampling_logprobs))

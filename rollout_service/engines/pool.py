@@ -27,7 +27,7 @@ ids, so no live rid is a prefix of another (SGLang's scheduler matches by prefix
 Health: every ``HEALTH_INTERVAL_S`` each engine must answer ``/model_info`` within
 ``HEALTH_TIMEOUT_S`` — a hung or stopped server fails that at once, even while a slower
 generation probe is still waited for — and then generate (``/health_generate``, timeout above
-SGLang's own 20 s). While the rollout is paused for a weight sync (``paused()``) engines are
+SGLang's own 20 s). While the rollout is paused for a weight sync (``serving.paused``) engines are
 paused on purpose and ``/health_generate`` would wait behind the pause and answer 503, so the
 probe is then only ``/model_info``.
 
@@ -52,7 +52,6 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +65,7 @@ from asyncrl.engine_client.errors import (
 from asyncrl.engine_client.sampling_mask import asks_sampling_mask
 from asyncrl.engine_client.types import GenerateResult
 from asyncrl.sync_control.layout import parse_version
+from rollout_service.serving import ServingState
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class EngineHandle:
     """Generate calls sent to this engine (counted when sent)."""
     served: int = 0
     consecutive_failures: int = 0
-    weight_version: str | None = None
+    weight_version: int | None = None
     """The version the engine said it holds in the newest-asked of its answers (see
     :meth:`observe_version`)."""
     version_asked_at: float = float("-inf")
@@ -116,7 +116,7 @@ class EngineHandle:
     to a release that has not come yet), measured at each health check."""
     _accounted_at: float | None = None
 
-    def account(self, now: float, current_version: str | None) -> None:
+    def account(self, now: float, current_version: int | None) -> None:
         """Add the time since the last call to :attr:`quarantined_current_s` if it was spent
         quarantined at the current version (the state seen now is taken for the whole interval)."""
         if self._accounted_at is not None and self.state == "quarantined" and current_version is not None \
@@ -124,7 +124,7 @@ class EngineHandle:
             self.quarantined_current_s += now - self._accounted_at
         self._accounted_at = now
 
-    def observe_version(self, version: str | None, asked_at: float) -> None:
+    def observe_version(self, version: int | None, asked_at: float) -> None:
         """Record a version the engine reported in an answer to a request sent at ``asked_at``
         (monotonic). An answer to an older request than the one recorded is stale (a generate
         call or a probe sent before a sync and answered after it) and is ignored: the shown
@@ -165,19 +165,16 @@ class EnginePool:
     min_decode_tokens_per_s: float = 2.0
     control_timeout_s: float = 60.0
     engines: dict[str, EngineHandle] = field(default_factory=dict)
-    paused: Callable[[], bool] = lambda: False
-    """True while the rollout is paused for a weight sync (engines are paused on purpose)."""
-    holds_calls: Callable[[], bool] = lambda: False
-    """True while the rollout's gate holds agents' calls (a ``partial`` or ``hold`` pause, or a
-    ``drain`` pause once its trajectories are done): a call still waiting for a routable engine
-    then goes back to the gate (``PausedWhileRouting``). During a ``drain`` pause the gate is
-    open for the trajectories it waits for: their calls keep waiting for an engine here (sent
-    back, they would find the gate open and come straight back: a loop that never yields)."""
-    current_version: Callable[[], str | None] = lambda: None
-    """The run's current weight version (for :meth:`EngineHandle.account`)."""
-    lora_route: Callable[[], tuple[str, int] | None] = lambda: None
-    """Adapter syncs (``sync.lora_weights = adapter``): the adapter every call asks for
-    (``lora_path``) and its version, which labels the call's tokens; None: the base model."""
+    serving: ServingState = field(default_factory=ServingState)
+    """What the rollout serves now (:mod:`rollout_service.serving`; the runner writes it): while
+    it is paused for a weight sync engines are paused on purpose (no health verdicts); while its
+    gate holds calls (a ``partial`` or ``hold`` pause, or a ``drain`` pause once its trajectories
+    are done) a call still waiting for a routable engine goes back to the gate
+    (``PausedWhileRouting``). During a ``drain`` pause the gate is open for the trajectories it
+    waits for: their calls keep waiting for an engine here (sent back, they would find the gate
+    open and come straight back: a loop that never yields). Its version re-admits an engine back
+    from quarantine at it; its adapter route is what every call asks for (``lora_path``) and the
+    version that labels the call's tokens."""
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Event()
@@ -246,7 +243,7 @@ class EnginePool:
             try:
                 return self.pick(affinity)
             except NoEngineAvailable as exc:
-                if self.holds_calls():
+                if self.serving.holding_calls:
                     raise PausedWhileRouting(f"paused for a sync while waiting for an engine ({exc})") from None
                 if time.monotonic() > deadline:
                     raise
@@ -281,7 +278,7 @@ class EnginePool:
         handle.observe_version(res.weight_version, asked_at)
         if state is not None:
             state.engine_id = handle.id
-        return res if route is None else res.labelled(str(route[1]))
+        return res if route is None else res.labelled(route[1])
 
     @staticmethod
     def _with_mask(handle: EngineHandle, sampling_params: dict, extra: dict | None) -> dict | None:
@@ -293,7 +290,7 @@ class EnginePool:
 
     def _with_adapter(self, extra: dict | None) -> tuple[tuple[str, int] | None, dict | None]:
         """The adapter route at the time of the call, and ``extra`` asking for it."""
-        route = self.lora_route()
+        route = self.serving.adapter_route
         return route, extra if route is None else {**(extra or {}), "lora_path": route[0]}
 
     async def generate_stream(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None):
@@ -313,7 +310,7 @@ class EnginePool:
                 except StopAsyncIteration:
                     break
                 last = res
-                yield res if route is None else res.labelled(str(route[1]))
+                yield res if route is None else res.labelled(route[1])
         except EngineUnavailable:
             self._note_failure(handle, "connection failed")
             raise
@@ -417,7 +414,7 @@ class EnginePool:
         except while the rollout is paused for a sync (module docstring)."""
         c = handle.client
         why = await self._alive(c)
-        if why is not None or self.paused():
+        if why is not None or self.serving.paused:
             return why
         gen = asyncio.ensure_future(c.health_generate(timeout_s=HEALTH_GENERATE_TIMEOUT_S))
         try:
@@ -433,7 +430,7 @@ class EnginePool:
                 gen.cancel()
                 await asyncio.gather(gen, return_exceptions=True)
         ok = not gen.cancelled() and gen.exception() is None and gen.result()
-        return None if ok or self.paused() else "health check failed"  # a pause that began meanwhile explains a slow answer
+        return None if ok or self.serving.paused else "health check failed"  # a pause that began meanwhile explains a slow answer
 
     @staticmethod
     async def _alive(c: EngineClient) -> str | None:
@@ -444,7 +441,7 @@ class EnginePool:
 
     async def _check(self, handle: EngineHandle) -> None:
         handle.last_checked = time.time()
-        handle.account(time.monotonic(), self.current_version())
+        handle.account(time.monotonic(), self.serving.version)
         why = await self._probe(handle)
         ok = why is None
         if ok:

@@ -72,7 +72,7 @@ class TurnOutcome:
     model_ids: list[int]
     model_logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]] | None
-    weight_version: str | None
+    weight_version: int | None
     ended_by_eos: bool
     prompt_tokens: int
     completion_tokens: int

@@ -46,12 +46,12 @@ from rollout_service.agent.loop import run_agent
 from rollout_service.agent.state import AgentState, Phase
 from rollout_service.runner.accounting import RunnerCounters, TokenAccounting, VersionClock
 from rollout_service.runner.finish import to_trajectory
-from rollout_service.runner.gate import Gate
 from rollout_service.runner.inflight import InFlightCalls
 from rollout_service.runner.quota import StalenessQuota
 from rollout_service.runner.restore import restore, runner_document
 from rollout_service.runner.snapshot import PromptProgress, RunnerSnapshot, TokenCounts
 from rollout_service.runner.validation import ValidationSchedule, Validator
+from rollout_service.serving import ServingState
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class Runner:
 
     def __init__(self, settings: RunnerSettings, *, deps_factory: Callable[["Runner"], AgentDeps], stream, outbox, publisher,
                  agent_store, state_store, queue_probe: Callable[[], Awaitable[int]], abort_engines: Callable[[str], Awaitable[None]],
-                 rid_prefix: str, validator: Validator | None = None) -> None:
+                 rid_prefix: str, validator: Validator | None = None, serving: ServingState | None = None) -> None:
         self.settings = settings
         self.n = settings.n
         self.max_concurrent = settings.max_concurrent_samples
@@ -103,8 +103,9 @@ class Runner:
         self.stream, self.outbox, self.publisher = stream, outbox, publisher
         self.agent_store, self.state_store = agent_store, state_store
         self.queue_probe, self.abort_engines, self.rid_prefix = queue_probe, abort_engines, rid_prefix
-        self.gate = Gate()
-        self.paused = False
+        self.serving = serving or ServingState()
+        """What the rollout serves now: this runner writes it (restore, pause, resume), the
+        engine pool reads it (:mod:`rollout_service.serving`)."""
         self.paused_at: float | None = None
         """``time.monotonic()`` when the current pause began (None while running)."""
         self.pause_mode: str | None = None
@@ -135,6 +136,7 @@ class Runner:
         for state in restored.agents:
             self.counters.restored_agents += 1
             self._launch(state)
+        self.serving.restored(self.version)
         log.info("restored %d agents (%d already finished), version %d", len(restored.agents), restored.dropped, self.version)
         if self.settings.val_before_train and self.version == 0:
             self.validation.start(0)  # beside the first training rollouts, in the background
@@ -157,6 +159,14 @@ class Runner:
     @property
     def version(self) -> int:
         return self.quota.version
+
+    @property
+    def paused(self) -> bool:
+        return self.serving.paused
+
+    @property
+    def gate(self):
+        return self.serving.gate
 
     @property
     def active_trajectories(self) -> int:
@@ -318,16 +328,16 @@ class Runner:
     # -- pause / resume -------------------------------------------------------------------
     async def pause(self, mode: str, timeout_s: float) -> None:
         """See the module docstring. ``mode`` is ``partial``, ``drain`` or ``hold``."""
-        self.paused = True
+        self.serving.pausing()
         if self.paused_at is None:
             self.paused_at = time.monotonic()
         self.pause_mode = mode
         started, calls_at_start = time.monotonic(), self.calls.count
         deadline = started + timeout_s
         if mode == "hold":
-            self.gate.close()
+            self.serving.hold_calls()
         elif mode == "partial":
-            self.gate.close()
+            self.serving.hold_calls()
             rounds = 0
             while self.calls.count > 0:
                 rounds += 1
@@ -342,7 +352,7 @@ class Runner:
                 if time.monotonic() > deadline:
                     raise PauseTimeout(f"{len(self.tasks)} trajectories still running after {timeout_s:.0f} s")
                 await asyncio.sleep(0.05)
-            self.gate.close()
+            self.serving.hold_calls()
             while self.calls.count > 0:  # session requests already at the engine finish too
                 if time.monotonic() > deadline:
                     raise PauseTimeout(f"{self.calls.count} generate calls still in flight after {timeout_s:.0f} s")
@@ -364,10 +374,9 @@ class Runner:
             except Exception as exc:  # noqa: BLE001 - NATS down: the last reading is the best we have
                 log.warning("queue depth unknown at resume (%s); using the last reading", exc)
         self.quota.on_version(version, self.in_flight_samples, self.queued_samples)
-        self.paused = False
         self.paused_at = None
         self.pause_mode = None
-        self.gate.open()
+        self.serving.resumed(version)
         await self._save_state()
         self._wake.set()
         self.validation.on_version(version)

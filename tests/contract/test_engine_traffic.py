@@ -69,10 +69,10 @@ async def drive_client(c: EngineClient, tmp_dir) -> None:
     await c.health(timeout_s=TIMEOUT_S)
     await c.health_generate(timeout_s=TIMEOUT_S)
     await c.alive()
-    await c.update_weight_version("contract-v", abort_all_requests=False)
+    await c.update_weight_version(17, abort_all_requests=False)
     model_dir = tmp_dir / "model"
     load_model("builtin:tiny").save_pretrained(model_dir, safe_serialization=True)
-    await c.update_weights_from_disk(str(model_dir), weight_version="0")
+    await c.update_weights_from_disk(str(model_dir), weight_version=0)
     with contextlib.suppress(EngineHTTPError):
         await c.destroy_weights_update_group()
 

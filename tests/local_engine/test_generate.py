@@ -32,9 +32,9 @@ async def test_logprobs_match_teacher_forcing(client, ref_model, params):
     expected = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids, params["temperature"])
     assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < TOL
     assert res.prompt_tokens == len(PROMPT) and res.completion_tokens == 24 and res.cached_tokens == 0
-    assert res.weight_version == "default"
+    assert res.weight_version == 0  # "default": never synced
     # SGLang 0.5.19+ (the default emulates 0.5.23): a finished output carries its spans, here one
-    assert [(w.version, w.start, w.end) for w in res.weight_versions] == [("default", 0, 24)]
+    assert [(w.version, w.start, w.end) for w in res.weight_versions] == [(0, 0, 24)]
 
 
 async def test_greedy_is_argmax_of_reference(client, ref_model):
@@ -168,7 +168,7 @@ async def test_weight_version_spans_only_on_finished_outputs_from_0_5_19(tmp_pat
     with start_engine(tmp_path, "--sglang-compat", compat, name=f"engine-{compat}") as engine:
         async with EngineClient(engine.url) as c:
             res = await c.generate(PROMPT, {"max_new_tokens": 6, "ignore_eos": True})
-            assert [(w.version, w.start, w.end) for w in res.weight_versions] == ([("default", 0, 6)] if spans else [])
+            assert [(w.version, w.start, w.end) for w in res.weight_versions] == ([(0, 0, 6)] if spans else [])
             async with aiohttp.ClientSession() as http, http.post(
                     f"{engine.url}/generate", json={"input_ids": PROMPT, "stream": True,
                                                     "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}) as resp:

@@ -67,7 +67,7 @@ async def test_pause_in_place_keeps_requests_and_they_finish_after_continue(smal
     held = asyncio.create_task(small_client.generate(PROMPT, {"max_new_tokens": 2}))
     await asyncio.sleep(HOLD_S)  # not a wait for a state: room for a wrong engine to answer while paused
     assert not held.done() and not task.done()
-    await small_client.update_weight_version("v-in-place", abort_all_requests=False)
+    await small_client.update_weight_version(5, abort_all_requests=False)
     try:
         await small_client.resume()
         res = await asyncio.wait_for(task, 60)
@@ -75,12 +75,12 @@ async def test_pause_in_place_keeps_requests_and_they_finish_after_continue(smal
         assert res.finish_reason.type == "length" and res.output_ids == reference.output_ids
         k = before - len(PROMPT)
         spans = [(s.version, s.start, s.end) for s in res.weight_versions]
-        assert spans[0][0] == "default" and spans[-1] == ("v-in-place", spans[-1][1], 200)
+        assert spans[0][0] == 0 and spans[-1] == (5, spans[-1][1], 200)  # "default" reads as 0
         assert spans[0][2] == spans[-1][1] and abs(spans[0][2] - k) <= 1
-        assert res.weight_version == "v-in-place"
-        assert res.token_versions()[0] == "default" and res.token_versions()[-1] == "v-in-place"
+        assert res.weight_version == 5
+        assert res.token_versions()[0] == 0 and res.token_versions()[-1] == 5
     finally:
-        await small_client.update_weight_version("default", abort_all_requests=False)
+        await small_client.update_weight_version(0, abort_all_requests=False)
 
 
 async def test_retract_frees_the_kv_and_prefills_again_with_the_new_weights(small_client, ref_model, tmp_path):
@@ -101,17 +101,17 @@ async def test_retract_frees_the_kv_and_prefills_again_with_the_new_weights(smal
         loads = await load(small_client)
         assert loads["num_running_reqs"] == 0 and loads["num_waiting_reqs"] == 1 and not task.done()
         await small_client.flush_cache(retries=1, interval_s=0.1)
-        await small_client.update_weights_from_disk(str(tmp_path / "new"), weight_version="v-retract", flush_cache=True)
+        await small_client.update_weights_from_disk(str(tmp_path / "new"), weight_version=6, flush_cache=True)
         await small_client.resume()
         res = await asyncio.wait_for(task, 120)
     finally:
         await small_client.resume()
-        await small_client.update_weights_from_disk(str(tmp_path / "base"), weight_version="default")
+        await small_client.update_weights_from_disk(str(tmp_path / "base"), weight_version=0)
     assert res.finish_reason.type == "length" and len(res.output_ids) == n
     assert res.meta_info["num_retractions"] == 1
     assert res.cached_tokens == 0, "the flush dropped the prompt's KV: the re-prefill computed it again"
     spans = [(s.version, s.start, s.end) for s in res.weight_versions]
-    assert len(spans) == 2 and spans[0][:2] == ("default", 0) and spans[1] == ("v-retract", spans[0][2], n)
+    assert len(spans) == 2 and spans[0][:2] == (0, 0) and spans[1] == (6, spans[0][2], n)
     k = spans[0][2]
     head = res.output_ids[:k]
     checked = 24  # a prefix of the new span is enough to tell the semantics apart
@@ -153,13 +153,13 @@ async def test_retract_up_to_0_5_20_resumes_over_the_old_weights_prompt_kv(ref_m
             try:
                 with pytest.raises(EngineHTTPError, match="400"):
                     await c.flush_cache(retries=1)  # 0.5.20: the queued retracted request blocks it
-                await c.update_weights_from_disk(str(tmp_path / "new"), weight_version="v-new", flush_cache=False)
+                await c.update_weights_from_disk(str(tmp_path / "new"), weight_version=7, flush_cache=False)
             finally:
                 await c.resume()
             res = await asyncio.wait_for(task, 120)
     assert res.meta_info["num_retractions"] == 1 and res.cached_tokens == len(PROMPT)
     k = res.weight_versions[0].end
-    assert 4 <= k < 64 and res.weight_versions[1].version == "v-new"
+    assert 4 <= k < 64 and res.weight_versions[1].version == 7
     checked = res.output_ids[:k + 16]
     with torch.no_grad():  # old weights' prompt KV, then the new weights over the output so far
         kv = ref_model(input_ids=torch.tensor([PROMPT]), use_cache=True).past_key_values

@@ -106,14 +106,14 @@ async def test_an_update_outside_a_session_is_refused_without_joining_the_broadc
         with pytest.raises(EngineHTTPError) as err:
             await c.begin_weight_update()
         assert err.value.status == 400 and "already open" in err.value.message
-        accepted = update(c, [NORM], ["float32"], [[128]], weight_version="41")
+        accepted = update(c, [NORM], ["float32"], [[128]], weight_version=41)
         await asyncio.to_thread(group.broadcast, pack_bucket([torch.full((128,), 0.5)]), 0, TIMEOUT_S)
         assert (await asyncio.wait_for(accepted, TIMEOUT_S))["success"] is True
         assert await c.end_weight_update() is True
         with pytest.raises(EngineHTTPError) as err:
             await c.end_weight_update()
         assert err.value.status == 400 and "no weight-update session" in err.value.message
-        assert await c.weight_version() == "41"
+        assert await c.weight_version() == 41
 
 
 async def test_releases_before_0_5_21_have_no_sessions(old):
@@ -122,7 +122,7 @@ async def test_releases_before_0_5_21_have_no_sessions(old):
     async with aiohttp.ClientSession() as s, s.post(old.url + "/begin_weight_update", json={}) as r:
         assert r.status == 404
     async with joined(old, 1) as (c, group):
-        accepted = update(c, [NORM], ["float32"], [[128]], weight_version="18")
+        accepted = update(c, [NORM], ["float32"], [[128]], weight_version=18)
         await asyncio.to_thread(group.broadcast, pack_bucket([torch.full((128,), 0.25)]), 0, TIMEOUT_S)
         assert (await asyncio.wait_for(accepted, TIMEOUT_S))["success"] is True
 
@@ -267,5 +267,5 @@ async def test_the_products_sequence_updates_engines_of_both_releases_and_layout
         async with engine.client() as c:
             res = await c.generate(PROMPT, GREEDY)
             lp = teacher_forced_logprobs(expected, PROMPT, res.output_ids)
-            assert res.weight_version == "7" and max(abs(a - b) for a, b in zip(res.logprobs, lp)) < 1e-4
+            assert res.weight_version == 7 and max(abs(a - b) for a, b in zip(res.logprobs, lp)) < 1e-4
             assert (await c.server_info())["internal_states"][0]["weight_update_session"] is False

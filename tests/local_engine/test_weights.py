@@ -28,6 +28,8 @@ from tests.helpers.reference_model import greedy_continuation, teacher_forced_lo
 from tests.helpers.waiting import WAIT_S, wait_for
 from tests.local_engine.weight_trainer import perturb
 
+BASE = 100  # the label the base weights are loaded under (an engine's weight versions are numbers to asyncrl)
+
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_TIMEOUT_S = 180.0
 API_KEY, ADMIN_KEY = "data-plane-key", "admin-plane-key"
@@ -56,7 +58,7 @@ async def wclient(wengine, base_dir):
             await c.destroy_weights_update_group()
         with contextlib.suppress(EngineHTTPError):  # ... or its weight-update session
             await c.end_weight_update()
-        await c.update_weights_from_disk(str(base_dir), weight_version="base")
+        await c.update_weights_from_disk(str(base_dir), weight_version=BASE)
         yield c
         await c.resume()
 
@@ -77,26 +79,26 @@ async def run_trainer(engine, *args: str, expect_exit: int = 0) -> dict:
     return json.loads(lines[-1]) if lines else {}
 
 
-async def assert_serves(client, model, version: str):
+async def assert_serves(client, model, version: int):
     res = await client.generate(PROMPT, GREEDY)
     assert res.output_ids == greedy_continuation(model, PROMPT, GREEDY["max_new_tokens"])
     expected = teacher_forced_logprobs(model, PROMPT, res.output_ids)
     assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < 1e-4
     assert res.weight_version == version
-    assert (await client.model_info())["weight_version"] == version
+    assert (await client.model_info())["weight_version"] == str(version)  # the engine's own label
     # the engine's own checksum of what it holds equals the checksum of the model's weights
     named = canonical({k: v for k, v in model.state_dict().items() if v.is_floating_point()})
     got = await client.weights_checksum()
-    assert got == {"weight_version": version, "checksum": weights_checksum(named), "parameters": len(named)}
+    assert got == {"weight_version": str(version), "checksum": weights_checksum(named), "parameters": len(named)}
 
 
 @pytest.mark.parametrize("layout", [["--bucket-bytes", "200000"], ["--no-flatten", "--bucket-bytes", "1000000"]], ids=["flattened", "per-tensor"])
 async def test_distributed_update_from_trainer_process(wengine, wclient, ref_model, layout):
-    await assert_serves(wclient, ref_model, "base")
+    await assert_serves(wclient, ref_model, BASE)
     result = await run_trainer(wengine, "--version", "1", "--perturb-seed", "7", *layout)
     assert result["ok"], result
     assert result["buckets"] >= 2
-    await assert_serves(wclient, perturb(copy.deepcopy(ref_model), 7), "1")
+    await assert_serves(wclient, perturb(copy.deepcopy(ref_model), 7), 1)
     assert "weights_consistent" not in await wclient.model_info()
 
 
@@ -110,15 +112,15 @@ async def test_update_waits_for_in_flight_generation_when_not_paused(wengine, wc
     go.touch()  # now the trainer opens its session and updates: both wait for the writer lock
     await wait_for(lambda: _writers_waiting(wclient), 60, "the weight update to wait for the writer lock")
     assert not long.done(), long.result().finish_reason
-    assert (await wclient.model_info())["weight_version"] == "base"
+    assert (await wclient.model_info())["weight_version"] == str(BASE)
     await wclient.abort("lock-long")
     res = await asyncio.wait_for(long, 30)
     result = await asyncio.wait_for(trainer, TRAINER_TIMEOUT_S)
     assert result["ok"], result
-    assert res.finish_reason.type == "abort" and [w.version for w in res.weight_versions] == ["base"]
+    assert res.finish_reason.type == "abort" and [w.version for w in res.weight_versions] == [BASE]
     expected = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids)  # all tokens from the old weights
     assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < 1e-4
-    await assert_serves(wclient, perturb(copy.deepcopy(ref_model), 11), "2")
+    await assert_serves(wclient, perturb(copy.deepcopy(ref_model), 11), 2)
 
 
 async def _has_group(client) -> bool:
@@ -145,8 +147,8 @@ async def test_failure_mid_push_leaves_mixed_weights_served_silently_as_sglang_d
     new = teacher_forced_logprobs(perturb(copy.deepcopy(ref_model), 5), PROMPT, res.output_ids)
     assert max(abs(a - b) for a, b in zip(res.logprobs, old, strict=True)) > 1e-3, "bucket 0's parameters changed"
     assert max(abs(a - b) for a, b in zip(res.logprobs, new, strict=True)) > 1e-3, "the later buckets did not arrive"
-    await wclient.update_weights_from_disk(str(base_dir), weight_version="base")
-    await assert_serves(wclient, ref_model, "base")
+    await wclient.update_weights_from_disk(str(base_dir), weight_version=BASE)
+    await assert_serves(wclient, ref_model, BASE)
 
 
 async def test_trainer_crash_mid_broadcast_fails_the_update_and_keeps_serving(wengine, wclient, ref_model, base_dir):
@@ -160,8 +162,8 @@ async def test_trainer_crash_mid_broadcast_fails_the_update_and_keeps_serving(we
     assert await wclient.health() is True
     await wclient.destroy_weights_update_group()
     await wclient.end_weight_update()
-    await wclient.update_weights_from_disk(str(base_dir), weight_version="base")
-    await assert_serves(wclient, ref_model, "base")
+    await wclient.update_weights_from_disk(str(base_dir), weight_version=BASE)
+    await assert_serves(wclient, ref_model, BASE)
 
 
 async def _failed_updates(engine) -> float:
@@ -184,18 +186,18 @@ async def test_refused_first_bucket_leaves_this_engines_weights_unchanged(wengin
     result = await run_trainer(wengine, "--version", "4", "--corrupt-bucket", "0", "--bucket-bytes", "100000")
     assert not result["ok"] and result["buckets"] == 0
     assert await wclient.health() is True
-    await assert_serves(wclient, ref_model, "base")
+    await assert_serves(wclient, ref_model, BASE)
 
 
 async def test_disk_update_and_its_failures(wclient, ref_model, tmp_path):
     other = perturb(copy.deepcopy(ref_model), 23)
     other.save_pretrained(tmp_path / "v5")
-    out = await wclient.update_weights_from_disk(str(tmp_path / "v5"), weight_version="5")
+    out = await wclient.update_weights_from_disk(str(tmp_path / "v5"), weight_version=5)
     assert out["success"] is True and out["num_paused_requests"] == 0
-    await assert_serves(wclient, other, "5")
+    await assert_serves(wclient, other, 5)
     for bad_path, needle in ((tmp_path / "missing", "not a directory"), (tmp_path, "no *.safetensors")):
         with pytest.raises(EngineHTTPError) as err:
-            await wclient.update_weights_from_disk(str(bad_path), weight_version="6")
+            await wclient.update_weights_from_disk(str(bad_path), weight_version=6)
         assert err.value.status == 400 and needle in err.value.message
     from safetensors.torch import save_file
 
@@ -205,22 +207,22 @@ async def test_disk_update_and_its_failures(wclient, ref_model, tmp_path):
     (tmp_path / "wrong").mkdir()
     save_file(wrong, str(tmp_path / "wrong" / "model.safetensors"))
     with pytest.raises(EngineHTTPError) as err:
-        await wclient.update_weights_from_disk(str(tmp_path / "wrong"), weight_version="6")
+        await wclient.update_weights_from_disk(str(tmp_path / "wrong"), weight_version=6)
     assert "shape mismatch" in err.value.message
     nan = {k: v.clone() for k, v in other.state_dict().items() if k != "lm_head.weight"}
     nan["model.norm.weight"][0] = float("nan")
     (tmp_path / "nan").mkdir()
     save_file(nan, str(tmp_path / "nan" / "model.safetensors"))
     with pytest.raises(EngineHTTPError) as err:
-        await wclient.update_weights_from_disk(str(tmp_path / "nan"), weight_version="6")
+        await wclient.update_weights_from_disk(str(tmp_path / "nan"), weight_version=6)
     assert "non-finite" in err.value.message and "model.norm.weight" in err.value.message
-    await assert_serves(wclient, other, "5")  # nothing changed
+    await assert_serves(wclient, other, 5)  # nothing changed
 
 
 async def test_update_weight_version_route(wclient):
-    out = await wclient.update_weight_version("named-7", abort_all_requests=False)
-    assert out == {"success": True, "message": "Weight version updated to named-7", "new_version": "named-7"}
-    assert await wclient.weight_version() == "named-7"
+    out = await wclient.update_weight_version(7, abort_all_requests=False)
+    assert out == {"success": True, "message": "Weight version updated to 7", "new_version": "7"}  # a string on the wire
+    assert await wclient.weight_version() == 7
 
 
 @pytest.mark.parametrize(

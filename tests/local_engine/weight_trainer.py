@@ -139,7 +139,7 @@ async def run(args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--engine-url", required=True)
-    p.add_argument("--version", default=None)
+    p.add_argument("--version", type=int, default=None)
     p.add_argument("--perturb-seed", type=int, default=7)
     p.add_argument("--bucket-bytes", type=int, default=256 * 1024)
     p.add_argument("--no-flatten", action="store_true")

@@ -59,7 +59,7 @@ async def test_a_lora_run_syncs_adapters_and_the_engine_serves_the_trainers_adap
         cfg = await run_to_end(stack)
         async with EngineClient(cfg.engines.urls[0], api_key=secret(cfg.engines.api_key), admin_api_key=secret(cfg.engines.admin_api_key),
                                 request_timeout_s=60, control_timeout_s=60) as c:
-            version = int(await c.weight_version())
+            version = await c.weight_version()
             loaded = sorted(await c.lora_adapters())
             res = await c.generate(PROMPT, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
                                    extra={"lora_path": f"{RUN_ID}-v{version}"})
@@ -105,7 +105,7 @@ async def test_partial_rollouts_resume_on_the_new_adapter(tmp_path):
         cfg = await run_to_end(stack)
         async with EngineClient(cfg.engines.urls[0], api_key=secret(cfg.engines.api_key),
                                 admin_api_key=secret(cfg.engines.admin_api_key), control_timeout_s=60) as c:
-            version = int(await c.weight_version())
+            version = await c.weight_version()
             loaded = sorted(await c.lora_adapters())
     finally:
         await asyncio.to_thread(stack.stop)

@@ -15,7 +15,7 @@ from rollout_service.agent.turn import append_model_tokens
 
 def _deps():
     seen = []
-    return types.SimpleNamespace(version_of=lambda v: int(v or 0), on_tokens=lambda d, k: seen.append((d, k))), seen
+    return types.SimpleNamespace(on_tokens=lambda d, k: seen.append((d, k))), seen
 
 
 def _state():

@@ -18,14 +18,14 @@ from tests.rollout.conftest import admin, running_service, service_config
 
 def test_an_answer_to_an_older_request_does_not_take_the_version_back():
     h = EngineHandle(id="e", url="http://127.0.0.1:9", client=None)
-    h.observe_version("3", asked_at=10.0)
-    h.observe_version("4", asked_at=20.0)  # read after the sync
-    h.observe_version("3", asked_at=15.0)  # a call sent before the sync, answered after the read
-    assert h.weight_version == "4"
+    h.observe_version(3, asked_at=10.0)
+    h.observe_version(4, asked_at=20.0)  # read after the sync
+    h.observe_version(3, asked_at=15.0)  # a call sent before the sync, answered after the read
+    assert h.weight_version == 4
     h.observe_version(None, asked_at=30.0)  # an answer without a version says nothing
-    assert h.weight_version == "4"
-    h.observe_version("default", asked_at=30.0)  # a newer answer wins, whatever it says (a restarted engine)
-    assert h.weight_version == "default"
+    assert h.weight_version == 4
+    h.observe_version(0, asked_at=30.0)  # a newer answer wins, whatever it says (a restarted engine: "default")
+    assert h.weight_version == 0
 
 
 async def test_resume_and_release_show_the_engines_new_version_without_waiting_for_a_health_check(
@@ -44,19 +44,19 @@ async def test_resume_and_release_show_the_engines_new_version_without_waiting_f
 
         status, _ = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})
         assert status == 200
-        await engine.update_weight_version("11")
+        await engine.update_weight_version(11)
         status, _ = await admin(http, "POST", f"{url}/admin/resume", {"version": 11})
         assert status == 200
-        await wait_for(lambda: handle.weight_version == "11", 10, "the resumed engine's version shown")
+        await wait_for(lambda: handle.weight_version == 11, 10, "the resumed engine's version shown")
 
         status, _ = await admin(http, "POST", f"{url}/admin/engines/{handle.id}/quarantine", {"reason": "test"})
         assert status == 200
-        await engine.update_weight_version("12")
+        await engine.update_weight_version(12)
         status, body = await admin(http, "DELETE", f"{url}/admin/engines/{handle.id}/quarantine")
         assert status == 200
-        await wait_for(lambda: handle.weight_version == "12", 10, "the released engine's version shown")
+        await wait_for(lambda: handle.weight_version == 12, 10, "the released engine's version shown")
         status, body = await admin(http, "GET", f"{url}/admin/status")
-        assert [e["weight_version"] for e in body["engines"]] == ["12"]
+        assert [e["weight_version"] for e in body["engines"]] == [12]
 
 
 async def test_a_pause_sends_calls_waiting_for_a_routable_engine_back_at_once(monkeypatch):
@@ -69,15 +69,18 @@ async def test_a_pause_sends_calls_waiting_for_a_routable_engine_back_at_once(mo
     from rollout_service.engines.pool import EnginePool
 
     monkeypatch.setattr(pool_module, "NO_ENGINE_RECHECK_S", 600.0)  # only a wake-up can end the wait
-    paused = [False]
-    pool = EnginePool(paused=lambda: paused[0], holds_calls=lambda: paused[0])
+    from rollout_service.serving import ServingState
+
+    serving = ServingState()
+    pool = EnginePool(serving=serving)
     pool.add("http://127.0.0.1:9")
     (handle,) = pool.engines.values()
     pool.set_quarantine(handle.id, True, "sync-agent: mixed")
     waiting = asyncio.create_task(pool.generate(None, [1, 2], {}, rid="r-1"))
     await asyncio.sleep(0.05)
     assert not waiting.done()
-    paused[0] = True
+    serving.pausing()  # what the runner does at a partial pause
+    serving.hold_calls()
     await pool.abort_inflight("r-")
     try:
         await asyncio.wait_for(waiting, 5)
@@ -98,7 +101,11 @@ async def test_during_a_drain_pause_a_call_waiting_for_an_engine_keeps_waiting(m
     from rollout_service.engines.pool import EnginePool
 
     monkeypatch.setattr(pool_module, "NO_ENGINE_RECHECK_S", 600.0)
-    pool = EnginePool(paused=lambda: True, holds_calls=lambda: False)
+    from rollout_service.serving import ServingState
+
+    serving = ServingState()
+    serving.pausing()  # a drain pause: paused, the gate still open for the trajectories it waits for
+    pool = EnginePool(serving=serving)
     pool.add("http://127.0.0.1:9")
     (handle,) = pool.engines.values()
     pool.set_quarantine(handle.id, True, "test: no routable engine")

@@ -98,6 +98,7 @@ async def test_the_snapshot_follows_a_partial_pause_and_a_resume_and_stays_a_val
     paused = runner.snapshot()
     assert aborts == ["rl-test."]
     assert (paused.paused, paused.pause_mode, paused.generating, paused.admission_blocked) == (True, "partial", 0, "paused (partial)")
+    assert (runner.serving.paused, runner.serving.holding_calls) == (True, True), "the engine pool's view, written at the pause"
     assert (before.paused, before.generating) == (False, 0), "a snapshot taken earlier does not change"
     with pytest.raises(dataclasses.FrozenInstanceError):
         paused.paused = False  # type: ignore[misc]
@@ -107,6 +108,7 @@ async def test_the_snapshot_follows_a_partial_pause_and_a_resume_and_stays_a_val
     await runner.resume(1)
     resumed = runner.snapshot()
     assert (resumed.version, resumed.quota.version, resumed.paused, resumed.pause_mode) == (1, 1, False, None)
+    assert (runner.serving.version, runner.serving.paused, runner.serving.holding_calls) == (1, False, False)
     assert (resumed.counters.samples_started, resumed.tokens.decoded) == (1, 5)
     runner.counters.samples_started += 1
     runner.counters.finish_reasons["stop"] = 1

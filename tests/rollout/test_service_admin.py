@@ -128,15 +128,15 @@ def test_time_quarantined_at_the_current_version_is_counted():
     from rollout_service.engines.pool import EngineHandle
 
     h = EngineHandle(id="e", url="http://127.0.0.1:9", client=None)
-    h.weight_version = "3"
-    h.account(100.0, "3")  # first sight: nothing to add
+    h.weight_version = 3
+    h.account(100.0, 3)  # first sight: nothing to add
     h.set_state("quarantined", "sync failed")
-    h.account(105.0, "3")  # quarantined at the current version for 5 s
-    h.account(107.0, "4")  # the run moved on: the engine is behind, the wait is not wasted capacity
-    h.weight_version = "4"
-    h.account(110.0, "4")
+    h.account(105.0, 3)  # quarantined at the current version for 5 s
+    h.account(107.0, 4)  # the run moved on: the engine is behind, the wait is not wasted capacity
+    h.weight_version = 4
+    h.account(110.0, 4)
     h.set_state("healthy", None)
-    h.account(120.0, "4")
+    h.account(120.0, 4)
     assert h.quarantined_current_s == 8.0
 
 

@@ -54,7 +54,7 @@ async def test_partial_pause_mid_generation_wastes_nothing_and_resumes_at_the_ne
         assert body["tokens"]["wasted"] == 0
         # the sync: the engine now serves version 1
         async with EngineClient(random_engine) as engine:
-            await engine.update_weight_version("1")
+            await engine.update_weight_version(1)
         status, again = await admin(http, "POST", f"{url}/admin/pause", {"mode": "partial"})  # idempotent
         assert status == 200 and again["tokens"]["kept"] == kept_at_pause
         status, body = await admin(http, "POST", f"{url}/admin/resume", {"version": 1})

@@ -100,7 +100,7 @@ def _deps(chat, engines, gate=None, checkpoints=None) -> AgentDeps:
         return 0.0, {}
 
     return AgentDeps(chat=chat, generator=engines, tools=None, gate=gate or Gate(), parse=parse_hermes, checkpoint=checkpoint,
-                     reward=reward, version_of=lambda v: int(v or 0), multi_turn=MultiTurnConfig(), sampling=SamplingConfig(),
+                     reward=reward, multi_turn=MultiTurnConfig(), sampling=SamplingConfig(),
                      response_length=512, max_model_len=2048, rid_prefix="rl-test.")
 
 

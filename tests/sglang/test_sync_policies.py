@@ -136,7 +136,7 @@ async def test_a_sync_meets_a_generation_in_flight(tmp_path, nats_server, kind, 
         return
     # retract / in_place: never aborted, finished after the sync with the new weights' tail
     assert res.finish_reason.type == "length" and len(res.output_ids) == LONG
-    assert len(spans) == 2 and spans[0][0] != "1" and spans[1][0] == "1" and spans[1][2] == LONG, spans
+    assert len(spans) == 2 and spans[0][0] != 1 and spans[1][0] == 1 and spans[1][2] == LONG, spans
     assert res.meta_info["num_retractions"] == (1 if policy == "retract" else 0)
     assert flushes == (["/flush_cache"] if policy == "retract" else []), "in_place never flushes; retract tries once"
 

@@ -99,19 +99,19 @@ async def test_adapters_load_where_lora_is_served_and_the_rest_is_held_out(tmp_p
             assert "--enable-lora" in status[ids[plain.url]].reason
             assert status[ids[lora.url]].state == "healthy"
             async with EngineClient(lora.url) as c:
-                assert await c.weight_version() == "1" and await c.lora_adapters() == [f"{RUN_ID}-v1"]
+                assert await c.weight_version() == 1 and await c.lora_adapters() == [f"{RUN_ID}-v1"]
                 res = await c.generate(PROMPT, GREEDY, extra={"lora_path": f"{RUN_ID}-v1"})
                 assert res.logprobs == pytest.approx(teacher_forced_logprobs(versions[0][0], PROMPT, res.output_ids), abs=1e-4)
             async with EngineClient(plain.url) as c:
-                assert await c.weight_version() == "default"
+                assert await c.weight_version() == 0  # "default"
             # the rollout asks for the current adapter and labels tokens with its version
-            assert svc.pool.lora_route() == (f"{RUN_ID}-v1", 1)
+            assert svc.pool.serving.adapter_route == (f"{RUN_ID}-v1", 1)
             out = await svc.pool.generate(None, PROMPT, GREEDY, rid="adapter-route-1")
-            assert out.token_versions() == ["1"] * GREEDY["max_new_tokens"] and out.output_ids == res.output_ids
+            assert out.token_versions() == [1] * GREEDY["max_new_tokens"] and out.output_ids == res.output_ids
             for v in (2, 3):
                 await pub.publish(v, versions[v - 1][1])
             async with EngineClient(lora.url) as c:  # v1 went at the start of sync 3 (v2 was current then)
-                assert await c.weight_version() == "3"
+                assert await c.weight_version() == 3
                 assert sorted(await c.lora_adapters()) == [f"{RUN_ID}-v2", f"{RUN_ID}-v3"]
             assert agent.coordinator.version == 3 and not agent.coordinator.adapters  # payloads dropped after each sync
             assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == [f"{RUN_ID}-v{v}" for v in (1, 2, 3)]
@@ -125,7 +125,7 @@ async def test_adapters_load_where_lora_is_served_and_the_rest_is_held_out(tmp_p
             status = {e.id: e for e in (await agent.rollout.status()).engines}
             assert status[ids[plain.url]].state == "healthy" and status[ids[lora.url]].state == "healthy"
             async with EngineClient(plain.url) as c:
-                assert await c.weight_version() == "4" and await c.lora_adapters() == [f"{RUN_ID}-v4"]
+                assert await c.weight_version() == 4 and await c.lora_adapters() == [f"{RUN_ID}-v4"]
         finally:
             await pub.close()
 
@@ -160,7 +160,7 @@ async def test_an_adapter_sync_the_agent_died_in_is_rolled_back_without_reloads(
     reload from disk (there is no full push to wait for in an adapter run); one at neither
     version is held out until the next sync, the run resumes at the previous version."""
     from sync_agent.reconcile import recover
-    from sync_agent.records import SyncRecord
+    from sync_agent.records import AdapterRef, SyncRecord
 
     lora, _ = lora_and_plain
     (model, snap), = snapshots(tmp_path, 1)
@@ -173,8 +173,8 @@ async def test_an_adapter_sync_the_agent_died_in_is_rolled_back_without_reloads(
         co = agent.coordinator
         eid = next(iter((await agent.rollout.status()).engines)).id
         async with EngineClient(lora.url) as c:
-            await c.update_weight_version("7", abort_all_requests=False)  # neither the old version nor the new
-        rec = SyncRecord(version=2, group=None, buckets=[], adapter={"name": f"{RUN_ID}-v2", "path": None, "nbytes": 1},
+            await c.update_weight_version(7, abort_all_requests=False)  # neither the old version nor the new
+        rec = SyncRecord(version=2, group=None, buckets=[], adapter=AdapterRef(name=f"{RUN_ID}-v2", nbytes=1),
                          urls={eid: lora.url}, previous_version=1)
         rec.enter("loading")
         co.records.append(rec)

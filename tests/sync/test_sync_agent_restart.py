@@ -121,7 +121,7 @@ async def test_agent_killed_while_loading_rolls_back_and_never_serves_mixed_weig
             await wait_run_healthy(rollout_url, ADMIN, 30, agent_url, SYNC_TOKEN)
             for url in urls:
                 ids, lps, wv = await engine_logprobs(url)
-                assert wv == "0"
+                assert wv == 0
                 assert max(abs(a - b) for a, b in zip(lps, model_logprobs(original, ids))) < 1e-4, "exactly the initial weights"
             # the trainer's next sync (a new group) goes through on the restarted agent
             pub2 = publisher(agent_url, cfg, bucket_bytes=512 * 1024)
@@ -134,7 +134,7 @@ async def test_agent_killed_while_loading_rolls_back_and_never_serves_mixed_weig
                 await pub2.close()
             for url in urls:
                 ids, lps, wv = await engine_logprobs(url)
-                assert wv == "1" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
+                assert wv == 1 and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
             rollout, _ = await wait_run_healthy(rollout_url, ADMIN, 60, agent_url, SYNC_TOKEN)
             assert rollout["version"] == 1
         finally:
@@ -202,7 +202,7 @@ async def test_agent_killed_while_loading_with_nothing_to_reload_from_asks_for_a
             assert agent_doc["version"] == 1
             for url in urls:
                 ids, lps, wv = await engine_logprobs(url)
-                assert wv == "1" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
+                assert wv == 1 and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
         finally:
             await pub.close()
             agent.stop()

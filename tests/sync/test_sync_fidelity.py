@@ -103,13 +103,13 @@ async def test_a_refused_bucket_stops_the_broadcast_at_once_and_quarantines_the_
                 await wait_for(lambda: all(e["state"] == "healthy" for e in svc.pool.snapshot()), 60, "engines reloaded and released")
                 for url in (url_a, url_b):
                     ids, lps, wv = await engine_logprobs(url)
-                    assert wv == "0" and max(abs(a - b) for a, b in zip(lps, model_logprobs(original, ids))) < 1e-4
+                    assert wv == 0 and max(abs(a - b) for a, b in zip(lps, model_logprobs(original, ids))) < 1e-4
                 model2, weights2 = perturbed_weights(2)
                 await pub.publish(1, weights2)  # a new group (the agent dropped the old one)
                 await wait_for(lambda: agent.coordinator.records[-1].done, 60, "the next sync")
                 assert agent.coordinator.records[-1].state == "succeeded", agent.coordinator.records[-1].error
                 ids, lps, wv = await engine_logprobs(url_b)
-                assert wv == "1" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
+                assert wv == 1 and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
             finally:
                 await pub.close()
     finally:

@@ -15,7 +15,9 @@ def co(tally=None, running=None, needs_reload=()):
 
 
 def view(eid="e-1", alive=True):
-    return {"id": eid, "url": "http://127.0.0.1:1", "rollout_state": "healthy", "alive": alive, "version": 3}
+    from asyncrl.wire.sync import EngineView
+
+    return EngineView(id=eid, url="http://127.0.0.1:1", rollout_state="healthy", alive=alive, version=3)
 
 
 def aged_window(tally: SyncTally, age_s: float = 2 * WINDOW) -> ProgressWindow:

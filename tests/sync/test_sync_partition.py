@@ -104,8 +104,8 @@ async def test_trainer_engine_partition_mid_broadcast_is_bounded_and_serves_no_m
             for e in svc.pool.snapshot():
                 if e["state"] == "healthy":
                     ids, lps, wv = await engine_logprobs(e["url"])
-                    ref = original if wv == "0" else model1
-                    assert wv in ("0", "1") and max(abs(a - b) for a, b in zip(lps, model_logprobs(ref, ids))) < 1e-4, \
+                    ref = original if wv == 0 else model1
+                    assert wv in (0, 1) and max(abs(a - b) for a, b in zip(lps, model_logprobs(ref, ids))) < 1e-4, \
                         f"{e['url']} serves weights that are not version {wv}'s"
             before = sum(e["tokens_decoded"] for e in svc.pool.snapshot())
             await wait_for(lambda: sum(e["tokens_decoded"] for e in svc.pool.snapshot()) > before + 50, 60,
@@ -125,7 +125,7 @@ async def test_trainer_engine_partition_mid_broadcast_is_bounded_and_serves_no_m
             rollout, _ = await wait_run_healthy(rollout_url, ADMIN, 60, agent_url, SYNC_TOKEN)
             for url in urls:
                 ids, lps, wv = await engine_logprobs(url)
-                assert wv == "2" and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
+                assert wv == 2 and max(abs(a - b) for a, b in zip(lps, model_logprobs(model2, ids))) < 1e-4
             assert rollout["version"] == 2
             assert time.monotonic() - cut_at < F11_BOUND_S
         finally:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from asyncrl.wire.sync import BucketSpec, ReloadSpec
 from sync_agent.records import AgentState, GroupInfo, PlannedGroup, StateFile, SyncRecord
 
@@ -41,3 +43,21 @@ def test_a_state_file_of_the_untyped_records_loads(tmp_path):
     path = tmp_path / "state.json"
     path.write_text(json.dumps(old))
     assert StateFile(path).load().records == [rec]
+
+
+def test_an_adapter_syncs_record_is_typed_and_survives_the_state_file():
+    """Issue 50 item 6: the adapter an adapter sync loads is an AdapterRef (name, path, bytes;
+    never the tensors), written to the state file and read back as one."""
+    import json
+
+    from pydantic import ValidationError
+
+    from sync_agent.records import AdapterRef, SyncRecord
+
+    rec = SyncRecord(version=3, group=None, buckets=[], adapter=AdapterRef(name="run-v3", path="/shared/run-v3", nbytes=4096),
+                     urls={"e0": "http://127.0.0.1:1"})
+    back = SyncRecord.from_json(json.loads(json.dumps(rec.to_json())))
+    assert back.adapter == rec.adapter and isinstance(back.adapter, AdapterRef) and back.urls == rec.urls
+    assert "tensors" not in json.dumps(rec.to_json())
+    with pytest.raises(ValidationError):
+        AdapterRef(name="../escape", nbytes=1)

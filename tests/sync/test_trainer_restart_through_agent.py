@@ -113,7 +113,7 @@ async def test_restarted_trainer_adopts_the_agents_version_after_one_stale_refus
                 log = (run_dir / "logs" / "trainer-2.log").read_text()
                 assert log.count("409 stale") == 1 and "the engines serve weight version 3, ahead of this trainer's" in log
                 ids, lps, wv = await engine_logprobs(engine.url)
-                assert wv == str(versions[-1])
+                assert wv == versions[-1]
                 final = load_model(str(latest_export(run_dir)))
                 assert max(abs(a - b) for a, b in zip(lps, model_logprobs(final, ids))) < 1e-4, "the trainer's final weights"
                 rollout, _ = await wait_run_healthy(rollout_url, ADMIN, 60, agent_url, SYNC_TOKEN)

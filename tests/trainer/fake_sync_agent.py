@@ -141,7 +141,7 @@ class FakeSyncAgent:
                     self._group = g.key
                 for i, bucket in enumerate(sync.buckets):
                     last = i == len(sync.buckets) - 1
-                    await update.load(bucket, weight_version=str(sync.version) if last else None, timeout_s=ENGINE_CALL_TIMEOUT_S,
+                    await update.load(bucket, weight_version=sync.version if last else None, timeout_s=ENGINE_CALL_TIMEOUT_S,
                                       on_failure=lambda why: setattr(status, "state", "failing"))
                 await update.end()
                 await update.flush()

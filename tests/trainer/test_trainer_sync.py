@@ -52,6 +52,8 @@ from trainer_daemon.checkpoint import read_state
 from trainer_daemon.ledger import read_lineage
 from trainer_daemon.rank0 import metrics_endpoint
 
+DISK_VERSION = 900  # the label the HF export is loaded under (far above the syncs' versions)
+
 N = 2
 READY_S = 180.0
 SYNC_S = 120.0
@@ -127,7 +129,7 @@ def direct_run(module_nats, engine_url, tmp_path_factory):
 def test_direct_sync_engine_serves_the_trainers_weights(direct_run):
     assert direct_run["exit"] == 0
     view = direct_run["engine"]
-    assert view["version"] == "2"
+    assert view["version"] == 2
     trained = load_model(str(latest_export(direct_run["run_dir"])))
     assert max_logprob_gap(trained, view["samples"]) < TOL
     assert max_logprob_gap(load_model("builtin:tiny", seed=0), view["samples"]) > 1e-3  # the weights did change
@@ -190,7 +192,7 @@ def agent_run(module_nats, engine_url, tmp_path_factory, direct_run):
 def test_agent_sync_engine_serves_the_trainers_weights(agent_run):
     assert agent_run["exit"] == 0
     view = agent_run["engine"]
-    assert view["version"] == "2"  # one failed sync, then versions 1 and 2
+    assert view["version"] == 2  # one failed sync, then versions 1 and 2
     trained = load_model(str(latest_export(agent_run["run_dir"])))
     assert max_logprob_gap(trained, view["samples"]) < TOL
 
@@ -227,11 +229,11 @@ def test_export_loads_into_an_engine_from_disk(direct_run, agent_run, engine_url
 
     async def load() -> None:
         async with EngineClient(engine_url, control_timeout_s=120) as c:
-            await c.update_weights_from_disk(str(export), weight_version="disk")
+            await c.update_weights_from_disk(str(export), weight_version=DISK_VERSION)
 
     asyncio.run(load())
     view = engine_view(engine_url)
-    assert view["version"] == "disk"
+    assert view["version"] == DISK_VERSION
     assert max_logprob_gap(load_model(str(export)), view["samples"]) < TOL
 
 
@@ -273,7 +275,7 @@ def test_a_lora_trainer_syncs_the_merged_weights(module_nats, engine_url, tmp_pa
     view = engine_view(engine_url)
     export = latest_export(run_dir)
     state = json.loads((export.parent / "trainer_state.json").read_text())
-    assert view["version"] == str(state["weight_version"])  # (above what the earlier tests left on the engine)
+    assert view["version"] == state["weight_version"]  # (above what the earlier tests left on the engine)
     assert (export / "adapter" / "adapter_model.safetensors").is_file()
     assert max_logprob_gap(load_model(str(export)), view["samples"]) < TOL
     assert max_logprob_gap(load_model("builtin:tiny", seed=0), view["samples"]) > 1e-3  # the adapters did move it

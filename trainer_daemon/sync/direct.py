@@ -48,7 +48,7 @@ from asyncrl.weight_sync import (
     host_group_async,
     reserve_listen_socket,
 )
-from asyncrl.wire.sync import DEFAULT_GROUP_NAME, fresh_group_name, weight_version_number
+from asyncrl.wire.sync import DEFAULT_GROUP_NAME, fresh_group_name
 from trainer_daemon.sync.base import WeightPublisher, trainer_nccl_versions
 from trainer_daemon.sync.flat import (
     FlatBuffers,
@@ -140,7 +140,7 @@ class DirectEnginePublisher(WeightPublisher):
                     await broadcast_flat(self.group, flat, limit, cancel)
                     collective[0] += time.perf_counter() - start
 
-                await update.load(bucket.spec(), weight_version=str(version) if i == len(buckets) - 1 else None,
+                await update.load(bucket.spec(), weight_version=version if i == len(buckets) - 1 else None,
                                   timeout_s=limit, send=sender)
 
             await send_buckets(buckets, weights, self.buffers, send)
@@ -186,7 +186,7 @@ class DirectEnginePublisher(WeightPublisher):
         """The newest version any engine serves (None if none answers)."""
         versions = await asyncio.gather(*(e.weight_version(timeout_s=self.control_timeout_s) for e in self.engines),
                                         return_exceptions=True)
-        numbers = [weight_version_number(v) for v in versions if not isinstance(v, BaseException)]
+        numbers = [v or 0 for v in versions if not isinstance(v, BaseException)]
         return max(numbers) if numbers else None
 
     async def close(self) -> None:
