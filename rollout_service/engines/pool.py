@@ -24,12 +24,8 @@ re-sends (the runner's pause does, every ``PAUSE_REABORT_S``) and, once the re-s
 up, aborts everything on the engines still holding its calls. Rids are ``<prefix><trajectory id>.t<turn>.s<segment>`` with fixed-length
 ids, so no live rid is a prefix of another (SGLang's scheduler matches by prefix).
 
-Health: every ``HEALTH_INTERVAL_S`` each engine must answer ``/model_info`` within
-``HEALTH_TIMEOUT_S`` — a hung or stopped server fails that at once, even while a slower
-generation probe is still waited for — and then generate (``/health_generate``, timeout above
-SGLang's own 20 s). While the rollout is paused for a weight sync (``serving.paused``) engines are
-paused on purpose and ``/health_generate`` would wait behind the pause and answer 503, so the
-probe is then only ``/model_info``.
+Health: :mod:`.health` (``HealthChecker``, which this pool runs); an engine's state and
+counters: :mod:`.handle`.
 
 Sampling masks: each engine's release is read from ``/server_info`` at its first health check
 (and after it was unhealthy); a call whose truncated sampling has a bounded support asks that
@@ -49,7 +45,6 @@ of retry backoff, instead of the call's timeout (:meth:`EnginePool.call_timeout`
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -64,14 +59,12 @@ from asyncrl.engine_client.errors import (
 )
 from asyncrl.engine_client.sampling_mask import asks_sampling_mask
 from asyncrl.engine_client.types import GenerateResult
-from asyncrl.sync_control.layout import parse_version
+from rollout_service.engines.handle import EngineHandle, engine_id_for
+from rollout_service.engines.health import HEALTH_TIMEOUT_S, HealthChecker
 from rollout_service.serving import ServingState
 
 log = logging.getLogger(__name__)
 
-HEALTH_INTERVAL_S = 2.0  # probe period; an engine that comes back is used again within this
-HEALTH_TIMEOUT_S = 5.0  # liveness (/model_info) while paused
-HEALTH_GENERATE_TIMEOUT_S = 30.0  # above SGLang's HEALTH_CHECK_TIMEOUT (20 s), after which it answers 503 itself
 UNHEALTHY_AFTER = 2  # consecutive connection failures before an engine stops receiving traffic
 NO_ENGINE_WAIT_S = 30.0  # a generate call waits this long for some engine to become routable
 NO_ENGINE_RECHECK_S = 1.0  # a call waiting for a routable engine looks again at least this often (and at every change)
@@ -83,76 +76,6 @@ class NoEngineAvailable(EngineError):
 
 class EngineLost(EngineError):
     """The engine left rotation (health check failed, quarantined) while a call ran on it."""
-
-
-@dataclass
-class EngineHandle:
-    id: str
-    url: str
-    client: EngineClient
-    state: str = "healthy"
-    reason: str | None = None
-    rids: set[str] = field(default_factory=set)
-    """This service's requests in flight on the engine (exact rids, for aborts)."""
-    routed: int = 0
-    """Generate calls sent to this engine (counted when sent)."""
-    served: int = 0
-    consecutive_failures: int = 0
-    weight_version: int | None = None
-    """The version the engine said it holds in the newest-asked of its answers (see
-    :meth:`observe_version`)."""
-    version_asked_at: float = float("-inf")
-    last_checked: float = 0.0
-    tokens_decoded: int = 0
-    evicted: int = 0
-    """Calls taken back from this engine because it went out of rotation while they ran."""
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when the engine leaves rotation: calls in flight on it stop waiting (see the module doc)."""
-    release: tuple[int, int, int] | None = None
-    """The engine's SGLang release (``/server_info``'s ``version``), read at its first health
-    check and again after it was unhealthy (a restart may change it); None until read."""
-    quarantined_current_s: float = 0.0
-    """Seconds spent quarantined while holding the run's current weight version (capacity lost
-    to a release that has not come yet), measured at each health check."""
-    _accounted_at: float | None = None
-
-    def account(self, now: float, current_version: int | None) -> None:
-        """Add the time since the last call to :attr:`quarantined_current_s` if it was spent
-        quarantined at the current version (the state seen now is taken for the whole interval)."""
-        if self._accounted_at is not None and self.state == "quarantined" and current_version is not None \
-                and self.weight_version == current_version:
-            self.quarantined_current_s += now - self._accounted_at
-        self._accounted_at = now
-
-    def observe_version(self, version: int | None, asked_at: float) -> None:
-        """Record a version the engine reported in an answer to a request sent at ``asked_at``
-        (monotonic). An answer to an older request than the one recorded is stale (a generate
-        call or a probe sent before a sync and answered after it) and is ignored: the shown
-        version never goes back to what the engine held before a newer answer."""
-        if version is not None and asked_at >= self.version_asked_at:
-            self.weight_version, self.version_asked_at = version, asked_at
-
-    @property
-    def inflight(self) -> int:
-        return len(self.rids)
-
-    def set_state(self, state: str, reason: str | None) -> None:
-        """Move to ``state``; leaving ``healthy`` releases every call waiting on the engine."""
-        if state == "healthy" and self.state != "healthy":
-            self.lost = asyncio.Event()
-        self.state, self.reason = state, reason
-        if state != "healthy":
-            self.lost.set()
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"id": self.id, "url": self.url, "state": self.state, "reason": self.reason, "inflight": self.inflight,
-                "routed": self.routed, "served": self.served, "weight_version": self.weight_version, "tokens_decoded": self.tokens_decoded,
-                "evicted": self.evicted, "quarantined_current_s": round(self.quarantined_current_s, 3)}
-
-
-def engine_id_for(url: str) -> str:
-    """A short stable id for an engine URL."""
-    return "e-" + hashlib.sha1(url.encode()).hexdigest()[:8]
 
 
 @dataclass
@@ -179,6 +102,7 @@ class EnginePool:
     def __post_init__(self) -> None:
         self._changed = asyncio.Event()
         self._background: set[asyncio.Task] = set()  # aborts of lost calls, version reads after a sync
+        self.health = HealthChecker(self.engines, self.serving, self._changed.set)
 
     # -- membership ---------------------------------------------------------------------
     def add(self, url: str, engine_id: str | None = None) -> EngineHandle:
@@ -402,96 +326,12 @@ class EnginePool:
 
         await asyncio.gather(*(one(r) for r in rids))
 
-    # -- health -------------------------------------------------------------------------
+    # -- health (rollout_service/engines/health.py) ---------------------------------------
     async def check_once(self) -> None:
-        await asyncio.gather(*(self._check(h) for h in list(self.engines.values())))
-
-    async def _probe(self, handle: EngineHandle) -> str | None:
-        """None if the engine is fit to serve, else why not. A server that does not answer
-        ``/model_info`` within ``HEALTH_TIMEOUT_S`` (hung, stopped, gone) fails at once, also
-        while a slow ``/health_generate`` is waited for (asked again every
-        ``HEALTH_INTERVAL_S``); one that answers must also generate (``/health_generate``),
-        except while the rollout is paused for a sync (module docstring)."""
-        c = handle.client
-        why = await self._alive(c)
-        if why is not None or self.serving.paused:
-            return why
-        gen = asyncio.ensure_future(c.health_generate(timeout_s=HEALTH_GENERATE_TIMEOUT_S))
-        try:
-            while True:
-                await asyncio.wait({gen}, timeout=HEALTH_INTERVAL_S)
-                if gen.done():
-                    break
-                why = await self._alive(c)
-                if why is not None:
-                    return why
-        finally:
-            if not gen.done():
-                gen.cancel()
-                await asyncio.gather(gen, return_exceptions=True)
-        ok = not gen.cancelled() and gen.exception() is None and gen.result()
-        return None if ok or self.serving.paused else "health check failed"  # a pause that began meanwhile explains a slow answer
-
-    @staticmethod
-    async def _alive(c: EngineClient) -> str | None:
-        try:
-            return None if await c.alive(timeout_s=HEALTH_TIMEOUT_S) else "not answering"
-        except EngineError as exc:
-            return f"not answering: {exc}"
-
-    async def _check(self, handle: EngineHandle) -> None:
-        handle.last_checked = time.time()
-        handle.account(time.monotonic(), self.serving.version)
-        why = await self._probe(handle)
-        ok = why is None
-        if ok:
-            try:
-                await self._read_version(handle)
-            except EngineError:
-                ok, why = False, "no weight version"
-        if ok and (handle.release is None or handle.state == "unhealthy"):
-            await self._read_release(handle)
-        if ok and handle.state == "unhealthy":
-            handle.set_state("healthy", None)
-            handle.consecutive_failures = 0
-            log.info("engine %s healthy again", handle.id)
-            self._changed.set()
-        elif not ok and handle.state == "healthy":
-            handle.set_state("unhealthy", why)
-            log.warning("engine %s failed its health check (%s): %d calls in flight on it go elsewhere",
-                        handle.id, why, handle.inflight)
+        await self.health.check_once()
 
     async def refresh_versions(self, engine_ids: list[str] | None = None) -> None:
-        """Ask engines (all, or ``engine_ids``) for their weight version now, each within
-        ``HEALTH_TIMEOUT_S``; one that does not answer keeps what it showed. Called after a
-        sync (resume, release) so the status shows what the sync wrote at once, not after the
-        next answer or health check (which can wait up to ``HEALTH_GENERATE_TIMEOUT_S`` on a
-        busy engine)."""
-        async def one(handle: EngineHandle) -> None:
-            try:
-                await self._read_version(handle)
-            except EngineError as exc:
-                log.debug("engine %s: weight version not read after a sync: %s", handle.id, exc)
-
-        handles = [h for eid, h in list(self.engines.items()) if engine_ids is None or eid in engine_ids]
-        await asyncio.gather(*(one(h) for h in handles))
-
-    @staticmethod
-    async def _read_version(handle: EngineHandle) -> None:
-        """Ask the engine for its weight version (``HEALTH_TIMEOUT_S``) and record the answer;
-        raises EngineError when it does not answer."""
-        asked_at = time.monotonic()
-        handle.observe_version(await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S), asked_at)
-
-    @staticmethod
-    async def _read_release(handle: EngineHandle) -> None:
-        """Record the engine's release from ``/server_info`` (None when it does not say)."""
-        try:
-            info = await handle.client.server_info(timeout_s=HEALTH_TIMEOUT_S)
-        except EngineError as exc:
-            log.debug("engine %s: release not read: %s", handle.id, exc)
-            return
-        handle.release = parse_version(info.get("version")) if isinstance(info, dict) else None
+        await self.health.refresh_versions(engine_ids)
 
     def refresh_versions_soon(self, engine_ids: list[str] | None = None) -> None:
         """:meth:`refresh_versions` in the background (the caller's answer does not wait for it)."""
@@ -500,12 +340,7 @@ class EnginePool:
         task.add_done_callback(self._background.discard)
 
     async def health_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.check_once()
-            try:
-                await asyncio.wait_for(stop.wait(), HEALTH_INTERVAL_S)
-            except TimeoutError:
-                pass
+        await self.health.loop(stop)
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [h.snapshot() for h in self.engines.values()]

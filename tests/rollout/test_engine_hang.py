@@ -12,7 +12,7 @@ import asyncio
 import signal
 import time
 
-from rollout_service.engines.pool import HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S
+from rollout_service.engines.health import HEALTH_INTERVAL_S, HEALTH_TIMEOUT_S
 from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.run_health import wait_run_healthy

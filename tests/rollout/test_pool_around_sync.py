@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import aiohttp
 
+import rollout_service.engines.health as health_module
 import rollout_service.engines.pool as pool_module
 from asyncrl.engine_client import EngineClient
-from rollout_service.engines.pool import EngineHandle
+from rollout_service.engines.handle import EngineHandle
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import admin, running_service, service_config
 
@@ -32,7 +33,7 @@ async def test_resume_and_release_show_the_engines_new_version_without_waiting_f
         tmp_path, nats_server, warm_engine, monkeypatch):
     # no health check after the first one, and no generation once the data is played out:
     # only the resume's and the release's reads can show the new version
-    monkeypatch.setattr(pool_module, "HEALTH_INTERVAL_S", 600.0)
+    monkeypatch.setattr(health_module, "HEALTH_INTERVAL_S", 600.0)
     cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.n=2", "rollout.total_rollout_steps=1",
                          "rollout.sampling.max_new_tokens=8")
     async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http, EngineClient(warm_engine) as engine:

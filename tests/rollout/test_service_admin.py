@@ -125,7 +125,7 @@ async def test_metrics_use_verl_names(service):
 
 
 def test_time_quarantined_at_the_current_version_is_counted():
-    from rollout_service.engines.pool import EngineHandle
+    from rollout_service.engines.handle import EngineHandle
 
     h = EngineHandle(id="e", url="http://127.0.0.1:9", client=None)
     h.weight_version = 3
