@@ -9,7 +9,9 @@ in ``<run dir>/rollout/outbox`` and wires the :class:`Runner`.
 No cycle between the runner and the engine pool: the runner routes its agents' calls through
 the pool, and what the pool must know of the rollout (paused, calls held, the version served,
 the adapter asked for) is a :class:`~rollout_service.serving.ServingState` built first and
-given to both (the runner writes it at restore, pause and resume; issue 50).
+given to both (the runner writes it at restore, pause and resume; issue 50). Nothing is built
+from the runner either: the agents' dependencies (:class:`AgentWiring`: the generate calls'
+count, the gate, the checkpoint store, the token counter) are built before it and given to it.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ from rollout_service.prompts import (
 from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.publish.end_of_data import EndOfDataNotice
 from rollout_service.rewards import MathReward, default_registry
+from rollout_service.runner.accounting import TokenAccounting
 from rollout_service.runner.finish import model_text
+from rollout_service.runner.inflight import InFlightCalls
 from rollout_service.runner.runner import Runner, RunnerSettings
 from rollout_service.runner.store import AgentStore, KvRecords, RunnerStateStore
 from rollout_service.runner.validation import run_validation
@@ -160,22 +164,24 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
 
     val_records = await asyncio.to_thread(validation_records, cfg.data, cfg.run_dir)
 
+    calls, tokens = InFlightCalls(), TokenAccounting()
+    agent_store = AgentStore(await ensure_kv(js, names.agents_bucket), js, names.agents_bucket)
+    deps = build_agent_deps(cfg, AgentWiring(generator=calls.routed(pool), gate=serving.gate, checkpoint=agent_store.put,
+                                             on_tokens=tokens.add), chat, tools, broker, rewards, rid_prefix)
+    settings = RunnerSettings.from_config(cfg)
+
     async def validation_rollouts(version: int) -> dict:
         """Greedy rollouts over the validation set, published as metrics."""
-        val_deps = dataclasses.replace(runner.deps, sampling=cfg.rollout.val_sampling)
-        result = await run_validation(val_records, val_deps, cfg.run.id, version, runner.max_concurrent)
+        val_deps = dataclasses.replace(deps, sampling=cfg.rollout.val_sampling)
+        result = await run_validation(val_records, val_deps, cfg.run.id, version, settings.max_concurrent_samples)
         await publish_metrics(result)
         return result
 
-    def deps_factory(r: Runner) -> AgentDeps:
-        return build_agent_deps(cfg, r, pool, chat, tools, broker, rewards, rid_prefix)
-
     runner = Runner(
-        RunnerSettings.from_config(cfg), deps_factory=deps_factory, stream=stream, outbox=outbox, publisher=publisher,
-        agent_store=AgentStore(await ensure_kv(js, names.agents_bucket), js, names.agents_bucket),
+        settings, deps=deps, stream=stream, outbox=outbox, publisher=publisher, agent_store=agent_store,
         state_store=RunnerStateStore(await ensure_kv(js, names.state_bucket)), queue_probe=queue_probe,
         abort_engines=pool.abort_inflight, rid_prefix=rid_prefix, validator=validation_rollouts if val_records else None,
-        serving=serving,
+        serving=serving, calls=calls, tokens=tokens,
     )
     return RolloutService(
         cfg, url=url, nc=nc, names=names, pool=pool, runner=runner, tools=tools, broker=broker, chats=ChatCache(tokenizer),
@@ -186,11 +192,21 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
     )
 
 
-def build_agent_deps(cfg: RunConfig, runner: Runner, pool: EnginePool, chat: ChatTokenizer, tools: CountingTools,
-               broker: ExternalBroker, rewards, rid_prefix: str) -> AgentDeps:
-    """What the runner's agents run with: the engines through the runner's call tracking, its
-    gate and checkpoint store, the tools, the reward registry (a reward function that crashed
-    marks the trajectory ``reward_error``: never a learning signal)."""
+@dataclasses.dataclass(frozen=True)
+class AgentWiring:
+    """What the agents share with the runner, built before both: the engines through the
+    call count, the pause gate, the checkpoint store, the token counter."""
+
+    generator: object
+    gate: object
+    checkpoint: object
+    on_tokens: object
+
+
+def build_agent_deps(cfg: RunConfig, wiring: AgentWiring, chat: ChatTokenizer, tools: CountingTools,
+                     broker: ExternalBroker, rewards, rid_prefix: str) -> AgentDeps:
+    """What the runner's agents run with: ``wiring``, the tools, the reward registry (a reward
+    function that crashed marks the trajectory ``reward_error``: never a learning signal)."""
 
     async def reward(state) -> tuple[float, dict]:
         tool_results = [{"name": m.get("name"), "is_error": bool(m.get("is_error"))}
@@ -202,11 +218,11 @@ def build_agent_deps(cfg: RunConfig, runner: Runner, pool: EnginePool, chat: Cha
         return res.score, dict(res.details)
 
     return AgentDeps(
-        chat=chat, generator=runner.calls.routed(pool), tools=tools, gate=runner.gate,
-        parse=PARSERS[cfg.rollout.multi_turn.tool_parser], checkpoint=runner.agent_store.put, reward=reward,
+        chat=chat, generator=wiring.generator, tools=tools, gate=wiring.gate,
+        parse=PARSERS[cfg.rollout.multi_turn.tool_parser], checkpoint=wiring.checkpoint, reward=reward,
         multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
         response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,
-        rid_prefix=rid_prefix, on_tokens=runner.tokens.add, external=broker if broker.tools else None,
+        rid_prefix=rid_prefix, on_tokens=wiring.on_tokens, external=broker if broker.tools else None,
     )
 
 

@@ -16,9 +16,16 @@ from typing import Any
 
 
 class InFlightCalls:
-    def __init__(self, on_busy: Callable[[], None], on_idle: Callable[[], None]) -> None:
-        """``on_busy`` runs when a call starts, ``on_idle`` when the count falls back to zero."""
+    """Built before the runner and the agents' dependencies (both use it); the runner listens
+    (:meth:`listen`) when it is built."""
+
+    def __init__(self) -> None:
         self.count = 0
+        self._on_busy: Callable[[], None] = lambda: None
+        self._on_idle: Callable[[], None] = lambda: None
+
+    def listen(self, on_busy: Callable[[], None], on_idle: Callable[[], None]) -> None:
+        """``on_busy`` runs when a call starts, ``on_idle`` when the count falls back to zero."""
         self._on_busy, self._on_idle = on_busy, on_idle
 
     @contextlib.contextmanager

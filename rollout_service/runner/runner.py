@@ -93,9 +93,13 @@ class PauseTimeout(RuntimeError):
 class Runner:
     """See the module docstring. Build with the collaborators, then ``await start()``."""
 
-    def __init__(self, settings: RunnerSettings, *, deps_factory: Callable[["Runner"], AgentDeps], stream, outbox, publisher,
+    def __init__(self, settings: RunnerSettings, *, deps: AgentDeps | None, stream, outbox, publisher,
                  agent_store, state_store, queue_probe: Callable[[], Awaitable[int]], abort_engines: Callable[[str], Awaitable[None]],
-                 rid_prefix: str, validator: Validator | None = None, serving: ServingState | None = None) -> None:
+                 rid_prefix: str, validator: Validator | None = None, serving: ServingState | None = None,
+                 calls: InFlightCalls | None = None, tokens: TokenAccounting | None = None) -> None:
+        """``deps``: what its agents run with, built before it from the same ``serving`` (gate),
+        ``calls`` (every generate call counted) and ``tokens`` (decoded and kept) it is given
+        (``rollout_service/build.py``): nothing is built from the runner itself."""
         self.settings = settings
         self.n = settings.n
         self.max_concurrent = settings.max_concurrent_samples
@@ -109,7 +113,7 @@ class Runner:
         self.paused_at: float | None = None
         """``time.monotonic()`` when the current pause began (None while running)."""
         self.pause_mode: str | None = None
-        self.tokens = TokenAccounting()
+        self.tokens = tokens or TokenAccounting()
         self.clock = VersionClock()
         self.counters = RunnerCounters()
         self.agents: dict[str, AgentState] = {}
@@ -117,13 +121,14 @@ class Runner:
         self.groups: dict[str, int] = {}  # group id -> members not finished yet
         self.queued_trajectories = 0
         self._wake = asyncio.Event()
-        self.calls = InFlightCalls(on_busy=lambda: self.clock.set_idle(False), on_idle=self._wake.set)
+        self.calls = calls or InFlightCalls()
+        self.calls.listen(on_busy=lambda: self.clock.set_idle(False), on_idle=self._wake.set)
         """Generate calls in flight; the service routes every call through ``calls.routed(pool)``."""
         self.loops = LoopSupervisor("the runner", restart_s=LOOP_RESTART_S, on_restart=self._loop_restarted)
         """Admission and publishing (:mod:`asyncrl.loops`: a bug that kills one is logged and it
         starts again; both keep their state on the runner, so a restart loses nothing)."""
         self._stop = self.loops.stop_event
-        self.deps = deps_factory(self)
+        self.deps = deps
         self.validation = ValidationSchedule(settings.test_freq, validator)
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -73,7 +73,7 @@ def _runner(tmp_path, aborts: list, on_abort, everything_only: bool = False) -> 
         if everything or not everything_only:
             on_abort()
 
-    return Runner(RunnerSettings.from_config(cfg), deps_factory=lambda runner: None, stream=Stream(), outbox=outbox,
+    return Runner(RunnerSettings.from_config(cfg), deps=None, stream=Stream(), outbox=outbox,
                   publisher=TrajectoryPublisher(outbox, "subject", publish), agent_store=AgentStore(), state_store=StateStore(),
                   queue_probe=queue_probe, abort_engines=abort_engines, rid_prefix="rl-test.")
 
