@@ -171,7 +171,7 @@ def _plain_loop(spec: str, trajs, micro: int, steps: int, dev, sync) -> float:
     import torch
 
     from asyncrl.models import load_model
-    from trainer_daemon.batch import collate
+    from trainer_daemon.compute.batch import collate
 
     model = load_model(spec, dtype="float32", device=str(dev)).train()
     model.config.use_cache = False
@@ -208,9 +208,9 @@ def trainer_child(args) -> int:
     from asyncrl.config import load_config
     from asyncrl.models.cuda_attention import avoid_cudnn_attention
     from bench.trainer import make_batch
-    from trainer_daemon.distributed import init_distributed
-    from trainer_daemon.model import build_optimizer, build_policy, build_scheduler
-    from trainer_daemon.step import StepSettings, TrainStep
+    from trainer_daemon.compute.step import StepSettings, TrainStep
+    from trainer_daemon.policy.distributed import init_distributed
+    from trainer_daemon.policy.model import build_optimizer, build_policy, build_scheduler
 
     ctx = init_distributed(args.device)
     dev = ctx.device

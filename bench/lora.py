@@ -43,7 +43,7 @@ def lora_policy(model_spec: str, rank: int):
     import torch
 
     from asyncrl.models import load_model
-    from trainer_daemon.lora import add_adapters
+    from trainer_daemon.policy.lora import add_adapters
 
     model = add_adapters(load_model(model_spec, dtype="float32", seed=0), rank, 2.0 * rank, "all-linear")
     gen = torch.Generator().manual_seed(1)
@@ -63,7 +63,7 @@ async def adapter_push(url: str, model, cfg, version: int) -> tuple[float, float
     from asyncrl.sync_control.engine_update import EngineUpdate, Member
     from asyncrl.sync_control.pause_policy import pause_plan
     from asyncrl.sync_control.sequence import UpdateSteps, run_update
-    from trainer_daemon.lora import adapter_snapshot
+    from trainer_daemon.policy.lora import adapter_snapshot
     from trainer_daemon.sync.adapter import adapter_spec
 
     t0 = time.perf_counter()
@@ -89,7 +89,7 @@ async def main_async(args) -> None:
     from asyncrl.config import load_config
     from asyncrl.engine_client import EngineClient
     from asyncrl.launch import ChildProcess, free_port, http_ok
-    from trainer_daemon.model import engine_weights
+    from trainer_daemon.policy.model import engine_weights
     from trainer_daemon.sync.direct import DirectEnginePublisher
 
     torch.set_num_threads(args.threads)

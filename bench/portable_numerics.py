@@ -1,6 +1,6 @@
 """Does the demo's warm-up give the same bits on other CPUs? The same short build of the demo
 recipe natively and under ``qemu-x86_64`` emulating other CPUs, with the portable-numerics
-environment (:mod:`trainer_daemon.portable_numerics`) and without it.
+environment (:mod:`trainer_daemon.compute.portable_numerics`) and without it.
 
     .venv/bin/python bench/portable_numerics.py [--steps 10] [--cpus Haswell-v4,EPYC-Rome]
 
@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("--cpus", default="Haswell-v4,EPYC-Rome", help="qemu CPU models to emulate")
     ns = ap.parse_args()
     from recipes.demo.warmup import DEMO
-    from trainer_daemon.portable_numerics import PORTABLE_ENV, portable_environ
+    from trainer_daemon.compute.portable_numerics import PORTABLE_ENV, portable_environ
 
     recipe = dataclasses.replace(DEMO, steps=ns.steps)
     cpus = ns.cpus.split(",") if shutil.which("qemu-x86_64") else []

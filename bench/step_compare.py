@@ -104,10 +104,15 @@ def make_batches(a, vocab: int):
 def daemon_path(a, spec: str, ctx, trajs, packed: bool, lora_rank: int = 0):
     """``(step, processed tokens per step)`` of ``TrainStep.run`` on the one-rank policy."""
     from asyncrl.config import load_config
-    from trainer_daemon.batch import collate
-    from trainer_daemon.model import attention_for, build_optimizer, build_policy, build_scheduler
-    from trainer_daemon.packing import pack
-    from trainer_daemon.step import StepSettings, TrainStep
+    from trainer_daemon.compute.batch import collate
+    from trainer_daemon.compute.packing import pack
+    from trainer_daemon.compute.step import StepSettings, TrainStep
+    from trainer_daemon.policy.model import (
+        attention_for,
+        build_optimizer,
+        build_policy,
+        build_scheduler,
+    )
 
     overrides = [f"rollout.n={a.n}", f"actor.ppo_mini_batch_size={a.groups}", f"model.max_model_len={a.prompt + a.cap}",
                  f"actor.use_remove_padding={str(packed).lower()}", f"actor.log_prob_chunk_tokens={a.chunk}",
@@ -284,7 +289,7 @@ def main() -> int:
 
     import torch
 
-    from trainer_daemon.distributed import init_distributed
+    from trainer_daemon.policy.distributed import init_distributed
 
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)

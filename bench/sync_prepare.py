@@ -64,7 +64,7 @@ def main() -> int:
     from asyncrl.launch import free_port
     from asyncrl.weight_sync import host_group, plan_buckets, unpack_bucket
     from bench.step_compare import shape_dir
-    from trainer_daemon.model import build_policy, engine_weights, full_state_dict
+    from trainer_daemon.policy.model import build_policy, engine_weights, full_state_dict
     from trainer_daemon.sync.flat import FlatBuffers, broadcast_flat
     from trainer_daemon.sync.staging import WeightStager
 

@@ -68,8 +68,13 @@ def make_batch(batch: int, prompt: int, response: int, n: int = 4):
 def daemon_step(args, ctx, trajs):
     """The daemon's step function on its one-rank policy: a callable doing one step."""
     from asyncrl.config import load_config
-    from trainer_daemon.model import attention_for, build_optimizer, build_policy, build_scheduler
-    from trainer_daemon.step import StepSettings, TrainStep
+    from trainer_daemon.compute.step import StepSettings, TrainStep
+    from trainer_daemon.policy.model import (
+        attention_for,
+        build_optimizer,
+        build_policy,
+        build_scheduler,
+    )
 
     cfg = load_config(overrides=["rollout.n=4", f"actor.ppo_mini_batch_size={len(trajs) // 4}",
                                  f"actor.ppo_micro_batch_size_per_gpu={args.micro}", *args.override], environ={})
@@ -89,7 +94,7 @@ def plain_step(args, trajs):
     import torch
 
     from asyncrl.models import load_model
-    from trainer_daemon.batch import collate
+    from trainer_daemon.compute.batch import collate
 
     model = load_model(args.model).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
@@ -186,7 +191,7 @@ async def bench_sync(args, ctx) -> None:
     from asyncrl.engine_client import EngineClient
     from asyncrl.launch import ChildProcess, free_port, http_ok
     from asyncrl.weight_sync import plan_buckets
-    from trainer_daemon.model import build_policy, engine_weights, full_state_dict
+    from trainer_daemon.policy.model import build_policy, engine_weights, full_state_dict
     from trainer_daemon.sync.direct import DirectEnginePublisher
 
     port = free_port()
@@ -266,7 +271,7 @@ def main() -> int:
             return code
         import torch
 
-        from trainer_daemon.distributed import init_distributed
+        from trainer_daemon.policy.distributed import init_distributed
 
         torch.set_num_threads(args.threads)
         ctx = init_distributed("cpu")
@@ -278,7 +283,7 @@ def main() -> int:
 
     import torch
 
-    from trainer_daemon.distributed import init_distributed
+    from trainer_daemon.policy.distributed import init_distributed
 
     torch.set_num_threads(args.threads)
     ctx = init_distributed("cpu")

@@ -2,7 +2,7 @@
 
     asyncrl audit runs/demo [--nats nats://127.0.0.1:4222] [--run-id demo] [--json]
 
-Reads the lineage of the newest complete checkpoint (``trainer_daemon.ledger``: per step, the
+Reads the lineage of the newest complete checkpoint (``trainer_daemon.state.ledger``: per step, the
 ids and stream sequences trained, dropped as stale, skipped as duplicates, terminated as poison,
 and the sequences of the dead-letter copies) and every message still in the run's stream, then
 classifies every stream sequence from 1 to the last:
@@ -16,7 +16,7 @@ classifies every stream sequence from 1 to the last:
 - ``lost``: gone from the stream (purged or expired) without being accounted for — a violation;
 - ``twice``: trajectory ids trained more than once along the lineage — a violation;
 - ``unconsumed_at_end``: of a *finished* run (the trainer recorded that it ended at this
-  checkpoint: ``trainer_daemon.ledger``, "Finished"), the trajectories still pending — published
+  checkpoint: ``trainer_daemon.state.ledger``, "Finished"), the trajectories still pending — published
   before the rollout's end-of-data message (or at all, when the run read none) and neither
   trained nor dropped; listed by id — a violation (issue 47).
 
@@ -44,8 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer_daemon.checkpoint import complete_checkpoints
-from trainer_daemon.ledger import ID_KINDS, read_finished, read_lineage
+from trainer_daemon.state.checkpoint import complete_checkpoints
+from trainer_daemon.state.ledger import ID_KINDS, read_finished, read_lineage
 
 SHOW = 10  # ids/sequences listed per violation
 END_MESSAGE = "<end of data>"  # read_stream's id for the rollout's end-of-data message (not a trajectory)

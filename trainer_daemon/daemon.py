@@ -24,7 +24,7 @@ every published trajectory trained or dropped with a counted reason. Then, on ev
 Weight version: the checkpoint's (0 fresh), +1 per successful publish. After a resume the
 restored weights are re-published first, since engines may hold newer weights from the lost
 steps (RELIABILITY.md §2): under the same version when the engines are not ahead, else as the
-engines' version + 1 (versions never go back; ``trainer_daemon.lineage`` keeps lags counting
+engines' version + 1 (versions never go back; ``trainer_daemon.state.lineage`` keeps lags counting
 training steps across the jump).
 """
 
@@ -43,13 +43,11 @@ from asyncrl.models import load_tokenizer
 from asyncrl.models.cuda_attention import avoid_cudnn_attention
 from asyncrl.wire import decode_trajectory
 from trainer_daemon.algo import StalenessBound
-from trainer_daemon.checkpoint import CheckpointManager
+from trainer_daemon.compute.step import StepSettings, TrainStep
 from trainer_daemon.consume.admission import admission_check
-from trainer_daemon.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
-from trainer_daemon.export import export_hf
-from trainer_daemon.ledger import write_finished
-from trainer_daemon.lora import adapter_snapshot
-from trainer_daemon.model import (
+from trainer_daemon.policy.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
+from trainer_daemon.policy.lora import adapter_snapshot
+from trainer_daemon.policy.model import (
     attention_for,
     build_optimizer,
     build_policy,
@@ -59,7 +57,9 @@ from trainer_daemon.model import (
     full_state_dict,
     policy_vocab_size,
 )
-from trainer_daemon.step import StepSettings, TrainStep
+from trainer_daemon.state.checkpoint import CheckpointManager
+from trainer_daemon.state.export import export_hf
+from trainer_daemon.state.ledger import write_finished
 from trainer_daemon.sync import staging_device, staging_mode, weight_sync_backend
 from trainer_daemon.sync.staging import WeightStager, engine_tensors
 

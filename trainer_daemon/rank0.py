@@ -22,11 +22,11 @@ from trainer_daemon.algo import StalenessBound
 from trainer_daemon.consume import ConsumptionState, PendingGroup, TrajectorySource
 from trainer_daemon.consume.exclusion import excluder
 from trainer_daemon.io_loop import IoLoop
-from trainer_daemon.ledger import JOURNAL, LEDGER_DIR, Ledger, clear_finished, lost_steps
-from trainer_daemon.lineage import Lineage
-from trainer_daemon.metrics import MetricsHub
+from trainer_daemon.observe.metrics import MetricsHub
+from trainer_daemon.observe.tracking import build_tracking_sinks
+from trainer_daemon.state.ledger import JOURNAL, LEDGER_DIR, Ledger, clear_finished, lost_steps
+from trainer_daemon.state.lineage import Lineage
 from trainer_daemon.sync import SyncController, build_publisher
-from trainer_daemon.tracking import build_tracking_sinks
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ turns — and 0 on prompt and tool/environment tokens). Single process, CPU or G
 padded batches, loss averaged over masked tokens. The AdamW is torch's fused one: besides being
 faster, its square root is an exact IEEE instruction on every CPU, where ``torch.sqrt`` on CPU
 goes through MKL's VML and rounds differently on Intel and AMD
-(:mod:`trainer_daemon.portable_numerics`). Output: a Hugging Face directory
+(:mod:`trainer_daemon.compute.portable_numerics`). Output: a Hugging Face directory
 (safetensors + tokenizer) that every component can load as ``model.path``.
 
 Not covered: distributed SFT, packing, long sequences (this is a warm-up for small models).

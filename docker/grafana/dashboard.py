@@ -6,7 +6,7 @@ deployment (provisioned by ``docker/grafana/provisioning``).
 
 Every query uses metric names the services really export: the rollout service
 (``rollout_service/metrics.py``), the sync agent (``sync_agent/metrics.py``), the trainer
-(``trainer_daemon/metrics.py``: verl's names, ``/`` → ``_``, prefix ``asyncrl_``), SGLang
+(``trainer_daemon/observe/metrics.py``: verl's names, ``/`` → ``_``, prefix ``asyncrl_``), SGLang
 (``sglang:*`` with ``--enable-metrics``), prometheus-nats-exporter (``gnatsd_varz_*``,
 ``jetstream_*``) and the json_exporter module on the sync agent's ``/status``
 (``asyncrl_engine_*``). ``tests/deploy/test_stack.py`` scrapes the real services and fails on

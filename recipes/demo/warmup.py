@@ -34,7 +34,7 @@ once (:func:`asyncrl.models.cache.build_once`). The examples are :mod:`recipes.d
 (the rollout service's chat template and tool-call format, :mod:`asyncrl.chat`); the training is
 the trainer's SFT (:mod:`trainer_daemon.sft`), imported when a build runs.
 
-Every build trains with portable numerics (:mod:`trainer_daemon.portable_numerics`): in a
+Every build trains with portable numerics (:mod:`trainer_daemon.compute.portable_numerics`): in a
 child process whose environment pins the CPU kernels, so that the same recipe gives the same
 bits on every x86-64 machine (the shipped build is checked against a rebuild on whatever CPU
 the suite runs on), at about half the speed of the free kernels.
@@ -111,7 +111,7 @@ def recipe_key(recipe: WarmupRecipe) -> str:
     import recipes.demo.task as demo_task
     import tools.calculator as calculator
     import tools.estimate as estimate
-    import trainer_daemon.portable_numerics as numerics
+    import trainer_daemon.compute.portable_numerics as numerics
     import trainer_daemon.sft as sft
 
     h = hashlib.sha256()
@@ -177,10 +177,10 @@ def sft_config(recipe: WarmupRecipe):
 def _build(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], show_steps: bool = False) -> None:
     """Train ``recipe`` into ``out`` with portable numerics: in this process when it was
     started with them, else in a child process started with them (torch reads them at import:
-    :mod:`trainer_daemon.portable_numerics`). The child's progress lines reach ``progress``."""
+    :mod:`trainer_daemon.compute.portable_numerics`). The child's progress lines reach ``progress``."""
     import subprocess
 
-    from trainer_daemon.portable_numerics import is_portable, portable_environ
+    from trainer_daemon.compute.portable_numerics import is_portable, portable_environ
 
     if is_portable():
         _train(recipe, out, progress, show_steps)
@@ -204,7 +204,7 @@ def _train(recipe: WarmupRecipe, out: Path, progress: Callable[[str], None], sho
 
     from asyncrl.models import load_model, load_tokenizer
     from asyncrl.task_progress import TaskProgress
-    from trainer_daemon.portable_numerics import check_torch_is_portable
+    from trainer_daemon.compute.portable_numerics import check_torch_is_portable
     from trainer_daemon.sft import save_hf, sft
 
     if require_portable:

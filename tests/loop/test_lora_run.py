@@ -28,8 +28,8 @@ from tests.loop.test_modes import (
     model_versions,
     run_to_end,
 )
-from trainer_daemon.checkpoint import complete_checkpoints
-from trainer_daemon.ledger import read_lineage
+from trainer_daemon.state.checkpoint import complete_checkpoints
+from trainer_daemon.state.ledger import read_lineage
 
 SAMPLES = 8  # prompts; with ppo_mini_batch_size 2 → 4 trainer steps, a sync after each
 RUN_LIMIT_S = 420.0  # the whole run, as in test_modes (run_to_end waits that long)

@@ -19,8 +19,8 @@ from asyncrl.config import load_config
 from asyncrl.wire import decode_trajectory
 from launcher.up.stack import Stack
 from tests.helpers.waiting import wait_for
-from trainer_daemon.checkpoint import complete_checkpoints
-from trainer_daemon.ledger import read_lineage
+from trainer_daemon.state.checkpoint import complete_checkpoints
+from trainer_daemon.state.ledger import read_lineage
 
 MODES = {
     "a": ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=0"],

@@ -5,7 +5,7 @@ by ``python -m recipes.demo.warmup --ship``): it must be what the current code b
   determines the weights changes without the policy being shipped again).
 - Built again from scratch on whatever x86-64 CPU the suite runs (started in the background
   when the suite collects these tests: tests/helpers/shipped_rebuild.py), it is the shipped
-  build bit for bit: the build pins the CPU kernels (:mod:`trainer_daemon.portable_numerics`;
+  build bit for bit: the build pins the CPU kernels (:mod:`trainer_daemon.compute.portable_numerics`;
   bench/portable_numerics.py shows the same bits natively and on emulated CPUs of other vendors
   and instruction sets). ``./dev test`` rebuilds the first 40 steps (~1 CPU-minute) and
   compares the digest of their weights with the one the shipped build recorded after the same

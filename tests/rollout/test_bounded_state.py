@@ -20,7 +20,7 @@ from rollout_service.runner.store import AgentStore, kv_key
 from tests.helpers.waiting import wait_for
 from trainer_daemon.consume.source import TrajectorySource
 from trainer_daemon.consume.state import ConsumptionState
-from trainer_daemon.ledger import Ledger
+from trainer_daemon.state.ledger import Ledger
 
 N = 20
 MARKER_WAIT_S = FORGET_MARKER_TTL_S + 25.0  # the markers' TTL, and the server's expiry scan on a busy box

@@ -35,7 +35,7 @@ from tests.trainer.helpers import (
     start_trainer,
     wait_exit,
 )
-from trainer_daemon.checkpoint import complete_checkpoints, read_state
+from trainer_daemon.state.checkpoint import complete_checkpoints, read_state
 
 N = 2
 STEP_S = 240.0  # a trainer start (torch + transformers import) on a busy 2-core box

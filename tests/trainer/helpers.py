@@ -150,7 +150,7 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def latest_export(run_dir: Path) -> Path:
-    from trainer_daemon.checkpoint import complete_checkpoints
+    from trainer_daemon.state.checkpoint import complete_checkpoints
 
     found = complete_checkpoints(Path(run_dir) / "checkpoints")
     assert found, f"no complete checkpoint in {run_dir}"

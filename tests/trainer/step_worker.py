@@ -26,15 +26,15 @@ from asyncrl.config import load_config
 from asyncrl.weight_sync import unpack_bucket
 from asyncrl.wire import SamplingSpan
 from tests.trainer.helpers import make_group
-from trainer_daemon.distributed import init_distributed
-from trainer_daemon.model import (
+from trainer_daemon.compute.step import StepSettings, TrainStep
+from trainer_daemon.policy.distributed import init_distributed
+from trainer_daemon.policy.model import (
     attention_for,
     build_policy,
     build_reference,
     build_scheduler,
     full_state_dict,
 )
-from trainer_daemon.step import StepSettings, TrainStep
 from trainer_daemon.sync.flat import FlatBuffers, send_buckets
 from trainer_daemon.sync.staging import WeightStager
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainer_daemon.audit import reconcile
-from trainer_daemon.ledger import Ledger
+from trainer_daemon.state.ledger import Ledger
 
 DLQ = "asyncrl.t.dlq"
 TRAJ = "asyncrl.t.traj"

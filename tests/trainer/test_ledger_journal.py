@@ -1,4 +1,4 @@
-"""The ledger's journal of committed steps (trainer_daemon/ledger.py, "Lost steps"): steps
+"""The ledger's journal of committed steps (trainer_daemon/state/ledger.py, "Lost steps"): steps
 trained after the last complete checkpoint are found after a crash, recorded once in the next
 segment (also across a second crash before that checkpoint), and the journal stays bounded."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from trainer_daemon.ledger import JOURNAL, LEDGER_DIR, Ledger, lost_steps
+from trainer_daemon.state.ledger import JOURNAL, LEDGER_DIR, Ledger, lost_steps
 
 
 def ledger(root, parent):

@@ -1,4 +1,4 @@
-"""Weight versions across trainer restarts (trainer_daemon.lineage, SyncController.adopt)."""
+"""Weight versions across trainer restarts (trainer_daemon.state.lineage, SyncController.adopt)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from trainer_daemon.algo import version_info
 from trainer_daemon.io_loop import IoLoop
-from trainer_daemon.lineage import Lineage
+from trainer_daemon.state.lineage import Lineage
 from trainer_daemon.sync.base import StaleVersion, SyncController, WeightPublisher
 
 

@@ -1,4 +1,4 @@
-"""LoRA adapters on the policy (``actor.lora_rank``, trainer_daemon/lora.py): only the adapters
+"""LoRA adapters on the policy (``actor.lora_rank``, trainer_daemon/policy/lora.py): only the adapters
 train, on one rank and FSDP2 over two alike; the merged weights the engines get and the peft
 adapter the export writes give the trained model's logits; checkpoints hold the adapters and
 their optimiser state alone and resume exactly; bad settings are refused naming them."""
@@ -19,10 +19,10 @@ import torch.distributed.checkpoint as dcp
 from asyncrl.config import ConfigError, load_config
 from asyncrl.launch import free_port
 from asyncrl.models import load_model
-from trainer_daemon.checkpoint import ModelOptimState
-from trainer_daemon.export import export_hf
-from trainer_daemon.lora import LORA_A, LORA_B, adapter_weights, merged_weights
-from trainer_daemon.model import build_optimizer, build_policy, engine_weights
+from trainer_daemon.policy.lora import LORA_A, LORA_B, adapter_weights, merged_weights
+from trainer_daemon.policy.model import build_optimizer, build_policy, engine_weights
+from trainer_daemon.state.checkpoint import ModelOptimState
+from trainer_daemon.state.export import export_hf
 
 ROOT = str(Path(__file__).resolve().parents[2])
 WORKER = str(Path(__file__).with_name("step_worker.py"))

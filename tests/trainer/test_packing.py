@@ -14,9 +14,9 @@ from asyncrl.models import load_model
 from asyncrl.wire import SamplingSpan
 from tests.trainer.helpers import make_group
 from trainer_daemon.algo import log_probs_and_entropy
-from trainer_daemon.batch import collate
-from trainer_daemon.logprob_head import chunked_log_probs, log_prob_head
-from trainer_daemon.packing import dummy_packed, pack, packed_attention_mask
+from trainer_daemon.compute.batch import collate
+from trainer_daemon.compute.logprob_head import chunked_log_probs, log_prob_head
+from trainer_daemon.compute.packing import dummy_packed, pack, packed_attention_mask
 
 
 def _trajs():

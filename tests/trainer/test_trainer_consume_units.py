@@ -12,7 +12,7 @@ from tests.trainer.helpers import make_group
 from trainer_daemon.algo import StalenessBound
 from trainer_daemon.consume import ConsumptionState, GroupAssembler, Held
 from trainer_daemon.consume.exclusion import excluder, exclusion_reason
-from trainer_daemon.ledger import Ledger, read_lineage, write_segment
+from trainer_daemon.state.ledger import Ledger, read_lineage, write_segment
 
 
 def test_cursor_stops_below_the_oldest_held_message():

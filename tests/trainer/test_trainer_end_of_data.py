@@ -24,7 +24,7 @@ from asyncrl.launch import free_port, log_tail
 from asyncrl.wire import NatsNames, end_of_data_message
 from tests.trainer.helpers import make_group, metrics_lines, publish, start_trainer, wait_exit
 from trainer_daemon.audit import audit_run
-from trainer_daemon.ledger import read_lineage
+from trainer_daemon.state.ledger import read_lineage
 
 N = 4
 

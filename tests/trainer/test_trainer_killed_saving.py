@@ -28,8 +28,8 @@ from tests.trainer.helpers import (
 )
 from tests.trainer.test_trainer_resume import GROUPS_PER_STEP, STEP_WAIT_S, N, overrides
 from trainer_daemon.audit import audit_run
-from trainer_daemon.checkpoint import INCOMPLETE, MARKER, complete_checkpoints, read_state
-from trainer_daemon.ledger import read_lineage
+from trainer_daemon.state.checkpoint import INCOMPLETE, MARKER, complete_checkpoints, read_state
+from trainer_daemon.state.ledger import read_lineage
 
 STEPS = 4
 HELD_AT = 3  # the checkpoint whose write is pending at the kill

@@ -40,8 +40,8 @@ from tests.trainer.helpers import (
     start_trainer,
     wait_exit,
 )
-from trainer_daemon.ledger import read_lineage
 from trainer_daemon.rank0 import metrics_endpoint
+from trainer_daemon.state.ledger import read_lineage
 
 STEPS = 6
 N = 4

@@ -2,7 +2,7 @@
 
 Before the fix, the restarted trainer re-published its restored weights under the
 checkpoint's (older) version; the sync agent refused every later sync as "stale" and the
-engines never changed again. Now (trainer_daemon.lineage):
+engines never changed again. Now (trainer_daemon.state.lineage):
 
 - versions stay monotonic: the restored weights go out as the engines' version + 1, and the
   engine serves exactly the checkpoint's weights under it;
@@ -32,8 +32,8 @@ from tests.trainer.helpers import (
     start_trainer,
     wait_exit,
 )
-from trainer_daemon.checkpoint import complete_checkpoints, read_state
-from trainer_daemon.ledger import read_lineage
+from trainer_daemon.state.checkpoint import complete_checkpoints, read_state
+from trainer_daemon.state.ledger import read_lineage
 
 N = 2
 PROMPT = [401, 502, 603, 704]

@@ -36,8 +36,8 @@ from tests.trainer.helpers import (
     wait_exit,
 )
 from trainer_daemon.audit import audit_run
-from trainer_daemon.checkpoint import complete_checkpoints, read_state
-from trainer_daemon.ledger import read_lineage
+from trainer_daemon.state.checkpoint import complete_checkpoints, read_state
+from trainer_daemon.state.ledger import read_lineage
 
 N = 2
 GROUPS_PER_STEP = 2

@@ -15,7 +15,7 @@ from asyncrl.jetstream import EmbeddedNats
 from tests.helpers.waiting import wait_for_sync
 from tests.trainer.fake_sync_agent import FakeSyncAgent
 from tests.trainer.helpers import make_group, metrics_lines, publish, start_trainer
-from trainer_daemon.checkpoint import complete_checkpoints
+from trainer_daemon.state.checkpoint import complete_checkpoints
 
 N = 2
 TOKEN = "sync-token-for-the-stop-test-0123"

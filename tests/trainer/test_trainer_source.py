@@ -14,7 +14,7 @@ from asyncrl.jetstream import StreamSettings, connect, ensure_stream
 from asyncrl.wire import NatsNames, encode_trajectory
 from tests.trainer.helpers import make_group
 from trainer_daemon.consume import ConsumptionState, TrajectorySource
-from trainer_daemon.ledger import Ledger
+from trainer_daemon.state.ledger import Ledger
 
 ACK_WAIT_S = 1.0  # short, so a missing heartbeat shows within the test
 HEARTBEAT_S = 0.25

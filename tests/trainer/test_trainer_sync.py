@@ -48,9 +48,9 @@ from tests.trainer.helpers import (
     wait_exit,
 )
 from trainer_daemon.audit import audit_run
-from trainer_daemon.checkpoint import read_state
-from trainer_daemon.ledger import read_lineage
 from trainer_daemon.rank0 import metrics_endpoint
+from trainer_daemon.state.checkpoint import read_state
+from trainer_daemon.state.ledger import read_lineage
 
 DISK_VERSION = 900  # the label the HF export is loaded under (far above the syncs' versions)
 

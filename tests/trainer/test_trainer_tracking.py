@@ -10,8 +10,8 @@ import json
 import pytest
 
 from asyncrl.config import load_config
-from trainer_daemon.metrics import MetricsHub
-from trainer_daemon.tracking import TrackingConfigError, build_tracking_sinks
+from trainer_daemon.observe.metrics import MetricsHub
+from trainer_daemon.observe.tracking import TrackingConfigError, build_tracking_sinks
 
 STEPS = {1: {"actor/pg_loss": 0.5, "critic/rewards/mean": 0.25, "actor/entropy": float("nan")},
          2: {"actor/pg_loss": 0.375, "critic/rewards/mean": 0.5}}

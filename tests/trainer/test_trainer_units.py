@@ -14,13 +14,13 @@ from asyncrl.config import load_config
 from asyncrl.models import load_model
 from asyncrl.wire import SamplingSpan
 from tests.trainer.helpers import GOOD, make_group
-from trainer_daemon.batch import collate, dummy_micro_batch
-from trainer_daemon.checkpoint import MARKER, complete_checkpoints
-from trainer_daemon.distributed import DistContext
+from trainer_daemon.compute.batch import collate, dummy_micro_batch
+from trainer_daemon.compute.step import StepSettings, TrainStep
 from trainer_daemon.launch import torchrun_argv
-from trainer_daemon.metrics import MetricsHub, prometheus_name
-from trainer_daemon.model import engine_weights, lr_factor
-from trainer_daemon.step import StepSettings, TrainStep
+from trainer_daemon.observe.metrics import MetricsHub, prometheus_name
+from trainer_daemon.policy.distributed import DistContext
+from trainer_daemon.policy.model import engine_weights, lr_factor
+from trainer_daemon.state.checkpoint import MARKER, complete_checkpoints
 
 
 def test_collate_aligns_logits_with_response_tokens():
@@ -41,7 +41,7 @@ def test_the_behaviour_log_probs_are_the_truncated_distributions_where_recorded(
     """Issue 35: the micro-batch's ``rollout_logp`` (the behaviour policy of the importance
     ratios) is ``behaviour_logprobs`` where the trajectory has them, ``rollout_logprobs`` else,
     on the padded and the packed path alike."""
-    from trainer_daemon.packing import pack
+    from trainer_daemon.compute.packing import pack
 
     base = make_group(random.Random(4), "b", 2)[0]
     n = base.response_length
@@ -181,7 +181,7 @@ def test_weight_sync_backend_default_follows_the_engines(overrides, backend):
 
 def _one_step_delta(cfg, trajs, groups, weights) -> torch.Tensor:
     """The weight change of one SGD (lr 1) step of TrainStep on a fresh builtin:tiny."""
-    from trainer_daemon.model import build_scheduler
+    from trainer_daemon.policy.model import build_scheduler
 
     torch.manual_seed(0)
     model = load_model("builtin:tiny", seed=0)
@@ -214,7 +214,7 @@ def test_staleness_weights_scale_each_trajectorys_policy_gradient():
 
 
 def _entropy_step(overrides: list[str]) -> dict[str, float]:
-    from trainer_daemon.model import build_scheduler
+    from trainer_daemon.policy.model import build_scheduler
 
     cfg = load_config(overrides=["rollout.n=2", "actor.ppo_mini_batch_size=1", "actor.ppo_micro_batch_size_per_gpu=2",
                                  *overrides], environ={})
@@ -253,7 +253,7 @@ def test_one_rank_policy_is_plain_and_its_full_state_dict_is_a_copy(monkeypatch)
     forward under autocast with fp32 master weights."""
     import torch.distributed as dist
 
-    from trainer_daemon.model import build_policy, full_state_dict, is_sharded
+    from trainer_daemon.policy.model import build_policy, full_state_dict, is_sharded
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     from asyncrl.launch import free_port
@@ -278,7 +278,7 @@ def test_the_attention_kernel_follows_the_device_and_packing():
     """Packed rows need attention kept inside each sequence: flex (or flash-attention's varlen) on
     CUDA, where sdpa would take a dense mask; sdpa per sequence on the CPU, where flex has no
     backward (issue 31)."""
-    from trainer_daemon.model import attention_for, build_policy
+    from trainer_daemon.policy.model import attention_for, build_policy
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert attention_for("auto", cpu, True) == "segmented_sdpa" and attention_for("auto", cpu, False) == "sdpa"

@@ -26,7 +26,7 @@ from asyncrl.launch import free_port
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import unpack_bucket
 from trainer_daemon.io_loop import IoLoop
-from trainer_daemon.model import build_policy, engine_weights, full_state_dict
+from trainer_daemon.policy.model import build_policy, engine_weights, full_state_dict
 from trainer_daemon.sync.base import SyncController, WeightPublisher
 from trainer_daemon.sync.flat import FlatBuffers, plan_for, send_buckets, weights_nbytes
 from trainer_daemon.sync.staging import StagedWeights, WeightStager

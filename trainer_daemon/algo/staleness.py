@@ -44,7 +44,7 @@ under an older version than their last one: work a sync did not throw away), and
 and ``token_age_mean`` / ``_max`` of the trained trajectories (their age by either measure).
 
 After a trainer restart that found the engines ahead, version *numbers* jumped (see
-``trainer_daemon.lineage``): pass ``effective`` (``Lineage.effective``) and every version —
+``trainer_daemon.state.lineage``): pass ``effective`` (``Lineage.effective``) and every version —
 the tokens' and ``c`` — is mapped through it first, so lags count training steps.
 
 Not covered: the rollout-side sample budget itself (the rollout service enforces it).

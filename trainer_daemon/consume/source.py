@@ -75,7 +75,7 @@ from trainer_daemon.algo import StalenessBound, batch_version_metrics
 from trainer_daemon.consume.exclusion import excluder
 from trainer_daemon.consume.groups import GroupAssembler, Held, PendingGroup
 from trainer_daemon.consume.state import ConsumptionState
-from trainer_daemon.ledger import Ledger
+from trainer_daemon.state.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class TrajectorySource:
         self._held_ids: set[str] = set()
         self._pending: list[PendingGroup] = []
         self.effective = effective
-        """Maps a weight version to training steps (``trainer_daemon.lineage.Lineage.effective``)."""
+        """Maps a weight version to training steps (``trainer_daemon.state.lineage.Lineage.effective``)."""
         self.exclude = exclude or excluder("train")
         """Names why a trajectory must not be trained (``exclusion.py``), from the run's config."""
         self.admit = admit

@@ -27,7 +27,7 @@ that succeeded; a failed publish is logged and counted, training continues, and 
 sync point tries again with the same version number. A publish still running at the next
 sync point is waited for (bounded); if it is still running then, that sync point is skipped.
 When the engines are ahead (a restart lost steps the engines had received, or the agent says
-"stale"), :meth:`SyncController.adopt` moves the version past theirs (trainer_daemon.lineage).
+"stale"), :meth:`SyncController.adopt` moves the version past theirs (trainer_daemon.state.lineage).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import torch
 
 from asyncrl.sync_control.errors import WeightSyncError
 from trainer_daemon.io_loop import IoLoop
-from trainer_daemon.lineage import Lineage
+from trainer_daemon.state.lineage import Lineage
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class WeightPublisher(ABC):
 
     async def current_version(self) -> int | None:
         """The newest weight version the engines serve (or the sync agent has accepted), None
-        when it cannot be asked. A restored trainer moves past it (trainer_daemon.lineage)."""
+        when it cannot be asked. A restored trainer moves past it (trainer_daemon.state.lineage)."""
         return None
 
     async def push_wanted(self) -> bool:

@@ -4,7 +4,7 @@ Three ways from "the optimiser step is done" to "bucket ``i`` is in a byte buffe
 group's device" (``sync.staging``):
 
 - ``state_dict`` (the host path): every rank gathers the full state dict into host memory
-  (:func:`trainer_daemon.model.full_state_dict`), rank 0 casts it (``engine_weights``) and the
+  (:func:`trainer_daemon.policy.model.full_state_dict`), rank 0 casts it (``engine_weights``) and the
   publish packs each bucket into a reused host buffer while the previous one is on the wire
   (``sync/flat.py``), then moves it to the GPU for NCCL. Measured on one H100 (issue 32): 5.5 s
   for a 1.5B model before the first byte is broadcast. Right for gloo and CPU engines.

@@ -14,7 +14,7 @@ Sinks (each failure is logged once and never stops training):
   JetStream; ``asyncrl up``'s live view subscribes).
 - TensorBoard (``"tensorboard"`` in ``trainer.loggers``, on by default): scalars under verl's
   names in ``<run dir>/tensorboard/trainer`` (``torch.utils.tensorboard``).
-- Weights & Biases and MLflow (``"wandb"``, ``"mlflow"``): :mod:`trainer_daemon.tracking`,
+- Weights & Biases and MLflow (``"wandb"``, ``"mlflow"``): :mod:`trainer_daemon.observe.tracking`,
   passed in as ``extra_sinks``.
 """
 

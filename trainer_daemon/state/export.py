@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 from asyncrl.models import load_tokenizer
-from trainer_daemon.model import engine_weights
+from trainer_daemon.policy.model import engine_weights
 
 
 def export_hf(directory: Path, full: dict[str, torch.Tensor], model_config, actor, model) -> Path:
@@ -35,7 +35,7 @@ def export_hf(directory: Path, full: dict[str, torch.Tensor], model_config, acto
     tensors = {k: v.detach().contiguous() for k, v in engine_weights(full, tied, lora_scaling=scaling).items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     if scaling is not None:
-        from trainer_daemon.lora import adapter_config, adapter_targets, adapter_weights
+        from trainer_daemon.policy.lora import adapter_config, adapter_targets, adapter_weights
 
         adapter = directory / "adapter"
         adapter.mkdir(exist_ok=True)

@@ -1,7 +1,7 @@
 """Attention for packed rows without a T x T mask: causal SDPA on each sequence's slice
 (the attention implementation ``segmented_sdpa``).
 
-A packed row (:mod:`trainer_daemon.packing`) holds several sequences end to end, and attention
+A packed row (:mod:`trainer_daemon.compute.packing`) holds several sequences end to end, and attention
 must stay inside each. SDPA takes that only as a dense ``(T, T)`` block-diagonal mask, so it
 computes all T² scores and masks most of them: for eight 1 k sequences in an 8 k row, eight
 times the work of the sequences' own ΣLᵢ² (and a mask that defeats SDPA's causal fast path).
@@ -23,7 +23,7 @@ Contract:
   the row, is a ``ValueError``;
 - training and scoring forwards only: no KV cache, no attention weights returned;
 - :func:`register` makes the name known to transformers (its attention and mask registries,
-  which are process-wide); :func:`trainer_daemon.model.attention_for` picks it for packed rows
+  which are process-wide); :func:`trainer_daemon.policy.model.attention_for` picks it for packed rows
   on the CPU. On CUDA, flex_attention or flash-attention run the whole row in one kernel; this
   loops over the sequences in every layer (one host synchronisation each on CUDA).
 """

@@ -14,7 +14,7 @@ mini-batch: for each of this rank's micro-batches a forward pass (logits / the t
 temperature), ``algo.compute_actor_loss`` with global normalisers and ``dp_size``, backward;
 then gradient clipping (``actor.optim.grad_clip``), AdamW, LR schedule. A non-finite gradient
 norm skips that update on every rank (the norm is global). Empty micro-batches run
-:func:`~trainer_daemon.batch.dummy_micro_batch` so FSDP's collectives line up.
+:func:`~trainer_daemon.compute.batch.dummy_micro_batch` so FSDP's collectives line up.
 
 Metrics (verl's names): ``actor/*`` from the loss (loss terms summed over micro-batches and
 averaged over ranks — the mini-batch value; ratios and fractions token-weighted means),
@@ -48,12 +48,12 @@ from trainer_daemon.algo import (
     resolve_log_probs,
     zero_variance_mask,
 )
-from trainer_daemon.batch import MicroBatch, collate
-from trainer_daemon.distributed import DistContext
-from trainer_daemon.logprob_head import log_prob_head
-from trainer_daemon.packing import PackedMicroBatch, pack, packed_attention_mask
-from trainer_daemon.segmented_attention import NAME as SEGMENTED
-from trainer_daemon.segmented_attention import cu_seq_lens
+from trainer_daemon.compute.batch import MicroBatch, collate
+from trainer_daemon.compute.logprob_head import log_prob_head
+from trainer_daemon.compute.packing import PackedMicroBatch, pack, packed_attention_mask
+from trainer_daemon.compute.segmented_attention import NAME as SEGMENTED
+from trainer_daemon.compute.segmented_attention import cu_seq_lens
+from trainer_daemon.policy.distributed import DistContext
 
 
 @dataclass
@@ -133,7 +133,7 @@ class TrainStep:
 
     def _forward_packed(self, model, item: Prefetched, entropy: str | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The packed row through the model, its LM head answering the scored tokens' log-probs
-        in chunks (``trainer_daemon.logprob_head``); results placed in the ``(B, R)`` layout.
+        in chunks (``trainer_daemon.compute.logprob_head``); results placed in the ``(B, R)`` layout.
         The attention mask was built once per micro-batch by :meth:`_prefetch` (policy, anchor,
         reference and epochs share it: every model of a step has the same attention
         implementation, checked here)."""

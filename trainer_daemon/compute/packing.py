@@ -17,7 +17,7 @@ Layout of a :class:`PackedMicroBatch`:
   position 0 with loss mask 0), so every forward builds a graph for backward.
 - The loss tensors keep the padded path's response layout ``(B, R)`` (``R`` = longest
   response, at least 1): ``mask``, ``rollout_logp``, ``advantages`` exactly as
-  :func:`trainer_daemon.batch.collate` builds them, and ``flat_index`` ``(N,)`` places each
+  :func:`trainer_daemon.compute.batch.collate` builds them, and ``flat_index`` ``(N,)`` places each
   scored token's result at ``row * R + offset`` of that layout (0 elsewhere). The loss code is
   therefore the same for both paths.
 
@@ -141,7 +141,7 @@ def packed_attention_mask(seq_lens: Sequence[int], attn_implementation: str, dev
 
     - ``flash_attention_2`` / ``flash_attention_3``: None (transformers derives the varlen
       boundaries from ``position_ids``);
-    - ``segmented_sdpa`` (:mod:`trainer_daemon.segmented_attention`): None (it takes the
+    - ``segmented_sdpa`` (:mod:`trainer_daemon.compute.segmented_attention`): None (it takes the
       boundaries from ``cu_seq_lens_q``);
     - ``flex_attention``: a ``BlockMask`` (block-diagonal causal, from the document ids);
     - anything else (``sdpa``; also ``eager``, which takes an additive float mask): a 4-D

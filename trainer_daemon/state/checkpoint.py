@@ -8,7 +8,7 @@ Layout under ``<run dir>/checkpoints/``::
         hf/                         optional Hugging Face export (``checkpoint.export_hf``)
         trainer_state.json          step, weight version, LR schedule, stream cursor + resolved set, counters
         COMPLETE                    the marker, written last
-    ledger/step-00000012.json       training-ledger segment (``trainer_daemon.ledger``)
+    ledger/step-00000012.json       training-ledger segment (``trainer_daemon.state.ledger``)
 
 Protocol: every rank writes into ``step-N.incomplete/``; when all ranks have finished (the DCP
 save's final gather, then the coordinator's ``.metadata``), rank 0 writes the ledger segment,
@@ -48,8 +48,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from asyncrl import failpoints
 from asyncrl.files import atomic_write
-from trainer_daemon.distributed import DistContext
-from trainer_daemon.ledger import write_segment
+from trainer_daemon.policy.distributed import DistContext
+from trainer_daemon.state.ledger import write_segment
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class ModelOptimState(Stateful):
     def _adapters_only(self) -> bool:
         """With LoRA adapters only the trainable parameters are saved and loaded: the frozen
         base weights come from ``model.path`` at every start, as they did at the first."""
-        from trainer_daemon.lora import has_adapters
+        from trainer_daemon.policy.lora import has_adapters
 
         return has_adapters(n for n, _ in self.model.named_parameters())
 

@@ -1,7 +1,7 @@
 """Experiment trackers as metric sinks: Weights & Biases and MLflow, through their own libraries.
 
 Named in ``trainer.loggers`` (``"wandb"``, ``"mlflow"``) beside ``jsonl`` and ``tensorboard``
-(:mod:`trainer_daemon.metrics`); each gets every step's metrics under verl's names, at the
+(:mod:`trainer_daemon.observe.metrics`); each gets every step's metrics under verl's names, at the
 trainer's global step, on rank 0 only. Both are optional extras (``asyncrl[tracking]``); a
 logger named without its package is a clear error at start.
 

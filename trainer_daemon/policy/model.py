@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from asyncrl.models import load_model
-from trainer_daemon import segmented_attention
+from trainer_daemon.compute import segmented_attention
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +104,12 @@ def build_policy(spec: str, seed: int, device: torch.device, world_size: int, mi
     :func:`attention_for`). ``compile_blocks`` (``actor.use_torch_compile``): ``torch.compile``
     every decoder block in place (dynamic shapes: micro-batch lengths vary), before sharding,
     as torchtitan does; parameter names are unchanged. ``lora``: ``(rank, alpha, target
-    modules)``: LoRA adapters, the only trainable parameters (:mod:`trainer_daemon.lora`)."""
+    modules)``: LoRA adapters, the only trainable parameters (:mod:`trainer_daemon.policy.lora`)."""
     model = load_model(spec, dtype="float32", seed=seed)
     model.config.use_cache = False
     set_attention(model, attn_implementation)
     if lora is not None:
-        from trainer_daemon.lora import add_adapters
+        from trainer_daemon.policy.lora import add_adapters
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # the adapters' initialisation: the same on every rank and every start
@@ -192,9 +192,9 @@ def engine_weights(full: dict[str, torch.Tensor], tied: bool, dtype: torch.dtype
     """What engines load by name: the full state dict without ``lm_head.weight`` when the
     embeddings are tied (SGLang and local_engine load the embedding for both), cast to the
     engines' dtype; with ``lora_scaling`` (``lora_alpha / lora_rank``) the adapters merged
-    into the base model's weights first (:func:`trainer_daemon.lora.merged_weights`)."""
+    into the base model's weights first (:func:`trainer_daemon.policy.lora.merged_weights`)."""
     if lora_scaling is not None:
-        from trainer_daemon.lora import merged_weights
+        from trainer_daemon.policy.lora import merged_weights
 
         full = merged_weights(full, lora_scaling)
     out = {}

@@ -1,0 +1,1 @@
+"""The training step's maths: batches, packing, segmented attention, the log-prob head, portable numerics."""

@@ -1,0 +1,1 @@
+"""What the trainer shows: metrics (Prometheus, JSONL) and experiment tracking."""
