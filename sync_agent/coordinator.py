@@ -101,6 +101,10 @@ class SyncCoordinator:
         state = state_file.load()
         self.version, self.group, self.records, self.needs_reload = state.version, state.group, state.records, state.needs_reload
         self.accepted_version = self.version
+        """``version``: what the engines serve after the last successful sync, the run's authority
+        on it (older syncs are refused); ``accepted_version``: the newest one queued or running.
+        The rollout's ``ServingState`` and the engines' labels are caches of it
+        (docs/architecture.md, "The weight version")."""
         self.queue: asyncio.Queue[SyncRecord] = asyncio.Queue()
         self.fleet = Fleet(settings.engines, settings.sync.engine_timeout_s, rollout)
         """The engines as the agent sees them: clients, liveness, views (:mod:`.fleet`)."""

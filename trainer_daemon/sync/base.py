@@ -108,6 +108,9 @@ class SyncController:
         self.publisher = publisher
         self.io = io
         self.version = version
+        """The last version a publish of this trainer completed: the authority for the *next*
+        number (``version + 1``); which version the engines serve is the sync agent's record
+        (docs/architecture.md, "The weight version")."""
         self.lineage = lineage if lineage is not None else Lineage()
         self.failures = 0
         self.successes = 0
