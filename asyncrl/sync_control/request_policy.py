@@ -1,0 +1,104 @@
+"""The per-request interrupt rule at a weight sync (issue 51, ``sync.pause_policy = "per_request"``):
+one decision per generate call in flight, instead of one mode for everything.
+
+Outcomes:
+
+- ``cancel``: the call's trajectory could no longer be trained: trained at the new version or
+  later, its oldest token would lag more than the trainer accepts (``max_lag``, the trainer's
+  own bound from ``async_training.staleness_threshold``: ``trainer_daemon.algo.staleness``), so
+  the trainer would drop it whatever it decodes now. Only under the trainer's ``drop`` policy
+  with the ``oldest`` age (otherwise its tokens could still count: never cancelled then). Its
+  prompt returns under the staleness quota; nothing of it is published.
+- ``keep``: it goes on under the engine-wide survivor mode (``in_place`` or ``retract``: an
+  engine pauses as a whole): nearly done (``progress >= keep_min_progress``: finishing its few
+  tokens under the old weights costs less than re-prefilling it) or too long to re-prefill
+  (``context > resume_max_context``).
+- ``resume``: aborted by its exact rid and resent after the sync (partial rollout: its decoded
+  tokens kept, per-token versions recorded), so the rest of it is decoded by the new weights.
+
+Between syncs the same bound cancels a call that is already too stale to train
+(:meth:`RequestRule.too_stale`), instead of letting it decode to the end to be dropped.
+
+Inputs per call (:class:`CallFacts`): the trajectory's oldest version, tokens decoded so far
+(the call in flight's own tokens are estimated by the caller from its elapsed time: a
+non-streamed ``/generate`` shows nothing until it returns), the tokens it may still decode
+(its remaining budget), its context length. Pure and torch-free: the rollout service applies
+it. Status: the rule and its settings; wiring it into the pause path, its metrics and the
+benchmark that sets the defaults are the rest of issue 51 (docs/sync_agent.md, "Pause policies").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Outcome = Literal["keep", "resume", "cancel"]
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """One generate call in flight, as the rollout service knows it."""
+
+    rid: str
+    start_version: int
+    """The oldest weight version among its trajectory's tokens (``version_start``)."""
+    decoded: int
+    """Response tokens its trajectory holds so far, the call's own estimated ones included."""
+    remaining: int
+    """Tokens it may still decode (its budget left: ``max_new_tokens`` of the call minus the
+    estimate, bounded by the response length)."""
+    context: int
+    """Tokens in its context (prompt and response so far)."""
+
+    @property
+    def progress(self) -> float:
+        """Share of its expected response already decoded (1.0 when nothing remains)."""
+        total = self.decoded + self.remaining
+        return 1.0 if total <= 0 else self.decoded / total
+
+
+@dataclass(frozen=True)
+class RequestRule:
+    """The rule's settings (module docstring). ``max_lag`` None: nothing is ever cancelled for
+    staleness (the trainer would train any age: ``downweight``, ``token_mean``, no bound)."""
+
+    max_lag: int | None
+    keep_min_progress: float = 0.5
+    resume_max_context: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.max_lag is not None and self.max_lag < 0:
+            raise ValueError(f"max_lag must be >= 0 or None, not {self.max_lag}")
+        if not 0.0 <= self.keep_min_progress <= 1.0:
+            raise ValueError(f"keep_min_progress must be within [0, 1], not {self.keep_min_progress}")
+        if self.resume_max_context < 0:
+            raise ValueError(f"resume_max_context must be >= 0, not {self.resume_max_context}")
+
+    @classmethod
+    def for_trainer(cls, max_lag: int, stale_policy: str, staleness_age: str, **thresholds) -> RequestRule:
+        """The rule for a trainer that drops beyond ``max_lag`` (only ``drop`` with the ``oldest``
+        age makes a call certain to be dropped; any other pair cancels nothing)."""
+        certain = stale_policy == "drop" and staleness_age == "oldest"
+        return cls(max_lag=max_lag if certain else None, **thresholds)
+
+    def too_stale(self, facts: CallFacts, version: int) -> bool:
+        """Whether a trajectory trained at ``version`` or later would be dropped for staleness."""
+        return self.max_lag is not None and version - facts.start_version > self.max_lag
+
+    def decide(self, facts: CallFacts, new_version: int) -> tuple[Outcome, str]:
+        """The outcome for one call when a sync to ``new_version`` pauses, and why."""
+        if self.too_stale(facts, new_version):
+            return "cancel", (f"its oldest token (version {facts.start_version}) would lag {new_version - facts.start_version} "
+                              f"versions at {new_version}, beyond the trainer's {self.max_lag}")
+        if facts.progress >= self.keep_min_progress:
+            return "keep", f"{facts.progress:.0%} decoded (>= {self.keep_min_progress:.0%}): finished under the survivor mode"
+        if facts.context > self.resume_max_context:
+            return "keep", f"context of {facts.context} tokens (> {self.resume_max_context}): re-prefilling costs more"
+        return "resume", f"{facts.progress:.0%} decoded: resent after the sync, the rest decoded by version {new_version}"
+
+    def plan(self, calls: list[CallFacts], new_version: int) -> dict[Outcome, list[str]]:
+        """Every call's rid by outcome (each rid in exactly one list)."""
+        out: dict[Outcome, list[str]] = {"keep": [], "resume": [], "cancel": []}
+        for facts in calls:
+            out[self.decide(facts, new_version)[0]].append(facts.rid)
+        return out
