@@ -310,3 +310,45 @@ def test_the_rollout_service_is_built_by_constructor_injection_only():
     service = ast.parse((ROOT / "rollout_service/service.py").read_text())
     cls = next(n for n in service.body if isinstance(n, ast.ClassDef) and n.name == "RolloutService")
     assert not [n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "_build"]
+
+
+def test_the_engines_weight_version_string_is_read_and_written_in_few_places():
+    """Issue 50 item 1: a weight version is an int in asyncrl; SGLang's string form is made and
+    read by the engine client (through asyncrl/wire/sync.py's two functions) and, where a raw
+    SGLang answer is read outside it, by those two functions only, never by hand."""
+    allowed = {"asyncrl/wire/sync.py", "asyncrl/engine_client/client.py", "asyncrl/engine_client/types.py",
+               "sync_agent/fleet.py", "launcher/demo_stack.py"}
+    users = set()
+    for package in ("asyncrl", *ABOVE_THE_FOUNDATION):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            text = path.read_text()
+            if "weight_version_number" in text or "weight_version_label" in text:
+                users.add(str(path.relative_to(ROOT)))
+    assert users <= allowed, sorted(users - allowed)
+    hand_made = []
+    for package in ("asyncrl", *ABOVE_THE_FOUNDATION):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for lineno, line in enumerate(path.read_text().splitlines(), 1):
+                if "weight_version=str(" in line or "new_version=str(" in line or "update_weight_version(str(" in line:
+                    hand_made.append(f"{path.relative_to(ROOT)}:{lineno}")
+    assert hand_made == [], hand_made
+
+
+def test_the_engine_pool_takes_no_late_bound_callables():
+    """Issue 50 item 2: what the pool knows of the rollout is a ServingState given at build
+    time, not closures over a runner bound later: none of its fields is a Callable."""
+    import dataclasses
+
+    from rollout_service.engines.pool import EnginePool
+
+    callables = [f.name for f in dataclasses.fields(EnginePool) if "Callable" in str(f.type)]
+    assert callables == [], callables
+
+
+def test_the_trainer_keeps_its_rooms():
+    """Issue 50 item 5: the trainer's top level holds its entry points and its loop; every other
+    module lives in a room (algo, compute, consume, observe, policy, state, sync)."""
+    top = {p.stem for p in (ROOT / "trainer_daemon").glob("*.py")}
+    assert top == {"__init__", "__main__", "launch", "torchrun", "daemon", "rank0", "io_loop", "audit", "sft"}, sorted(top)
+    rooms = {p.name for p in (ROOT / "trainer_daemon").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert rooms == {"algo", "compute", "consume", "observe", "policy", "state", "sync"}, sorted(rooms)

@@ -38,7 +38,6 @@ members out of routing until a later sync loads them (``sync_agent.coordinator``
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from asyncrl.engine_client import EngineHTTPError
@@ -46,7 +45,7 @@ from asyncrl.lora_targets import serving_problem
 from asyncrl.sync_control.engine_update import EngineUpdate, Member
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.sync_control.layout import parse_version
-from asyncrl.wire.sync import AdapterSpec
+from asyncrl.wire.sync import AdapterSpec, adapter_version
 
 Transport = Literal["auto", "tensors", "path"]
 NAMED_FROM = (0, 5, 17)
@@ -59,8 +58,7 @@ to retry the unload first)."""
 
 def run_adapters(names, run_id: str) -> dict[str, int]:
     """This run's adapter names among ``names``, with their versions (``<run id>-v<N>``)."""
-    pattern = re.compile(rf"^{re.escape(run_id)}-v(\d+)$")
-    return {n: int(m.group(1)) for n in names if (m := pattern.match(n))}
+    return {n: v for n in names if (v := adapter_version(run_id, n)) is not None}
 
 
 def pick_transport(info: dict, transport: Transport, spec: AdapterSpec) -> str:

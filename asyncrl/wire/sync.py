@@ -145,6 +145,14 @@ def adapter_name(run_id: str, version: int) -> str:
     return f"{run_id}-v{version}"
 
 
+def adapter_version(run_id: str, name: str) -> int | None:
+    """The inverse of :func:`adapter_name`: the version of run ``run_id``'s adapter ``name``, or
+    None when ``name`` is not one of this run's adapters."""
+    prefix = f"{run_id}-v"
+    tail = name[len(prefix):] if name.startswith(prefix) else ""
+    return int(tail) if tail.isascii() and tail.isdigit() else None
+
+
 class AdapterSpec(_Strict):
     """A LoRA adapter to load on every engine (``sync.lora_weights = adapter``): peft's
     ``adapter_config.json`` and its tensors as ``/load_lora_adapter_from_tensors`` takes them

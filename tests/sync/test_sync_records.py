@@ -61,3 +61,15 @@ def test_an_adapter_syncs_record_is_typed_and_survives_the_state_file():
     assert "tensors" not in json.dumps(rec.to_json())
     with pytest.raises(ValidationError):
         AdapterRef(name="../escape", nbytes=1)
+
+
+def test_an_adapters_name_and_its_version_are_made_and_read_in_one_place():
+    """Issue 50 item 6: ``adapter_name`` and its inverse live together in asyncrl/wire/sync.py."""
+    from asyncrl.sync_control.adapter_load import run_adapters
+    from asyncrl.wire.sync import adapter_name, adapter_version
+
+    for version in (1, 7, 12345):
+        assert adapter_version("run-a", adapter_name("run-a", version)) == version
+    for other in ("run-b-v3", "run-a-v", "run-a-vx", "run-a-v٣", "run-a-v3.0", "run-a"):
+        assert adapter_version("run-a", other) is None, other
+    assert run_adapters(["run-a-v2", "run-b-v2", "run-a-v10", "base"], "run-a") == {"run-a-v2": 2, "run-a-v10": 10}
