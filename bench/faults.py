@@ -96,7 +96,7 @@ class Run:
             return False
         if current:
             a = await self.agent()
-            return a is not None and e["weight_version"] == str(a["version"])
+            return a is not None and e["weight_version"] == a["version"]
         return True
 
     # -- the failpoint ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ Subcommands import their component lazily, so ``asyncrl config show`` never impo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -142,9 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         parser.error(f"unknown command {argv[0]!r}; choose from {', '.join(sorted(COMMANDS))}")
     handler, _ = COMMANDS[argv[0]]
-    if argv[0] in WRITES_A_RUN:
-        keep_new_files_private()
-    return int(handler(argv[1:]) or 0)
+    before = keep_new_files_private() if argv[0] in WRITES_A_RUN else None
+    try:
+        return int(handler(argv[1:]) or 0)
+    finally:  # the children started inherited it; a caller in the same process (a test) gets its own back
+        if before is not None:
+            os.umask(before)
 
 
 if __name__ == "__main__":

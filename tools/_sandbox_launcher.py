@@ -129,7 +129,11 @@ def _private_mounts(libc, interpreter, hidden=()):
             mount(b"tmpfs", resolved.encode(), b"tmpfs", flags, options.encode())
             mounted.append(target)
             if cwd.startswith(resolved + "/"):  # the run's directory lives there: bind it back at its path, alone
-                os.makedirs(cwd, mode=0o755, exist_ok=True)
+                old = os.umask(0o022)  # the path down to it must be traversable by the run's uid, whatever the service's umask
+                try:
+                    os.makedirs(cwd, mode=0o755, exist_ok=True)
+                finally:
+                    os.umask(old)
                 mount(f"/proc/self/fd/{cwd_fd}".encode(), cwd.encode(), None, MS_BIND, None)
                 os.chdir(cwd)
     finally:

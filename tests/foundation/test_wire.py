@@ -162,9 +162,14 @@ def test_the_sync_agents_status_and_refusals_are_typed_once():
 
     from asyncrl.wire.sync import AgentStatus, SyncRefusal
 
+    view = {"id": "e-1", "url": "http://10.0.0.5:30000", "rollout_state": "quarantined", "alive": True, "version": 4,
+            "held_because": "serves version 4, current is 5; the next sync brings it"}
     status = AgentStatus.model_validate_json(json.dumps({"version": 5, "accepted_version": 7, "push_wanted": True,
-                                                         "engines": [{"id": "e-1"}], "unknown": 1}))
-    assert status.newest_version == 7 and status.push_wanted and status.engines == [{"id": "e-1"}]
+                                                         "engines": [view], "unknown": 1}))
+    assert status.newest_version == 7 and status.push_wanted
+    assert status.engines[0].version == 4 and status.engines[0].held_because.startswith("serves version 4")
+    with pytest.raises(ValueError, match="rollout_state"):  # an engine view is typed too (issue 50 item 5)
+        AgentStatus.model_validate({"engines": [{"id": "e-1", "url": "http://x"}]})
     stale = {"error": {"message": "older", "type": "conflict", "reason": "stale", "current_version": 9}}
     refusal = SyncRefusal.parse(409, json.dumps(stale))
     assert refusal is not None and refusal.reason == "stale" and refusal.current_version == 9

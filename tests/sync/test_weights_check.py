@@ -151,7 +151,7 @@ async def test_the_agent_quarantines_an_outvoted_engine_and_the_sync_succeeds(tm
                 assert views[odd.url].state == "quarantined" and views[e0.url].state != "quarantined"
                 assert svc.runner.version == 1 and not svc.runner.paused
                 for url in (e0.url, e1.url):
-                    assert (await engine_logprobs(url, 2))[2] == "1"
+                    assert (await engine_logprobs(url, 2))[2] == 1
             finally:
                 await pub.close()
 

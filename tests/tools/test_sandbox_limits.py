@@ -201,3 +201,15 @@ async def test_endless_output_costs_the_parent_bounded_memory(make_sandbox) -> N
     assert result.metadata["failure"] in ("timeout", "cpu_limit")
     assert result.metadata["stdout_bytes"] > 10 * 2**20  # it really did flood the pipe
     assert len(result.content) < 1200
+
+
+async def test_a_service_with_umask_077_still_runs_programs(make_sandbox) -> None:
+    """Issue 48 item 5: the run-writing commands start with umask 077. In root mode the run's
+    directory is bound back under a fresh /tmp: the path down to it was then created 0700 and
+    the run's uid could not open main.py (every program failed with Permission denied)."""
+    before = os.umask(0o077)
+    try:
+        result = await run(make_sandbox(), "print(6 * 7)")
+    finally:
+        os.umask(before)
+    assert not result.is_error and result.content == "42\n", result.content
