@@ -17,16 +17,22 @@ is private. This module is the one place that decides the address:
   NCCL's own listening sockets then sit on that interface only.
 
 Not covered: IPv6 link-local addresses with a zone id (give an address without one); which
-network is private is :mod:`asyncrl.netcheck`'s question, not this module's.
+network is private is :mod:`asyncrl.netcheck`'s question, not this module's. A host *name* that
+resolves here to a loopback address only (Debian's ``127.0.1.1 <hostname>`` line) is bound
+there, which other hosts cannot reach: a warning says so; on more than one node give the
+node's address (``trainer.master_addr``).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 from collections.abc import Mapping
 
 import psutil
+
+log = logging.getLogger(__name__)
 
 IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -71,6 +77,10 @@ def reserve_listen_socket(address: str, port: int = 0) -> socket.socket:
     Contract in the module docstring. Pass the socket to a ``TCPStore`` as ``master_listen_fd``
     (or to :func:`asyncrl.weight_sync.host_group`); read the port with ``sock.getsockname()[1]``."""
     candidates = [(socket.AF_INET, "127.0.0.1")] if is_loopback(address) else _candidates(address)
+    if not is_loopback(address) and all(ipaddress.ip_address(ip.split("%")[0]).is_loopback for _, ip in candidates):
+        log.warning("the master address %r resolves to %s on this host, a loopback address: peers on other hosts cannot "
+                    "reach it there; give this node's address (trainer.master_addr) for a run on more than one host",
+                    address, ", ".join(ip for _, ip in candidates))
     refused: list[str] = []
     for family, ip in candidates:
         sock = socket.socket(family, socket.SOCK_STREAM)

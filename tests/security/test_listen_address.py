@@ -139,3 +139,23 @@ def test_torchruns_store_listens_on_the_master_address(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == [ip], seen
+
+
+def test_a_host_name_that_resolves_to_loopback_here_is_bound_there_with_a_warning(monkeypatch, caplog):
+    """Debian maps the host's own name to 127.0.1.1: the socket then listens there, which other
+    hosts cannot reach, and the log says to give the node's address for a multi-host run."""
+    real = socket.getaddrinfo
+
+    def fake(host, *args, **kwargs):
+        if host == "node0":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", 0))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    with caplog.at_level("WARNING", logger="asyncrl.listen"):
+        sock = reserve_listen_socket("node0")
+    try:
+        assert sock.getsockname()[0] == "127.0.1.1"
+    finally:
+        sock.close()
+    assert "loopback" in caplog.text and "trainer.master_addr" in caplog.text
