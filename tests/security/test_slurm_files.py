@@ -108,19 +108,13 @@ print(json.dumps(report), flush=True)
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _step_service(tmp_path: Path, mode: str) -> dict:
     import json
     import os
 
-    port = _free_port()
+    from asyncrl.launch import free_port
+
+    port = free_port()
     out = subprocess.run([sys.executable, "-m", "launcher.slurm.step", f"--endpoint={tmp_path / 'endpoint.json'}",
                           f"--port={port}", "--secret-config=api-key=K1", "--secret-config=admin-api-key=K2", "--",
                           sys.executable, "-c", SERVICE, mode, str(port)], capture_output=True, text=True, cwd=REPO,
