@@ -31,6 +31,7 @@ from asyncrl.jetstream import (
     connect,
     ensure_kv,
     ensure_stream,
+    kv_entries,
     kv_forget,
     resolve_nats_url,
 )
@@ -146,7 +147,8 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
     stream = await asyncio.to_thread(build_prompt_stream, cfg.data, cfg.rollout, cfg.run_dir, chat, env_driver)
     sessions_bucket = names.sessions_bucket
     sessions = SessionManager(await ensure_kv(js, sessions_bucket), cfg.api.session_ttl_s, cfg.api.max_sessions,
-                              cfg.api.closed_session_retention_s, lambda key: kv_forget(js, sessions_bucket, key))
+                              cfg.api.closed_session_retention_s, lambda key: kv_forget(js, sessions_bucket, key),
+                              lambda: kv_entries(js, sessions_bucket))
     keep = 0.0 if cfg.nats.sync_always else cfg.rollout.outbox_keep_acked_s
     outbox = Outbox(Path(cfg.run_dir) / "rollout" / "outbox", cfg.rollout.outbox_max_items, keep)
     record = BoundedJsonl(Path(cfg.run_dir) / "rollout" / "published.jsonl", cfg.rollout.published_record_max_bytes)

@@ -6,6 +6,7 @@ from asyncrl.jetstream.embedded import (
     resolve_nats_url,
     write_endpoint,
 )
+from asyncrl.jetstream.kv_listing import KvListingError, kv_entries
 from asyncrl.jetstream.setup import (
     StreamMismatch,
     StreamSettings,
@@ -17,4 +18,4 @@ from asyncrl.jetstream.setup import (
     stream_config,
 )
 
-__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "StreamSettings", "connect", "ensure_kv", "ensure_stream", "kv_forget", "store_sizes", "find_nats_server", "stream_config"]
+__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "StreamSettings", "connect", "ensure_kv", "ensure_stream", "kv_forget", "kv_entries", "KvListingError", "store_sizes", "find_nats_server", "stream_config"]

@@ -193,9 +193,12 @@ def prepare_turn(rec: SessionRecord, messages: list[dict[str, Any]], chat: ChatT
 class SessionManager:
     """The service's sessions (see the module docstring)."""
 
-    def __init__(self, kv, ttl_s: float, max_open: int, retention_s: float = 3600.0, forget=None) -> None:
-        """``forget(key)``: removes a key from the bucket for good (``asyncrl.jetstream.kv_forget``)."""
+    def __init__(self, kv, ttl_s: float, max_open: int, retention_s: float = 3600.0, forget=None, entries=None) -> None:
+        """``forget(key)``: removes a key from the bucket for good (``asyncrl.jetstream.kv_forget``);
+        ``entries()``: every ``(key, value)`` of the bucket, for :meth:`restore`
+        (``asyncrl.jetstream.kv_listing.kv_entries``); None: nothing to restore."""
         self.kv = kv
+        self._entries = entries
         self.ttl_s = ttl_s
         self.max_open = max_open
         self.retention_s = retention_s
@@ -231,18 +234,13 @@ class SessionManager:
             log.warning("session %s not persisted: %s", rec.id, exc)
 
     async def restore(self) -> int:
-        try:
-            keys = await self.kv.keys()
-        except Exception as exc:  # noqa: BLE001 - NoKeysError on a fresh bucket
-            if type(exc).__name__ == "NoKeysError":
-                return 0
-            raise
+        """Load the bucket's sessions (at the service's start); returns how many are held."""
+        if self._entries is None:
+            return 0
         dec = msgspec.msgpack.Decoder(SessionRecord)
-        for key in keys:
-            entry = await self.kv.get(key)
-            if entry.value:
-                rec = dec.decode(entry.value)
-                self.sessions[rec.id] = rec
+        for _, value in await self._entries():
+            rec = dec.decode(value)
+            self.sessions[rec.id] = rec
         return len(self.sessions)
 
     async def forget_closed(self, now: float | None = None) -> list[str]:

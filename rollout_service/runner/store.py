@@ -21,6 +21,7 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from asyncrl.jetstream.kv_listing import kv_entries
 from asyncrl.jetstream.setup import kv_forget
 from rollout_service.agent.state import AgentState, decode_state, encode_state
 
@@ -33,22 +34,6 @@ _KEY_SAFE = re.compile(r"[^A-Za-z0-9_=-]")
 def kv_key(trajectory_id: str) -> str:
     """A legal KV key for a trajectory id (``.``/``:`` and friends become ``_``)."""
     return _KEY_SAFE.sub("_", trajectory_id)
-
-
-async def kv_items(kv: KeyValue) -> list[tuple[str, bytes]]:
-    """``(key, value)`` of every key of a bucket with a non-empty value ([] for an empty bucket)."""
-    try:
-        keys = await kv.keys()
-    except Exception as exc:  # noqa: BLE001 - nats raises NoKeysError on an empty bucket
-        if type(exc).__name__ == "NoKeysError":
-            return []
-        raise
-    out = []
-    for key in keys:
-        entry = await kv.get(key)
-        if entry.value:
-            out.append((key, bytes(entry.value)))
-    return out
 
 
 class AgentStore:
@@ -99,7 +84,7 @@ class AgentStore:
     async def load_all(self) -> list[AgentState]:
         """Every checkpointed agent (undecodable entries are logged and skipped)."""
         states = []
-        for key, value in await kv_items(self.kv):
+        for key, value in await kv_entries(self.js, self.bucket):
             try:
                 states.append(decode_state(value))
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -121,7 +106,7 @@ class KvRecords:
         await kv_forget(self.js, self.bucket, key, KV_TIMEOUT_S)
 
     async def load_all(self) -> list[bytes]:
-        return [value for _, value in await kv_items(self.kv)]
+        return [value for _, value in await kv_entries(self.js, self.bucket)]
 
 
 class RunnerStateStore:

@@ -11,7 +11,14 @@ nats-server:
 
 from __future__ import annotations
 
-from asyncrl.jetstream import StreamSettings, connect, ensure_kv, ensure_stream, kv_forget
+from asyncrl.jetstream import (
+    StreamSettings,
+    connect,
+    ensure_kv,
+    ensure_stream,
+    kv_entries,
+    kv_forget,
+)
 from asyncrl.jetstream.setup import FORGET_MARKER_TTL_S
 from asyncrl.wire import NatsNames
 from rollout_service.agent.state import AgentState, Phase
@@ -90,7 +97,7 @@ async def test_closed_sessions_are_forgotten_after_the_retention(nats_server):
         assert sorted(mgr.sessions) == ["finished-recent", "open-old"]
         await wait_for(lambda: messages_are(js, f"KV_{bucket}", 2), MARKER_WAIT_S, "the purge markers to expire")
         assert mgr.forgotten_total == 2
-        again = SessionManager(kv, ttl_s=100.0, max_open=10)
+        again = SessionManager(kv, ttl_s=100.0, max_open=10, entries=lambda: kv_entries(js, bucket))
         assert await again.restore() == 2  # a restarted service does not bring them back
     finally:
         await nc.close()
