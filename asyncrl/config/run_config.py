@@ -128,6 +128,14 @@ class DerivedNumbers(BaseModel):
     total_updates: int | None
     total_syncs: int | None
     max_message_bytes: int
+    max_version_lag: int
+    """How many versions older than the trainer's a trained trajectory may be, by the run's
+    ``staleness_age`` (:func:`max_version_lag`: ``ceil(staleness_threshold)``, +1 with partial
+    rollout); beyond it the trainer drops or down-weights it (``stale_policy``)."""
+    stale_cancel_lag: int | None
+    """``max_version_lag`` when a call lagging more is certain to be dropped (``stale_policy =
+    "drop"`` with ``staleness_age = "oldest"``) and ``sync.per_request.cancel_stale`` is on under
+    ``pause_policy = "per_request"``; None: nothing is cancelled for staleness."""
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "DerivedNumbers":
@@ -142,6 +150,9 @@ class DerivedNumbers(BaseModel):
         concurrent = cfg.rollout.max_concurrent or max(1, num_engines) * CONCURRENT_PER_ENGINE
         total = cfg.rollout.total_rollout_steps
         max_tokens = cfg.model.max_model_len
+        lag = max_version_lag(at.staleness_threshold, 1 if at.partial_rollout_active else 0)
+        cancels = (cfg.sync.pause_policy == "per_request" and cfg.sync.per_request.cancel_stale
+                   and at.stale_policy == "drop" and at.staleness_age == "oldest")
         return cls(
             num_engines=num_engines,
             required_samples=required,
@@ -153,4 +164,16 @@ class DerivedNumbers(BaseModel):
             total_updates=None if total is None else total // required,
             total_syncs=None if total is None else total // per_sync,
             max_message_bytes=max_tokens * (WIRE_BYTES_PER_TOKEN_BOUND + DEBUG_TEXT_BYTES_PER_TOKEN) + WIRE_FIXED_OVERHEAD,
+            max_version_lag=lag,
+            stale_cancel_lag=lag if cancels else None,
         )
+
+
+def max_version_lag(staleness_threshold: float, slack: int = 0) -> int:
+    """``ceil(staleness_threshold) + slack``: between two syncs the rollout starts at most
+    ``(1 + s) N`` samples for ``N`` consumed, so without partial rollouts a sample is consumed at
+    most ``ceil(s)`` versions after the one that generated it; a partial trajectory's first
+    tokens can be one more sync older (``slack = 1`` with partial rollout)."""
+    if staleness_threshold < 0 or slack < 0:
+        raise ValueError("staleness_threshold and slack must be >= 0")
+    return math.ceil(staleness_threshold) + slack

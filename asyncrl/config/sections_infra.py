@@ -234,6 +234,31 @@ class TrainerConfig(Section):
     version as pending, which a resume settles), and leaves the stream's purge to the next run."""
 
 
+class PerRequestConfig(Section):
+    """``sync.pause_policy = "per_request"``: one decision per generate call in flight when a sync
+    pauses (``asyncrl.sync_control.request_policy``; docs/sync_agent.md, "Per-request pauses")."""
+
+    survivor_mode: Literal["in_place", "retract"] = "in_place"
+    """How the engines pause for the calls the rule keeps (an engine pauses as a whole): their
+    requests stay at the engine with their KV (``in_place``: no flush, tokens after the sync
+    decoded over KV of the old weights) or queued with their KV freed and re-prefilled
+    (``retract``: flushed, SGLang 0.5.21+). The same checks as the global policy of that name."""
+    keep_min_progress: float = Field(0.5, ge=0.0, le=1.0)
+    """A call with at least this share of its expected response decoded is kept (finishing a few
+    tokens over the old weights costs less than re-prefilling it); below it, it is aborted and
+    resumed on the new weights. 0 keeps every call (the survivor mode alone); 1 resumes every
+    call that is not complete."""
+    resume_max_context: int = Field(8192, ge=0)
+    """A call whose context (prompt and response so far) is longer than this many tokens is kept
+    whatever its progress: re-prefilling it would cost more than it saves."""
+    cancel_stale: bool = True
+    """Cancel a call whose trajectory the trainer would certainly drop for staleness (its oldest
+    token more than ``derived.stale_cancel_lag`` versions behind), at a sync and before each
+    generate call between syncs, instead of decoding it to the end. Only under the trainer's
+    ``stale_policy = "drop"`` with ``staleness_age = "oldest"`` (otherwise no call is certain
+    to be dropped and none is cancelled)."""
+
+
 class SyncConfig(Section):
     host: str = "127.0.0.1"
     """Address the sync agent binds to."""
@@ -268,13 +293,16 @@ class SyncConfig(Section):
     every engine inside the pause window. ``asyncrl.sync_control.weights_check``."""
     pause_timeout_s: float = Field(120.0, gt=0.0)
     """Limit of the pause phase (drain mode waits for in-flight generations)."""
-    pause_policy: Literal["abort", "retract", "in_place"] = "abort"
+    pause_policy: Literal["abort", "retract", "in_place", "per_request"] = "abort"
     """What a sync does with generations in flight when partial rollout is active: ``abort``
     them (the rollout resends prompt + kept tokens after the sync: re-prefilled), ``retract``
     (the engines keep them queued with their KV freed and re-prefill them: SGLang 0.5.21+ to
     flush the prefix cache), ``in_place`` (engines keep requests and KV; no flush; tokens after
-    the sync are decoded over KV of the old weights). ``asyncrl.sync_control.pause_policy``;
-    docs/sync_agent.md, "Pause policies"."""
+    the sync are decoded over KV of the old weights), ``per_request`` (each call kept, aborted
+    and resumed, or cancelled by its own facts: ``sync.per_request``; needs the sync agent).
+    ``asyncrl.sync_control.pause_policy``; docs/sync_agent.md, "Pause policies"."""
+    per_request: PerRequestConfig = Field(default_factory=PerRequestConfig)
+    """The rule of ``pause_policy = "per_request"`` (ignored by the other policies)."""
     broadcast_timeout_s: float = Field(300.0, gt=0.0)
     """Limit of the weight broadcast (all buckets)."""
     resume_timeout_s: float = Field(30.0, gt=0.0)

@@ -19,6 +19,11 @@ retract    ``hold``: stop admitting ``retract``: requests   flush once (SGLang 0
 in_place   ``hold``                 ``in_place``: requests  no flush (SGLang refuses one while
                                     and KV kept             requests run): generation goes on
                                                             over KV computed with the old weights
+per_request ``per_request``: abort  the survivor mode       as the survivor mode
+           by exact rid the calls   (``sync.per_request``:
+           the rule resumes or      ``in_place`` or
+           cancels; keep the rest   ``retract``) for the
+           (``request_policy``)     calls kept
 ========== ======================== ======================= ====================================
 
 Per-token weight versions record the switch in every case (the engine's ``weight_versions``
@@ -33,7 +38,8 @@ from typing import Literal
 
 from asyncrl.sync_control.engine_update import FLUSH_RETRIES
 
-PausePolicyName = Literal["abort", "retract", "in_place"]
+PausePolicyName = Literal["abort", "retract", "in_place", "per_request"]
+EngineMode = Literal["abort", "retract", "in_place"]
 
 
 @dataclass(frozen=True)
@@ -41,16 +47,22 @@ class PausePlan:
     """The calls one sync makes (module docstring)."""
 
     policy: PausePolicyName
-    rollout_mode: Literal["partial", "drain", "hold"]
-    engine_mode: PausePolicyName
+    rollout_mode: Literal["partial", "drain", "hold", "per_request"]
+    engine_mode: EngineMode
     flush_retries: int
     """0: no ``/flush_cache``; 1: one try; more: retried while the engine answers 400."""
 
 
-def pause_plan(policy: PausePolicyName, partial_rollout_active: bool) -> PausePlan:
-    """The plan for ``sync.pause_policy`` given whether partial rollout is active."""
+def pause_plan(policy: PausePolicyName, partial_rollout_active: bool, survivor_mode: EngineMode = "in_place") -> PausePlan:
+    """The plan for ``sync.pause_policy`` given whether partial rollout is active;
+    ``survivor_mode``: ``sync.per_request.survivor_mode``."""
     if not partial_rollout_active:
         return PausePlan("abort", "drain", "abort", FLUSH_RETRIES)
+    if policy == "per_request":
+        if survivor_mode not in ("retract", "in_place"):
+            raise ValueError(f"the per_request survivor mode must be retract or in_place, not {survivor_mode!r}")
+        survivors = pause_plan(survivor_mode, True)
+        return PausePlan("per_request", "per_request", survivors.engine_mode, survivors.flush_retries)
     if policy == "abort":
         return PausePlan("abort", "partial", "abort", FLUSH_RETRIES)
     if policy == "retract":
@@ -62,7 +74,7 @@ def pause_plan(policy: PausePolicyName, partial_rollout_active: bool) -> PausePl
 
 def plan_for(sync, async_training) -> PausePlan:
     """:func:`pause_plan` of a run's ``sync`` and ``async_training`` sections."""
-    return pause_plan(sync.pause_policy, async_training.partial_rollout_active)
+    return pause_plan(sync.pause_policy, async_training.partial_rollout_active, sync.per_request.survivor_mode)
 
 
 SPANS_FROM = (0, 5, 19)

@@ -75,11 +75,13 @@ class RequestRule:
             raise ValueError(f"resume_max_context must be >= 0, not {self.resume_max_context}")
 
     @classmethod
-    def for_trainer(cls, max_lag: int, stale_policy: str, staleness_age: str, **thresholds) -> RequestRule:
-        """The rule for a trainer that drops beyond ``max_lag`` (only ``drop`` with the ``oldest``
-        age makes a call certain to be dropped; any other pair cancels nothing)."""
-        certain = stale_policy == "drop" and staleness_age == "oldest"
-        return cls(max_lag=max_lag if certain else None, **thresholds)
+    def from_config(cls, cfg) -> RequestRule:
+        """The run's rule: ``derived.stale_cancel_lag`` (None unless the trainer certainly drops
+        beyond its bound: ``drop`` on the ``oldest`` age, and ``cancel_stale`` on) and the
+        thresholds of ``sync.per_request``."""
+        pr = cfg.sync.per_request
+        return cls(max_lag=cfg.derived.stale_cancel_lag, keep_min_progress=pr.keep_min_progress,
+                   resume_max_context=pr.resume_max_context)
 
     def too_stale(self, facts: CallFacts, version: int) -> bool:
         """Whether a trajectory trained at ``version`` or later would be dropped for staleness."""

@@ -40,11 +40,16 @@ def test_pause_plans():
             pause_plan("retract", True).flush_retries) == ("hold", "retract", 1)
     assert (pause_plan("in_place", True).rollout_mode, pause_plan("in_place", True).engine_mode,
             pause_plan("in_place", True).flush_retries) == ("hold", "in_place", 0)
-    for policy in ("abort", "retract", "in_place"):
+    per = [pause_plan("per_request", True, survivors) for survivors in ("in_place", "retract")]
+    assert [(p.rollout_mode, p.engine_mode, p.flush_retries) for p in per] == [("per_request", "in_place", 0),
+                                                                               ("per_request", "retract", 1)]
+    for policy in ("abort", "retract", "in_place", "per_request"):
         off = pause_plan(policy, False)
         assert (off.rollout_mode, off.engine_mode) == ("drain", "abort")
     with pytest.raises(ValueError, match="unknown pause policy"):
         pause_plan("pause", True)
+    with pytest.raises(ValueError, match="survivor mode"):
+        pause_plan("per_request", True, "abort")
 
 
 @pytest.mark.parametrize("policy", ["abort", "retract", "in_place"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.config import load_config
 from asyncrl.sync_control.request_policy import CallFacts, RequestRule
 
 
@@ -35,11 +36,27 @@ def test_the_plan_puts_every_rid_in_one_list():
     assert rule.plan(calls, 4) == {"cancel": ["a", "d"], "keep": ["b"], "resume": ["c"]}
 
 
+PER_REQUEST = ["sync.pause_policy=per_request", "async_training.partial_rollout=true", "async_training.staleness_threshold=1.5"]
+
+
 def test_only_a_drop_on_the_oldest_token_makes_a_call_certain_to_be_dropped():
-    assert RequestRule.for_trainer(2, "drop", "oldest").max_lag == 2
-    for policy, age in (("downweight", "oldest"), ("drop", "token_mean")):
-        rule = RequestRule.for_trainer(2, policy, age)
-        assert rule.max_lag is None and rule.decide(call(start=0), 100)[0] != "cancel"
+    rule = RequestRule.from_config(load_config(overrides=PER_REQUEST + ["sync.per_request.keep_min_progress=0.25"]))
+    assert rule.max_lag == 3 and rule.keep_min_progress == 0.25  # ceil(1.5) + 1 for partial rollout
+    for extra in (["async_training.stale_policy=downweight"], ["async_training.staleness_age=token_mean"],
+                  ["sync.per_request.cancel_stale=false"], ["sync.pause_policy=in_place"]):
+        cfg = load_config(overrides=PER_REQUEST + extra)
+        rule = RequestRule.from_config(cfg)
+        assert cfg.derived.max_version_lag == 3 and rule.max_lag is None, extra
+        assert rule.decide(call(start=0), 100)[0] != "cancel"
+
+
+def test_config_refuses_unknown_or_out_of_range_rule_settings():
+    for bad, name in (("sync.per_request.keep_min_progress=1.5", "keep_min_progress"),
+                      ("sync.per_request.resume_max_context=-1", "resume_max_context"),
+                      ("sync.per_request.survivor_mode=abort", "survivor_mode"),
+                      ("sync.per_request.keep_progress=0.3", "keep_progress")):
+        with pytest.raises(ValueError, match=name):
+            load_config(overrides=PER_REQUEST + [bad])
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [({"max_lag": -1}, "max_lag"), ({"max_lag": 1, "keep_min_progress": 1.5}, "keep_min_progress"),

@@ -57,6 +57,8 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from asyncrl.config.run_config import max_version_lag
+
 
 class VersionedTrajectory(Protocol):
     weight_versions: Sequence[int]
@@ -116,13 +118,6 @@ def model_version_range(
     if not versions:
         return int(version_start), int(version_end)
     return min(versions), max(versions)
-
-
-def max_version_lag(staleness_threshold: float, slack: int = 0) -> int:
-    """``ceil(staleness_threshold) + slack``: the ``max_lag`` of :func:`version_info` (module doc)."""
-    if staleness_threshold < 0 or slack < 0:
-        raise ValueError("staleness_threshold and slack must be >= 0")
-    return math.ceil(staleness_threshold) + slack
 
 
 def _identity(v: int) -> int:

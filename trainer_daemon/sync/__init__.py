@@ -78,6 +78,9 @@ def build_publisher(cfg) -> WeightPublisher | None:
     if cfg.syncs_adapters and cfg.engines.urls:
         raise ValueError("sync.lora_weights=adapter needs the sync agent (sync.url): the rollout service learns which "
                          "adapter to ask for when the agent resumes it. Set sync.url, or sync.lora_weights=merged")
+    if cfg.engines.urls and s.pause_policy == "per_request" and cfg.async_training.partial_rollout_active:
+        raise ValueError("sync.pause_policy=per_request needs the sync agent (sync.url): the rollout service decides "
+                         "per call when the agent pauses it. Set sync.url, or another sync.pause_policy")
     if cfg.engines.urls:
         from asyncrl.engine_client import EngineClient
         from trainer_daemon.sync.direct import DirectEnginePublisher
