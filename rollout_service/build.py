@@ -58,6 +58,7 @@ from rollout_service.rewards import MathReward, default_registry
 from rollout_service.runner.accounting import TokenAccounting
 from rollout_service.runner.finish import model_text
 from rollout_service.runner.inflight import InFlightCalls
+from rollout_service.runner.per_request import stale_reason
 from rollout_service.runner.runner import Runner, RunnerSettings
 from rollout_service.runner.store import AgentStore, KvRecords, RunnerStateStore
 from rollout_service.runner.validation import run_validation
@@ -168,13 +169,14 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
 
     calls, tokens = InFlightCalls(), TokenAccounting()
     agent_store = AgentStore(await ensure_kv(js, names.agents_bucket), js, names.agents_bucket)
+    settings = RunnerSettings.from_config(cfg)
     deps = build_agent_deps(cfg, AgentWiring(generator=calls.routed(pool), gate=serving.gate, checkpoint=agent_store.put,
                                              on_tokens=tokens.add), chat, tools, broker, rewards, rid_prefix)
-    settings = RunnerSettings.from_config(cfg)
+    deps = dataclasses.replace(deps, stale_check=lambda state: stale_reason(settings.request_rule, state, serving.version))
 
     async def validation_rollouts(version: int) -> dict:
         """Greedy rollouts over the validation set, published as metrics."""
-        val_deps = dataclasses.replace(deps, sampling=cfg.rollout.val_sampling)
+        val_deps = dataclasses.replace(deps, sampling=cfg.rollout.val_sampling, stale_check=lambda state: "")  # never trained
         result = await run_validation(val_records, val_deps, cfg.run.id, version, settings.max_concurrent_samples)
         await publish_metrics(result)
         return result
@@ -183,7 +185,7 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
         settings, deps=deps, stream=stream, outbox=outbox, publisher=publisher, agent_store=agent_store,
         state_store=RunnerStateStore(await ensure_kv(js, names.state_bucket)), queue_probe=queue_probe,
         abort_engines=pool.abort_inflight, rid_prefix=rid_prefix, validator=validation_rollouts if val_records else None,
-        serving=serving, calls=calls, tokens=tokens,
+        serving=serving, calls=calls, tokens=tokens, abort_rids=pool.abort_rids,
     )
     return RolloutService(
         cfg, url=url, nc=nc, names=names, pool=pool, runner=runner, tools=tools, broker=broker, chats=ChatCache(tokenizer),

@@ -14,7 +14,15 @@ plus throughput, tokens, tool calls, turns, queue and outbox gauges, engines by 
 (``asyncrl_rollout_engines{state}``) and the health block as ``asyncrl_rollout_health{state}``
 (1 for the current state), ``asyncrl_rollout_idle_seconds``, the seconds each engine spent
 quarantined at the current version (``asyncrl_rollout_engine_quarantined_current_seconds_total``)
-and the run's NATS stores (``asyncrl_nats_store_messages`` / ``_bytes{store}``) (alert rules:
+and the run's NATS stores (``asyncrl_nats_store_messages`` / ``_bytes{store}``); per-request
+pauses (``sync.pause_policy = "per_request"``): calls by outcome
+(``asyncrl_rollout_per_request_calls_total{outcome}``: kept, resumed, cancelled, missed), the
+context tokens resumed calls prefill again (``asyncrl_rollout_reprefill_tokens_total``), the
+last pause's decision time (``asyncrl_rollout_per_request_pause_seconds``), and, whatever the
+policy, tokens decoded by trajectories cancelled for staleness
+(``asyncrl_rollout_stale_cancelled_tokens_total``, their share of every decoded token
+``asyncrl_rollout_stale_token_share``) and samples cancelled whole
+(``asyncrl_rollout_cancelled_samples_total``) (alert rules:
 docker/prometheus/alerts.yml). Each app has its own
 ``CollectorRegistry`` (no global state). The collector reads only its
 :class:`MetricsSources` (the service builds them: ``RolloutService.metrics_sources``); the
@@ -89,6 +97,21 @@ class RolloutCollector:
         yield counter("asyncrl_rollouter_partial_trajectories", "Finished trajectories spanning >1 weight version", c.partial_trajectories)
         yield counter("asyncrl_rollout_tokens_decoded", "Tokens the engines decoded for this service", r.tokens.decoded)
         yield counter("asyncrl_rollout_tokens_kept", "Decoded tokens kept in trajectories", r.tokens.kept)
+        outcomes = CounterMetricFamily("asyncrl_rollout_per_request_calls", "Calls per-request pauses kept, resumed, "
+                                       "cancelled, or failed to abort (missed: kept under the survivor mode)", labels=["outcome"])
+        for outcome in ("kept", "resumed", "cancelled", "missed"):
+            outcomes.add_metric([outcome], c.per_request_calls.get(outcome, 0))
+        yield outcomes
+        yield counter("asyncrl_rollout_reprefill_tokens", "Context tokens of calls per-request pauses resumed (prefilled "
+                      "again on the new weights)", c.reprefill_tokens)
+        yield gauge("asyncrl_rollout_per_request_pause_seconds", "Seconds the last per-request pause took to decide and "
+                    "abort", c.last_per_request_pause_s)
+        yield counter("asyncrl_rollout_stale_cancelled_tokens", "Response tokens of trajectories cancelled for staleness "
+                      "(decoded, never trained)", c.stale_cancelled_tokens)
+        yield gauge("asyncrl_rollout_stale_token_share", "Share of decoded tokens that went to trajectories cancelled for "
+                    "staleness", c.stale_cancelled_tokens / r.tokens.decoded if r.tokens.decoded else 0.0)
+        yield counter("asyncrl_rollout_cancelled_samples", "Samples whose every trajectory was cancelled for staleness",
+                      c.cancelled_samples)
         pub = r.publisher
         yield counter("asyncrl_rollout_published", "Trajectories stored by JetStream", pub.published)
         yield counter("asyncrl_rollout_publish_duplicates", "Republishes JetStream deduplicated", pub.duplicates)

@@ -55,8 +55,10 @@ class RolloutAdmin:
     async def status(self) -> RolloutStatus:
         return await self._call("GET", "/admin/status")
 
-    async def pause(self, mode: PauseMode, timeout_s: float) -> RolloutStatus:
-        return await self._call("POST", "/admin/pause", PauseRequest(mode=mode, timeout_s=timeout_s), timeout_s=timeout_s + 10)
+    async def pause(self, mode: PauseMode, timeout_s: float, version: int | None = None) -> RolloutStatus:
+        """``version``: the version the sync will install (a ``per_request`` pause judges by it)."""
+        return await self._call("POST", "/admin/pause", PauseRequest(mode=mode, timeout_s=timeout_s, version=version),
+                                timeout_s=timeout_s + 10)
 
     async def resume(self, version: int) -> RolloutStatus:
         return await self._call("POST", "/admin/resume", ResumeRequest(version=version))

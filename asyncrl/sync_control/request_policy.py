@@ -23,8 +23,7 @@ Inputs per call (:class:`CallFacts`): the trajectory's oldest version, tokens de
 (the call in flight's own tokens are estimated by the caller from its elapsed time: a
 non-streamed ``/generate`` shows nothing until it returns), the tokens it may still decode
 (its remaining budget), its context length. Pure and torch-free: the rollout service applies
-it. Status: the rule and its settings; wiring it into the pause path, its metrics and the
-benchmark that sets the defaults are the rest of issue 51 (docs/sync_agent.md, "Pause policies").
+it (``rollout_service.runner.per_request``); docs/sync_agent.md, "Per-request pauses".
 """
 
 from __future__ import annotations
@@ -83,15 +82,23 @@ class RequestRule:
         return cls(max_lag=cfg.derived.stale_cancel_lag, keep_min_progress=pr.keep_min_progress,
                    resume_max_context=pr.resume_max_context)
 
+    def stale_reason(self, start_version: int, version: int) -> str:
+        """Why a trajectory whose oldest token is of ``start_version`` would be dropped if
+        trained at ``version`` or later ("" if it would not)."""
+        if self.max_lag is None or version - start_version <= self.max_lag:
+            return ""
+        return (f"its oldest token (version {start_version}) would lag {version - start_version} versions at "
+                f"{version}, beyond the trainer's {self.max_lag}")
+
     def too_stale(self, facts: CallFacts, version: int) -> bool:
         """Whether a trajectory trained at ``version`` or later would be dropped for staleness."""
-        return self.max_lag is not None and version - facts.start_version > self.max_lag
+        return bool(self.stale_reason(facts.start_version, version))
 
     def decide(self, facts: CallFacts, new_version: int) -> tuple[Outcome, str]:
         """The outcome for one call when a sync to ``new_version`` pauses, and why."""
-        if self.too_stale(facts, new_version):
-            return "cancel", (f"its oldest token (version {facts.start_version}) would lag {new_version - facts.start_version} "
-                              f"versions at {new_version}, beyond the trainer's {self.max_lag}")
+        why = self.stale_reason(facts.start_version, new_version)
+        if why:
+            return "cancel", why
         if facts.progress >= self.keep_min_progress:
             return "keep", f"{facts.progress:.0%} decoded (>= {self.keep_min_progress:.0%}): finished under the survivor mode"
         if facts.context > self.resume_max_context:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
-PauseMode = Literal["partial", "drain", "hold"]
+PauseMode = Literal["partial", "drain", "hold", "per_request"]
 EngineRotation = Literal["healthy", "unhealthy", "quarantined"]
 
 
@@ -38,10 +38,14 @@ class _Answer(BaseModel):
 
 class PauseRequest(_Request):
     mode: PauseMode | None = None
-    """None: the mode of the run's pause plan (``asyncrl.sync_control.pause_policy``): ``partial``
-    or ``hold`` when ``async_training.partial_rollout_active`` (by ``sync.pause_policy``), else ``drain``."""
+    """None: the mode of the run's pause plan (``asyncrl.sync_control.pause_policy``): ``partial``,
+    ``hold`` or ``per_request`` when ``async_training.partial_rollout_active`` (by
+    ``sync.pause_policy``), else ``drain``."""
     timeout_s: float | None = Field(None, gt=0, le=3600)
     """How long the pause may take (None: ``rollout.pause_timeout_s``)."""
+    version: int | None = Field(None, ge=0, le=2**63 - 1)
+    """The version the sync will install: a ``per_request`` pause judges each call's staleness
+    against it (None: the current version + 1). The other modes ignore it."""
 
 
 class ResumeRequest(_Request):

@@ -31,7 +31,8 @@ whose ``behaviour_logprobs`` flag is set (the engine's sampling mask, SGLang 0.5
 the flag has no exact behaviour log-prob (:attr:`Trajectory.truncation_uncorrected`).
 
 ``failure`` names an infrastructure failure that ended or spoiled the episode (the engine
-failed, the reward function crashed, an environment call expired, the agent crashed): such
+failed, the reward function crashed, an environment call expired, the agent crashed, or a
+per-request pause cancelled it because the trainer would drop it for staleness: ``stale_cancelled``): such
 a trajectory is never trained (docs/algorithms.md, "What is trained"); "" for a genuine
 episode, whatever its reward.
 
@@ -62,7 +63,7 @@ SCHEMA_TAG = "asyncrl.trajectory/1"
 SCHEMA_PREFIX = "asyncrl.trajectory/"
 
 FinishReason = Literal["stop", "length", "abort", "tool_limit", "turn_limit", "error", "expired"]
-Failure = Literal["", "engine_error", "reward_error", "environment_expired", "agent_crash"]
+Failure = Literal["", "engine_error", "reward_error", "environment_expired", "agent_crash", "stale_cancelled"]
 REWARD_BOUND = 1e6
 """Largest reward magnitude a trajectory may carry (a sum of 1,024 of them stays finite)."""
 GREEDY_TEMPERATURE = 1e-6

@@ -61,6 +61,9 @@ class AgentDeps:
     """Called with (tokens the engine decoded, tokens kept) after every generate call."""
     extra_sampling: dict = field(default_factory=dict)
     """Extra sampling params (OpenAI requests: ``stop``, ``sampling_seed``...)."""
+    stale_check: Callable[[AgentState], str] = lambda state: ""
+    """Why the agent must be cancelled before its next generate call, its trajectory certain to
+    be dropped for staleness ("" to go on: ``rollout_service.runner.per_request.stale_reason``)."""
     external: Any = None
     """The :class:`~rollout_service.agent.external_tools.ExternalBroker` for tools answered by
     outside environments (None: none)."""

@@ -47,7 +47,7 @@ async def run_agent(state: AgentState, deps: AgentDeps) -> AgentState:
                 await _run_tools(state, deps)
             else:
                 raise RuntimeError(f"agent {state.id}: phase {state.phase} cannot run here")
-        if state.finish_reason != "error":
+        if state.finish_reason != "error" and not state.cancelled:
             state.reward, state.reward_details = await deps.reward(state)
         return state
     finally:

@@ -96,6 +96,9 @@ class AgentState(msgspec.Struct, kw_only=True):
     drawn from, where the engine reported it (``Trajectory.behaviour_logprobs``)."""
     failure: str = ""
     """Infrastructure failure that spoiled the episode (``Trajectory.failure``); "" if none."""
+    cancelled: str = ""
+    """Why a per-request pause cancelled it for staleness (its call's next result ends it:
+    ``rollout_service.runner.per_request``); "" if not."""
     created_at: float = 0.0
     timings: dict[str, float] = msgspec.field(default_factory=dict)
 

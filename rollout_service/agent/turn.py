@@ -29,6 +29,11 @@ turn's remaining token budget → name the request (rid ``<prefix><id>.t<turn>.s
   tokens of its last result are kept (as after an abort — a streaming client has already
   seen them) and the retry continues from them.
 
+- a call whose trajectory the trainer would certainly drop for staleness is not sent: before
+  each call ``deps.stale_check(state)`` (between syncs) and ``state.cancelled`` (set by a
+  per-request pause, also checked when the call in flight returns) end the agent with
+  ``failure = "stale_cancelled"`` (:func:`cancel`); returns ``(None, kept)`` then.
+
 Not covered: retrying a result whose logprobs do not match its tokens (the engine broke
 the protocol: :func:`append_model_tokens` raises and the caller ends the agent).
 """
@@ -49,6 +54,7 @@ from rollout_service.agent.state import AgentState, Phase
 
 log = logging.getLogger(__name__)
 
+STALE_CANCELLED = "stale_cancelled"  # Trajectory.failure of a trajectory cancelled for staleness
 ENGINE_RETRIES = 5  # engine errors tolerated per turn before the agent ends with "error"
 ENGINE_RETRY_BACKOFF_S = 0.5  # times the failure count: 0.5 s, 1 s, 1.5 s, ... between tries
 
@@ -71,6 +77,14 @@ def finish(state: AgentState, reason: str, failure: str = "") -> None:
     state.pending_calls = []
     if failure:
         state.failure = failure
+
+
+def cancel(state: AgentState, why: str) -> None:
+    """End the agent as cancelled for staleness (``rollout_service.runner.per_request``): its
+    trajectory is published with ``failure = "stale_cancelled"`` and never trained."""
+    state.cancelled = why
+    state.reward_details["cancelled"] = why
+    finish(state, "abort", STALE_CANCELLED)
 
 
 def turn_budget(state: AgentState, deps: AgentDeps) -> int:
@@ -102,6 +116,10 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
     failures = 0
     while True:
         await deps.gate.wait_open()
+        why = state.cancelled or deps.stale_check(state)
+        if why:
+            cancel(state, why)
+            return None, kept
         max_new = turn_budget(state, deps)
         if max_new <= 0:
             return False, kept
@@ -134,6 +152,9 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
         finally:
             state.add_timing("generate", time.monotonic() - t0)
         _keep(state, res, deps, kept, params)
+        if state.cancelled:  # a per-request pause cancelled it while the call ran
+            cancel(state, state.cancelled)
+            return None, kept
         if res.aborted:
             state.segment += 1
             state.resumed_after_abort += 1

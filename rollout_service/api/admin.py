@@ -38,10 +38,11 @@ def build_admin_router(ports: AdminPorts) -> APIRouter:
         body = body or PauseRequest()
         mode = body.mode or ports.pause_mode
         now = runner.snapshot()
-        if now.paused and now.pause_mode == mode and (mode == "hold" or not now.generating and (mode == "partial" or not now.active)):
-            return service_status()  # already paused this way: nothing to wait for
+        if now.paused and now.pause_mode == mode and (mode in ("hold", "per_request")
+                                                      or not now.generating and (mode == "partial" or not now.active)):
+            return service_status()  # already paused this way: nothing to wait for (a per-request pause decided once)
         try:
-            await runner.pause(mode, body.timeout_s or ports.pause_timeout_s)
+            await runner.pause(mode, body.timeout_s or ports.pause_timeout_s, body.version)
         except PauseTimeout as exc:
             raise ApiError(504, f"pause did not complete: {exc}; the service stays paused",
                            service_status=service_status().model_dump()) from None

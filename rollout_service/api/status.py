@@ -70,4 +70,11 @@ def verl_metrics(r: RunnerSnapshot) -> dict[str, float]:
         "rollout/tokens_decoded": r.tokens.decoded,
         "rollout/tokens_wasted": r.tokens.wasted,
         "rollout/outbox": r.outbox,
+        **{f"rollout/per_request/{outcome}": r.counters.per_request_calls.get(outcome, 0)
+           for outcome in ("kept", "resumed", "cancelled", "missed")},
+        "rollout/per_request/reprefill_tokens": r.counters.reprefill_tokens,
+        "rollout/per_request/pause_s": r.counters.last_per_request_pause_s,
+        "rollout/stale_cancelled_tokens": r.counters.stale_cancelled_tokens,
+        "rollout/stale_token_share": r.counters.stale_cancelled_tokens / r.tokens.decoded if r.tokens.decoded else 0.0,
+        "rollout/cancelled_samples": r.counters.cancelled_samples,
     }

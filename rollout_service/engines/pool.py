@@ -304,13 +304,19 @@ class EnginePool:
         self._changed.set()
         await asyncio.gather(*(self._abort_on(h, prefix, everything) for h in list(self.engines.values())))
 
-    async def _abort_on(self, handle: EngineHandle, prefix: str, everything: bool = False) -> None:
+    async def abort_rids(self, rids: set[str]) -> None:
+        """Abort these requests of this service, each by its exact rid on the engine holding it;
+        never everything on an engine (a per-request pause keeps the other calls there)."""
+        await asyncio.gather(*(self._abort_on(h, "", only=rids) for h in list(self.engines.values())))
+
+    async def _abort_on(self, handle: EngineHandle, prefix: str, everything: bool = False,
+                        only: set[str] | None = None) -> None:
         # An abort answers at once from a live engine. One that does not answer within the
         # liveness timeout is hung: its calls are taken back by the health check (``lost``)
         # within HEALTH_INTERVAL_S + HEALTH_TIMEOUT_S, so a pause never waits the control
         # timeout on it (issue 33).
         limit = min(self.control_timeout_s, HEALTH_TIMEOUT_S)
-        rids = [r for r in handle.rids if r.startswith(prefix)]
+        rids = [r for r in handle.rids if r.startswith(prefix) and (only is None or r in only)]
         if everything and rids:
             try:
                 await handle.client.abort(abort_all=True, timeout_s=limit)

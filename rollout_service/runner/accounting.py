@@ -30,9 +30,21 @@ class RunnerCounters:
     """Background loops (admission, publisher) restarted after an unexpected exception."""
     finish_reasons: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
+    per_request_calls: dict[str, int] = field(default_factory=dict)
+    """Calls per-request pauses kept, resumed, cancelled, or failed to abort (``missed``)."""
+    per_request_pauses: int = 0
+    reprefill_tokens: int = 0
+    """Context tokens of the calls per-request pauses resumed (prefilled again)."""
+    stale_cancelled_tokens: int = 0
+    """Response tokens of trajectories cancelled for staleness (decoded, never trained)."""
+    cancelled_samples: int = 0
+    """Samples whose every trajectory was cancelled for staleness (their quota place given back)."""
+    last_per_request_pause_s: float = 0.0
+    """How long the last per-request pause took to decide and abort."""
 
     def copy(self) -> RunnerCounters:
-        return replace(self, finish_reasons=dict(self.finish_reasons), failures=dict(self.failures))
+        return replace(self, finish_reasons=dict(self.finish_reasons), failures=dict(self.failures),
+                       per_request_calls=dict(self.per_request_calls))
 
 
 @dataclass

@@ -1,9 +1,17 @@
-"""Generate calls in flight through the runner — what a partial pause waits on.
+"""Generate calls in flight through the runner — what a pause waits on and decides over.
 
 Every generate call of the service (internal agents, OpenAI requests, streamed or not) goes
-through :meth:`InFlightCalls.routed`'s generator, which counts it while it is at an engine.
+through :meth:`InFlightCalls.routed`'s generator, which registers it (:class:`InFlightCall`:
+its rid, its agent's state, its token budget, when it started) while it is at an engine.
 A partial pause closes the gate, aborts the service's requests and returns once the count
-is zero; the version clock treats the runner as busy while it is above zero.
+is zero; a per-request pause (:mod:`.per_request`) decides over the registered calls; the
+version clock treats the runner as busy while the count is above zero.
+
+Tokens a call has decoded so far: exact for a streamed call (its last chunk), otherwise
+estimated from its elapsed time at the service's recent decode rate per call
+(:meth:`InFlightCalls.decoded_estimate`: a non-streamed ``/generate`` shows nothing until it
+returns). The rate is an exponential average over finished calls of their tokens per second
+of the call's whole duration (queueing and prefill included), so it under-estimates.
 
 Not covered: requests sent to an engine by anything else (the sync agent, other services).
 """
@@ -11,8 +19,27 @@ Not covered: requests sent to an engine by anything else (the sync agent, other 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
+
+RATE_WEIGHT = 0.2  # weight of the newest finished call in the decode-rate average
+
+
+@dataclass
+class InFlightCall:
+    """One generate call at an engine."""
+
+    rid: str
+    state: Any
+    """The agent state it decodes for (``rollout_service.agent.state.AgentState``)."""
+    max_new: int
+    """Its ``max_new_tokens``."""
+    started: float
+    """``time.monotonic()`` when it was sent."""
+    streamed: int | None = None
+    """Tokens its stream has shown so far (None: not streamed, or nothing yet)."""
 
 
 class InFlightCalls:
@@ -21,6 +48,10 @@ class InFlightCalls:
 
     def __init__(self) -> None:
         self.count = 0
+        self.calls: dict[str, InFlightCall] = {}
+        """The registered calls by rid (a call without a rid is counted, not registered)."""
+        self.decode_rate: float | None = None
+        """Tokens per second of one call, averaged over finished calls (None: none yet)."""
         self._on_busy: Callable[[], None] = lambda: None
         self._on_idle: Callable[[], None] = lambda: None
 
@@ -29,20 +60,41 @@ class InFlightCalls:
         self._on_busy, self._on_idle = on_busy, on_idle
 
     @contextlib.contextmanager
-    def tracking(self) -> Iterator[None]:
-        """Count one call for the duration of the block."""
+    def tracking(self, rid: str | None = None, state: Any = None, max_new: int = 0) -> Iterator[InFlightCall | None]:
+        """Count (and with a ``rid``, register) one call for the duration of the block."""
+        call = None
+        if rid is not None:
+            call = self.calls[rid] = InFlightCall(rid, state, max_new, time.monotonic())
         self.count += 1
         self._on_busy()
         try:
-            yield
+            yield call
         finally:
             self.count -= 1
+            if call is not None and self.calls.get(rid) is call:
+                del self.calls[rid]
             if self.count == 0:
                 self._on_idle()
 
+    def finished(self, call: InFlightCall | None, tokens: int) -> None:
+        """A call returned ``tokens`` new tokens: fold its rate into :attr:`decode_rate`."""
+        if call is None or tokens <= 0:
+            return
+        rate = tokens / max(1e-3, time.monotonic() - call.started)
+        self.decode_rate = rate if self.decode_rate is None else (1 - RATE_WEIGHT) * self.decode_rate + RATE_WEIGHT * rate
+
+    def decoded_estimate(self, call: InFlightCall, now: float | None = None) -> int:
+        """Tokens ``call`` has decoded by ``now`` (module docstring), within ``[0, max_new]``."""
+        if call.streamed is not None:
+            return min(call.streamed, call.max_new)
+        if self.decode_rate is None:
+            return 0
+        elapsed = (time.monotonic() if now is None else now) - call.started
+        return max(0, min(call.max_new, int(self.decode_rate * elapsed)))
+
     def routed(self, engines) -> _Counted:
         """A :class:`~rollout_service.agent.deps.Generator` over ``engines`` (the pool) that
-        counts its calls here."""
+        registers its calls here."""
         return _Counted(engines, self)
 
 
@@ -51,12 +103,16 @@ class _Counted:
         self.engines, self.calls = engines, calls
 
     async def generate(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None) -> Any:
-        with self.calls.tracking():
-            return await self.engines.generate(state, input_ids, sampling_params, rid, extra)
+        with self.calls.tracking(rid, state, int(sampling_params.get("max_new_tokens", 0))) as call:
+            res = await self.engines.generate(state, input_ids, sampling_params, rid, extra)
+            self.calls.finished(call, len(res.output_ids))
+            return res
 
     async def generate_stream(self, state, input_ids: list[int], sampling_params: dict, rid: str,
                               extra: dict | None = None) -> AsyncIterator[Any]:
-        with self.calls.tracking():
+        with self.calls.tracking(rid, state, int(sampling_params.get("max_new_tokens", 0))) as call:
             async with contextlib.aclosing(self.engines.generate_stream(state, input_ids, sampling_params, rid, extra)) as results:
                 async for res in results:
+                    if call is not None:
+                        call.streamed = len(res.output_ids)
                     yield res

@@ -71,6 +71,11 @@ class StalenessQuota:
         self.staleness_samples += 1
         self.started_this_version += 1
 
+    def on_cancelled(self) -> None:
+        """A started sample was cancelled whole for staleness (never trained): it no longer
+        counts against the quota (``rollout_service.runner.per_request``)."""
+        self.staleness_samples = max(0, self.staleness_samples - 1)
+
     def on_version(self, version: int, in_flight_samples: int, queued_samples: int) -> None:
         """Weights changed to ``version``: reset the counter to what is now stale.
 

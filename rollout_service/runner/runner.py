@@ -18,6 +18,11 @@ Contract (pinned by tests/rollout):
 - **Resume** ``version``: the quota is reset (verl: in-flight + queued samples become the
   stale carry-over), the gate opens, admission restarts. Resuming at the current version is
   a no-op apart from reopening.
+- **Pause** ``per_request`` (``sync.pause_policy = "per_request"``): close the gate, then
+  decide per call in flight: keep it at its engine (which the sync agent then pauses in the
+  survivor mode), abort it by its exact rid to resume after the sync, or cancel it because the
+  trainer would drop it for staleness (:mod:`.per_request`). A sample whose every trajectory
+  was cancelled gives its place in the staleness quota back.
 - **Exactly once.** A finished trajectory is written to the outbox (fsynced) before its
   agent checkpoint is deleted; on restart, checkpointed agents whose trajectory is already
   in the outbox are dropped, the others resume from their last checkpoint (:mod:`.restore`);
@@ -41,12 +46,14 @@ from dataclasses import dataclass
 
 from asyncrl.config import RunConfig
 from asyncrl.loops import LoopSupervisor
+from asyncrl.sync_control.request_policy import RequestRule
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.loop import run_agent
 from rollout_service.agent.state import AgentState, Phase
 from rollout_service.runner.accounting import RunnerCounters, TokenAccounting, VersionClock
 from rollout_service.runner.finish import to_trajectory
 from rollout_service.runner.inflight import InFlightCalls
+from rollout_service.runner.per_request import pause_per_request
 from rollout_service.runner.quota import StalenessQuota
 from rollout_service.runner.restore import restore, runner_document
 from rollout_service.runner.snapshot import PromptProgress, RunnerSnapshot, TokenCounts
@@ -77,13 +84,17 @@ class RunnerSettings:
     val_before_train: bool
     publish_unit: str
     """``rollout.publish_unit``: ``trajectory`` or ``group``."""
+    request_rule: RequestRule = RequestRule(max_lag=None)
+    """The per-request rule (``sync.per_request``; :mod:`.per_request`): a ``per_request`` pause
+    decides with it; it cancels for staleness only under that policy."""
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> RunnerSettings:
         d, r = cfg.derived, cfg.rollout
         return cls(run_id=cfg.run.id, n=r.n, max_concurrent_samples=d.max_concurrent_samples,
                    max_required_samples=d.max_required_samples, max_queue_size=d.max_queue_size, test_freq=r.test_freq,
-                   val_before_train=r.val_before_train, publish_unit=r.publish_unit)
+                   val_before_train=r.val_before_train, publish_unit=r.publish_unit,
+                   request_rule=RequestRule.from_config(cfg))
 
 
 class PauseTimeout(RuntimeError):
@@ -96,7 +107,8 @@ class Runner:
     def __init__(self, settings: RunnerSettings, *, deps: AgentDeps | None, stream, outbox, publisher,
                  agent_store, state_store, queue_probe: Callable[[], Awaitable[int]], abort_engines: Callable[[str], Awaitable[None]],
                  rid_prefix: str, validator: Validator | None = None, serving: ServingState | None = None,
-                 calls: InFlightCalls | None = None, tokens: TokenAccounting | None = None) -> None:
+                 calls: InFlightCalls | None = None, tokens: TokenAccounting | None = None,
+                 abort_rids: Callable[[set[str]], Awaitable[None]] | None = None) -> None:
         """``deps``: what its agents run with, built before it from the same ``serving`` (gate),
         ``calls`` (every generate call counted) and ``tokens`` (decoded and kept) it is given
         (``rollout_service/build.py``): nothing is built from the runner itself."""
@@ -107,6 +119,8 @@ class Runner:
         self.stream, self.outbox, self.publisher = stream, outbox, publisher
         self.agent_store, self.state_store = agent_store, state_store
         self.queue_probe, self.abort_engines, self.rid_prefix = queue_probe, abort_engines, rid_prefix
+        self.abort_rids = abort_rids
+        """Exact-rid aborts (a per-request pause); None: by prefix, one rid at a time."""
         self.serving = serving or ServingState()
         """What the rollout serves now: this runner writes it (restore, pause, resume), the
         engine pool reads it (:mod:`rollout_service.serving`)."""
@@ -119,6 +133,7 @@ class Runner:
         self.agents: dict[str, AgentState] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self.groups: dict[str, int] = {}  # group id -> members not finished yet
+        self._cancelled_left: dict[str, int] = {}  # group id -> members not yet cancelled (once one was)
         self.queued_trajectories = 0
         self._wake = asyncio.Event()
         self.calls = calls or InFlightCalls()
@@ -324,15 +339,31 @@ class Runner:
         c.trajectories_finished += 1
         if traj.failure:
             c.failures[traj.failure] = c.failures.get(traj.failure, 0) + 1
+            if state.cancelled:
+                self._on_cancelled(state)
             log.warning("trajectory %s: %s (%s); it will not be trained", traj.id, traj.failure,
                         str(traj.reward_details.get("error") or traj.reward_details.get("expired") or "")[:200])
         c.partial_trajectories += traj.is_partial
         c.finish_reasons[traj.finish_reason] = c.finish_reasons.get(traj.finish_reason, 0) + 1
         self._wake.set()
 
+    def _on_cancelled(self, state: AgentState) -> None:
+        """A trajectory cancelled for staleness (:mod:`.per_request`): once every member of its
+        sample is, the sample never trains and its place in the staleness quota is given back."""
+        self.counters.stale_cancelled_tokens += state.response_length
+        left = self._cancelled_left.get(state.group_id, state.group_size) - 1
+        if left > 0:
+            self._cancelled_left[state.group_id] = left
+            return
+        self._cancelled_left.pop(state.group_id, None)
+        self.quota.on_cancelled()
+        self.counters.cancelled_samples += 1
+
     # -- pause / resume -------------------------------------------------------------------
-    async def pause(self, mode: str, timeout_s: float) -> None:
-        """See the module docstring. ``mode`` is ``partial``, ``drain`` or ``hold``."""
+    async def pause(self, mode: str, timeout_s: float, target_version: int | None = None) -> None:
+        """See the module docstring. ``mode`` is ``partial``, ``drain``, ``hold`` or
+        ``per_request`` (:mod:`.per_request`, judged for a sync to ``target_version``: the
+        next version when None)."""
         self.serving.pausing()
         if self.paused_at is None:
             self.paused_at = time.monotonic()
@@ -341,6 +372,9 @@ class Runner:
         deadline = started + timeout_s
         if mode == "hold":
             self.serving.hold_calls()
+        elif mode == "per_request":
+            self.serving.hold_calls()
+            await self._pause_per_request(self.version + 1 if target_version is None else target_version)
         elif mode == "partial":
             self.serving.hold_calls()
             rounds = 0
@@ -370,6 +404,25 @@ class Runner:
         if took > SLOW_PAUSE_S:
             log.info("pause (%s) took %.1f s: %.1f s until no call was in flight (%d at the start), %.1f s saving state",
                      mode, took, stopped - started, calls_at_start, time.monotonic() - stopped)
+
+    async def _pause_per_request(self, target: int) -> None:
+        async def abort(rids: set[str]) -> None:
+            if self.abort_rids is not None:
+                await self.abort_rids(rids)
+            else:
+                await asyncio.gather(*(self.abort_engines(rid) for rid in rids))
+
+        done = await pause_per_request(self.calls, self.settings.request_rule, target, self.version, abort,
+                                       cancellable=lambda state: state.id in self.agents, rounds=EXACT_ABORT_ROUNDS,
+                                       interval_s=PAUSE_REABORT_S)
+        c = self.counters
+        c.per_request_pauses += 1
+        for outcome in ("kept", "resumed", "cancelled", "missed"):
+            c.per_request_calls[outcome] = c.per_request_calls.get(outcome, 0) + getattr(done, outcome)
+        c.reprefill_tokens += done.reprefill_tokens
+        c.last_per_request_pause_s = done.seconds
+        log.info("per-request pause to version %d: %d kept, %d resumed, %d cancelled (%d aborts missed) in %.2f s",
+                 target, done.kept, done.resumed, done.cancelled, done.missed, done.seconds)
 
     async def resume(self, version: int) -> None:
         if version != self.version:

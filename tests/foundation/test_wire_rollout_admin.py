@@ -59,7 +59,7 @@ async def test_the_agents_client_sends_the_models_and_parses_the_answer():
         await client.quarantine("e-1", "r" * 600)
         with pytest.raises(RolloutAdminError, match="not a rollout status"):
             await client.resume(4)
-        assert seen[0] == ("POST", "/admin/pause", {"mode": "partial", "timeout_s": 7.0})
+        assert seen[0] == ("POST", "/admin/pause", {"mode": "partial", "timeout_s": 7.0, "version": None})
         assert seen[1] == ("POST", "/admin/engines/e-1/quarantine", {"reason": "r" * 500})
         assert seen[2] == ("POST", "/admin/resume", {"version": 4})
     finally:

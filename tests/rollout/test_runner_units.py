@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import types
 
 import pytest
 
@@ -194,3 +195,40 @@ async def test_a_pause_whose_exact_aborts_are_used_up_aborts_everything_on_those
     await asyncio.wait_for(runner.pause("partial", timeout_s=WAIT_S), WAIT_S)
     await asyncio.wait_for(call, WAIT_S)
     assert aborts == [("rl-test.", False)] * EXACT_ABORT_ROUNDS + [("rl-test.", True)]
+
+
+async def test_a_sample_cancelled_whole_gives_its_quota_place_back(tmp_path):
+    """Issue 51: trajectories cancelled for staleness are published marked ``stale_cancelled``
+    (never trained); once every member of the sample is, its place in the staleness quota is
+    given back, and their decoded tokens are counted."""
+    runner = _runner(tmp_path, [], lambda: None)
+    runner.deps = types.SimpleNamespace(external=None)  # no external environments
+    runner.quota.on_start()
+    runner.groups["s1"] = 2
+    before = runner.quota.staleness_samples
+    for i in range(2):
+        state = _agent("s1", i, Phase.DONE)
+        state.cancelled, state.failure, state.finish_reason = "would lag 3", "stale_cancelled", "abort"
+        await runner._finish(state)
+        assert runner.quota.staleness_samples == (before if i == 0 else before - 1), "given back once the whole sample is"
+    c = runner.snapshot().counters
+    assert c.cancelled_samples == 1 and c.failures == {"stale_cancelled": 2} and c.stale_cancelled_tokens == 2
+    assert len(runner.outbox.ready_entries()) == 2 and to_trajectory(state, 3).failure == "stale_cancelled"
+
+
+async def test_in_flight_calls_estimate_what_a_call_has_decoded():
+    """The per-request rule's inputs: a streamed call's count is exact; otherwise the estimate is
+    the average rate of finished calls times the call's elapsed time, within its budget."""
+    from rollout_service.runner.inflight import InFlightCalls
+
+    calls = InFlightCalls()
+    with calls.tracking("a", None, 100) as call:
+        assert calls.decoded_estimate(call) == 0, "no finished call yet: no rate"
+        call.started -= 2.0
+        calls.finished(call, 50)  # 50 tokens in ~2 s
+    assert calls.calls == {} and 20 < calls.decode_rate < 30
+    with calls.tracking("b", None, 40) as call:
+        assert calls.decoded_estimate(call, now=call.started + 1.0) in range(20, 31)
+        assert calls.decoded_estimate(call, now=call.started + 100.0) == 40, "never beyond its budget"
+        call.streamed = 7
+        assert calls.decoded_estimate(call, now=call.started + 100.0) == 7

@@ -278,3 +278,46 @@ async def test_an_unmet_tool_choice_fails_explicitly_streamed_or_not(chat):
     assert len(errors) == 1 and errors[0]["code"] == "tool_choice_not_satisfied" and errors[0]["param"] == "tool_choice"
     assert not [e for e in events if e.get("choices") and e["choices"][0].get("finish_reason")]
     assert outcomes[0].finish_reason == "error"
+
+
+async def test_a_call_cancelled_while_in_flight_ends_the_agent_as_stale_cancelled(chat):
+    """Issue 51: a per-request pause marks the agent (``state.cancelled``) and aborts its call;
+    when the aborted result comes back the agent ends, never resent: its trajectory is marked
+    ``stale_cancelled`` (never trained) with the tokens it had, and no reward is asked."""
+    answer = chat.encode_text(ANSWER)
+
+    class CancelledMidCall(ScriptedEngines):
+        async def generate(self, state, input_ids, sampling_params, rid, extra=None):
+            self.calls.append({"rid": rid})
+            state.cancelled = "its oldest token (version 0) would lag 3 versions at 3, beyond the trainer's 2"
+            return _result(answer[:3], [-0.1] * 3, {"type": "abort", "message": "Aborted"})
+
+    engines = CancelledMidCall([], chat.eos_token_id)
+    state = _state(chat)
+    ended, kept = await asyncio.wait_for(generate_turn_tokens(state, _deps(chat, engines)), WAIT_S)
+    assert ended is None and len(kept) == 1 and len(engines.calls) == 1, "a cancelled call is not resent"
+    assert state.phase == Phase.DONE and state.finish_reason == "abort" and state.failure == "stale_cancelled"
+    assert state.token_ids[state.prompt_length:] == answer[:3] and "lag 3" in state.reward_details["cancelled"]
+
+
+async def test_between_syncs_an_agent_already_too_stale_makes_no_call(chat):
+    """Issue 51, item 3: before each generate call ``deps.stale_check`` is asked; an agent the
+    trainer would certainly drop is cancelled without decoding another token."""
+    from asyncrl.sync_control.request_policy import RequestRule
+    from rollout_service.runner.per_request import stale_reason
+
+    rule = RequestRule(max_lag=2)
+    engines = ScriptedEngines([(chat.encode_text(ANSWER) + [chat.eos_token_id], False)], chat.eos_token_id)
+    served = {"version": 4}
+    deps = _deps(chat, engines)
+    deps.stale_check = lambda state: stale_reason(rule, state, served["version"])
+    fresh = _state(chat)
+    fresh.version_start = 2  # lag 2 at version 4: still trainable
+    ended, _ = await asyncio.wait_for(generate_turn_tokens(fresh, deps), WAIT_S)
+    assert ended is True and len(engines.calls) == 1
+    old = _state(chat)
+    old.version_start = 1  # lag 3 > 2: the trainer would drop it
+    ended, kept = await asyncio.wait_for(generate_turn_tokens(old, deps), WAIT_S)
+    assert ended is None and kept == [] and len(engines.calls) == 1, "no call for a trajectory already too stale"
+    assert old.failure == "stale_cancelled" and "lags 3" not in old.cancelled and "would lag 3" in old.cancelled
+    assert stale_reason(rule, _state(chat), 100) == "", "no token yet: nothing to judge"

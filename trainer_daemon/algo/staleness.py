@@ -52,7 +52,6 @@ Not covered: the rollout-side sample budget itself (the rollout service enforces
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol

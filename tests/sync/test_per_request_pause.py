@@ -1,0 +1,109 @@
+"""Issue 51: ``sync.pause_policy = "per_request"`` end to end on a local engine behind a recording
+proxy: three calls in flight meet one sync, and each gets its own outcome — the nearly finished
+one is kept at the engine (paused in the survivor mode, finished on the new weights with two
+version spans), the young one is aborted by its exact rid (partial tokens kept, resent after the
+sync), the one whose trajectory the trainer would drop for staleness is cancelled. No
+abort-all reaches the engine; nothing stays paused.
+
+The calls' agents are driven states (their versions and lengths set by the test, so each
+outcome is certain); the engine holds the generations mid-way (failpoint ``local_engine.step``)
+until the sync's pause has reached it, so the sync always meets all three in flight."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from asyncrl import failpoints
+from rollout_service.agent.state import AgentState
+from tests.helpers.processes import start_engine
+from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.waiting import WAIT_S, wait_for
+from tests.sync.conftest import (
+    ENGINE_ARGS,
+    engine_tokens_over,
+    perturbed_weights,
+    publisher,
+    service_idle,
+    stack,
+    sync_through_the_held_step,
+)
+
+PROMPT = [5, 17, 42, 99, 7, 300, 12]
+LONG = 1500
+STEP = "local_engine.step"
+TARGET = 3  # the sync's version: a trajectory started at 0 lags 3 > ceil(0.5) + 1 = 2, the trainer's bound
+
+
+def driven(agent_id: str, version_start: int | None, response: int) -> AgentState:
+    """An agent state with ``response`` response tokens already decoded since ``version_start``."""
+    state = AgentState(id=agent_id, run_id="t", group_id=agent_id, group_size=1, group_index=0, prompt_id=agent_id,
+                       data_source="t")
+    state.token_ids = list(PROMPT) + [11] * response
+    state.prompt_length = len(PROMPT)
+    state.version_start = version_start
+    return state
+
+
+async def test_one_sync_keeps_resumes_and_cancels_by_each_calls_facts(tmp_path, nats_server):
+    points = tmp_path / "failpoints"
+    points.mkdir()
+    with start_engine(tmp_path, *ENGINE_ARGS, env={failpoints.ENV_DIR: str(points)}, name="engine") as engine:
+        proxy = await RecordingProxy(engine.url).start()
+        try:
+            async with stack(tmp_path, nats_server.url, [proxy.url], "async_training.partial_rollout=true",
+                             "async_training.staleness_threshold=0.5", "rollout.total_rollout_steps=1", "rollout.n=1",
+                             "sync.pause_policy=per_request") as (svc, rollout_url, agent, agent_url, cfg):
+                assert agent.coordinator.pause_mode == "per_request" and agent.coordinator.plan.engine_mode == "in_place"
+                await wait_for(lambda: service_idle(svc, engine), WAIT_S, "the service's own sample to finish")
+                prefix = svc.runner.rid_prefix
+                keep = driven("keep", 2, 2 * LONG)  # 2/3 of its response decoded already
+                young = driven("young", 2, 0)  # just started: the rest belongs to the new weights
+                stale = driven("stale", 0, 20)  # version 0: lags 3 at version 3, the trainer would drop it
+                svc.runner.agents[stale.id] = stale  # the runner's own agent (a session's call is never cancelled)
+                generator = svc.runner.calls.routed(svc.pool)
+                params = {"max_new_tokens": LONG, "temperature": 0.0, "ignore_eos": True}
+                calls = {s.id: asyncio.create_task(generator.generate(s, PROMPT, params, f"{prefix}{s.id}"))
+                         for s in (keep, young, stale)}
+                await wait_for(lambda: engine_tokens_over(engine, 3 * len(PROMPT) + 30), WAIT_S, "all three to decode")
+                (points / f"{STEP}.arm").touch()
+                await wait_for(lambda: bool(failpoints.reached(points, STEP)), WAIT_S, "the engine to hold the generations")
+                assert set(svc.runner.calls.calls) == {f"{prefix}{s}" for s in calls}
+                pub = publisher(agent_url, cfg)
+                try:
+                    _, weights = perturbed_weights(3)
+                    await sync_through_the_held_step(points, proxy, pub.publish(TARGET, weights))
+                    rec = agent.coordinator.records[-1]
+                    await wait_for(lambda: rec.done, 60, "the sync to finish")
+                    assert rec.state == "succeeded", rec.error
+                finally:
+                    await pub.close()
+                results = {k: await asyncio.wait_for(t, 180) for k, t in calls.items()}
+                snap = svc.runner.snapshot()
+                assert not snap.paused and snap.version == TARGET
+                counts = snap.counters
+                assert counts.per_request_calls == {"kept": 1, "resumed": 1, "cancelled": 1, "missed": 0}
+                assert counts.per_request_pauses == 1 and counts.reprefill_tokens >= len(PROMPT)
+                async with httpx.AsyncClient(timeout=30) as http:
+                    metrics = (await http.get(f"{rollout_url}/metrics")).text
+                for outcome, n in (("kept", 1), ("resumed", 1), ("cancelled", 1), ("missed", 0)):
+                    assert f'asyncrl_rollout_per_request_calls_total{{outcome="{outcome}"}} {n}.0' in metrics
+                assert f"asyncrl_rollout_reprefill_tokens_total {float(counts.reprefill_tokens)}" in metrics
+        finally:
+            await proxy.stop()
+    kept, resumed, cancelled = results["keep"], results["young"], results["stale"]
+    # kept: never aborted, finished after the sync with the new weights' tail (engine paused in_place)
+    spans = [(s.version, s.start, s.end) for s in kept.weight_versions]
+    assert kept.finish_reason.type == "length" and len(kept.output_ids) == LONG
+    assert len(spans) == 2 and spans[0][0] == 0 and spans[1][0] == TARGET
+    # resumed and cancelled: aborted by their exact rids before the engines paused, tokens so far kept
+    for res in (resumed, cancelled):
+        assert res.finish_reason.type == "abort" and 0 < len(res.output_ids) < LONG
+        assert all(s.version == 0 for s in res.weight_versions)
+    assert young.cancelled == "" and "lag 3" in stale.cancelled and keep.cancelled == ""
+    aborts = [body for _, path, _, body in proxy.requests if path == "/abort_request"]
+    assert aborts and all(not b.get("abort_all") for b in aborts), aborts
+    assert {b["rid"] for b in aborts} == {f"{prefix}young", f"{prefix}stale"}
+    assert [body for _, path, _, body in proxy.requests if path == "/pause_generation"] == [{"mode": "in_place"}]
+    assert not [p for _, p, _, _ in proxy.requests if p == "/flush_cache"], "in_place survivors: no flush"
