@@ -348,7 +348,9 @@ class SyncCoordinator:
                 left_out[:] = [m for m in update.members if m.id not in staged]
                 update.members[:] = [m for m in update.members if m.id in staged]
             self._enter(rec, "pausing")
-            await self.rollout.pause(self.pause_mode, s.pause_timeout_s, rec.version)
+            paused = await self.rollout.pause(self.pause_mode, s.pause_timeout_s, rec.version)
+            if self.pause_mode == "per_request":
+                rec.pause_outcome = paused.last_pause
             paused_rollout = True
             steps = UpdateSteps(load=load, form=(lambda: self._form_group(rec, update)) if rec.join_group else None,
                                 phase=lambda phase: self._enter(rec, phase), contain=contain,

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from asyncrl.files import atomic_write
+from asyncrl.wire.rollout_admin import PauseOutcome
 from asyncrl.wire.sync import (
     ADAPTER_NAME,
     SYNC_FINAL,
@@ -81,6 +82,8 @@ class SyncRecord:
     engines: dict[str, str] = field(default_factory=dict)
     resumed_at_version: int | None = None
     error: str | None = None
+    pause_outcome: PauseOutcome | None = None
+    """What the rollout service's ``per_request`` pause decided for this sync (None: another policy)."""
 
     def enter(self, phase: str) -> None:
         now = time.time()
@@ -114,7 +117,8 @@ class SyncRecord:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(group=self.group.model_dump() if self.group is not None else None, buckets=[b.model_dump() for b in self.buckets],
                    reload=self.reload.model_dump() if self.reload else None,
-                   adapter=self.adapter.model_dump() if self.adapter else None)
+                   adapter=self.adapter.model_dump() if self.adapter else None,
+                   pause_outcome=self.pause_outcome.model_dump() if self.pause_outcome else None)
         return out
 
     @classmethod
@@ -123,7 +127,8 @@ class SyncRecord:
         known.update(group=PlannedGroup.model_validate(doc["group"]) if doc.get("group") else None,
                      buckets=[BucketSpec.model_validate(b) for b in doc.get("buckets", [])],
                      reload=ReloadSpec.model_validate(doc["reload"]) if doc.get("reload") else None,
-                     adapter=AdapterRef.model_validate(doc["adapter"]) if doc.get("adapter") else None)
+                     adapter=AdapterRef.model_validate(doc["adapter"]) if doc.get("adapter") else None,
+                   pause_outcome=PauseOutcome.model_validate(doc["pause_outcome"]) if doc.get("pause_outcome") else None)
         return cls(**known)
 
 

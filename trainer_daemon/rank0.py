@@ -187,6 +187,7 @@ class Rank0Services:
         c = self.source.state.counters
         metrics.update({
             "trainer/dropped_stale_trajectories": float(c["dropped"]),
+            "trainer/dropped_stale_tokens": float(c.get("dropped_tokens", 0)),
             "trainer/poison_messages": float(c["poison"]),
             "trainer/duplicate_trajectories": float(c["duplicate"]),
             "trainer/incomplete_groups": float(c["incomplete_groups"]),

@@ -83,6 +83,24 @@ class EngineState(_Answer):
     quarantined_current_s: float = 0.0
 
 
+class PauseOutcome(_Answer):
+    """What the last ``per_request`` pause decided (``rollout_service.runner.per_request``):
+    calls kept at their engines, aborted to resume, cancelled for staleness, and aborts that
+    did not stop their call in time (``missed``: kept under the survivor mode)."""
+
+    target_version: int
+    kept: int = 0
+    resumed: int = 0
+    cancelled: int = 0
+    missed: int = 0
+    reprefill_tokens: int = 0
+    """Context tokens of the resumed calls: prefilled again on the new weights."""
+    cancelled_tokens: int = 0
+    """Response tokens the cancelled calls' trajectories had decoded (never trained)."""
+    seconds: float = 0.0
+    """How long deciding and aborting took (inside the sync's pause window)."""
+
+
 class StatusCounts(_Answer):
     active: int
     parked: int
@@ -123,6 +141,8 @@ class RolloutStatus(_Answer):
     engines: list[EngineState]
     derived: dict[str, Any]
     last_validation: dict[str, Any] | None = None
+    last_pause: PauseOutcome | None = None
+    """The last ``per_request`` pause's decisions (None: none yet)."""
     environment: dict[str, Any] | None = None
     """The verifiers environment's driver, when one plays the run."""
 

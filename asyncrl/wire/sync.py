@@ -30,6 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from asyncrl.wire.rollout_admin import PauseOutcome
+
 DEFAULT_GROUP_NAME = "weight_update_group"
 """SGLang's default name of the weight-update process group."""
 
@@ -227,6 +229,8 @@ class SyncStatus(BaseModel):
     gb_per_s: float | None = None
     engines: dict[str, str] = Field(default_factory=dict)
     resumed_at_version: int | None = None
+    pause_outcome: PauseOutcome | None = None
+    """What the rollout service's ``per_request`` pause decided (None: another policy)."""
 
     @property
     def failing(self) -> bool:

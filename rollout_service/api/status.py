@@ -48,6 +48,7 @@ def service_status(*, run_id: str, uptime_s: float, r: RunnerSnapshot, engines: 
         "engines": engines,
         "derived": derived,
         "last_validation": r.last_validation,
+        "last_pause": r.last_pause,
         "environment": environment,
     })
 

@@ -32,33 +32,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from asyncrl.sync_control.request_policy import CallFacts, RequestRule
+from asyncrl.wire.rollout_admin import PauseOutcome
 from rollout_service.runner.inflight import InFlightCall, InFlightCalls
 
 log = logging.getLogger(__name__)
-
-@dataclass
-class PauseDecisions:
-    """What one per-request pause did (counts of calls, and tokens)."""
-
-    target_version: int
-    kept: int = 0
-    resumed: int = 0
-    cancelled: int = 0
-    missed: int = 0
-    """Calls to resume or cancel whose abort did not stop them in time (module docstring)."""
-    reprefill_tokens: int = 0
-    """Context tokens of the resumed calls: prefilled again on the new weights."""
-    cancelled_tokens: int = 0
-    """Response tokens the cancelled calls' trajectories had decoded (never trained)."""
-    seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def call_facts(calls: InFlightCalls, call: InFlightCall, current_version: int, now: float) -> CallFacts:
     """What the rule knows of ``call`` at ``now`` (module docstring, step 1)."""
@@ -71,10 +51,10 @@ def call_facts(calls: InFlightCalls, call: InFlightCall, current_version: int, n
 
 async def pause_per_request(calls: InFlightCalls, rule: RequestRule, target: int, current_version: int,
                             abort_rids: Callable[[set[str]], Awaitable[None]], cancellable: Callable[[Any], bool],
-                            rounds: int, interval_s: float) -> PauseDecisions:
+                            rounds: int, interval_s: float) -> PauseOutcome:
     """Decide over the calls in flight and abort the resumed and cancelled ones (module docstring)."""
     started = time.monotonic()
-    out = PauseDecisions(target_version=target)
+    out = PauseOutcome(target_version=target)
     to_abort: set[str] = set()
     for call in list(calls.calls.values()):
         facts = call_facts(calls, call, current_version, started)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from asyncrl.config import RunConfig
 from asyncrl.loops import LoopSupervisor
 from asyncrl.sync_control.request_policy import RequestRule
+from asyncrl.wire.rollout_admin import PauseOutcome
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.loop import run_agent
 from rollout_service.agent.state import AgentState, Phase
@@ -127,6 +128,8 @@ class Runner:
         self.paused_at: float | None = None
         """``time.monotonic()`` when the current pause began (None while running)."""
         self.pause_mode: str | None = None
+        self.last_pause: PauseOutcome | None = None
+        """What the last ``per_request`` pause decided (:mod:`.per_request`)."""
         self.tokens = tokens or TokenAccounting()
         self.clock = VersionClock()
         self.counters = RunnerCounters()
@@ -421,6 +424,7 @@ class Runner:
             c.per_request_calls[outcome] = c.per_request_calls.get(outcome, 0) + getattr(done, outcome)
         c.reprefill_tokens += done.reprefill_tokens
         c.last_per_request_pause_s = done.seconds
+        self.last_pause = done
         log.info("per-request pause to version %d: %d kept, %d resumed, %d cancelled (%d aborts missed) in %.2f s",
                  target, done.kept, done.resumed, done.cancelled, done.missed, done.seconds)
 
@@ -459,4 +463,5 @@ class Runner:
             idle_ratio=self.clock.last_idle_ratio, idle_ratio_current=self.clock.current_idle_ratio(),
             publisher=dataclasses.replace(self.publisher.stats), counters=self.counters.copy(),
             validation_configured=self.validation.configured, last_validation=self.validation.last_result,
+            last_pause=self.last_pause,
         )

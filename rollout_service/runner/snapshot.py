@@ -74,3 +74,5 @@ class RunnerSnapshot:
     counters: RunnerCounters
     validation_configured: bool
     last_validation: dict[str, Any] | None
+    last_pause: Any = None
+    """The last ``per_request`` pause's decisions (``asyncrl.wire.rollout_admin.PauseOutcome``; None: none)."""

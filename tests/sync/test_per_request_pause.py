@@ -16,6 +16,7 @@ import asyncio
 import httpx
 
 from asyncrl import failpoints
+from asyncrl.wire.sync import SyncStatus
 from rollout_service.agent.state import AgentState
 from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
@@ -29,6 +30,7 @@ from tests.sync.conftest import (
     stack,
     sync_through_the_held_step,
 )
+from trainer_daemon.sync.agent import sync_outcome_metrics
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
 LONG = 1500
@@ -77,6 +79,12 @@ async def test_one_sync_keeps_resumes_and_cancels_by_each_calls_facts(tmp_path, 
                     rec = agent.coordinator.records[-1]
                     await wait_for(lambda: rec.done, 60, "the sync to finish")
                     assert rec.state == "succeeded", rec.error
+                    outcome = rec.pause_outcome  # the rollout's decisions, kept with the sync record
+                    assert (outcome.target_version, outcome.kept, outcome.resumed, outcome.cancelled) == (TARGET, 1, 1, 1)
+                    step_metrics = sync_outcome_metrics(SyncStatus.model_validate(rec.public()))  # what trainer.jsonl gets
+                    assert step_metrics["fully_async/per_request/cancelled"] == 1.0
+                    assert step_metrics["fully_async/per_request/cancelled_tokens"] >= 20
+                    assert step_metrics["timing_s/sync_pausing"] > 0
                 finally:
                     await pub.close()
                 results = {k: await asyncio.wait_for(t, 180) for k, t in calls.items()}

@@ -338,6 +338,7 @@ class TrajectorySource:
         items = [(h.seq, "trained", h.traj.id) for h in group.kept] + [(h.seq, "dropped", h.traj.id) for h in unused]
         self.state.resolve(items)
         self.state.count("dropped", len(group.dropped))
+        self.state.count("dropped_tokens", sum(sum(h.traj.loss_mask) for h in group.dropped))
         self.state.count("incomplete_groups", int(group.incomplete))
         for h, reason in group.excluded:
             self.state.count("excluded")

@@ -42,7 +42,7 @@ _ID_KINDS = ("trained", "dropped")
 # Ids remembered below the cursor. 16k ids (~0.7 MB of JSON per checkpoint) cover many
 # steps of any realistic batch; the stream's publish dedup is the first line of defence.
 RECENT_IDS = 16_384
-COUNTERS = ("trained", "dropped", "duplicate", "poison", "incomplete_groups", "stale_samples", "stale_trajectories",
+COUNTERS = ("trained", "dropped", "dropped_tokens", "duplicate", "poison", "incomplete_groups", "stale_samples", "stale_trajectories",
             "excluded", "truncated_sampling_trained", "end_of_data", "end_of_data_seq")
 # Besides these, ``excluded/<reason>`` counts excluded trajectories per reason (consume/exclusion.py).
 

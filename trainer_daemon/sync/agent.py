@@ -81,6 +81,19 @@ POLL_INTERVAL_S = 1.0  # after the broadcasts: the final state is for metrics on
 POLL_BUDGET_S = 600.0
 
 
+def sync_outcome_metrics(final: SyncStatus) -> dict[str, float]:
+    """What the agent's final status adds to the step's metrics: the pause window as the agent
+    timed it (``timing_s/sync_pausing``) and a ``per_request`` pause's decisions
+    (``fully_async/per_request/*``: calls kept, resumed, cancelled, missed; tokens re-prefilled
+    and decoded by cancelled trajectories; docs/sync_agent.md, "Per-request pauses")."""
+    out = {"timing_s/sync_pausing": float(final.phase_seconds.get("pausing", 0.0))}
+    p = final.pause_outcome
+    if p is not None:
+        out.update({f"fully_async/per_request/{k}": float(getattr(p, k))
+                    for k in ("kept", "resumed", "cancelled", "missed", "reprefill_tokens", "cancelled_tokens")})
+    return out
+
+
 class SyncAgentPublisher(WeightPublisher):
     """See the module docstring."""
 
@@ -278,6 +291,7 @@ class SyncAgentPublisher(WeightPublisher):
             "timing_s/sync_outcome": t4 - t3,
             "trainer/sync_gb_per_s": nbytes / 1e9 / max(t3 - t2, 1e-9),
             "trainer/sync_agent_failures": float(self.agent_failures),
+            **sync_outcome_metrics(final),
         }
 
     async def _publish_adapter(self, version: int, snapshot: AdapterSnapshot) -> dict[str, float]:
@@ -302,7 +316,7 @@ class SyncAgentPublisher(WeightPublisher):
                                   f"{final.error if final is not None else 'no final state'}")
         return {"trainer/sync_bytes": float(snapshot.nbytes), "trainer/sync_buckets": 0.0,
                 "timing_s/sync_request": t1 - t0, "timing_s/sync_outcome": time.perf_counter() - t1,
-                "trainer/sync_agent_failures": float(self.agent_failures)}
+                "trainer/sync_agent_failures": float(self.agent_failures), **sync_outcome_metrics(final)}
 
     async def close(self) -> None:
         for t in list(self._watchers):
