@@ -3,7 +3,7 @@ the speed-up of (b), (c), (d) over (a) next to the ideal speed-up for the worklo
 
     python bench/modes.py [--preset default|rollout-bound] [--decode-ms 10] [--length-median 60] [--length-sigma 1.0] \
         [--length-max 400] [--prefill-ms 0.05] [--train-step-s 2.0] [--samples 64] [--n 4] [--mini 4] [--trigger 4] \
-        [--concurrency 64] [--modes a,b,c,d] [--pause-policies abort,retract,in_place]
+        [--concurrency 64] [--modes a,b,c,d] [--pause-policies abort,retract,in_place,per_request]
 
 The modes are configured as in the seeds' 128-GPU table, cumulatively: (a) trigger 1,
 staleness 0; (b) trigger ``--trigger``; (c) (b) + staleness 0.5; (d) (c) + partial rollout.
@@ -19,7 +19,12 @@ trajectories resumed across a sync and the tokens they kept (``fully_async/parti
 than the tail needs, a train step much shorter than a long generation (``PRESETS``).
 ``--pause-policies`` runs mode (d) once per ``sync.pause_policy`` and adds the context tokens
 the engines prefilled again per sync (``local_engine_recomputed_prefill_tokens``: timing mode
-remembers an interrupted request's length, so every policy sees the same workload).
+remembers an interrupted request's length, so every policy sees the same workload), the mean
+pause phase of the syncs, the trained trajectories' mean oldest lag
+(``fully_async/staleness/oldest_lag_mean``), the model tokens the trainer dropped as too stale
+(``trainer/dropped_stale_tokens``: decoded for nothing) and the tokens of trajectories the
+rollout cancelled for staleness (``rollout/stale_cancelled_tokens``, ``per_request`` only), and
+for ``per_request`` the calls its pauses kept / resumed / cancelled.
 
 Ideal speed-ups (ignoring sync cost; B = n × mini trajectories per step, C = trajectories
 decoded at once, E[max_m] = expected longest of m draws, E[len] = mean length, d = decode
@@ -117,6 +122,7 @@ async def run_mode(mode: str, a, root: Path, policy: str = "abort") -> dict:
         f"trainer.step_time_floor_s={a.train_step_s}", "trainer.checkpoint.save_freq=0", "trainer.checkpoint.export_hf=false",
         "actor.ppo_micro_batch_size_per_gpu=8", "sync.pause_timeout_s=300", *modes(a.trigger, a.staleness)[mode][1],
         f"engines.local.timing.prefill_ms_per_token={a.prefill_ms}", f"sync.pause_policy={policy}",
+        *[f"sync.per_request.{kv}" for kv in a.per_request.split(",") if kv],
     ], environ={})
     stack = Stack(cfg, run_dir)
     t0 = time.monotonic()
@@ -163,6 +169,13 @@ async def run_mode(mode: str, a, root: Path, policy: str = "abort") -> dict:
         "syncs": len(done),
         "kept_tokens": sum(r.get("fully_async/partial/kept_tokens", 0.0) for r in rows),
         "partial": sum(r.get("fully_async/partial/total_partial_num", 0.0) for r in rows),
+        "pause_s": statistics.fmean(s["phase_seconds"].get("pausing", 0.0) for s in done) if done else float("nan"),
+        "oldest_lag": statistics.fmean(lags) if (lags := [r["fully_async/staleness/oldest_lag_mean"] for r in rows
+                                                         if "fully_async/staleness/oldest_lag_mean" in r]) else float("nan"),
+        "dropped_tokens": max((r.get("trainer/dropped_stale_tokens", 0.0) for r in rows), default=0.0),
+        "cancelled_tokens": max((m.get("rollout/stale_cancelled_tokens", 0.0) for m in rollout), default=0.0),
+        "decisions": "/".join(str(sum(int((s.get("pause_outcome") or {}).get(k, 0)) for s in done))
+                              for k in ("kept", "resumed", "cancelled")) if policy == "per_request" else "-",
     }
 
 
@@ -183,13 +196,19 @@ async def main_async(a) -> None:
           f"modes b-d: trigger_parameter_sync_step {a.trigger}, modes c-d: staleness {a.staleness}, prefill {a.prefill_ms} ms/token")
     width = 48 if len(policies) > 1 else 34
     print(f"{'mode':<{width}} {'samples/s':>10} {'trainer idle':>13} {'rollouter idle':>15} {'sync window s':>14} "
-          f"{'speed-up':>9} {'ideal':>7} {'resumed':>8} {'kept tokens':>12} {'re-prefilled/sync':>18}")
+          f"{'speed-up':>9} {'ideal':>7} {'resumed':>8} {'kept tokens':>12} {'re-prefilled/sync':>18} {'pause s':>8} "
+          f"{'oldest lag':>11} {'dropped tok':>12} {'cancelled tok':>14} {'kept/res/canc':>14}")
     for r in results:
         speed = r["samples_per_s"] / base if base else float("nan")
         label = f"({r['mode']}) {modes(a.trigger)[r['mode']][0]}" + (f" [{r['policy']}]" if len(policies) > 1 and r["mode"] == "d" else "")
         print(f"{label:<{width}} {r['samples_per_s']:>10.3f} {r['trainer_idle']:>13.2f} {r['rollouter_idle']:>15.2f} "
               f"{r['sync_window_s']:>14.2f} {speed:>9.2f} {ideal[r['mode']]:>7.2f} {r['partial']:>8.0f} {r['kept_tokens']:>12.0f} "
-              f"{r['recomputed_per_sync']:>18.0f}")
+              f"{r['recomputed_per_sync']:>18.0f} {r['pause_s']:>8.3f} {r['oldest_lag']:>11.2f} {r['dropped_tokens']:>12.0f} "
+              f"{r['cancelled_tokens']:>14.0f} {r['decisions']:>14}")
+    d_runs = {r["policy"]: r["samples_per_s"] for r in results if r["mode"] == "d"}
+    if "per_request" in d_runs and len(d_runs) > 1:
+        best = max((p for p in d_runs if p != "per_request"), key=lambda p: d_runs[p])
+        print(f"per_request / best global policy ({best}): {d_runs['per_request'] / d_runs[best]:.2f}x samples/s")
     by = {r["mode"]: r["samples_per_s"] for r in results if r["policy"] == policies[0]}
     if "c" in by and "d" in by:
         print(f"(d) / (c): {by['d'] / by['c']:.2f}x samples/s")
@@ -224,7 +243,8 @@ def main() -> None:
     ap.add_argument("--modes", default="a,b,c,d")
     ap.add_argument("--prefill-ms", type=float, default=0.05, help="timing mode's prefill latency per prompt token")
     ap.add_argument("--pause-policies", default="abort",
-                    help="sync.pause_policy values to run mode (d) with, comma-separated (abort,retract,in_place)")
+                    help="sync.pause_policy values to run mode (d) with, comma-separated (abort,retract,in_place,per_request)")
+    ap.add_argument("--per-request", default="", help="extra sync.per_request settings for per_request, e.g. keep_min_progress=0.3")
     ap.add_argument("--limit-s", type=float, default=600.0)
     ap.add_argument("--out", default="runs/bench-modes")
     pre, _ = ap.parse_known_args()
