@@ -58,7 +58,7 @@ from rollout_service.rewards import MathReward, default_registry
 from rollout_service.runner.accounting import TokenAccounting
 from rollout_service.runner.finish import model_text
 from rollout_service.runner.inflight import InFlightCalls
-from rollout_service.runner.per_request import stale_reason
+from rollout_service.runner.per_request import between_syncs_check
 from rollout_service.runner.runner import Runner, RunnerSettings
 from rollout_service.runner.store import AgentStore, KvRecords, RunnerStateStore
 from rollout_service.runner.validation import run_validation
@@ -172,11 +172,12 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
     settings = RunnerSettings.from_config(cfg)
     deps = build_agent_deps(cfg, AgentWiring(generator=calls.routed(pool), gate=serving.gate, checkpoint=agent_store.put,
                                              on_tokens=tokens.add), chat, tools, broker, rewards, rid_prefix)
-    deps = dataclasses.replace(deps, stale_check=lambda state: stale_reason(settings.request_rule, state, serving.version))
+    deps = dataclasses.replace(deps, stale_check=between_syncs_check(settings.request_rule, calls, serving,
+                                                                    cfg.sync.per_request.project_versions))
 
     async def validation_rollouts(version: int) -> dict:
         """Greedy rollouts over the validation set, published as metrics."""
-        val_deps = dataclasses.replace(deps, sampling=cfg.rollout.val_sampling, stale_check=lambda state: "")  # never trained
+        val_deps = dataclasses.replace(deps, sampling=cfg.rollout.val_sampling, stale_check=lambda state, budget: "")  # never trained
         result = await run_validation(val_records, val_deps, cfg.run.id, version, settings.max_concurrent_samples)
         await publish_metrics(result)
         return result

@@ -9,6 +9,8 @@ share it (issue 50 item 2), instead of closures over a runner bound after the po
   engine goes back to the gate), the version served (an engine back from quarantine at it is
   routable again) and the adapter every call asks for (adapter syncs).
 - The **agents** wait on :attr:`gate` before every generate call.
+- The per-request rule reads :attr:`ServingState.seconds_per_version` (how fast versions come,
+  from the resumes) to project the version a call's trajectory will be trained at.
 
 ``version`` here is a cache of the run's weight version as the rollout serves it (the sync
 agent's resume sets it; the authority is the sync agent's record, docs/architecture.md
@@ -18,8 +20,11 @@ agent's resume sets it; the authority is the sync agent's record, docs/architect
 from __future__ import annotations
 
 import asyncio
+import time
 
 from asyncrl.wire.sync import adapter_name
+
+VERSION_PACE_WEIGHT = 0.3  # weight of the newest interval in seconds_per_version
 
 
 class Gate:
@@ -52,6 +57,10 @@ class ServingState:
         self.gate = Gate()
         self.version = 0
         self.paused = False
+        self.seconds_per_version: float | None = None
+        """Wall time between two versions, averaged (None until two resumes to a new version):
+        how fast the trainer moves, for projecting when a call's trajectory will be trained."""
+        self._version_since: float | None = None
 
     @property
     def holding_calls(self) -> bool:
@@ -79,6 +88,13 @@ class ServingState:
         self.gate.close()
 
     def resumed(self, version: int) -> None:
+        now = time.monotonic()
+        if version > self.version:
+            if self._version_since is not None:
+                took = (now - self._version_since) / (version - self.version)
+                self.seconds_per_version = took if self.seconds_per_version is None else \
+                    (1 - VERSION_PACE_WEIGHT) * self.seconds_per_version + VERSION_PACE_WEIGHT * took
+            self._version_since = now
         self.version = version
         self.paused = False
         self.gate.open()

@@ -251,6 +251,13 @@ class PerRequestConfig(Section):
     resume_max_context: int = Field(8192, ge=0)
     """A call whose context (prompt and response so far) is longer than this many tokens is kept
     whatever its progress: re-prefilling it would cost more than it saves."""
+    project_versions: bool = True
+    """Judge a call's staleness at the version its trajectory is expected to be trained at: the
+    sync's version plus the versions the trainer adds while the call decodes its expected rest
+    (from the lengths of finished turns, the decode rate and the pace of versions the rollout
+    service measures). False: at the sync's version alone, so a cancel is certain to spare only
+    tokens the trainer would drop, but long-tail calls that will become too stale before they
+    finish decode to the end and are dropped by the trainer."""
     cancel_stale: bool = True
     """Cancel a call whose trajectory the trainer would certainly drop for staleness (its oldest
     token more than ``derived.stale_cancel_lag`` versions behind), at a sync and before each

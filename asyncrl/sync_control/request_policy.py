@@ -3,15 +3,19 @@ one decision per generate call in flight, instead of one mode for everything.
 
 Outcomes:
 
-- ``cancel``: the call's trajectory could no longer be trained: trained at the new version or
-  later, its oldest token would lag more than the trainer accepts (``max_lag``, the trainer's
-  own bound from ``async_training.staleness_threshold``: ``trainer_daemon.algo.staleness``), so
-  the trainer would drop it whatever it decodes now. Only under the trainer's ``drop`` policy
-  with the ``oldest`` age (otherwise its tokens could still count: never cancelled then). Its
-  prompt returns under the staleness quota; nothing of it is published.
+- ``cancel``: the call's trajectory would not be trained: at the version it is expected to be
+  trained at — the new version plus the versions the trainer is expected to add while the
+  call decodes its expected rest (``syncs_ahead``) — its oldest token would lag more than the
+  trainer accepts (``max_lag``, the trainer's own bound from ``async_training.staleness_threshold``:
+  ``asyncrl.config.run_config.max_version_lag``), so the trainer would drop what it decodes.
+  Only under the trainer's ``drop`` policy with the ``oldest`` age (otherwise its tokens could
+  still count: never cancelled then). With ``syncs_ahead = 0`` the drop is certain; beyond it,
+  a projection. Its sample's place in the staleness quota is given back; it is published
+  marked ``stale_cancelled`` and never trained.
 - ``keep``: it goes on under the engine-wide survivor mode (``in_place`` or ``retract``: an
-  engine pauses as a whole): nearly done (``progress >= keep_min_progress``: finishing its few
-  tokens under the old weights costs less than re-prefilling it) or too long to re-prefill
+  engine pauses as a whole): nearly done (``progress >= keep_min_progress``, the share of its
+  expected length already decoded: finishing its few tokens under the old weights costs less
+  than re-prefilling it) or too long to re-prefill
   (``context > resume_max_context``).
 - ``resume``: aborted by its exact rid and resent after the sync (partial rollout: its decoded
   tokens kept, per-token versions recorded), so the rest of it is decoded by the new weights.
@@ -19,10 +23,11 @@ Outcomes:
 Between syncs the same bound cancels a call that is already too stale to train
 (:meth:`RequestRule.too_stale`), instead of letting it decode to the end to be dropped.
 
-Inputs per call (:class:`CallFacts`): the trajectory's oldest version, tokens decoded so far
-(the call in flight's own tokens are estimated by the caller from its elapsed time: a
+Inputs per call (:class:`CallFacts`): the trajectory's oldest version, the turn's tokens decoded
+so far (the call in flight's own tokens are estimated by the caller from its elapsed time: a
 non-streamed ``/generate`` shows nothing until it returns), the tokens it may still decode
-(its remaining budget), its context length. Pure and torch-free: the rollout service applies
+(its budget) and is expected to (from the lengths of finished turns), its context length, and
+the versions expected before it is trained. Pure and torch-free: the rollout service applies
 it (``rollout_service.runner.per_request``); docs/sync_agent.md, "Per-request pauses".
 """
 
@@ -42,17 +47,26 @@ class CallFacts:
     start_version: int
     """The oldest weight version among its trajectory's tokens (``version_start``)."""
     decoded: int
-    """Response tokens its trajectory holds so far, the call's own estimated ones included."""
+    """Tokens of its turn so far, the call's own estimated ones included."""
     remaining: int
     """Tokens it may still decode (its budget left: ``max_new_tokens`` of the call minus the
     estimate, bounded by the response length)."""
     context: int
     """Tokens in its context (prompt and response so far)."""
+    expected_remaining: int | None = None
+    """Tokens it is expected to decode still (None: its whole budget ``remaining``)."""
+    syncs_ahead: int = 0
+    """Versions the trainer is expected to add after the sync before this call's trajectory is
+    trained (0: judged at the sync's version alone, which makes a cancel certain)."""
+
+    @property
+    def expected_rest(self) -> int:
+        return self.remaining if self.expected_remaining is None else min(self.remaining, self.expected_remaining)
 
     @property
     def progress(self) -> float:
-        """Share of its expected response already decoded (1.0 when nothing remains)."""
-        total = self.decoded + self.remaining
+        """Share of its expected turn already decoded (1.0 when nothing remains)."""
+        total = self.decoded + self.expected_rest
         return 1.0 if total <= 0 else self.decoded / total
 
 
@@ -91,14 +105,16 @@ class RequestRule:
                 f"{version}, beyond the trainer's {self.max_lag}")
 
     def too_stale(self, facts: CallFacts, version: int) -> bool:
-        """Whether a trajectory trained at ``version`` or later would be dropped for staleness."""
-        return bool(self.stale_reason(facts.start_version, version))
+        """Whether a trajectory trained at ``version`` + its ``syncs_ahead`` or later would be
+        dropped for staleness."""
+        return bool(self.stale_reason(facts.start_version, version + facts.syncs_ahead))
 
     def decide(self, facts: CallFacts, new_version: int) -> tuple[Outcome, str]:
         """The outcome for one call when a sync to ``new_version`` pauses, and why."""
-        why = self.stale_reason(facts.start_version, new_version)
+        why = self.stale_reason(facts.start_version, new_version + facts.syncs_ahead)
         if why:
-            return "cancel", why
+            return "cancel", why + (f" (trained after ~{facts.syncs_ahead} more versions: its expected "
+                                    f"{facts.expected_rest} tokens still to decode)" if facts.syncs_ahead else "")
         if facts.progress >= self.keep_min_progress:
             return "keep", f"{facts.progress:.0%} decoded (>= {self.keep_min_progress:.0%}): finished under the survivor mode"
         if facts.context > self.resume_max_context:

@@ -61,9 +61,10 @@ class AgentDeps:
     """Called with (tokens the engine decoded, tokens kept) after every generate call."""
     extra_sampling: dict = field(default_factory=dict)
     """Extra sampling params (OpenAI requests: ``stop``, ``sampling_seed``...)."""
-    stale_check: Callable[[AgentState], str] = lambda state: ""
-    """Why the agent must be cancelled before its next generate call, its trajectory certain to
-    be dropped for staleness ("" to go on: ``rollout_service.runner.per_request.stale_reason``)."""
+    stale_check: Callable[[AgentState, int], str] = lambda state, budget: ""
+    """Why the agent must be cancelled before its next generate call (of ``budget`` tokens), its
+    trajectory expected to be dropped for staleness ("" to go on:
+    ``rollout_service.runner.per_request.between_syncs_check``)."""
     external: Any = None
     """The :class:`~rollout_service.agent.external_tools.ExternalBroker` for tools answered by
     outside environments (None: none)."""

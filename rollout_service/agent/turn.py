@@ -29,8 +29,8 @@ turn's remaining token budget → name the request (rid ``<prefix><id>.t<turn>.s
   tokens of its last result are kept (as after an abort — a streaming client has already
   seen them) and the retry continues from them.
 
-- a call whose trajectory the trainer would certainly drop for staleness is not sent: before
-  each call ``deps.stale_check(state)`` (between syncs) and ``state.cancelled`` (set by a
+- a call whose trajectory the trainer would drop for staleness is not sent: before
+  each call ``deps.stale_check(state, budget)`` (between syncs) and ``state.cancelled`` (set by a
   per-request pause, also checked when the call in flight returns) end the agent with
   ``failure = "stale_cancelled"`` (:func:`cancel`); returns ``(None, kept)`` then.
 
@@ -116,13 +116,13 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
     failures = 0
     while True:
         await deps.gate.wait_open()
-        why = state.cancelled or deps.stale_check(state)
-        if why:
-            cancel(state, why)
-            return None, kept
         max_new = turn_budget(state, deps)
         if max_new <= 0:
             return False, kept
+        why = state.cancelled or deps.stale_check(state, max_new)
+        if why:
+            cancel(state, why)
+            return None, kept
         rid = f"{deps.rid_prefix}{state.id}.t{state.assistant_turns}.s{state.segment}"
         t0 = time.monotonic()
         params = sampling_params(deps, max_new)

@@ -20,11 +20,37 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 RATE_WEIGHT = 0.2  # weight of the newest finished call in the decode-rate average
+LENGTHS_KEPT = 1024  # finished turns whose lengths the expected-remaining estimate reads
+
+
+class TurnLengths:
+    """Lengths (model tokens) of the last :data:`LENGTHS_KEPT` assistant turns that finished
+    (not aborted), for the expected rest of a turn in flight: the mean of ``L - d`` over the
+    lengths ``L`` longer than the ``d`` tokens it already has (a long-tail distribution makes
+    a long turn likely to go on longer), within its budget. With no history: the budget; a
+    turn longer than every length seen: as many again as it has."""
+
+    def __init__(self, keep: int = LENGTHS_KEPT) -> None:
+        self.lengths: deque[int] = deque(maxlen=keep)
+
+    def add(self, n: int) -> None:
+        if n > 0:
+            self.lengths.append(n)
+
+    def expected_remaining(self, decoded: int, budget: int) -> int:
+        budget = max(0, budget)
+        if not self.lengths:
+            return budget
+        longer = [n - decoded for n in self.lengths if n > decoded]
+        if not longer:
+            return min(budget, max(1, decoded))
+        return min(budget, round(sum(longer) / len(longer)))
 
 
 @dataclass
@@ -52,6 +78,8 @@ class InFlightCalls:
         """The registered calls by rid (a call without a rid is counted, not registered)."""
         self.decode_rate: float | None = None
         """Tokens per second of one call, averaged over finished calls (None: none yet)."""
+        self.turns = TurnLengths()
+        """Lengths of finished turns (:class:`TurnLengths`)."""
         self._on_busy: Callable[[], None] = lambda: None
         self._on_idle: Callable[[], None] = lambda: None
 
@@ -76,8 +104,11 @@ class InFlightCalls:
             if self.count == 0:
                 self._on_idle()
 
-    def finished(self, call: InFlightCall | None, tokens: int) -> None:
-        """A call returned ``tokens`` new tokens: fold its rate into :attr:`decode_rate`."""
+    def finished(self, call: InFlightCall | None, tokens: int, turn_length: int | None = None) -> None:
+        """A call returned ``tokens`` new tokens: fold its rate into :attr:`decode_rate`;
+        ``turn_length``: the model tokens of the turn it ended (None: aborted, or no turn)."""
+        if turn_length is not None:
+            self.turns.add(turn_length)
         if call is None or tokens <= 0:
             return
         rate = tokens / max(1e-3, time.monotonic() - call.started)
@@ -104,15 +135,32 @@ class _Counted:
 
     async def generate(self, state, input_ids: list[int], sampling_params: dict, rid: str, extra: dict | None = None) -> Any:
         with self.calls.tracking(rid, state, int(sampling_params.get("max_new_tokens", 0))) as call:
+            before = _turn_so_far(state)
             res = await self.engines.generate(state, input_ids, sampling_params, rid, extra)
-            self.calls.finished(call, len(res.output_ids))
+            self.calls.finished(call, len(res.output_ids), _turn_length(before, res))
             return res
 
     async def generate_stream(self, state, input_ids: list[int], sampling_params: dict, rid: str,
                               extra: dict | None = None) -> AsyncIterator[Any]:
         with self.calls.tracking(rid, state, int(sampling_params.get("max_new_tokens", 0))) as call:
+            before, last = _turn_so_far(state), None
             async with contextlib.aclosing(self.engines.generate_stream(state, input_ids, sampling_params, rid, extra)) as results:
                 async for res in results:
                     if call is not None:
                         call.streamed = len(res.output_ids)
+                    last = res
                     yield res
+            if last is not None and last.finish_reason is not None:
+                self.calls.finished(None, 0, _turn_length(before, last))
+
+
+def _turn_so_far(state) -> int | None:
+    """Model tokens the state's current turn holds before a call (None: no agent state)."""
+    return None if state is None else max(0, len(state.token_ids) - state.turn_start)
+
+
+def _turn_length(before: int | None, res) -> int | None:
+    """The turn's length when ``res`` ended it (not aborted), else None."""
+    if before is None or res.aborted:
+        return None
+    return before + len(res.output_ids)

@@ -40,24 +40,37 @@ from rollout_service.runner.inflight import InFlightCall, InFlightCalls
 
 log = logging.getLogger(__name__)
 
-def call_facts(calls: InFlightCalls, call: InFlightCall, current_version: int, now: float) -> CallFacts:
-    """What the rule knows of ``call`` at ``now`` (module docstring, step 1)."""
+def projected_syncs(tokens: int, decode_rate: float | None, seconds_per_version: float | None) -> int:
+    """Versions the trainer is expected to add while a call decodes ``tokens`` more (0 when the
+    rate or the pace is not known yet)."""
+    if not decode_rate or not seconds_per_version or tokens <= 0:
+        return 0
+    return int(tokens / decode_rate / seconds_per_version)
+
+
+def call_facts(calls: InFlightCalls, call: InFlightCall, current_version: int, now: float,
+               seconds_per_version: float | None = None) -> CallFacts:
+    """What the rule knows of ``call`` at ``now`` (module docstring, step 1); with
+    ``seconds_per_version`` the versions expected before its trajectory is trained."""
     est = calls.decoded_estimate(call, now)
     state = call.state
     start = state.version_start if state.version_start is not None else current_version
-    return CallFacts(rid=call.rid, start_version=start, decoded=state.response_length + est,
-                     remaining=max(0, call.max_new - est), context=len(state.token_ids) + est)
+    decoded = max(0, len(state.token_ids) - state.turn_start) + est
+    budget = max(0, call.max_new - est)
+    expected = calls.turns.expected_remaining(decoded, budget)
+    return CallFacts(rid=call.rid, start_version=start, decoded=decoded, remaining=budget, context=len(state.token_ids) + est,
+                     expected_remaining=expected, syncs_ahead=projected_syncs(expected, calls.decode_rate, seconds_per_version))
 
 
 async def pause_per_request(calls: InFlightCalls, rule: RequestRule, target: int, current_version: int,
                             abort_rids: Callable[[set[str]], Awaitable[None]], cancellable: Callable[[Any], bool],
-                            rounds: int, interval_s: float) -> PauseOutcome:
+                            rounds: int, interval_s: float, seconds_per_version: float | None = None) -> PauseOutcome:
     """Decide over the calls in flight and abort the resumed and cancelled ones (module docstring)."""
     started = time.monotonic()
     out = PauseOutcome(target_version=target)
     to_abort: set[str] = set()
     for call in list(calls.calls.values()):
-        facts = call_facts(calls, call, current_version, started)
+        facts = call_facts(calls, call, current_version, started, seconds_per_version)
         outcome, why = rule.decide(facts, target)
         if outcome == "cancel" and not cancellable(call.state):
             outcome, why = "resume", f"a session's call ({why}): resumed, the trainer judges it"
@@ -88,9 +101,24 @@ async def pause_per_request(calls: InFlightCalls, rule: RequestRule, target: int
     return out
 
 
-def stale_reason(rule: RequestRule | None, state: Any, version: int) -> str:
-    """Why ``state`` must be cancelled before its next call at ``version`` ("" if it may go on:
-    no rule, or no token yet)."""
+def stale_reason(rule: RequestRule | None, state: Any, version: int, syncs_ahead: int = 0) -> str:
+    """Why ``state`` must be cancelled before its next call at ``version``, its trajectory
+    expected to be trained ``syncs_ahead`` versions later ("" if it may go on: no rule, or no
+    token yet)."""
     if rule is None or state.version_start is None:
         return ""
-    return rule.stale_reason(state.version_start, version)
+    return rule.stale_reason(state.version_start, version + syncs_ahead)
+
+
+def between_syncs_check(rule: RequestRule, calls: InFlightCalls, serving, project: bool) -> Callable[[Any, int], str]:
+    """``AgentDeps.stale_check``: :func:`stale_reason` at the version served, projected by the
+    turn's expected length when ``project`` (``sync.per_request.project_versions``)."""
+    def check(state: Any, budget: int) -> str:
+        ahead = 0
+        if project:
+            decoded = max(0, len(state.token_ids) - state.turn_start)
+            ahead = projected_syncs(calls.turns.expected_remaining(decoded, budget), calls.decode_rate,
+                                    serving.seconds_per_version)
+        return stale_reason(rule, state, serving.version, ahead)
+
+    return check

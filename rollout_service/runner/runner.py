@@ -85,6 +85,9 @@ class RunnerSettings:
     val_before_train: bool
     publish_unit: str
     """``rollout.publish_unit``: ``trajectory`` or ``group``."""
+    project_versions: bool = True
+    """``sync.per_request.project_versions``: judge staleness at the version a call's trajectory
+    is expected to be trained at, not only the sync's."""
     request_rule: RequestRule = RequestRule(max_lag=None)
     """The per-request rule (``sync.per_request``; :mod:`.per_request`): a ``per_request`` pause
     decides with it; it cancels for staleness only under that policy."""
@@ -95,7 +98,7 @@ class RunnerSettings:
         return cls(run_id=cfg.run.id, n=r.n, max_concurrent_samples=d.max_concurrent_samples,
                    max_required_samples=d.max_required_samples, max_queue_size=d.max_queue_size, test_freq=r.test_freq,
                    val_before_train=r.val_before_train, publish_unit=r.publish_unit,
-                   request_rule=RequestRule.from_config(cfg))
+                   request_rule=RequestRule.from_config(cfg), project_versions=cfg.sync.per_request.project_versions)
 
 
 class PauseTimeout(RuntimeError):
@@ -417,7 +420,8 @@ class Runner:
 
         done = await pause_per_request(self.calls, self.settings.request_rule, target, self.version, abort,
                                        cancellable=lambda state: state.id in self.agents, rounds=EXACT_ABORT_ROUNDS,
-                                       interval_s=PAUSE_REABORT_S)
+                                       interval_s=PAUSE_REABORT_S,
+                                       seconds_per_version=self.serving.seconds_per_version if self.settings.project_versions else None)
         c = self.counters
         c.per_request_pauses += 1
         for outcome in ("kept", "resumed", "cancelled", "missed"):

@@ -232,3 +232,19 @@ async def test_in_flight_calls_estimate_what_a_call_has_decoded():
         assert calls.decoded_estimate(call, now=call.started + 100.0) == 40, "never beyond its budget"
         call.streamed = 7
         assert calls.decoded_estimate(call, now=call.started + 100.0) == 7
+
+
+def test_expected_rest_of_a_turn_from_finished_lengths_and_the_projected_versions():
+    from rollout_service.runner.inflight import TurnLengths
+    from rollout_service.runner.per_request import projected_syncs
+
+    turns = TurnLengths()
+    assert turns.expected_remaining(10, 500) == 500, "no history: the whole budget"
+    for n in (20, 40, 100, 1000):
+        turns.add(n)
+    assert turns.expected_remaining(0, 5000) == 290  # mean of every length
+    assert turns.expected_remaining(50, 5000) == 500  # (50 + 950) / 2: a long turn goes on longer
+    assert turns.expected_remaining(50, 300) == 300, "never beyond the budget"
+    assert turns.expected_remaining(2000, 5000) == 2000, "beyond every length seen: as many again"
+    assert projected_syncs(600, decode_rate=100.0, seconds_per_version=2.0) == 3  # 6 s of decoding, a version per 2 s
+    assert projected_syncs(600, None, 2.0) == projected_syncs(600, 100.0, None) == 0, "unknown pace: judged at the sync"

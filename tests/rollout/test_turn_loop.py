@@ -310,7 +310,7 @@ async def test_between_syncs_an_agent_already_too_stale_makes_no_call(chat):
     engines = ScriptedEngines([(chat.encode_text(ANSWER) + [chat.eos_token_id], False)], chat.eos_token_id)
     served = {"version": 4}
     deps = _deps(chat, engines)
-    deps.stale_check = lambda state: stale_reason(rule, state, served["version"])
+    deps.stale_check = lambda state, budget: stale_reason(rule, state, served["version"])
     fresh = _state(chat)
     fresh.version_start = 2  # lag 2 at version 4: still trainable
     ended, _ = await asyncio.wait_for(generate_turn_tokens(fresh, deps), WAIT_S)

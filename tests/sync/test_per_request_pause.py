@@ -18,6 +18,7 @@ import httpx
 from asyncrl import failpoints
 from asyncrl.wire.sync import SyncStatus
 from rollout_service.agent.state import AgentState
+from rollout_service.runner.inflight import TurnLengths
 from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import WAIT_S, wait_for
@@ -43,7 +44,7 @@ def driven(agent_id: str, version_start: int | None, response: int) -> AgentStat
     state = AgentState(id=agent_id, run_id="t", group_id=agent_id, group_size=1, group_index=0, prompt_id=agent_id,
                        data_source="t")
     state.token_ids = list(PROMPT) + [11] * response
-    state.prompt_length = len(PROMPT)
+    state.prompt_length = state.turn_start = len(PROMPT)
     state.version_start = version_start
     return state
 
@@ -64,6 +65,8 @@ async def test_one_sync_keeps_resumes_and_cancels_by_each_calls_facts(tmp_path, 
                 young = driven("young", 2, 0)  # just started: the rest belongs to the new weights
                 stale = driven("stale", 0, 20)  # version 0: lags 3 at version 3, the trainer would drop it
                 svc.runner.agents[stale.id] = stale  # the runner's own agent (a session's call is never cancelled)
+                svc.runner.calls.turns, svc.runner.calls.decode_rate = TurnLengths(), None  # progress against the budget, no
+                # estimate of tokens in flight, nothing projected: the driven facts alone decide
                 generator = svc.runner.calls.routed(svc.pool)
                 params = {"max_new_tokens": LONG, "temperature": 0.0, "ignore_eos": True}
                 calls = {s.id: asyncio.create_task(generator.generate(s, PROMPT, params, f"{prefix}{s.id}"))

@@ -64,3 +64,16 @@ def test_config_refuses_unknown_or_out_of_range_rule_settings():
 def test_bad_settings_are_refused_naming_them(kwargs, name):
     with pytest.raises(ValueError, match=name):
         RequestRule(**kwargs)
+
+
+def test_a_call_expected_to_be_trained_later_is_judged_there():
+    """``syncs_ahead``: the versions the trainer is expected to add while the call decodes its
+    expected rest; the lag is judged at the sync's version plus those, and progress against the
+    expected length, not the budget."""
+    rule = RequestRule(max_lag=2, keep_min_progress=0.5)
+    young_long = CallFacts(rid="r", start_version=4, decoded=50, remaining=1950, context=60, expected_remaining=900, syncs_ahead=2)
+    outcome, why = rule.decide(young_long, 5)  # lag 1 at the sync, 3 when trained: dropped then
+    assert outcome == "cancel" and "would lag 3" in why and "2 more versions" in why
+    assert rule.decide(CallFacts(rid="r", start_version=4, decoded=50, remaining=1950, context=60, expected_remaining=900), 5)[0] == "resume"
+    # 60 of an expected 100 decoded: kept, though its budget is 2000
+    assert rule.decide(CallFacts(rid="r", start_version=5, decoded=60, remaining=1940, context=70, expected_remaining=40), 5)[0] == "keep"
