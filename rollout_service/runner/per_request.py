@@ -49,9 +49,11 @@ def projected_syncs(tokens: int, decode_rate: float | None, seconds_per_version:
 
 
 def call_facts(calls: InFlightCalls, call: InFlightCall, current_version: int, now: float,
-               seconds_per_version: float | None = None) -> CallFacts:
+               seconds_per_version: float | None = None, queue_versions: int = 0) -> CallFacts:
     """What the rule knows of ``call`` at ``now`` (module docstring, step 1); with
-    ``seconds_per_version`` the versions expected before its trajectory is trained."""
+    ``seconds_per_version`` the versions expected before its trajectory is trained: the later of
+    those the trainer adds while it decodes its expected rest and ``queue_versions``, those it
+    needs to consume the samples already queued ahead of it."""
     est = calls.decoded_estimate(call, now)
     state = call.state
     start = state.version_start if state.version_start is not None else current_version
@@ -59,18 +61,20 @@ def call_facts(calls: InFlightCalls, call: InFlightCall, current_version: int, n
     budget = max(0, call.max_new - est)
     expected = calls.turns.expected_remaining(decoded, budget)
     return CallFacts(rid=call.rid, start_version=start, decoded=decoded, remaining=budget, context=len(state.token_ids) + est,
-                     expected_remaining=expected, syncs_ahead=projected_syncs(expected, calls.decode_rate, seconds_per_version))
+                     expected_remaining=expected,
+                     syncs_ahead=max(projected_syncs(expected, calls.decode_rate, seconds_per_version), queue_versions))
 
 
 async def pause_per_request(calls: InFlightCalls, rule: RequestRule, target: int, current_version: int,
                             abort_rids: Callable[[set[str]], Awaitable[None]], cancellable: Callable[[Any], bool],
-                            rounds: int, interval_s: float, seconds_per_version: float | None = None) -> PauseOutcome:
+                            rounds: int, interval_s: float, seconds_per_version: float | None = None,
+                            queue_versions: int = 0) -> PauseOutcome:
     """Decide over the calls in flight and abort the resumed and cancelled ones (module docstring)."""
     started = time.monotonic()
     out = PauseOutcome(target_version=target)
     to_abort: set[str] = set()
     for call in list(calls.calls.values()):
-        facts = call_facts(calls, call, current_version, started, seconds_per_version)
+        facts = call_facts(calls, call, current_version, started, seconds_per_version, queue_versions)
         outcome, why = rule.decide(facts, target)
         if outcome == "cancel" and not cancellable(call.state):
             outcome, why = "resume", f"a session's call ({why}): resumed, the trainer judges it"
@@ -110,15 +114,17 @@ def stale_reason(rule: RequestRule | None, state: Any, version: int, syncs_ahead
     return rule.stale_reason(state.version_start, version + syncs_ahead)
 
 
-def between_syncs_check(rule: RequestRule, calls: InFlightCalls, serving, project: bool) -> Callable[[Any, int], str]:
-    """``AgentDeps.stale_check``: :func:`stale_reason` at the version served, projected by the
-    turn's expected length when ``project`` (``sync.per_request.project_versions``)."""
+def between_syncs_check(rule: RequestRule, calls: InFlightCalls, serving, project: bool,
+                        queue_versions: Callable[[], int] = lambda: 0) -> Callable[[Any, int], str]:
+    """``AgentDeps.stale_check``: :func:`stale_reason` at the version served, projected when
+    ``project`` (``sync.per_request.project_versions``) by the turn's expected length and the
+    versions the trainer needs for the samples queued ahead (``queue_versions()``)."""
     def check(state: Any, budget: int) -> str:
         ahead = 0
         if project:
             decoded = max(0, len(state.token_ids) - state.turn_start)
-            ahead = projected_syncs(calls.turns.expected_remaining(decoded, budget), calls.decode_rate,
-                                    serving.seconds_per_version)
+            ahead = max(projected_syncs(calls.turns.expected_remaining(decoded, budget), calls.decode_rate,
+                                        serving.seconds_per_version), queue_versions())
         return stale_reason(rule, state, serving.version, ahead)
 
     return check

@@ -85,6 +85,8 @@ class RunnerSettings:
     val_before_train: bool
     publish_unit: str
     """``rollout.publish_unit``: ``trajectory`` or ``group``."""
+    samples_per_sync: int = 1
+    """``derived.samples_per_sync``: samples the trainer consumes between two syncs."""
     project_versions: bool = True
     """``sync.per_request.project_versions``: judge staleness at the version a call's trajectory
     is expected to be trained at, not only the sync's."""
@@ -98,7 +100,8 @@ class RunnerSettings:
         return cls(run_id=cfg.run.id, n=r.n, max_concurrent_samples=d.max_concurrent_samples,
                    max_required_samples=d.max_required_samples, max_queue_size=d.max_queue_size, test_freq=r.test_freq,
                    val_before_train=r.val_before_train, publish_unit=r.publish_unit,
-                   request_rule=RequestRule.from_config(cfg), project_versions=cfg.sync.per_request.project_versions)
+                   request_rule=RequestRule.from_config(cfg), project_versions=cfg.sync.per_request.project_versions,
+                   samples_per_sync=d.samples_per_sync)
 
 
 class PauseTimeout(RuntimeError):
@@ -206,6 +209,11 @@ class Runner:
     @property
     def in_flight_samples(self) -> int:
         return sum(1 for left in self.groups.values() if left > 0)
+
+    def queue_versions(self) -> int:
+        """Versions the trainer needs to consume the samples already queued (stream and
+        outbox): a trajectory finishing now is trained after them (:mod:`.per_request`)."""
+        return self.queued_samples // max(1, self.settings.samples_per_sync)
 
     @property
     def queued_samples(self) -> int:
@@ -421,7 +429,8 @@ class Runner:
         done = await pause_per_request(self.calls, self.settings.request_rule, target, self.version, abort,
                                        cancellable=lambda state: state.id in self.agents, rounds=EXACT_ABORT_ROUNDS,
                                        interval_s=PAUSE_REABORT_S,
-                                       seconds_per_version=self.serving.seconds_per_version if self.settings.project_versions else None)
+                                       seconds_per_version=self.serving.seconds_per_version if self.settings.project_versions else None,
+                                       queue_versions=self.queue_versions() if self.settings.project_versions else 0)
         c = self.counters
         c.per_request_pauses += 1
         for outcome in ("kept", "resumed", "cancelled", "missed"):

@@ -27,7 +27,8 @@ lost, nothing unconsumed at the end, the run marked finished, and its final chec
 last step (step 12 when nothing was dropped).
 
 ``./dev test`` runs the issue's own case (the marker published but unread); ``./dev
-test-endings`` runs all six (about 4 minutes).
+test-endings`` runs all six, and a run under ``sync.pause_policy = "per_request"`` without a
+fault (issue 51: its cancels and exact aborts keep the accounting whole), about 5 minutes.
 """
 
 from __future__ import annotations
@@ -223,7 +224,15 @@ async def nats_near_the_end(run: FiniteRun) -> None:
     run.child("trainer").signal(signal.SIGCONT)
 
 
+async def no_fault(run: FiniteRun) -> None:
+    return None
+
+
 FAULTS = {
+    # issue 51: per-request pauses (cancels published as stale_cancelled, exact-rid aborts) keep
+    # the run's accounting whole: every trajectory trained or dropped once, none lost
+    "per-request-pauses": (no_fault, ("async_training.partial_rollout=true", "async_training.staleness_threshold=0.5",
+                                      "sync.pause_policy=per_request")),
     "trainer-before-last-publish": (trainer_before_the_last_publish, ()),
     # a quota that never binds: the rollout finishes while the trainer is frozen
     "trainer-marker-unread": (trainer_after_the_marker_before_reading_it, ("async_training.staleness_threshold=100",)),
