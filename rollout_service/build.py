@@ -167,7 +167,7 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
 
     val_records = await asyncio.to_thread(validation_records, cfg.data, cfg.run_dir)
 
-    calls, tokens = InFlightCalls(), TokenAccounting()
+    calls, tokens = InFlightCalls(lambda: serving.version), TokenAccounting()
     agent_store = AgentStore(await ensure_kv(js, names.agents_bucket), js, names.agents_bucket)
     settings = RunnerSettings.from_config(cfg)
     deps = build_agent_deps(cfg, AgentWiring(generator=calls.routed(pool), gate=serving.gate, checkpoint=agent_store.put,

@@ -64,6 +64,9 @@ class InFlightCall:
     """Its ``max_new_tokens``."""
     started: float
     """``time.monotonic()`` when it was sent."""
+    version: int = 0
+    """The weight version served when it was sent: the version of its first token when its
+    agent has none yet (a call kept across syncs returns nothing until it ends)."""
     streamed: int | None = None
     """Tokens its stream has shown so far (None: not streamed, or nothing yet)."""
 
@@ -72,7 +75,9 @@ class InFlightCalls:
     """Built before the runner and the agents' dependencies (both use it); the runner listens
     (:meth:`listen`) when it is built."""
 
-    def __init__(self) -> None:
+    def __init__(self, served_version: Callable[[], int] = lambda: 0) -> None:
+        """``served_version()``: the weight version served now (``ServingState.version``)."""
+        self.served_version = served_version
         self.count = 0
         self.calls: dict[str, InFlightCall] = {}
         """The registered calls by rid (a call without a rid is counted, not registered)."""
@@ -92,7 +97,7 @@ class InFlightCalls:
         """Count (and with a ``rid``, register) one call for the duration of the block."""
         call = None
         if rid is not None:
-            call = self.calls[rid] = InFlightCall(rid, state, max_new, time.monotonic())
+            call = self.calls[rid] = InFlightCall(rid, state, max_new, time.monotonic(), self.served_version())
         self.count += 1
         self._on_busy()
         try:

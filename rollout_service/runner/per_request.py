@@ -6,7 +6,8 @@ At a pause, for the sync to ``target`` (the version the sync agent is about to i
 
 1. every registered call (:class:`~.inflight.InFlightCalls`) becomes a
    :class:`~asyncrl.sync_control.request_policy.CallFacts`: its trajectory's oldest version
-   (the current version when it has no token yet), tokens decoded (the trajectory's response
+   (when it has no token yet: the version served when the call was sent, which a call kept
+   across syncs carries until it ends), tokens decoded (the trajectory's response
    plus the call's own estimate), tokens left (its budget minus the estimate), context;
 2. the rule decides ``keep``, ``resume`` or ``cancel`` for each. Only the runner's own agents
    are cancelled (``cancellable``): a session's call belongs to an outside client, which gets
@@ -56,7 +57,7 @@ def call_facts(calls: InFlightCalls, call: InFlightCall, current_version: int, n
     needs to consume the samples already queued ahead of it."""
     est = calls.decoded_estimate(call, now)
     state = call.state
-    start = state.version_start if state.version_start is not None else current_version
+    start = state.version_start if state.version_start is not None else min(call.version, current_version)
     decoded = max(0, len(state.token_ids) - state.turn_start) + est
     budget = max(0, call.max_new - est)
     expected = calls.turns.expected_remaining(decoded, budget)

@@ -248,3 +248,29 @@ def test_expected_rest_of_a_turn_from_finished_lengths_and_the_projected_version
     assert turns.expected_remaining(2000, 5000) == 2000, "beyond every length seen: as many again"
     assert projected_syncs(600, decode_rate=100.0, seconds_per_version=2.0) == 3  # 6 s of decoding, a version per 2 s
     assert projected_syncs(600, None, 2.0) == projected_syncs(600, 100.0, None) == 0, "unknown pace: judged at the sync"
+
+
+async def test_a_call_kept_across_syncs_is_judged_from_the_version_it_was_sent_at():
+    """A call kept in place across syncs returns nothing until it ends, so its agent has no
+    token (``version_start`` None): its first token's version is the one served when it was
+    sent, and a per-request pause judges it from there (found by bench/modes.py: such calls were
+    judged from the current version and never cancelled)."""
+    from asyncrl.sync_control.request_policy import RequestRule
+    from rollout_service.runner.inflight import InFlightCalls
+    from rollout_service.runner.per_request import call_facts, pause_per_request
+
+    served = [0]
+    calls = InFlightCalls(lambda: served[0])
+    state = AgentState(id="a", run_id="r", group_id="g", group_size=1, group_index=0, prompt_id="p", data_source="d",
+                       token_ids=[1, 2, 3], prompt_length=3, turn_start=3)
+    aborted: list[set] = []
+
+    async def abort(rids: set[str]) -> None:
+        aborted.append(set(rids))
+
+    with calls.tracking("rid-a", state, 100) as call:
+        served[0] = 4  # three syncs later, the call still decoding
+        assert call_facts(calls, call, current_version=4, now=call.started).start_version == 0
+        out = await pause_per_request(calls, RequestRule(max_lag=3), target=4, current_version=4, abort_rids=abort,
+                                      cancellable=lambda s: True, rounds=1, interval_s=0.0)
+    assert out.cancelled == 1 and aborted == [{"rid-a"}] and "version 0" in state.cancelled
