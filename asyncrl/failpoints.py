@@ -22,6 +22,8 @@ hold part new, part old weights while it holds; :func:`hold_async`, the event lo
 the stream, nothing of it committed);
 ``local_engine.step`` (local_engine, before each scheduler step: generations stop where they
 are while HTTP, aborts and pauses are still answered; a pause waits for the step to end);
+``rollout.per_request_decided`` (rollout service, in a ``per_request`` pause after every call
+in flight was judged and the cancelled ones marked, before the aborts);
 ``local_engine.lora_partial_load`` (local_engine emulating 0.5.21+, :func:`fires`: an adapter
 load fails as if one rank had failed after another loaded it, leaving the name "with an
 incomplete unload" until it is unloaded, as SGLang does).

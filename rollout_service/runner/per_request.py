@@ -35,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from asyncrl import failpoints
 from asyncrl.sync_control.request_policy import CallFacts, RequestRule
 from asyncrl.wire.rollout_admin import PauseOutcome
 from rollout_service.runner.inflight import InFlightCall, InFlightCalls
@@ -91,6 +92,7 @@ async def pause_per_request(calls: InFlightCalls, rule: RequestRule, target: int
         else:
             out.resumed += 1
             out.reprefill_tokens += facts.context
+    await failpoints.hold_async("rollout.per_request_decided")  # tests: a fault between the decisions and the aborts
     for _ in range(rounds):
         left = to_abort & calls.calls.keys()
         if not left:

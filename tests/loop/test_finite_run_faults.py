@@ -27,8 +27,9 @@ lost, nothing unconsumed at the end, the run marked finished, and its final chec
 last step (step 12 when nothing was dropped).
 
 ``./dev test`` runs the issue's own case (the marker published but unread); ``./dev
-test-endings`` runs all six, and a run under ``sync.pause_policy = "per_request"`` without a
-fault (issue 51: its cancels and exact aborts keep the accounting whole), about 5 minutes.
+test-endings`` runs all six, and two runs under ``sync.pause_policy = "per_request"`` (issue
+51): one without a fault (its cancels and exact aborts keep the accounting whole), one with the
+rollout service SIGKILLed inside a per-request pause and started again; about 6 minutes.
 """
 
 from __future__ import annotations
@@ -228,11 +229,27 @@ async def no_fault(run: FiniteRun) -> None:
     return None
 
 
+async def rollout_mid_per_request_decision(run: FiniteRun) -> None:
+    """Issue 51: the rollout service SIGKILLed inside a per-request pause, its calls judged and
+    the cancelled ones marked but nothing aborted yet; started again, the run must finish (no
+    engine or rollout left paused) with every trajectory trained or dropped once."""
+    await run.at_step(3)
+    run.arm("rollout.per_request_decided")
+    await wait_for(lambda: failpoints.reached(run.fp, "rollout.per_request_decided"), REACH_S,
+                   "a per-request pause to decide", procs=[run.child("rollout")])
+    await asyncio.to_thread(run.child("rollout").kill)
+    run.disarm_all()
+    run.restart("rollout")
+
+
 FAULTS = {
     # issue 51: per-request pauses (cancels published as stale_cancelled, exact-rid aborts) keep
     # the run's accounting whole: every trajectory trained or dropped once, none lost
     "per-request-pauses": (no_fault, ("async_training.partial_rollout=true", "async_training.staleness_threshold=0.5",
                                       "sync.pause_policy=per_request")),
+    "per-request-rollout-killed-mid-decision": (rollout_mid_per_request_decision,
+                                                ("async_training.partial_rollout=true", "async_training.staleness_threshold=0.5",
+                                                 "sync.pause_policy=per_request")),
     "trainer-before-last-publish": (trainer_before_the_last_publish, ()),
     # a quota that never binds: the rollout finishes while the trainer is frozen
     "trainer-marker-unread": (trainer_after_the_marker_before_reading_it, ("async_training.staleness_threshold=100",)),
