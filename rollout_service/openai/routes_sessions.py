@@ -14,7 +14,7 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from asyncrl.http.errors import ApiError
 from asyncrl.http.openapi import errors, streams
@@ -28,7 +28,10 @@ from rollout_service.openai.handlers import (
     check_chat_limits,
     check_completion,
     check_model,
+    raise_if_failed,
 )
+from rollout_service.openai.responses_objects import new_response_id, response_object
+from rollout_service.openai.responses_request import ResponsesRequest, lower
 from rollout_service.openai.route_helpers import chat_for, data_plane, models_body
 from rollout_service.openai.schemas import (
     ChatCompletionRequest,
@@ -46,6 +49,7 @@ from rollout_service.openai.sessions import (
     roll_back,
     snapshot,
 )
+from rollout_service.openai.turns import run_turn
 from rollout_service.runner.finish import to_trajectory
 
 
@@ -189,6 +193,57 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
             return await answer_chat(ctx, rec.agent, chat, req, spec, done, {"session_id": sid, "segments": rec.segments})
 
         return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
+
+    @router.post("/v1/sessions/{sid}/v1/responses", responses=errors(400, 404, 409, 422, 503))
+    async def session_responses(request: Request, sid: str, req: ResponsesRequest):
+        """The Responses API on the session (:mod:`.responses_request`): lowered onto the Chat
+        turn, answered as a ``response`` object, kept for ``previous_response_id`` and ``GET``."""
+        rec = open_session(request, sid)
+        check_model(ctx, req.model)
+        if req.stream:
+            raise ApiError(400, "stream: streamed Responses are not supported yet; send stream=false", param="stream")
+        previous = None
+        if req.previous_response_id is not None:
+            stored = rec.responses.get(req.previous_response_id)
+            if stored is None:
+                raise ApiError(400, f"previous_response_id {req.previous_response_id!r} is not a response of this session",
+                               param="previous_response_id")
+            previous = stored["messages"]
+        chat_req = lower(req, previous)
+        check_chat_limits(ctx, chat_req)
+        messages = [m.to_template() for m in chat_req.messages]
+        chat, key = chat_for(ctx, chat_req)
+        response_id = new_response_id()
+
+        def recorded(out) -> None:
+            assistant = {"role": "assistant", "content": out.content or ""}
+            if out.tool_calls:
+                assistant["tool_calls"] = out.tool_calls
+            rec.known_messages.append(normalize_message(assistant))
+            rec.agent.messages = [*messages, assistant]
+            rec.last_turn_ended = out.ended_by_eos
+            rec.responses[response_id] = {"messages": [*messages, assistant],
+                                          "object": response_object(response_id, ctx.model_name, req, out, facts(out))}
+
+        def facts(out) -> dict:
+            return {"session_id": sid, "segments": rec.segments}
+
+        async def answer(done):
+            spec = chat_spec(ctx, chat_req, len(rec.agent.token_ids))
+            out = await run_turn(rec.agent, ctx.runner.deps, chat, spec, ctx.max_model_len)
+            await done(out)
+            raise_if_failed(out)
+            return JSONResponse(rec.responses[response_id]["object"])
+
+        return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
+
+    @router.get("/v1/sessions/{sid}/v1/responses/{response_id}", responses=errors(404))
+    async def session_response(request: Request, sid: str, response_id: str):
+        rec = session_for(request, sid)
+        stored = rec.responses.get(response_id)
+        if stored is None:
+            raise ApiError(404, f"no response {response_id!r} in session {sid}", param="response_id")
+        return stored["object"]
 
     @router.post("/v1/sessions/{sid}/v1/completions", responses={**streams(), **errors(404, 409, 503)})
     async def session_completion(request: Request, sid: str, req: CompletionRequest):

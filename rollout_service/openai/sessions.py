@@ -74,6 +74,9 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     reward_set: bool = False
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     finished_at: float | None = None
+    responses: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    """Responses API turns by response id: ``messages`` (the conversation through its output, as
+    chat messages, for ``previous_response_id``) and ``object`` (what ``GET`` returns)."""
 
     def public(self) -> dict[str, Any]:
         a = self.agent

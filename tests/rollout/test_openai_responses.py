@@ -1,0 +1,74 @@
+"""Issue 52: the Responses API on a session, driven by the official openai client
+(``client.responses.create``): a function call, its output sent back through
+``previous_response_id``, the final answer; ``GET`` of a stored response; the published
+trajectory holds exactly the engine's token ids and log-probs, the tool output masked — as a
+Chat session's does. What is not supported yet (streaming) is a 400 naming it."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from asyncrl.chat import ChatTokenizer
+from asyncrl.models import load_tokenizer
+from tests.helpers.recording_proxy import RecordingProxy
+from tests.rollout.conftest import running_service
+from tests.rollout.test_openai_api import (
+    CALC,
+    QUESTION,
+    _in_thread,
+    check_trajectory,
+    finish,
+    idle_cfg,
+    new_session,
+)
+from tests.rollout.test_service_episodes import fetch_all
+from tools.calculator import evaluate_expression, format_number
+
+TOOLS = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+          "parameters": t["function"]["parameters"]} for t in CALC]
+
+
+async def test_a_responses_tool_round_trip_is_recorded_token_for_token(tmp_path, nats_server, warm_engine, warm_model):
+    proxy = await RecordingProxy(warm_engine).start()
+    try:
+        async with running_service(idle_cfg(tmp_path, nats_server.url, proxy.url)) as (svc, url):
+            sess = await new_session(url, data_source="external/arith", group_size=1)
+            client = OpenAI(base_url=sess["base_url"], api_key=sess["token"], timeout=120, max_retries=0)
+            first = await _in_thread(lambda: client.responses.create(model="policy", input=QUESTION, tools=TOOLS,
+                                                                     temperature=0, max_output_tokens=64))
+            calls = [item for item in first.output if item.type == "function_call"]
+            assert first.status == "completed" and calls and calls[0].name == "calculator", first.output
+            assert first.usage.output_tokens > 0 and first.model_extra["asyncrl"]["session_id"] == sess["id"]
+            expr = json.loads(calls[0].arguments)["expression"]
+            second = await _in_thread(lambda: client.responses.create(
+                model="policy", previous_response_id=first.id, tools=TOOLS, temperature=0, max_output_tokens=64,
+                input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                        "output": format_number(evaluate_expression(expr))}]))
+            assert second.previous_response_id == first.id and "boxed" in second.output_text
+            again = await _in_thread(lambda: client.responses.retrieve(second.id))
+            assert again.id == second.id and again.output_text == second.output_text
+            with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+                await _in_thread(lambda: client.responses.create(model="policy", previous_response_id="resp_unknown", input="x"))
+            with pytest.raises(openai.BadRequestError, match="stream"):
+                await _in_thread(lambda: client.responses.create(model="policy", input="x", stream=True))
+            with pytest.raises(openai.BadRequestError, match="web_search"):
+                await _in_thread(lambda: client.responses.create(model="policy", input="x", tools=[{"type": "web_search"}]))
+            async with httpx.AsyncClient() as http:
+                missing = await http.get(f"{sess['base_url']}/responses/resp_nope", headers={"Authorization": f"Bearer {sess['token']}"})
+            assert missing.status_code == 404 and "resp_nope" in missing.json()["error"]["message"]
+            state = await finish(url, sess, reward=1.0)
+            assert state["turns"] == 2 and state["segments"] == 1, "the refused requests left the session as it was"
+        trajs = await fetch_all(nats_server.url, "demo", 2)
+    finally:
+        await proxy.stop()
+    traj = next(t for t in trajs if t.id == sess["id"])
+    mine = [resp for req, resp in proxy.exchanges if f".{traj.id}." in req["rid"]]
+    engine_lps = [[t[0] for t in resp["meta_info"]["output_token_logprobs"]] for resp in mine]
+    chat = ChatTokenizer(load_tokenizer(str(warm_model)), CALC)
+    check_trajectory(traj, proxy, engine_lps, chat, [{"role": "user", "content": QUESTION}])
+    assert 0 in traj.loss_mask and traj.loss_mask[0] == 1, "the tool output is in the response, masked"
