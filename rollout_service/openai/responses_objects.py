@@ -38,28 +38,34 @@ def output_items(out: TurnOutcome) -> list[dict[str, Any]]:
     return items
 
 
+def response_skeleton(response_id: str, model: str, req: ResponsesRequest) -> dict[str, Any]:
+    """The ``response`` object before its turn: ``in_progress``, no output, the request echoed."""
+    return {
+        "id": response_id, "object": "response", "created_at": int(time.time()), "model": model, "status": "in_progress",
+        "error": None, "incomplete_details": None, "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "output": [], "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": req.previous_response_id, "store": req.store is not False,
+        "temperature": 1.0 if req.temperature is None else req.temperature, "top_p": req.top_p or 1.0,
+        "text": {"format": {"type": "text"}}, "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+        "tools": list(req.tools or []), "truncation": "disabled", "usage": None, "metadata": dict(req.metadata or {}),
+    }
+
+
 def response_object(response_id: str, model: str, req: ResponsesRequest, out: TurnOutcome,
                     extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``response`` object (module docstring); ``extra``: asyncrl's own facts (the session,
     its segments) under ``asyncrl`` and, as strings, in ``metadata``."""
     incomplete = out.finish_reason == "length"
-    choice = req.tool_choice if req.tool_choice is not None else "auto"
-    metadata = dict(req.metadata or {})
-    body: dict[str, Any] = {
-        "id": response_id, "object": "response", "created_at": int(time.time()), "model": model,
-        "status": "incomplete" if incomplete else "completed", "error": None,
+    body = response_skeleton(response_id, model, req)
+    body.update({
+        "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-        "output": output_items(out), "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "previous_response_id": req.previous_response_id, "store": req.store is not False,
-        "temperature": 1.0 if req.temperature is None else req.temperature, "top_p": req.top_p or 1.0,
-        "text": {"format": {"type": "text"}}, "tool_choice": choice, "tools": list(req.tools or []), "truncation": "disabled",
+        "output": output_items(out),
         "usage": {"input_tokens": out.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
                   "output_tokens": out.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                   "total_tokens": out.prompt_tokens + out.completion_tokens},
-        "metadata": metadata,
-    }
+    })
     if extra:
         body["asyncrl"] = extra
-        body["metadata"] = {**{k: str(v) for k, v in extra.items()}, **metadata}
+        body["metadata"] = {**{k: str(v) for k, v in extra.items()}, **body["metadata"]}
     return body

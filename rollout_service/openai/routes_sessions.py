@@ -30,8 +30,13 @@ from rollout_service.openai.handlers import (
     check_model,
     raise_if_failed,
 )
-from rollout_service.openai.responses_objects import new_response_id, response_object
+from rollout_service.openai.responses_objects import (
+    new_response_id,
+    response_object,
+    response_skeleton,
+)
 from rollout_service.openai.responses_request import ResponsesRequest, lower
+from rollout_service.openai.responses_stream import responses_events
 from rollout_service.openai.route_helpers import chat_for, data_plane, models_body
 from rollout_service.openai.schemas import (
     ChatCompletionRequest,
@@ -49,6 +54,7 @@ from rollout_service.openai.sessions import (
     roll_back,
     snapshot,
 )
+from rollout_service.openai.streaming import stream_turn
 from rollout_service.openai.turns import run_turn
 from rollout_service.runner.finish import to_trajectory
 
@@ -194,14 +200,12 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
 
         return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
 
-    @router.post("/v1/sessions/{sid}/v1/responses", responses=errors(400, 404, 409, 422, 503))
+    @router.post("/v1/sessions/{sid}/v1/responses", responses={**streams(), **errors(400, 404, 409, 422, 503)})
     async def session_responses(request: Request, sid: str, req: ResponsesRequest):
         """The Responses API on the session (:mod:`.responses_request`): lowered onto the Chat
         turn, answered as a ``response`` object, kept for ``previous_response_id`` and ``GET``."""
         rec = open_session(request, sid)
         check_model(ctx, req.model)
-        if req.stream:
-            raise ApiError(400, "stream: streamed Responses are not supported yet; send stream=false", param="stream")
         previous = None
         if req.previous_response_id is not None:
             stored = rec.responses.get(req.previous_response_id)
@@ -230,6 +234,12 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
 
         async def answer(done):
             spec = chat_spec(ctx, chat_req, len(rec.agent.token_ids))
+            if req.stream:
+                chat_events = stream_turn(rec.agent, ctx.runner.deps, chat, spec, ctx.max_model_len, model=ctx.model_name,
+                                          want_logprobs=False, include_usage=False, on_done=done)
+                stored = lambda: (rec.responses.get(response_id) or {}).get("object")  # noqa: E731
+                return StreamingResponse(responses_events(chat_events, response_skeleton(response_id, ctx.model_name, req), stored),
+                                         media_type="text/event-stream")
             out = await run_turn(rec.agent, ctx.runner.deps, chat, spec, ctx.max_model_len)
             await done(out)
             raise_if_failed(out)

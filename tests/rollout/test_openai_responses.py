@@ -1,8 +1,9 @@
 """Issue 52: the Responses API on a session, driven by the official openai client
 (``client.responses.create``): a function call, its output sent back through
-``previous_response_id``, the final answer; ``GET`` of a stored response; the published
-trajectory holds exactly the engine's token ids and log-probs, the tool output masked — as a
-Chat session's does. What is not supported yet (streaming) is a 400 naming it."""
+``previous_response_id``, the final answer streamed (the Responses event sequence); ``GET`` of
+a stored response; the published trajectory holds exactly the engine's token ids and
+log-probs, the tool output masked — as a Chat session's does. What is not supported is a 400
+naming it."""
 
 from __future__ import annotations
 
@@ -45,17 +46,21 @@ async def test_a_responses_tool_round_trip_is_recorded_token_for_token(tmp_path,
             assert first.status == "completed" and calls and calls[0].name == "calculator", first.output
             assert first.usage.output_tokens > 0 and first.model_extra["asyncrl"]["session_id"] == sess["id"]
             expr = json.loads(calls[0].arguments)["expression"]
-            second = await _in_thread(lambda: client.responses.create(
-                model="policy", previous_response_id=first.id, tools=TOOLS, temperature=0, max_output_tokens=64,
+            events = await _in_thread(lambda: list(client.responses.create(
+                model="policy", previous_response_id=first.id, tools=TOOLS, temperature=0, max_output_tokens=64, stream=True,
                 input=[{"type": "function_call_output", "call_id": calls[0].call_id,
-                        "output": format_number(evaluate_expression(expr))}]))
+                        "output": format_number(evaluate_expression(expr))}])))
+            kinds = [e.type for e in events]
+            assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed", kinds
+            assert [e.sequence_number for e in events] == list(range(len(events)))
+            second = events[-1].response
+            streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
             assert second.previous_response_id == first.id and "boxed" in second.output_text
+            assert streamed == second.output_text and "response.output_item.done" in kinds
             again = await _in_thread(lambda: client.responses.retrieve(second.id))
             assert again.id == second.id and again.output_text == second.output_text
             with pytest.raises(openai.BadRequestError, match="previous_response_id"):
                 await _in_thread(lambda: client.responses.create(model="policy", previous_response_id="resp_unknown", input="x"))
-            with pytest.raises(openai.BadRequestError, match="stream"):
-                await _in_thread(lambda: client.responses.create(model="policy", input="x", stream=True))
             with pytest.raises(openai.BadRequestError, match="web_search"):
                 await _in_thread(lambda: client.responses.create(model="policy", input="x", tools=[{"type": "web_search"}]))
             async with httpx.AsyncClient() as http:
