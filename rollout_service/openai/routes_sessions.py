@@ -14,7 +14,7 @@ import time
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from asyncrl.http.errors import ApiError
 from asyncrl.http.openapi import errors, streams
@@ -28,15 +28,10 @@ from rollout_service.openai.handlers import (
     check_chat_limits,
     check_completion,
     check_model,
-    raise_if_failed,
 )
-from rollout_service.openai.responses_objects import (
-    new_response_id,
-    response_object,
-    response_skeleton,
-)
+from rollout_service.openai.responses_answer import answer_response
+from rollout_service.openai.responses_objects import new_response_id, response_object
 from rollout_service.openai.responses_request import ResponsesRequest, lower
-from rollout_service.openai.responses_stream import responses_events
 from rollout_service.openai.route_helpers import chat_for, data_plane, models_body
 from rollout_service.openai.schemas import (
     ChatCompletionRequest,
@@ -54,8 +49,6 @@ from rollout_service.openai.sessions import (
     roll_back,
     snapshot,
 )
-from rollout_service.openai.streaming import stream_turn
-from rollout_service.openai.turns import run_turn
 from rollout_service.runner.finish import to_trajectory
 
 
@@ -234,16 +227,8 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
 
         async def answer(done):
             spec = chat_spec(ctx, chat_req, len(rec.agent.token_ids))
-            if req.stream:
-                chat_events = stream_turn(rec.agent, ctx.runner.deps, chat, spec, ctx.max_model_len, model=ctx.model_name,
-                                          want_logprobs=False, include_usage=False, on_done=done)
-                stored = lambda: (rec.responses.get(response_id) or {}).get("object")  # noqa: E731
-                return StreamingResponse(responses_events(chat_events, response_skeleton(response_id, ctx.model_name, req), stored),
-                                         media_type="text/event-stream")
-            out = await run_turn(rec.agent, ctx.runner.deps, chat, spec, ctx.max_model_len)
-            await done(out)
-            raise_if_failed(out)
-            return JSONResponse(rec.responses[response_id]["object"])
+            return await answer_response(ctx, rec.agent, chat, req, spec, response_id, done,
+                                         lambda: (rec.responses.get(response_id) or {}).get("object"))
 
         return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
 

@@ -1,5 +1,5 @@
 """The stateless OpenAI routes (bearer ``security.api_token`` when set): ``GET /v1/models``,
-``POST /v1/chat/completions``, ``POST /v1/completions``: inference through the run's engines,
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``: inference through the run's engines,
 not recorded; each held in a stateless-request slot until its answer is sent
 (``api.max_stateless_requests``)."""
 
@@ -19,6 +19,9 @@ from rollout_service.openai.handlers import (
     check_model,
     ephemeral_state,
 )
+from rollout_service.openai.responses_answer import answer_response
+from rollout_service.openai.responses_objects import new_response_id, response_object
+from rollout_service.openai.responses_request import ResponsesRequest, lower
 from rollout_service.openai.route_helpers import chat_for, data_plane, models_body
 from rollout_service.openai.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -58,6 +61,30 @@ def stateless_router(ctx: OpenAIContext) -> APIRouter:
             return None
 
         return await limited(lambda: answer_chat(ctx, state, chat, req, spec, done))
+
+    @router.post("/v1/responses", responses={**streams(), **errors(400, 404, 422, 503)})
+    async def responses(request: Request, req: ResponsesRequest):
+        """The Responses API, not recorded and not stored (no ``previous_response_id``, no ``GET``:
+        use a session for those)."""
+        data_plane(ctx, request)
+        check_model(ctx, req.model)
+        if req.previous_response_id is not None:
+            raise ApiError(400, "previous_response_id needs a session: stateless responses are not stored",
+                           param="previous_response_id")
+        chat_req = lower(req)
+        check_chat_limits(ctx, chat_req)
+        messages = [m.to_template() for m in chat_req.messages]
+        chat, _ = chat_for(ctx, chat_req)
+        state = ephemeral_state(ctx, messages)
+        state.token_ids = chat.prompt_ids(messages)
+        state.prompt_length = state.turn_start = len(state.token_ids)
+        spec = chat_spec(ctx, chat_req, state.prompt_length)
+        response_id, box = new_response_id(), {}
+
+        async def done(out) -> None:
+            box["object"] = response_object(response_id, ctx.model_name, req, out)
+
+        return await limited(lambda: answer_response(ctx, state, chat, req, spec, response_id, done, lambda: box.get("object")))
 
     @router.post("/v1/completions", responses={**streams(), **errors(404, 503)})
     async def completions(request: Request, req: CompletionRequest):

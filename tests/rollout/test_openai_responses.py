@@ -77,3 +77,20 @@ async def test_a_responses_tool_round_trip_is_recorded_token_for_token(tmp_path,
     chat = ChatTokenizer(load_tokenizer(str(warm_model)), CALC)
     check_trajectory(traj, proxy, engine_lps, chat, [{"role": "user", "content": QUESTION}])
     assert 0 in traj.loss_mask and traj.loss_mask[0] == 1, "the tool output is in the response, masked"
+
+
+async def test_stateless_responses_answer_and_stream_but_store_nothing(tmp_path, nats_server, warm_engine):
+    from tests.rollout.test_openai_api import API
+
+    async with running_service(idle_cfg(tmp_path, nats_server.url, warm_engine)) as (svc, url):
+        client = OpenAI(base_url=f"{url}/v1", api_key=API, timeout=120, max_retries=0)
+        plain = await _in_thread(lambda: client.responses.create(model="policy", input="Say hi.", instructions="Be brief.",
+                                                                 temperature=0, max_output_tokens=8))
+        assert plain.status in ("completed", "incomplete") and plain.usage.output_tokens > 0
+        events = await _in_thread(lambda: list(client.responses.create(model="policy", input="Say hi.", temperature=0,
+                                                                       max_output_tokens=8, stream=True)))
+        assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+        assert events[-1].response.output_text == "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        with pytest.raises(openai.BadRequestError, match="previous_response_id needs a session"):
+            await _in_thread(lambda: client.responses.create(model="policy", input="x", previous_response_id=plain.id))
+        assert svc.sessions.open_count == 0
