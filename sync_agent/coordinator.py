@@ -151,10 +151,23 @@ class SyncCoordinator:
         if self.running is not None or self.unfinished is not None or not self.queue.empty():
             return False
         no_source = self.reload_source() is None
-        return any(v.alive and ((v.id in self.needs_reload and no_source)
-                                or (v.rollout_state == "quarantined" and (v.reason or "").startswith(AGENT_REASON)
-                                    and v.version != self.version))
-                   for v in views)
+        return self.starved_after_a_failed_sync() or any(
+            v.alive and ((v.id in self.needs_reload and no_source)
+                         or (v.rollout_state == "quarantined" and (v.reason or "").startswith(AGENT_REASON)
+                             and v.version != self.version))
+            for v in views)
+
+    def starved_after_a_failed_sync(self) -> bool:
+        """The last sync failed, so the engines and the rollout stay at the old version, and the
+        rollout can start nothing until a new one comes (its staleness quota used up, nothing in
+        flight): the trainer, waiting for data that cannot come, must push again. Found by a
+        rollout service killed inside a sync's pause (tests/loop/test_finite_run_faults.py)."""
+        last = self.records[-1] if self.records else None
+        status = self.fleet.last_rollout
+        if last is None or last.state != "failed" or last.version <= self.version or status is None:
+            return False
+        blocked = status.admission_blocked or ""
+        return blocked.startswith("staleness quota used") and status.counts.active == 0
 
     def _update(self, rec: SyncRecord) -> EngineUpdate:
         g = rec.group

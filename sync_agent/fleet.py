@@ -23,7 +23,7 @@ import logging
 from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.allowed import engine_url_refusal
-from asyncrl.wire.rollout_admin import EngineState
+from asyncrl.wire.rollout_admin import EngineState, RolloutStatus
 from asyncrl.wire.sync import EngineView, weight_version_number
 from sync_agent.liveness import EngineLiveness
 from sync_agent.rollout_admin import RolloutAdmin
@@ -42,6 +42,8 @@ class Fleet:
         self.liveness = EngineLiveness(engine_timeout_s)
         """Who answers /model_info; engines that missed a probe are not waited for (:mod:`.liveness`)."""
         self.last_views: list[EngineView] = []
+        self.last_rollout: RolloutStatus | None = None
+        """The rollout service's status as :meth:`views` last read it."""
         self._refused_urls: set[str] = set()  # engine URLs the rollout lists that the config does not allow (logged once)
 
     def client(self, engine_id: str, url: str) -> EngineClient:
@@ -79,7 +81,9 @@ class Fleet:
                 out.alive, out.version = True, weight_version_number(info.get("weight_version"))
             return out
 
-        return list(await asyncio.gather(*(view(e) for e in self._allowed((await self.rollout.status()).engines))))
+        status = await self.rollout.status()
+        self.last_rollout = status
+        return list(await asyncio.gather(*(view(e) for e in self._allowed(status.engines))))
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
