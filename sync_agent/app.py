@@ -9,7 +9,8 @@ and ``/metrics``; the read-only ``security.status_token`` on the GET routes).
                             resuming, succeeded, failed), phase_seconds, bytes, gb_per_s, engines, error
     GET  /v1/syncs        → the last syncs
     GET  /status          → current version, the group, every engine's version and state, the last syncs,
-                            push_wanted (engines wait for the trainer's full weights: an idle trainer publishes)
+                            push_wanted (engines wait for the trainer's full weights, or a failed sync left the
+                            rollout unable to start anything until a new version: an idle trainer publishes)
     GET  /health, GET /metrics
 """
 
