@@ -118,3 +118,51 @@ async def test_one_sync_keeps_resumes_and_cancels_by_each_calls_facts(tmp_path, 
     assert {b["rid"] for b in aborts} == {f"{prefix}young", f"{prefix}stale"}
     assert [body for _, path, _, body in proxy.requests if path == "/pause_generation"] == [{"mode": "in_place"}]
     assert not [p for _, p, _, _ in proxy.requests if p == "/flush_cache"], "in_place survivors: no flush"
+
+
+async def test_a_resumed_agents_trajectory_holds_the_engines_tokens_versions_and_logprobs(tmp_path, nats_server):
+    """Issue 51 item 6, through a real agent: the service's own agent is met mid-decode by a
+    per-request sync and resumed (its turn young, no length history: the rest belongs to the new
+    weights); the published trajectory holds, token for token, what the engine returned in each
+    call — ids, log-probs, and the version of each call (0 before the sync, 1 after). The engine
+    runs in timing mode with a fixed length (300 tokens), so the episode does not depend on what
+    a model says."""
+    from tests.rollout.test_service_episodes import fetch_all, model_segments
+
+    points = tmp_path / "failpoints"
+    points.mkdir()
+    timing = ("--timing-mode", "--timing-decode-ms", "5", "--timing-length-median", "300", "--timing-length-sigma", "0")
+    with start_engine(tmp_path, *ENGINE_ARGS, *timing, env={failpoints.ENV_DIR: str(points)}, name="engine") as engine:
+        proxy = await RecordingProxy(engine.url).start()
+        try:
+            async with stack(tmp_path, nats_server.url, [proxy.url], "async_training.partial_rollout=true",
+                             "async_training.staleness_threshold=0.5", "rollout.total_rollout_steps=1", "rollout.n=1",
+                             "rollout.tools=[]", "rollout.response_length=400", "rollout.sampling.max_new_tokens=400",
+                             "sync.pause_policy=per_request") as (svc, rollout_url, agent, agent_url, cfg):
+                await wait_for(lambda: engine_tokens_over(engine, 40), WAIT_S, "the agent's turn to decode")
+                (points / f"{STEP}.arm").touch()
+                await wait_for(lambda: bool(failpoints.reached(points, STEP)), WAIT_S, "the engine to hold the turn")
+                assert len(svc.runner.calls.calls) == 1
+                pub = publisher(agent_url, cfg)
+                try:
+                    _, weights = perturbed_weights(4)
+                    await sync_through_the_held_step(points, proxy, pub.publish(1, weights))
+                    rec = agent.coordinator.records[-1]
+                    await wait_for(lambda: rec.done, 60, "the sync to finish")
+                    assert rec.state == "succeeded", rec.error
+                finally:
+                    await pub.close()
+                assert (rec.pause_outcome.resumed, rec.pause_outcome.kept, rec.pause_outcome.cancelled) == (1, 0, 0)
+                [traj] = await fetch_all(nats_server.url, cfg.run.id, 1)
+        finally:
+            await proxy.stop()
+    calls = [(req, resp) for req, resp in proxy.exchanges if f".{traj.id}." in req["rid"]]
+    assert len(calls) == 2 and calls[0][1]["meta_info"]["finish_reason"]["type"] == "abort", [r["rid"] for r, _ in calls]
+    [(start, end)] = model_segments(traj)
+    ids = [t[1] for _, resp in calls for t in resp["meta_info"]["output_token_logprobs"]]
+    lps = [t[0] for _, resp in calls for t in resp["meta_info"]["output_token_logprobs"]]
+    assert traj.response_ids[start:end] == ids and traj.rollout_logprobs[start:end] == lps
+    first = len(calls[0][1]["output_ids"])
+    assert 0 < first < len(ids) and len(ids) == 300
+    assert traj.weight_versions[start:start + first] == [0] * first and traj.weight_versions[start + first:end] == [1] * (len(ids) - first)
+    assert calls[1][0]["input_ids"] == traj.token_ids[: traj.prompt_length + first], "resent with the tokens kept"
