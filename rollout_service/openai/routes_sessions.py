@@ -43,9 +43,9 @@ from rollout_service.openai.schemas import (
 from rollout_service.openai.sessions import (
     EXTERNAL_GROUP_PREFIX,
     SessionRecord,
-    normalize_message,
     prepare_text_turn,
     prepare_turn,
+    record_turn,
     roll_back,
     snapshot,
 )
@@ -180,12 +180,7 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
         chat, key = chat_for(ctx, req)
 
         def recorded(out) -> None:
-            assistant = {"role": "assistant", "content": out.content or ""}
-            if out.tool_calls:
-                assistant["tool_calls"] = out.tool_calls
-            rec.known_messages.append(normalize_message(assistant))
-            rec.agent.messages = [*messages, assistant]
-            rec.last_turn_ended = out.ended_by_eos
+            record_turn(rec, messages, out)
 
         async def answer(done):
             spec = chat_spec(ctx, req, len(rec.agent.token_ids))
@@ -213,17 +208,9 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
         response_id = new_response_id()
 
         def recorded(out) -> None:
-            assistant = {"role": "assistant", "content": out.content or ""}
-            if out.tool_calls:
-                assistant["tool_calls"] = out.tool_calls
-            rec.known_messages.append(normalize_message(assistant))
-            rec.agent.messages = [*messages, assistant]
-            rec.last_turn_ended = out.ended_by_eos
-            rec.responses[response_id] = {"messages": [*messages, assistant],
-                                          "object": response_object(response_id, ctx.model_name, req, out, facts(out))}
-
-        def facts(out) -> dict:
-            return {"session_id": sid, "segments": rec.segments}
+            assistant = record_turn(rec, messages, out)
+            rec.responses[response_id] = {"messages": [*messages, assistant], "object": response_object(
+                response_id, ctx.model_name, req, out, {"session_id": sid, "segments": rec.segments})}
 
         async def answer(done):
             spec = chat_spec(ctx, chat_req, len(rec.agent.token_ids))

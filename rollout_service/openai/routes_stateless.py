@@ -40,6 +40,17 @@ def stateless_router(ctx: OpenAIContext) -> APIRouter:
             release()
             raise
 
+    def prepared(req: ChatCompletionRequest):
+        """The chat tokenizer, a not-recorded agent state holding the rendered prompt, and the
+        turn's spec for a Chat request (or the one a Responses request was lowered to)."""
+        check_chat_limits(ctx, req)
+        messages = [m.to_template() for m in req.messages]
+        chat, _ = chat_for(ctx, req)
+        state = ephemeral_state(ctx, messages)
+        state.token_ids = chat.prompt_ids(messages)
+        state.prompt_length = state.turn_start = len(state.token_ids)
+        return chat, state, chat_spec(ctx, req, state.prompt_length)
+
     @router.get("/v1/models")
     async def models(request: Request):
         data_plane(ctx, request)
@@ -49,13 +60,7 @@ def stateless_router(ctx: OpenAIContext) -> APIRouter:
     async def chat_completions(request: Request, req: ChatCompletionRequest):
         data_plane(ctx, request)
         check_model(ctx, req.model)
-        check_chat_limits(ctx, req)
-        messages = [m.to_template() for m in req.messages]
-        chat, _ = chat_for(ctx, req)
-        state = ephemeral_state(ctx, messages)
-        state.token_ids = chat.prompt_ids(messages)
-        state.prompt_length = state.turn_start = len(state.token_ids)
-        spec = chat_spec(ctx, req, state.prompt_length)
+        chat, state, spec = prepared(req)
 
         async def done(out) -> None:
             return None
@@ -72,13 +77,7 @@ def stateless_router(ctx: OpenAIContext) -> APIRouter:
             raise ApiError(400, "previous_response_id needs a session: stateless responses are not stored",
                            param="previous_response_id")
         chat_req = lower(req)
-        check_chat_limits(ctx, chat_req)
-        messages = [m.to_template() for m in chat_req.messages]
-        chat, _ = chat_for(ctx, chat_req)
-        state = ephemeral_state(ctx, messages)
-        state.token_ids = chat.prompt_ids(messages)
-        state.prompt_length = state.turn_start = len(state.token_ids)
-        spec = chat_spec(ctx, chat_req, state.prompt_length)
+        chat, state, spec = prepared(chat_req)
         response_id, box = new_response_id(), {}
 
         async def done(out) -> None:

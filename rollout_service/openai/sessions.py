@@ -157,6 +157,18 @@ def prepare_text_turn(rec: SessionRecord, ids: list[int]) -> None:
     a.phase = Phase.GENERATING
 
 
+def record_turn(rec: SessionRecord, messages: list[dict[str, Any]], out) -> dict[str, Any]:
+    """Record a successful turn's answer after ``messages`` (what the client sent); returns the
+    assistant message (``out``: the turn's ``TurnOutcome``)."""
+    assistant = {"role": "assistant", "content": out.content or ""}
+    if out.tool_calls:
+        assistant["tool_calls"] = out.tool_calls
+    rec.known_messages.append(normalize_message(assistant))
+    rec.agent.messages = [*messages, assistant]
+    rec.last_turn_ended = out.ended_by_eos
+    return assistant
+
+
 def prepare_turn(rec: SessionRecord, messages: list[dict[str, Any]], chat: ChatTokenizer, key: str) -> None:
     """Extend (or restart) the session's token sequence for a new request (module doc)."""
     a = rec.agent

@@ -12,26 +12,16 @@ import asyncio
 
 import pytest
 
-from rollout_service.agent.state import AgentState
 from rollout_service.runner.inflight import TurnLengths
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.helpers.waiting import WAIT_S, wait_for
 from tests.sglang.conftest import ADMIN_KEY, API_KEY, DEMO_MODEL
 from tests.sglang.test_sync_policies import CALL_S, SLOW_S, one_engine, slow_down, tokens_in_flight
 from tests.sync.conftest import perturbed_weights, publisher, stack
+from tests.sync.test_per_request_pause import PROMPT, driven
 
-PROMPT = [5, 17, 42, 99, 7, 300, 12]
 LONG = 300  # each call's budget: three of them fit the servers' 1024-token context and 8192-token pool
 TARGET = 3  # version 0 lags 3 > ceil(0.5) + 1 = 2 at the sync: the trainer would drop it
-
-
-def driven(agent_id: str, version_start: int, response: int) -> AgentState:
-    state = AgentState(id=agent_id, run_id="t", group_id=agent_id, group_size=1, group_index=0, prompt_id=agent_id,
-                       data_source="t")
-    state.token_ids = list(PROMPT) + [11] * response
-    state.prompt_length = state.turn_start = len(PROMPT)
-    state.version_start = version_start
-    return state
 
 
 @pytest.mark.parametrize("kind", ["local", "sglang"])
