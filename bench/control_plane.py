@@ -62,8 +62,8 @@ from asyncrl.config import load_config  # noqa: E402
 from asyncrl.jetstream import connect  # noqa: E402
 from asyncrl.wire import NatsNames, decode_trajectory, is_end_of_data  # noqa: E402
 from launcher.up.stack import Stack  # noqa: E402
+from local_engine.simulated import CALCULATOR_CALL as CALL  # noqa: E402
 
-CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 LATENCY = ("asyncrl_rollout_publish_request_seconds", "asyncrl_rollout_publish_delay_seconds",
            "asyncrl_rollout_event_loop_lag_seconds")
 LAG_LIMIT_S = 0.05  # event-loop lag p99 above this: the service's loop is saturated

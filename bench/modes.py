@@ -1,9 +1,10 @@
 """verl's four modes on the real services, timed: samples/s, idle ratios, pause window, and
 the speed-up of (b), (c), (d) over (a) next to the ideal speed-up for the workload.
 
-    python bench/modes.py [--preset default|rollout-bound] [--decode-ms 10] [--length-median 60] [--length-sigma 1.0] \
+    python bench/modes.py [--preset default|rollout-bound|long-context] [--decode-ms 10] [--length-median 60] [--length-sigma 1.0] \
         [--length-max 400] [--prefill-ms 0.05] [--train-step-s 2.0] [--samples 64] [--n 4] [--mini 4] [--trigger 4] \
-        [--concurrency 64] [--modes a,b,c,d] [--pause-policies abort,retract,in_place,per_request]
+        [--concurrency 64] [--modes a,b,c,d] [--pause-policies abort,retract,in_place,per_request] \
+        [--max-model-len 4096] [--tool-turns 0]
 
 The modes are configured as in the seeds' 128-GPU table, cumulatively: (a) trigger 1,
 staleness 0; (b) trigger ``--trigger``; (c) (b) + staleness 0.5; (d) (c) + partial rollout.
@@ -17,6 +18,10 @@ samples/s over the training window (first to last step), the mean ``trainer/idle
 trajectories resumed across a sync and the tokens they kept (``fully_async/partial/*``), and
 (d)/(c). ``--preset rollout-bound`` is the case partial rollout exists for: fewer engine slots
 than the tail needs, a train step much shorter than a long generation (``PRESETS``).
+``--preset long-context`` makes contexts long: ``--tool-turns`` calculator calls per trajectory
+(timing mode scripts them), so a later turn's call starts with the whole conversation as its
+prompt (up to ~20 000 tokens, ``--max-model-len`` 32 768): what ``sync.per_request.resume_max_context``
+is for.
 ``--pause-policies`` runs mode (d) once per ``sync.pause_policy`` and adds the context tokens
 the engines prefilled again per sync (``local_engine_recomputed_prefill_tokens``: timing mode
 remembers an interrupted request's length, so every policy sees the same workload), the mean
@@ -53,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from asyncrl.config import load_config, secret  # noqa: E402
 from launcher.up.report import read_jsonl  # noqa: E402
 from launcher.up.stack import Stack  # noqa: E402
+from local_engine.simulated import CALCULATOR_CALL  # noqa: E402
 
 
 def modes(trigger: int, staleness: float = 0.5) -> dict[str, tuple[str, list[str]]]:
@@ -96,6 +102,14 @@ def timing_overrides(a) -> list[str]:
             f"{t}.length_sigma={a.length_sigma}", f"{t}.length_max={a.length_max}"]
 
 
+def tool_overrides(a) -> list[str]:
+    """No tools, or ``tool_turns`` scripted calculator calls per trajectory (multi-turn)."""
+    if not a.tool_turns:
+        return ["rollout.tools=[]"]
+    return ['rollout.tools=["calculator"]', f"engines.local.timing.tool_turns={a.tool_turns}",
+            f"rollout.multi_turn.max_assistant_turns={a.tool_turns + 1}", f"rollout.multi_turn.max_user_turns={a.tool_turns}"]
+
+
 async def engine_recomputed_tokens(urls: list[str]) -> float:
     """Sum of ``local_engine_recomputed_prefill_tokens`` over the engines (timing mode)."""
     import aiohttp
@@ -114,16 +128,21 @@ async def run_mode(mode: str, a, root: Path, policy: str = "abort") -> dict:
     run_dir = root / f"mode-{mode}-{policy}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would be resumed (checkpoints, stream)
     cfg = load_config(overrides=[
-        f"run.dir={run_dir}", f"run.id=bench-{mode}", "model.path=builtin:tiny", "model.max_model_len=4096",
+        f"run.dir={run_dir}", f"run.id=bench-{mode}", "model.path=builtin:tiny", f"model.max_model_len={a.max_model_len}",
         f"engines.num_local={a.engines}", f"engines.local.max_batch_size={a.concurrency}", *timing_overrides(a),
         "rollout.port=0", "sync.port=0", "trainer.metrics_port=0", f"rollout.n={a.n}", f"actor.ppo_mini_batch_size={a.mini}",
-        f"rollout.total_rollout_steps={a.samples}", "rollout.tools=[]", f"rollout.sampling.max_new_tokens={a.length_max}",
-        f"rollout.response_length={a.length_max}", f"rollout.max_concurrent={a.concurrency}", "trainer.nproc_per_node=1",
+        f"rollout.total_rollout_steps={a.samples}", *tool_overrides(a), f"rollout.sampling.max_new_tokens={a.length_max + 64}",
+        f"rollout.response_length={(a.tool_turns + 1) * (a.length_max + 128)}", f"rollout.max_concurrent={a.concurrency}",
+        "trainer.nproc_per_node=1",
         f"trainer.step_time_floor_s={a.train_step_s}", "trainer.checkpoint.save_freq=0", "trainer.checkpoint.export_hf=false",
         "actor.ppo_micro_batch_size_per_gpu=8", "sync.pause_timeout_s=300", *modes(a.trigger, a.staleness)[mode][1],
         f"engines.local.timing.prefill_ms_per_token={a.prefill_ms}", f"sync.pause_policy={policy}",
         *[f"sync.per_request.{kv}" for kv in a.per_request.split(",") if kv],
     ], environ={})
+    if a.tool_turns:
+        doc = cfg.model_dump()
+        doc["engines"]["local"]["timing"]["tool_call"] = CALCULATOR_CALL
+        cfg = type(cfg).model_validate(doc)
     stack = Stack(cfg, run_dir)
     t0 = time.monotonic()
     syncs: list[dict] = []
@@ -193,7 +212,8 @@ async def main_async(a) -> None:
     print(f"command: python bench/modes.py {' '.join(sys.argv[1:])}")
     print(f"workload: decode {a.decode_ms} ms/step, lengths log-normal(median {a.length_median}, sigma {a.length_sigma}, max {a.length_max}), "
           f"train step {a.train_step_s} s, B = {a.n}x{a.mini} trajectories/step, concurrency {a.concurrency}, "
-          f"modes b-d: trigger_parameter_sync_step {a.trigger}, modes c-d: staleness {a.staleness}, prefill {a.prefill_ms} ms/token")
+          f"modes b-d: trigger_parameter_sync_step {a.trigger}, modes c-d: staleness {a.staleness}, prefill {a.prefill_ms} ms/token, "
+          f"{a.tool_turns} tool turns, max_model_len {a.max_model_len}")
     width = 48 if len(policies) > 1 else 34
     print(f"{'mode':<{width}} {'samples/s':>10} {'trainer idle':>13} {'rollouter idle':>15} {'sync window s':>14} "
           f"{'speed-up':>9} {'ideal':>7} {'resumed':>8} {'kept tokens':>12} {'re-prefilled/sync':>18} {'pause s':>8} "
@@ -222,6 +242,9 @@ PRESETS = {
     "default": {},
     "rollout-bound": {"length_median": 100.0, "length_sigma": 1.5, "length_max": 2000, "train_step_s": 0.5,
                       "concurrency": 16, "trigger": 1, "staleness": 2.0, "samples": 32, "limit_s": 1200.0, "modes": "c,d"},
+    "long-context": {"length_median": 2500.0, "length_sigma": 0.8, "length_max": 8000, "tool_turns": 2, "max_model_len": 32768,
+                     "decode_ms": 2.0, "prefill_ms": 0.02, "train_step_s": 0.5, "concurrency": 16, "trigger": 1,
+                     "staleness": 2.0, "samples": 16, "limit_s": 1800.0, "modes": "d"},
 }
 
 
@@ -245,6 +268,8 @@ def main() -> None:
     ap.add_argument("--pause-policies", default="abort",
                     help="sync.pause_policy values to run mode (d) with, comma-separated (abort,retract,in_place,per_request)")
     ap.add_argument("--per-request", default="", help="extra sync.per_request settings for per_request, e.g. keep_min_progress=0.3")
+    ap.add_argument("--max-model-len", type=int, default=4096, help="model.max_model_len of every run")
+    ap.add_argument("--tool-turns", type=int, default=0, help="scripted calculator calls per trajectory (multi-turn contexts)")
     ap.add_argument("--limit-s", type=float, default=600.0)
     ap.add_argument("--out", default="runs/bench-modes")
     pre, _ = ap.parse_known_args()

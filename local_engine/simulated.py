@@ -46,6 +46,8 @@ from local_engine.runner import ModelRunner, PrefillOutput
 
 PEAK_LOGIT = 30.0  # softmax of 30 vs 0 over a few thousand tokens: the peak gets > 0.9999
 REMEMBERED_ROWS = 4096  # interrupted rows kept for a resume, two keys each (oldest forgotten first)
+# A hermes tool call of the builtin calculator: the ``tool_call`` text benchmarks and tests use.
+CALCULATOR_CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 
 
 class SimulatedRunner(ModelRunner):

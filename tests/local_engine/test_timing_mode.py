@@ -7,6 +7,7 @@ import statistics
 import time
 
 from asyncrl.engine_client import EngineClient
+from local_engine.simulated import CALCULATOR_CALL as CALL
 from tests.helpers.processes import start_engine
 
 
@@ -75,9 +76,6 @@ async def test_an_interrupted_request_keeps_its_length_under_every_pause_mode(tm
                     assert first.meta_info["num_retractions"] == 1 and grew > len(prompt) + 20
                 else:
                     assert grew == context
-
-
-CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 
 
 async def test_tool_turns_end_responses_with_the_tool_call_until_the_context_has_enough(tmp_path):
