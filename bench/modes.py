@@ -244,7 +244,7 @@ PRESETS = {
                       "concurrency": 16, "trigger": 1, "staleness": 2.0, "samples": 32, "limit_s": 1200.0, "modes": "c,d"},
     "long-context": {"length_median": 2500.0, "length_sigma": 0.8, "length_max": 8000, "tool_turns": 2, "max_model_len": 32768,
                      "decode_ms": 2.0, "prefill_ms": 0.02, "train_step_s": 0.5, "concurrency": 16, "trigger": 1,
-                     "staleness": 2.0, "samples": 16, "limit_s": 1800.0, "modes": "d"},
+                     "staleness": 2.0, "samples": 32, "limit_s": 1800.0, "modes": "d"},
 }
 
 
