@@ -157,8 +157,9 @@ def lower_items(items: str | list[dict[str, Any]], known_calls: set[str]) -> lis
 
 def lower(req: ResponsesRequest, previous: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
     """The Chat Completions request that serves ``req`` (module docstring); ``previous``: the
-    chat messages of the response ``previous_response_id`` names (its input and its output)."""
-    history = [m for m in previous or [] if m["role"] != "system"]  # instructions do not carry over
+    chat messages of the response ``previous_response_id`` names (its inputs and outputs, without
+    the ``instructions`` of earlier turns: those do not carry over)."""
+    history = list(previous or [])
     known = {c["id"] for m in history for c in m.get("tool_calls") or []}
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
     messages += lower_items(req.input, known)

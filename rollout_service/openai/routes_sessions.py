@@ -30,6 +30,7 @@ from rollout_service.openai.handlers import (
     check_model,
 )
 from rollout_service.openai.responses_answer import answer_response
+from rollout_service.openai.responses_history import conversation, remember
 from rollout_service.openai.responses_objects import new_response_id, response_object
 from rollout_service.openai.responses_request import ResponsesRequest, lower
 from rollout_service.openai.route_helpers import chat_for, data_plane, models_body
@@ -196,11 +197,10 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
         check_model(ctx, req.model)
         previous = None
         if req.previous_response_id is not None:
-            stored = rec.responses.get(req.previous_response_id)
-            if stored is None:
+            previous = conversation(rec.responses, req.previous_response_id)
+            if previous is None:
                 raise ApiError(400, f"previous_response_id {req.previous_response_id!r} is not a response of this session",
                                param="previous_response_id")
-            previous = stored["messages"]
         chat_req = lower(req, previous)
         check_chat_limits(ctx, chat_req)
         messages = [m.to_template() for m in chat_req.messages]
@@ -209,13 +209,14 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
 
         def recorded(out) -> None:
             assistant = record_turn(rec, messages, out)
-            rec.responses[response_id] = {"messages": [*messages, assistant], "object": response_object(
-                response_id, ctx.model_name, req, out, {"session_id": sid, "segments": rec.segments})}
+            new_input = messages[(1 if req.instructions else 0) + len(previous or []):]
+            remember(rec.responses, response_id, req.previous_response_id, new_input, assistant,
+                     response_object(response_id, ctx.model_name, req, out, {"session_id": sid, "segments": rec.segments}))
 
         async def answer(done):
             spec = chat_spec(ctx, chat_req, len(rec.agent.token_ids))
             return await answer_response(ctx, rec.agent, chat, req, spec, response_id, done,
-                                         lambda: (rec.responses.get(response_id) or {}).get("object"))
+                                         lambda: stored.object if (stored := rec.responses.get(response_id)) else None)
 
         return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
 
@@ -225,7 +226,7 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
         stored = rec.responses.get(response_id)
         if stored is None:
             raise ApiError(404, f"no response {response_id!r} in session {sid}", param="response_id")
-        return stored["object"]
+        return stored.object
 
     @router.post("/v1/sessions/{sid}/v1/completions", responses={**streams(), **errors(404, 409, 503)})
     async def session_completion(request: Request, sid: str, req: CompletionRequest):

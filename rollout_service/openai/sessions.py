@@ -52,6 +52,7 @@ import msgspec
 from asyncrl.chat import ChatTokenizer
 from asyncrl.http.errors import ApiError
 from rollout_service.agent.state import AgentState, Phase
+from rollout_service.openai.responses_history import StoredResponse
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,8 @@ class SessionRecord(msgspec.Struct, kw_only=True):
     reward_set: bool = False
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     finished_at: float | None = None
-    responses: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
-    """Responses API turns by response id: ``messages`` (the conversation through its output, as
-    chat messages, for ``previous_response_id``) and ``object`` (what ``GET`` returns)."""
+    responses: dict[str, StoredResponse] = msgspec.field(default_factory=dict)
+    """Responses API turns by response id (:mod:`.responses_history`: linear in the conversation)."""
 
     def public(self) -> dict[str, Any]:
         a = self.agent

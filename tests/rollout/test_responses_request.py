@@ -39,14 +39,15 @@ def test_items_with_a_function_call_and_its_output_lower_to_tool_messages():
     assert chat.parallel_tool_calls is False
 
 
-def test_chaining_puts_the_previous_conversation_first_without_its_instructions():
-    previous = [{"role": "system", "content": "old instructions"}, {"role": "user", "content": "Weather in Paris?"},
+def test_chaining_puts_the_new_instructions_then_the_previous_conversation_first():
+    # the previous conversation comes without its instructions (responses_history keeps none)
+    previous = [{"role": "user", "content": "Weather in Paris?"},
                 {"role": "assistant", "content": "", "tool_calls": [{"id": "call_9", "type": "function",
                                                                      "function": {"name": "weather", "arguments": "{}"}}]}]
     chat = lower(ResponsesRequest(input=[{"type": "function_call_output", "call_id": "call_9", "output": "sunny"}],
                                   instructions="new instructions", previous_response_id="resp_1"), previous)
     roles = [(m.role, m.content) for m in chat.messages]
-    assert roles[0] == ("system", "new instructions") and ("system", "old instructions") not in roles
+    assert roles[0] == ("system", "new instructions") and roles[1] == ("user", "Weather in Paris?")
     assert roles[-1] == ("tool", "sunny") and chat.messages[-1].tool_call_id == "call_9"
 
 
