@@ -20,7 +20,7 @@ trajectories resumed across a sync and the tokens they kept (``fully_async/parti
 than the tail needs, a train step much shorter than a long generation (``PRESETS``).
 ``--preset long-context`` makes contexts long: ``--tool-turns`` calculator calls per trajectory
 (timing mode scripts them), so a later turn's call starts with the whole conversation as its
-prompt (up to ~20 000 tokens, ``--max-model-len`` 32 768): what ``sync.per_request.resume_max_context``
+prompt (five turns of up to 4 000 tokens: contexts up to ~16 000, ``--max-model-len`` 32 768): what ``sync.per_request.resume_max_context``
 is for.
 ``--pause-policies`` runs mode (d) once per ``sync.pause_policy`` and adds the context tokens
 the engines prefilled again per sync (``local_engine_recomputed_prefill_tokens``: timing mode
@@ -242,9 +242,9 @@ PRESETS = {
     "default": {},
     "rollout-bound": {"length_median": 100.0, "length_sigma": 1.5, "length_max": 2000, "train_step_s": 0.5,
                       "concurrency": 16, "trigger": 1, "staleness": 2.0, "samples": 32, "limit_s": 1200.0, "modes": "c,d"},
-    "long-context": {"length_median": 2500.0, "length_sigma": 0.8, "length_max": 8000, "tool_turns": 2, "max_model_len": 32768,
-                     "decode_ms": 2.0, "prefill_ms": 0.02, "train_step_s": 0.5, "concurrency": 16, "trigger": 1,
-                     "staleness": 2.0, "samples": 32, "limit_s": 1800.0, "modes": "d"},
+    "long-context": {"length_median": 1000.0, "length_sigma": 0.8, "length_max": 4000, "tool_turns": 4, "max_model_len": 32768,
+                     "decode_ms": 2.0, "prefill_ms": 0.05, "train_step_s": 0.5, "concurrency": 16, "trigger": 1,
+                     "staleness": 2.0, "samples": 32, "mini": 2, "limit_s": 1800.0, "modes": "d"},
 }
 
 

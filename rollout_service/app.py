@@ -18,6 +18,7 @@ from asyncrl.http.errors import BodySizeLimit, error_response, install_error_han
 from asyncrl.http.openapi import document_errors
 from rollout_service.api.admin import build_admin_router
 from rollout_service.metrics import build_registry, render
+from rollout_service.openai.messages_errors import AnthropicErrors
 from rollout_service.openai.routes import build_openai_router
 
 
@@ -41,6 +42,7 @@ def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
     async def _template(request, exc: TemplateError):  # user input the chat template cannot render: the request's fault
         return error_response(400, str(exc), param="messages")
     app.add_middleware(BodySizeLimit, max_bytes=svc.cfg.api.max_body_bytes)
+    app.add_middleware(AnthropicErrors)  # outermost: its rewrite covers the size limit's 413 too
     registry = build_registry(svc.metrics_sources())
 
     @app.get("/health")

@@ -52,13 +52,21 @@ def bearer(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def require_token(request: Request, expected: str | None, what: str) -> None:
-    """401 without a token, 403 with a wrong one; no-op when ``expected`` is None (open)."""
+def client_key(request: Request) -> str | None:
+    """The bearer token, else an ``x-api-key`` header (what Anthropic's clients send): the
+    data plane and session tokens accept either; the admin token only the bearer."""
+    return bearer(request) or (request.headers.get("x-api-key") or "").strip() or None
+
+
+def require_token(request: Request, expected: str | None, what: str, api_key_header: bool = False) -> None:
+    """401 without a token, 403 with a wrong one; no-op when ``expected`` is None (open).
+    ``api_key_header``: an ``x-api-key`` header is accepted as well (:func:`client_key`)."""
     if expected is None:
         return
-    got = bearer(request)
+    got = client_key(request) if api_key_header else bearer(request)
     if got is None:
-        raise ApiError(401, f"{what} requires 'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"})
+        also = " (or 'x-api-key: <token>')" if api_key_header else ""
+        raise ApiError(401, f"{what} requires 'Authorization: Bearer <token>'{also}", headers={"WWW-Authenticate": "Bearer"})
     if not hmac.compare_digest(got.encode(), expected.encode()):
         raise ApiError(403, f"invalid {what} token")
 
@@ -74,6 +82,7 @@ def new_token() -> str:
 def check_token(expected_hash: str, given: str | None, what: str = "session") -> None:
     """401 without a token, 403 when ``given`` does not hash to ``expected_hash``."""
     if given is None:
-        raise ApiError(401, f"{what} routes require 'Authorization: Bearer <{what} token>'", headers={"WWW-Authenticate": "Bearer"})
+        raise ApiError(401, f"{what} routes require 'Authorization: Bearer <{what} token>' (or 'x-api-key: <{what} token>')",
+                       headers={"WWW-Authenticate": "Bearer"})
     if not hmac.compare_digest(hash_token(given), expected_hash):
         raise ApiError(403, f"invalid {what} token")

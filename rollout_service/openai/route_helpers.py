@@ -13,8 +13,9 @@ from rollout_service.openai.sessions import tools_key
 
 
 def data_plane(ctx: OpenAIContext, request: Request) -> None:
-    """Refuse a request without the data-plane token (when one is set)."""
-    require_token(request, ctx.api_token, "API")
+    """Refuse a request without the data-plane token (when one is set; a bearer token or an
+    ``x-api-key`` header)."""
+    require_token(request, ctx.api_token, "API", api_key_header=True)
 
 
 def models_body(ctx: OpenAIContext) -> dict:

@@ -2,6 +2,8 @@
 (:mod:`.sessions`). ``POST /v1/sessions`` (data-plane token) → ``{id, token, base_url}``; with
 the session token: ``GET /v1/sessions/{id}``, ``POST /v1/sessions/{id}/v1/chat/completions``
 (and ``/v1/completions``, ``/v1/models``: ``base_url`` works with any OpenAI client),
+``POST /v1/sessions/{id}/v1/responses`` (the Responses API), ``POST /v1/sessions/{id}/v1/messages``
+(Anthropic Messages: ``base_url`` without its ``/v1`` for an Anthropic client),
 ``POST /v1/sessions/{id}/reward``, ``POST /v1/sessions/{id}/finish`` (publishes the
 trajectory). Each turn runs under the session's lock; a failed, refused or abandoned turn puts
 the session back as it was."""
@@ -19,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from asyncrl.http.errors import ApiError
 from asyncrl.http.openapi import errors, streams
 from rollout_service.agent.state import AgentState
-from rollout_service.api.auth import bearer, check_token, hash_token, new_token
+from rollout_service.api.auth import check_token, client_key, hash_token, new_token
 from rollout_service.openai.context import OpenAIContext
 from rollout_service.openai.handlers import (
     answer_chat,
@@ -29,6 +31,8 @@ from rollout_service.openai.handlers import (
     check_completion,
     check_model,
 )
+from rollout_service.openai.messages_answer import answer_message
+from rollout_service.openai.messages_request import MessagesRequest, lower_messages
 from rollout_service.openai.responses_answer import answer_response
 from rollout_service.openai.responses_history import conversation, remember
 from rollout_service.openai.responses_objects import new_response_id, response_object
@@ -74,7 +78,7 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
 
     def session_for(request: Request, sid: str) -> SessionRecord:
         rec = sessions.get(sid)
-        check_token(rec.token_hash, bearer(request))
+        check_token(rec.token_hash, client_key(request))
         return rec
 
     def open_session(request: Request, sid: str) -> SessionRecord:
@@ -112,7 +116,8 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
         sessions.add(rec)
         await sessions.save(rec)
         root = (ctx.api.public_url or str(request.base_url)).rstrip("/")
-        return {"id": sid, "token": token, "base_url": f"{root}/v1/sessions/{sid}/v1", "group_id": named,
+        return {"id": sid, "token": token, "base_url": f"{root}/v1/sessions/{sid}/v1",
+                "anthropic_base_url": f"{root}/v1/sessions/{sid}", "group_id": named,
                 "expires_after_idle_s": ctx.api.session_ttl_s}
 
     @router.get("/v1/sessions/{sid}", responses=errors(404))
@@ -219,6 +224,24 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
                                          lambda: stored.object if (stored := rec.responses.get(response_id)) else None)
 
         return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
+
+    @router.post("/v1/sessions/{sid}/v1/messages", responses={**streams(), **errors(400, 404, 409, 422, 503)})
+    async def session_messages(request: Request, sid: str, req: MessagesRequest):
+        """Anthropic's Messages API on the session (:mod:`.messages_request`): lowered onto the
+        Chat turn, answered as a ``message`` (errors in Anthropic's shape: :mod:`.messages_errors`)."""
+        rec = open_session(request, sid)
+        check_model(ctx, req.model)
+        chat_req = lower_messages(req)
+        check_chat_limits(ctx, chat_req)
+        messages = [m.to_template() for m in chat_req.messages]
+        chat, key = chat_for(ctx, chat_req)
+
+        async def answer(done):
+            spec = chat_spec(ctx, chat_req, len(rec.agent.token_ids))
+            return await answer_message(ctx, rec.agent, chat, req, spec, done, {"session_id": sid, "segments": rec.segments})
+
+        return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer,
+                                  lambda out: record_turn(rec, messages, out))
 
     @router.get("/v1/sessions/{sid}/v1/responses/{response_id}", responses=errors(404))
     async def session_response(request: Request, sid: str, response_id: str):

@@ -1,5 +1,6 @@
 """The stateless OpenAI routes (bearer ``security.api_token`` when set): ``GET /v1/models``,
-``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``: inference through the run's engines,
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``, ``POST /v1/messages``
+(Anthropic's): inference through the run's engines,
 not recorded; each held in a stateless-request slot until its answer is sent
 (``api.max_stateless_requests``)."""
 
@@ -19,6 +20,8 @@ from rollout_service.openai.handlers import (
     check_model,
     ephemeral_state,
 )
+from rollout_service.openai.messages_answer import answer_message
+from rollout_service.openai.messages_request import MessagesRequest, lower_messages
 from rollout_service.openai.responses_answer import answer_response
 from rollout_service.openai.responses_objects import new_response_id, response_object
 from rollout_service.openai.responses_request import ResponsesRequest, lower
@@ -84,6 +87,18 @@ def stateless_router(ctx: OpenAIContext) -> APIRouter:
             box["object"] = response_object(response_id, ctx.model_name, req, out)
 
         return await limited(lambda: answer_response(ctx, state, chat, req, spec, response_id, done, lambda: box.get("object")))
+
+    @router.post("/v1/messages", responses={**streams(), **errors(400, 404, 422, 503)})
+    async def messages(request: Request, req: MessagesRequest):
+        """Anthropic's Messages API, not recorded (``x-api-key`` or a bearer token)."""
+        data_plane(ctx, request)
+        check_model(ctx, req.model)
+        chat, state, spec = prepared(lower_messages(req))
+
+        async def done(out) -> None:
+            return None
+
+        return await limited(lambda: answer_message(ctx, state, chat, req, spec, done))
 
     @router.post("/v1/completions", responses={**streams(), **errors(404, 503)})
     async def completions(request: Request, req: CompletionRequest):

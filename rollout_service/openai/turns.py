@@ -78,6 +78,8 @@ class TurnOutcome:
     completion_tokens: int
     error: TurnError | None = None
     """Set exactly when ``finish_reason`` is ``error``."""
+    stop_sequence: str | None = None
+    """The request's stop string the turn ended on (``finish_reason`` ``stop``), if it was one."""
 
 
 async def _no_checkpoint(state: AgentState) -> None:
@@ -164,4 +166,6 @@ def describe_turn(state: AgentState, chat: ChatTokenizer, spec: TurnSpec, ended:
         tool_calls=[c.as_openai() for c in calls], finish_reason=finish, model_ids=model_ids, model_logprobs=model_lps,
         top_logprobs=tops, weight_version=last.weight_version if last else None, ended_by_eos=bool(ended),
         prompt_tokens=prompt_tokens, completion_tokens=len(turn_ids), error=error,
+        stop_sequence=matched if finish == "stop" and isinstance(matched := last.finish_reason.matched, str)
+        and matched in spec.stop else None,
     )
