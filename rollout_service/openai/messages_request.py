@@ -16,14 +16,18 @@ Lowering:
 - ``tools`` (client tools: ``name``, ``description``, ``input_schema``) → function tools;
   ``tool_choice`` ``auto`` / ``any`` (→ ``required``) / ``tool`` (→ that function) / ``none``,
   ``disable_parallel_tool_use`` → ``parallel_tool_calls = false``;
-- ``max_tokens`` (required, as Anthropic requires it), ``stop_sequences``, ``temperature``
-  (Anthropic's range, 0-1), ``top_p``.
+- ``max_tokens`` (required, as Anthropic requires it), ``stop_sequences``; ``temperature``
+  (Anthropic's range, 0-1) and ``top_p`` where a client sends them (recent ``anthropic``
+  clients have no such arguments: ``extra_body``).
 
 Refused with a 400 naming them, never ignored: server tools (any tool with a ``type`` other
 than ``custom``: ``web_search_*``, ``bash_*``, ``text_editor_*``, ``computer_*``, ...), blocks
 other than the above (``image``, ``document``, ``thinking``, ``redacted_thinking``,
 ``server_tool_use``, ...), ``thinking`` enabled, ``top_k``, ``container``, ``mcp_servers``,
-``service_tier`` other than ``auto``. Accepted: ``model``, ``metadata``, ``stream`` (the route
+``output_config`` (output formats), ``service_tier`` other than ``auto``. Accepted without
+effect on the tokens: ``model``, ``metadata``, ``cache_control`` (top level and on blocks: the
+engines' prefix cache is automatic), ``diagnostics`` (answered without cache diagnostics),
+``inference_geo``, ``speed``, ``user_profile_id``, ``workspace_id``; ``stream`` (the route
 decides).
 """
 
@@ -37,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from asyncrl.http.errors import ApiError
 from rollout_service.openai.schemas import ChatCompletionRequest, _ValidUnicode
 
-UNSUPPORTED = ("top_k", "container", "mcp_servers", "context_management")
+UNSUPPORTED = ("top_k", "container", "mcp_servers", "context_management", "output_config")
 MAX_MESSAGES = 4096
 
 
@@ -73,6 +77,13 @@ class MessagesRequest(_ValidUnicode):
     metadata: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     service_tier: str | None = None
+    # accepted, no effect on the tokens: prompt-cache hints, routing and attribution
+    cache_control: dict[str, Any] | None = None
+    diagnostics: dict[str, Any] | None = None
+    inference_geo: str | None = None
+    speed: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
 
     @model_validator(mode="after")
     def _refuse_what_is_not_supported(self):
