@@ -18,7 +18,7 @@ from asyncrl.http.errors import BodySizeLimit, error_response, install_error_han
 from asyncrl.http.openapi import document_errors
 from rollout_service.api.admin import build_admin_router
 from rollout_service.metrics import build_registry, render
-from rollout_service.openai.messages_errors import AnthropicErrors
+from rollout_service.openai.messages_errors import AnthropicErrors, envelope_for
 from rollout_service.openai.routes import build_openai_router
 
 
@@ -56,5 +56,5 @@ def create_app(svc, *, manage_lifecycle: bool = True) -> FastAPI:
     app.include_router(build_admin_router(svc.admin_ports()))
     app.include_router(build_openai_router(svc.openai_context()))
     public = ("/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
-    document_errors(app, authenticated=lambda path: path not in public)
+    document_errors(app, authenticated=lambda path: path not in public, envelope_for=envelope_for)
     return app

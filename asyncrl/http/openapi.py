@@ -66,12 +66,15 @@ def streams(description: str = "with `stream: true`: server-sent events, `data: 
                   "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}}}}
 
 
-def _envelope_ref() -> dict[str, Any]:
-    return {"description": "", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}}}
+def _envelope_ref(name: str = "ErrorEnvelope") -> dict[str, Any]:
+    return {"description": "", "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
 
 
-def document_errors(app: FastAPI, authenticated: Callable[[str], bool]) -> None:
-    """Make ``app.openapi()`` document the generic error answers (module docstring)."""
+def document_errors(app: FastAPI, authenticated: Callable[[str], bool],
+                    envelope_for: Callable[[str], type[BaseModel] | None] = lambda path: None) -> None:
+    """Make ``app.openapi()`` document the generic error answers (module docstring).
+    ``envelope_for(path)``: another error shape a path answers in (e.g. Anthropic's on the
+    Messages routes), documented there instead of :class:`ErrorEnvelope`."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -101,6 +104,12 @@ def document_errors(app: FastAPI, authenticated: Callable[[str], bool]) -> None:
                 for status in wanted:
                     entry = responses.setdefault(str(status), _envelope_ref())
                     entry["description"] = entry.get("description") or DESCRIPTIONS[status]
+                other = envelope_for(path)
+                if other is not None:
+                    schemas[other.__name__] = other.model_json_schema(ref_template="#/components/schemas/{model}")
+                    for status, entry in responses.items():
+                        if status != "200" and "ErrorEnvelope" in str(entry.get("content")):
+                            responses[status] = {**_envelope_ref(other.__name__), "description": entry.get("description", "")}
         app.openapi_schema = doc
         return doc
 

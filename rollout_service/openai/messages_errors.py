@@ -13,11 +13,33 @@ from __future__ import annotations
 
 import json
 
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MESSAGES_SUFFIX = "/v1/messages"
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
           413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorEnvelope(BaseModel):
+    """An error answer on the Messages routes: ``{"type": "error", "error": {"type", "message"}}``."""
+
+    type: str
+    error: AnthropicErrorDetail
+
+
+def anthropic_shaped(path: str) -> bool:
+    return path.rstrip("/").endswith(MESSAGES_SUFFIX)
+
+
+def envelope_for(path: str) -> type[BaseModel] | None:
+    """The OpenAPI document's error shape for ``path`` (:func:`asyncrl.http.openapi.document_errors`)."""
+    return AnthropicErrorEnvelope if anthropic_shaped(path) else None
 
 
 def anthropic_error_type(status: int) -> str:
@@ -41,7 +63,7 @@ class AnthropicErrors:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope.get("path", "").rstrip("/").endswith(MESSAGES_SUFFIX):
+        if scope["type"] != "http" or not anthropic_shaped(scope.get("path", "")):
             return await self.app(scope, receive, send)
         start: Message | None = None
         chunks: list[bytes] = []

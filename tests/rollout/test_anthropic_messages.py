@@ -16,7 +16,16 @@ from asyncrl.chat import ChatTokenizer
 from asyncrl.models import load_tokenizer
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.rollout.conftest import running_service
-from tests.rollout.test_openai_api import API, CALC, QUESTION, _in_thread, check_trajectory, finish, idle_cfg, new_session
+from tests.rollout.test_openai_api import (
+    API,
+    CALC,
+    QUESTION,
+    _in_thread,
+    check_trajectory,
+    finish,
+    idle_cfg,
+    new_session,
+)
 from tests.rollout.test_service_episodes import fetch_all
 from tools.calculator import evaluate_expression, format_number
 
