@@ -11,7 +11,8 @@ Lowering:
 - ``input`` as a string → one ``user`` message; as items: ``message`` (``role`` user, system,
   developer or assistant; ``content`` a string or ``input_text`` / ``output_text`` parts),
   ``function_call`` (``call_id``, ``name``, ``arguments``) → an assistant message's tool call
-  (consecutive calls join one assistant message, as the model emitted them),
+  (calls right after an assistant message, or after each other, join that one message: a
+  response's output items — its text, then its calls — are one model turn),
   ``function_call_output`` (``call_id``, ``output``) → a ``tool`` message; a
   ``function_call_output`` whose ``call_id`` no earlier call made is refused;
 - ``previous`` (the conversation a ``previous_response_id`` names, already as chat messages)
@@ -139,8 +140,8 @@ def lower_items(items: str | list[dict[str, Any]], known_calls: set[str]) -> lis
                 raise ApiError(400, f"{where}: a function_call needs string call_id, name and arguments", param=where)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None:
-                last["tool_calls"].append(call)
+            if last is not None and last["role"] == "assistant":  # the calls of the message just before (one model turn)
+                last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
             known_calls.add(call_id)
