@@ -49,6 +49,7 @@ from rollout_service.openai.sessions import SessionManager
 from rollout_service.prompts import (
     build_prompt_stream,
     plays_verifiers,
+    sessions_only,
     source_reward,
     validation_records,
 )
@@ -127,7 +128,7 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
             raise ValueError("a verifiers data.source needs the service's own URL: build(cfg, url=...)")
         env_driver = DriverSupervisor(build_driver_spec(cfg, url, cfg.derived.max_concurrent_samples),
                                       secret(cfg.security.api_token) or "")
-    elif cfg.data.source and not cfg.data.train_files:
+    elif cfg.data.source and not cfg.data.train_files and not sessions_only(cfg.data):
         rewards.register(*await asyncio.to_thread(source_reward, cfg.data))
 
     nc = await connect(resolve_nats_url(cfg.nats.url, cfg.run_dir), f"rollout-{cfg.run.id}", user=cfg.nats.user,

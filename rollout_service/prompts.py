@@ -2,7 +2,9 @@
 (``data.source``: :mod:`rollout_service.data.reasoning_gym_task`). A verifiers environment
 (``data.source = "verifiers:..."``) brings its own data and agent: the runner then gets
 :class:`~rollout_service.verifiers_env.supervisor.DriverPrompts` (no prompts for its own
-agents), no validation set and no reward of its own.
+agents), no validation set and no reward of its own. ``data.source = "sessions"`` likewise:
+:class:`SessionPrompts` (the service runs no agents of its own; external agents bring the
+episodes and their rewards through sessions).
 
 The service trains on data it is given: with neither ``data.train_files`` nor ``data.source``
 it refuses to start (:func:`data_problem`). The built-in demo task is the launcher's: ``asyncrl
@@ -28,6 +30,30 @@ def data_problem(data: DataConfig) -> str | None:
             "task and passes its files when neither is set")
 
 
+def sessions_only(data: DataConfig) -> bool:
+    """Whether every trajectory of the run comes from sessions (``data.source = "sessions"``)."""
+    return data.source == "sessions" and not data.train_files
+
+
+class SessionPrompts:
+    """The runner's prompt stream when sessions bring all the data: no prompt for the
+    service's own agents, ``total`` 0 (nothing of its own to play), never played out."""
+
+    produced = 0
+    total = 0
+    epoch = 0
+    exhausted = True  # for the runner's own agents
+
+    def __next__(self):
+        raise StopIteration
+
+    def state_dict(self) -> dict[str, str]:
+        return {"driven_by": "sessions"}
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        return None
+
+
 def plays_verifiers(data: DataConfig) -> bool:
     """Whether a verifiers environment produces the run's trajectories (``data.source``)."""
     return bool(data.source) and data.source.startswith("verifiers:") and not data.train_files
@@ -50,6 +76,8 @@ def build_prompt_stream(data: DataConfig, rollout: RolloutConfig, run_dir: Path 
         from rollout_service.verifiers_env.supervisor import DriverPrompts
 
         return DriverPrompts(driver)
+    if sessions_only(data):
+        return SessionPrompts()
     problem = data_problem(data)
     if problem:
         raise ValueError(problem)
@@ -68,7 +96,7 @@ def validation_records(data: DataConfig, run_dir: Path | str) -> list:
     """The validation set (``data.val_files``, or the generated task's when training on it); [] if none."""
     if data.val_files:
         files = data.val_files
-    elif plays_verifiers(data):
+    elif plays_verifiers(data) or sessions_only(data):
         return []
     elif data.source and not data.train_files:
         files = source_files(data, run_dir)[1]

@@ -33,7 +33,7 @@ from rollout_service.metrics import MetricsSources
 from rollout_service.openai.chat_cache import ChatCache
 from rollout_service.openai.context import OpenAIContext
 from rollout_service.openai.sessions import SessionManager
-from rollout_service.prompts import plays_verifiers
+from rollout_service.prompts import plays_verifiers, sessions_only
 from rollout_service.publish.end_of_data import EndOfDataNotice
 from rollout_service.rewards import MathReward
 from rollout_service.runner.runner import Runner
@@ -184,6 +184,8 @@ class RolloutService:
         """Every sample of the run's data is played and published, and nothing else is open
         (:mod:`rollout_service.publish.end_of_data`)."""
         r = self.runner
+        if sessions_only(self.cfg.data):
+            return False  # sessions may come at any time: the run ends at total_training_steps or when stopped
         if plays_verifiers(self.cfg.data):
             produced = self.env_driver is not None and self.env_driver.state == "finished"
         else:

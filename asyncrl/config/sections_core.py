@@ -42,8 +42,12 @@ class DataConfig(Section):
     """JSONL or Parquet files in verl's layout (``prompt``, ``data_source``,
     ``reward_model.ground_truth``, ``extra_info``). Empty: ``source``, else the built-in demo task
     (its files written by ``asyncrl rollout``; the rollout service alone refuses to start)."""
-    source: str | None = Field(None, pattern=r"^(reasoning_gym:[A-Za-z0-9_]+|verifiers:[A-Za-z0-9_][A-Za-z0-9_.\-/]*)$")
-    """Data instead of files. ``reasoning_gym:<dataset>``: a generated task (any reasoning-gym
+    source: str | None = Field(None, pattern=r"^(sessions|reasoning_gym:[A-Za-z0-9_]+|verifiers:[A-Za-z0-9_][A-Za-z0-9_.\-/]*)$")
+    """Data instead of files. ``sessions``: the service runs no agents of its own; every
+    trajectory comes from sessions that external agents drive (any OpenAI, Responses or
+    Anthropic client; docs/openai_api.md) with the rewards they set, and the run ends at
+    ``trainer.total_training_steps`` or when stopped (the rollout never says its data is played
+    out). ``reasoning_gym:<dataset>``: a generated task (any reasoning-gym
     dataset; needs ``asyncrl[reasoning-gym]``), scored by the task's own verifier
     (docs/data_and_rewards.md, "reasoning-gym tasks"). ``verifiers:<environment id>``: a
     verifiers environment plays its own dataset, turns and rubric through sessions

@@ -7,6 +7,8 @@ runner's snapshot and the engines' states:
 - ``progressing``: tokens were decoded or trajectories published in the window;
 - ``finished``: the prompt stream is exhausted and nothing is in flight or in the outbox;
 - ``starting``: nothing yet, but the service is younger than the window;
+- ``waiting``: nothing moved, but the run's data comes only from sessions
+  (``data.source = "sessions"``) and none is in flight: the service waits for its clients;
 - ``stalled``: nothing moved for a whole window while work remains.
 
 ``stuck`` lists what stands in the way, each ``{"component", "reason"}`` in words, most
@@ -28,7 +30,7 @@ from typing import Any
 from asyncrl.progress import ProgressWindow
 from rollout_service.runner.snapshot import RunnerSnapshot
 
-HEALTH_STATES = ("progressing", "starting", "finished", "stalled")
+HEALTH_STATES = ("progressing", "starting", "waiting", "finished", "stalled")
 PAUSE_STUCK_S = 60.0  # a sync's pause longer than this is reported (sync.pause_timeout_s + a broadcast fit in it normally)
 
 
@@ -97,6 +99,8 @@ def rollout_health(r: RunnerSnapshot, engines: list[dict[str, Any]], window: Pro
     progress = {k: int(moved.get(k, 0)) for k in current}
     if progress["tokens_decoded"] or progress["trajectories_published"]:
         state = "progressing"
+    elif r.prompts.total == 0 and r.active == 0 and r.outbox == 0:
+        state = "waiting"  # sessions bring the data (prompts.SessionPrompts) and none is under way
     elif r.prompts.produced >= r.prompts.total and r.active == 0 and r.outbox == 0:
         state = "finished"
     elif uptime_s < window.window_s:

@@ -2,7 +2,10 @@
 
 ``test_finite_run_faults.py``'s matrix (six faults near a finite run's end, ~4 minutes) is the
 ``./dev test-endings`` tier (``ASYNCRL_ENDINGS_TESTS=1``); ``./dev test`` runs only its cases
-marked ``endings_slice`` and lists the others as deselected (never skipped)."""
+marked ``endings_slice`` and lists the others as deselected (never skipped).
+``test_agents_sdk_learns.py`` (an Agents SDK agent trained through sessions until its reward
+rises, ~5 minutes) is the ``./dev test-agents`` tier (``ASYNCRL_AGENTS_TESTS=1``), deselected
+from ``./dev test`` likewise."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import os
 import pytest
 
 ENDINGS_MODULE = "tests/loop/test_finite_run_faults.py"
+AGENTS_MODULE = "tests/loop/test_agents_sdk_learns.py"
 SLICE = "endings_slice"
 
 
@@ -19,11 +23,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("ASYNCRL_ENDINGS_TESTS") == "1":
-        return
+    endings, agents = os.environ.get("ASYNCRL_ENDINGS_TESTS") == "1", os.environ.get("ASYNCRL_AGENTS_TESTS") == "1"
     kept, deselected = [], []
     for item in items:
-        outside = item.nodeid.startswith(ENDINGS_MODULE) and item.get_closest_marker(SLICE) is None
+        outside = (not endings and item.nodeid.startswith(ENDINGS_MODULE) and item.get_closest_marker(SLICE) is None) \
+            or (not agents and item.nodeid.startswith(AGENTS_MODULE))
         (deselected if outside else kept).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
