@@ -115,3 +115,11 @@ def test_engine_out_of_rotation_is_a_warning_while_progressing():
     moved = dataclasses.replace(r, tokens=TokenCounts(1100, 1000, 100))
     h = rollout_health(moved, [engine(), engine("e-2", "quarantined", "mixed")], w, uptime_s=500, now=1000)
     assert h["state"] == "progressing" and [x["component"] for x in h["warnings"]] == ["sync_agent"]
+
+
+def test_a_run_fed_only_by_sessions_is_waiting_not_stalled_when_no_client_comes():
+    idle = snap(active=0, generating=0, prompts=PromptProgress(0, 0, 0))  # prompts.SessionPrompts: nothing of its own
+    h = health(idle, [engine()])
+    assert h["state"] == "waiting" and "stuck" not in h
+    assert health(snap(prompts=PromptProgress(0, 0, 0)), [engine()])["state"] == "stalled", \
+        "work in flight that does not move is still stalled"
