@@ -6,14 +6,28 @@ trajectory holds exactly the engine's token ids and log-probs with the tool outp
 
 from __future__ import annotations
 
-from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 
 from asyncrl.chat import ChatTokenizer
 from asyncrl.models import load_tokenizer
 from tests.helpers.recording_proxy import RecordingProxy
 from tests.rollout.conftest import running_service
-from tests.rollout.test_openai_api import CALC, QUESTION, check_trajectory, finish, idle_cfg, new_session
+from tests.rollout.test_openai_api import (
+    CALC,
+    QUESTION,
+    check_trajectory,
+    finish,
+    idle_cfg,
+    new_session,
+)
 from tests.rollout.test_service_episodes import fetch_all
 from tools.calculator import evaluate_expression, format_number
 

@@ -8,7 +8,13 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.config.loader import ConfigError
-from rollout_service.prompts import SessionPrompts, build_prompt_stream, data_problem, sessions_only, validation_records
+from rollout_service.prompts import (
+    SessionPrompts,
+    build_prompt_stream,
+    data_problem,
+    sessions_only,
+    validation_records,
+)
 
 
 def test_the_sessions_source_gives_the_service_nothing_to_play(tmp_path):
