@@ -10,8 +10,8 @@ the reward (1 if it is the ground truth) and finishes the session, which publish
 
 Against a run whose data comes only from sessions::
 
-    asyncrl up --set data.source=sessions --set trainer.total_training_steps=60
-    python examples/agents_sdk_agent.py --url http://127.0.0.1:8000 --api-token $API
+    asyncrl up data.source=sessions trainer.total_training_steps=60
+    python examples/agents_sdk_agent.py --url http://127.0.0.1:8000   # + --api-token T when the data plane has one
 
 It plays until the service goes away (the run ended) or ``--groups`` groups are done. Prints one line per group (its rewards) and a summary. Needs ``openai-agents``
 and ``httpx`` (both in the dev extra).
