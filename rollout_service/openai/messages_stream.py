@@ -48,8 +48,8 @@ async def messages_events(chat_stream: AsyncIterator[bytes], skeleton: dict[str,
                     yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
                 yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
     if failed is not None:
-        yield _event("error", error={"type": "api_error" if (failed.get("code") or 500) >= 500 else "invalid_request_error",
-                                     "message": failed.get("message")})
+        kind = failed.get("type")  # OpenAI's error types below 500 are Anthropic's names too
+        yield _event("error", error={"type": "api_error" if kind in (None, "server_error") else kind, "message": failed.get("message")})
         return
     message = final()
     if message is None:  # the turn did not complete (the stream was closed)

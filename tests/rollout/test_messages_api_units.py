@@ -131,8 +131,12 @@ async def test_the_stream_is_anthropics_event_sequence():
     assert events[6]["content_block"] == {"type": "tool_use", "id": "call_1", "name": "calculator", "input": {}}
     assert json.loads(events[7]["delta"]["partial_json"]) == {"e": "1+1"} and events[7]["delta"]["type"] == "input_json_delta"
     assert events[9]["delta"]["stop_reason"] == "tool_use" and events[9]["usage"] == {"output_tokens": 7}
-    failed = await collect(chat_sse(content("Hel"), {"error": {"message": "engine error: gone", "code": 502}}), lambda: None)
+    failed = await collect(chat_sse(content("Hel"), {"error": {"message": "engine error: gone", "type": "server_error",
+                                                               "code": 502}}), lambda: None)
     assert failed[-1] == {"type": "error", "error": {"type": "api_error", "message": "engine error: gone"}}
+    unmet = await collect(chat_sse({"error": {"message": "tool_choice ...", "type": "invalid_request_error",
+                                              "code": "tool_choice_not_satisfied"}}), lambda: None)
+    assert unmet[-1]["error"]["type"] == "invalid_request_error"
 
 
 def test_errors_on_the_messages_paths_only_are_in_anthropics_shape():
