@@ -212,16 +212,19 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
         chat, key = chat_for(ctx, chat_req)
         response_id = new_response_id()
 
+        answered: dict = {}
+
         def recorded(out) -> None:
             assistant = record_turn(rec, messages, out)
+            answered["object"] = response_object(response_id, ctx.model_name, req, out, {"session_id": sid, "segments": rec.segments})
+            if req.store is False:  # not kept: no GET, no previous_response_id naming it (as OpenAI's store=false)
+                return
             new_input = messages[(1 if req.instructions else 0) + len(previous or []):]
-            remember(rec.responses, response_id, req.previous_response_id, new_input, assistant,
-                     response_object(response_id, ctx.model_name, req, out, {"session_id": sid, "segments": rec.segments}))
+            remember(rec.responses, response_id, req.previous_response_id, new_input, assistant, answered["object"])
 
         async def answer(done):
             spec = chat_spec(ctx, chat_req, len(rec.agent.token_ids))
-            return await answer_response(ctx, rec.agent, chat, req, spec, response_id, done,
-                                         lambda: stored.object if (stored := rec.responses.get(response_id)) else None)
+            return await answer_response(ctx, rec.agent, chat, req, spec, response_id, done, lambda: answered.get("object"))
 
         return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
 

@@ -94,3 +94,18 @@ async def test_stateless_responses_answer_and_stream_but_store_nothing(tmp_path,
         with pytest.raises(openai.BadRequestError, match="previous_response_id needs a session"):
             await _in_thread(lambda: client.responses.create(model="policy", input="x", previous_response_id=plain.id))
         assert svc.sessions.open_count == 0
+
+
+async def test_a_response_with_store_false_is_recorded_but_not_kept(tmp_path, nats_server, warm_engine):
+    async with running_service(idle_cfg(tmp_path, nats_server.url, warm_engine)) as (svc, url):
+        sess = await new_session(url, group_size=1)
+        client = OpenAI(base_url=sess["base_url"], api_key=sess["token"], timeout=120, max_retries=0)
+        unkept = await _in_thread(lambda: client.responses.create(model="policy", input="Say hi.", store=False, temperature=0,
+                                                                  max_output_tokens=8))
+        assert unkept.store is False and unkept.usage.output_tokens > 0
+        with pytest.raises(openai.NotFoundError):
+            await _in_thread(lambda: client.responses.retrieve(unkept.id))
+        with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+            await _in_thread(lambda: client.responses.create(model="policy", input="More.", previous_response_id=unkept.id))
+        state = await finish(url, sess, reward=0.0)
+        assert state["turns"] == 1, "the turn itself is recorded (training data), only the response object is not kept"
