@@ -211,9 +211,14 @@ class Runner:
         return sum(1 for left in self.groups.values() if left > 0)
 
     def queue_versions(self) -> int:
-        """Versions the trainer needs to consume the samples already queued (stream and
-        outbox): a trajectory finishing now is trained after them (:mod:`.per_request`)."""
-        return self.queued_samples // max(1, self.settings.samples_per_sync)
+        """Versions the trainer needs to consume the whole samples already queued (stream and
+        outbox): a trajectory finishing now is trained after them (:mod:`.per_request`). The
+        finished members of groups still decoding are not ahead of it: the trainer takes a
+        group once it is whole, so they wait as it does (counted for the service's own groups,
+        of size ``rollout.n``; a session's group of another size is counted as whole)."""
+        waiting = sum(self.n - left for left in self.groups.values() if 0 < left < self.n)
+        whole = max(0, self.queued_trajectories + len(self.outbox) - waiting)
+        return whole // self.n // max(1, self.settings.samples_per_sync)
 
     @property
     def queued_samples(self) -> int:

@@ -274,3 +274,17 @@ async def test_a_call_kept_across_syncs_is_judged_from_the_version_it_was_sent_a
         out = await pause_per_request(calls, RequestRule(max_lag=3), target=4, current_version=4, abort_rids=abort,
                                       cancellable=lambda s: True, rounds=1, interval_s=0.0)
     assert out.cancelled == 1 and aborted == [{"rid-a"}] and "version 0" in state.cancelled
+
+
+async def test_the_queue_ahead_counts_whole_samples_only(tmp_path):
+    """Issue 51: the versions a finishing trajectory waits for are those of the whole samples
+    queued ahead of it; the finished members of groups still decoding wait with it (counting
+    them cancelled work the trainer would have taken in time on a trainer-bound long-context run)."""
+    runner = _runner(tmp_path, [], lambda: None)  # n = 2, two samples per sync
+    assert runner.settings.samples_per_sync == 2
+    runner.queued_trajectories = 12
+    assert runner.queue_versions() == 3, "six whole samples queued: three versions ahead"
+    runner.groups.update({"s7": 1, "s8": 1})  # two groups with one member finished (queued), one decoding
+    assert runner.queue_versions() == 2
+    runner.groups["s9"] = 2  # a group with nothing finished yet changes nothing
+    assert runner.queue_versions() == 2
