@@ -248,7 +248,7 @@ class PerRequestConfig(Section):
     tokens over the old weights costs less than re-prefilling it); below it, it is aborted and
     resumed on the new weights. 0 keeps every call (the survivor mode alone); 1 resumes every
     call that is not complete."""
-    resume_max_context: int = Field(8192, ge=0)
+    resume_max_context: int = Field(2048, ge=0)
     """A call whose context (prompt and response so far) is longer than this many tokens is kept
     whatever its progress: re-prefilling it would cost more than it saves."""
     project_versions: bool = True

@@ -77,7 +77,7 @@ class RequestRule:
 
     max_lag: int | None
     keep_min_progress: float = 0.5
-    resume_max_context: int = 8192
+    resume_max_context: int = 2048
 
     def __post_init__(self) -> None:
         if self.max_lag is not None and self.max_lag < 0:
