@@ -80,13 +80,3 @@ class RouteRecorder:
 def encode_routes(rows: torch.Tensor) -> str:
     """``meta_info["routed_experts"]``: base64 of the rows as little-endian int32, no header."""
     return base64.b64encode(rows.to(torch.int32).contiguous().numpy().astype("<i4").tobytes()).decode("ascii")
-
-
-def decode_routes(text: str, layers: int, top_k: int) -> torch.Tensor:
-    """The inverse of :func:`encode_routes` (``[rows, layers, top_k]`` int32)."""
-    import numpy as np
-
-    flat = np.frombuffer(base64.b64decode(text), dtype="<i4")
-    if flat.size % (layers * top_k):
-        raise ValueError(f"routed_experts holds {flat.size} ids, not a multiple of layers x top_k = {layers * top_k}")
-    return torch.from_numpy(flat.copy()).reshape(-1, layers, top_k)

@@ -204,7 +204,8 @@ class EngineSettings(LocalEngineSection):
         """The settings of a local engine ``asyncrl up`` starts for ``cfg`` on 127.0.0.1:``port``:
         ``engines.local``, the ``model`` section's path, dtype, seed and ``max_model_len``, and
         ``run``'s log settings; with adapter syncs (``cfg.syncs_adapters``) LoRA on, at the
-        actor's rank and targets. The engine keys are not given to it."""
+        actor's rank and targets; with router replay (``actor.router_replay.mode = "R3"``) the
+        routed experts returned. The engine keys are not given to it."""
         lora = {}
         if cfg.syncs_adapters:
             targets = cfg.actor.target_modules
@@ -214,6 +215,7 @@ class EngineSettings(LocalEngineSection):
             **cfg.engines.local.model_dump(), "model": cfg.model.path, "host": "127.0.0.1", "port": port,
             "dtype": cfg.model.dtype, "seed": cfg.model.seed, "max_model_len": cfg.model.max_model_len,
             "log_level": cfg.run.log_level.lower(), "log_json": cfg.run.log_json, **lora,
+            "enable_return_routed_experts": cfg.actor.router_replay.mode == "R3",
         })
 
 

@@ -40,6 +40,7 @@ from asyncrl.models import load_tokenizer
 from asyncrl.wire import NatsNames
 from rollout_service.agent.deps import AgentDeps
 from rollout_service.agent.external_tools import ExternalBroker
+from rollout_service.agent.routes import RouteShape
 from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.api.limits import InflightLimit
 from rollout_service.engines import EnginePool
@@ -229,7 +230,18 @@ def build_agent_deps(cfg: RunConfig, wiring: AgentWiring, chat: ChatTokenizer, t
         multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
         response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,
         rid_prefix=rid_prefix, on_tokens=wiring.on_tokens, external=broker if broker.tools else None,
+        routes=route_shape(cfg),
     )
+
+
+def route_shape(cfg: RunConfig) -> RouteShape | None:
+    """The policy's routing when the run replays routes (``actor.router_replay.mode = "R3"``);
+    a dense model is refused then (ValueError: the service does not start)."""
+    if cfg.actor.router_replay.mode != "R3":
+        return None
+    from asyncrl.models import load_config as load_model_config
+
+    return RouteShape.of(load_model_config(cfg.model.path))
 
 
 async def unconsumed_trajectories(js, names: NatsNames, end_of_data: EndOfDataNotice) -> int:

@@ -34,6 +34,19 @@ class OptimConfig(Section):
         return v
 
 
+class RouterReplayConfig(Section):
+    mode: Literal["disabled", "R3"] = "disabled"
+    """Mixture-of-experts routing replay (verl's ``actor.router_replay.mode``). ``R3``: the
+    engines return the experts each token was routed to (SGLang's
+    ``--enable-return-routed-experts``; local engines get it from asyncrl), each token keeps the
+    routes of the call that first computed it, and the trainer's forward takes those experts
+    while the routing weights still come from its own router logits (the router keeps its
+    gradient). Needs an MoE model; a trajectory without its routes is refused. ``disabled``:
+    the trainer routes on its own (its experts may differ from those that sampled the
+    tokens). verl's ``R2`` (replaying the trainer's own old-policy routes) is not offered: the
+    old log-probs here are the rollout's."""
+
+
 class ActorConfig(Section):
     ppo_mini_batch_size: int = Field(4, ge=1, le=1_000_000)
     """Samples (prompts, each with ``rollout.n`` trajectories) per optimiser update, global
@@ -131,6 +144,8 @@ class ActorConfig(Section):
     lacks is refused when the trainer starts."""
     use_torch_compile: bool = False
     """``torch.compile`` each decoder layer (verl's name); pays on GPUs, not on this CPU."""
+    router_replay: RouterReplayConfig = Field(default_factory=RouterReplayConfig)
+    """Routing replay for mixture-of-experts models (issue 53)."""
     attn_implementation: Literal["auto", "sdpa", "segmented_sdpa", "flex_attention", "flash_attention_2", "eager"] = "auto"
     """The trainer's attention kernel. auto: with ``use_remove_padding`` on CUDA,
     ``flash_attention_2`` when the ``flash-attn`` package is installed, else ``flex_attention``

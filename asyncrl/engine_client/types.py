@@ -69,6 +69,9 @@ class GenerateResult:
     """Asked with ``return_sampling_mask`` (SGLang 0.5.16+): each output token's log-prob under
     the truncated distribution it was drawn from (``output_token_sampling_logprobs``,
     ``selected`` mode; 0 for greedy tokens); None when not asked or not answered."""
+    routed_experts: str | None = None
+    """Asked with ``return_routed_experts``: ``meta_info["routed_experts"]`` as the engine sent it
+    (base64 int32 rows: :func:`asyncrl.wire.routed_experts.engine_rows`); None when not answered."""
 
     @property
     def aborted(self) -> bool:
@@ -118,6 +121,7 @@ class GenerateResult:
             e2e_latency=meta.get("e2e_latency"),
             meta_info=meta,
             sampling_logprobs=_selected_logprobs(meta.get("output_token_sampling_logprobs"), len(ids)),
+            routed_experts=meta.get("routed_experts") if isinstance(meta.get("routed_experts"), str) else None,
         )
 
 

@@ -45,6 +45,10 @@ and within ``±REWARD_BOUND`` (a NaN or infinite reward turns a whole GRPO group
 into NaN and skips the step's update: issue 30), ``id`` is a plain file name
 (:func:`asyncrl.files.is_plain_name`: it names the trajectory's file in the outbox).
 
+``routed_experts`` (optional): a mixture-of-experts policy's expert ids per position, for
+router replay (:mod:`asyncrl.wire.routed_experts`: ``len(token_ids) - 1`` rows of ``layers ×
+top_k`` ids, checked against the token count).
+
 Not covered: multimodal inputs, per-token top-k logprobs.
 """
 
@@ -58,6 +62,7 @@ from typing import Any, Literal
 import msgspec
 
 from asyncrl.files import is_plain_name
+from asyncrl.wire.routed_experts import RoutedExperts
 
 SCHEMA_TAG = "asyncrl.trajectory/1"
 SCHEMA_PREFIX = "asyncrl.trajectory/"
@@ -149,6 +154,9 @@ class Trajectory(msgspec.Struct, kw_only=True, tag_field="schema", tag=SCHEMA_TA
     messages: list[dict[str, Any]] | None = None
     """The conversation as chat messages, for debugging only; training uses ``token_ids``."""
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    routed_experts: RoutedExperts | None = None
+    """A mixture-of-experts policy's routes per position, for replay (:mod:`.routed_experts`);
+    None for a dense model or without router replay."""
 
     def __post_init__(self) -> None:
         errors = _invariant_errors(self)
@@ -253,6 +261,8 @@ def _invariant_errors(t: Trajectory) -> list[str]:
     if not (math.isfinite(t.reward) and abs(t.reward) <= REWARD_BOUND):
         errors.append(f"reward {t.reward!r} must be finite and within ±{REWARD_BOUND:g}")
     errors.extend(_sampling_errors(t.sampling, n))
+    if t.routed_experts is not None:
+        errors.extend(t.routed_experts.errors(len(t.token_ids) - 1))
     return errors
 
 

@@ -68,3 +68,6 @@ class AgentDeps:
     external: Any = None
     """The :class:`~rollout_service.agent.external_tools.ExternalBroker` for tools answered by
     outside environments (None: none)."""
+    routes: Any = None
+    """The policy's :class:`~rollout_service.agent.routes.RouteShape` when every call asks for
+    routed experts (``actor.router_replay.mode = "R3"``); None: no routes."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from asyncrl.wire import SamplingSpan
+from asyncrl.wire import RoutedExperts, SamplingSpan
 
 
 class Phase(str, enum.Enum):
@@ -101,6 +101,8 @@ class AgentState(msgspec.Struct, kw_only=True):
     ``rollout_service.runner.per_request``); "" if not."""
     created_at: float = 0.0
     timings: dict[str, float] = msgspec.field(default_factory=dict)
+    routed_experts: RoutedExperts | None = None
+    """With router replay: the routes of the positions computed so far (:mod:`.routes`)."""
 
     @property
     def response_length(self) -> int:

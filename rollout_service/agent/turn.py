@@ -50,6 +50,7 @@ from asyncrl.engine_client.errors import EngineError, EngineHTTPError, PausedWhi
 from asyncrl.engine_client.types import GenerateResult
 from asyncrl.wire import SamplingSpan
 from rollout_service.agent.deps import AgentDeps
+from rollout_service.agent.routes import extend_routes, route_request
 from rollout_service.agent.state import AgentState, Phase
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
             continue  # it never reached an engine: back to the gate, which a sync's pause has closed
         except EngineError as exc:
             if isinstance(exc, StreamBroken) and exc.partial.output_ids:
-                _keep(state, exc.partial, deps, kept, params)
+                _keep(state, exc.partial, deps, kept, params, complete=False)
                 state.segment += 1
             failures += 1
             refused = isinstance(exc, EngineHTTPError) and 400 <= exc.status < 500 and exc.status not in (408, 429)
@@ -151,7 +152,13 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
             continue
         finally:
             state.add_timing("generate", time.monotonic() - t0)
-        _keep(state, res, deps, kept, params)
+        try:
+            _keep(state, res, deps, kept, params)
+        except EngineError as exc:  # routed experts missing or malformed: the engine is misconfigured
+            log.warning("agent %s: %s", state.id, exc)
+            finish(state, "error", "engine_error")
+            state.reward_details["error"] = f"engine: {exc}"
+            return None, kept
         if state.cancelled:  # a per-request pause cancelled it while the call ran
             cancel(state, state.cancelled)
             return None, kept
@@ -167,7 +174,10 @@ async def generate_turn_tokens(state: AgentState, deps: AgentDeps, extra: dict |
 
 async def _generate(state: AgentState, deps: AgentDeps, params: dict, rid: str, extra: dict | None,
                     on_chunk: ChunkHook | None) -> GenerateResult:
-    """One generate call: plain, or streamed through ``on_chunk``."""
+    """One generate call: plain, or streamed through ``on_chunk``; asking for the routed
+    experts of the positions not held yet when the run replays routes (:mod:`.routes`)."""
+    if deps.routes is not None:
+        extra = {**(extra or {}), **route_request(state)}
     if on_chunk is None:
         return await deps.generator.generate(state, state.token_ids, params, rid, extra)
     last: GenerateResult | None = None
@@ -185,7 +195,10 @@ async def _generate(state: AgentState, deps: AgentDeps, params: dict, rid: str, 
     return last
 
 
-def _keep(state: AgentState, res: GenerateResult, deps: AgentDeps, kept: list[GenerateResult], params: dict) -> None:
+def _keep(state: AgentState, res: GenerateResult, deps: AgentDeps, kept: list[GenerateResult], params: dict,
+          complete: bool = True) -> None:
+    if deps.routes is not None:
+        extend_routes(state, res, deps.routes, complete)
     if res.output_ids:
         note_sampling(state, params, behaviour_logprobs=res.sampling_logprobs is not None)
     append_model_tokens(state, res, deps)

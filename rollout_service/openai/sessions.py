@@ -195,6 +195,8 @@ def prepare_turn(rec: SessionRecord, messages: list[dict[str, Any]], chat: ChatT
             rec.divergences.append({"turn": a.assistant_turns, "reason": reason, "at": time.time()})
             a.loss_mask, a.logprobs, a.versions, a.sampling = [], [], [], []
             a.version_start = a.version_end = None
+            a.behaviour_logprobs = {}  # keyed by response offset: the old segment's would land on the new tokens
+            a.routed_experts = None  # the new segment's positions are computed again
         a.token_ids = chat.prompt_ids(messages)
         a.prompt_length = len(a.token_ids)
         a.messages = [dict(m) for m in messages]

@@ -13,6 +13,7 @@ from typing import Any
 
 from asyncrl.chat import ChatTokenizer
 from asyncrl.wire import REWARD_BOUND, Trajectory
+from rollout_service.agent.routes import trajectory_routes
 from rollout_service.agent.state import AgentState
 
 REWARD_DETAIL_KEYS_LIMIT = 32
@@ -59,4 +60,5 @@ def to_trajectory(state: AgentState, run_version: int) -> Trajectory:
         created_at=time.time(), attempt=state.attempt, messages=state.messages,
         metadata={"decoded_tokens": state.decoded_tokens, "resumed_after_abort": state.resumed_after_abort,
                   "invalid_tool_calls": state.invalid_tool_calls, "user_turns": state.user_turns},
+        routed_experts=trajectory_routes(state),
     )

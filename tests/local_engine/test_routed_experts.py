@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from asyncrl.models import load_model
-from local_engine.routes import RouteRecorder, decode_routes
+from asyncrl.wire.routed_experts import engine_rows
+from local_engine.routes import RouteRecorder
 from tests.helpers.processes import SEED, start_engine
 from tests.helpers.waiting import wait_for
 from tests.local_engine.helpers import running_tokens
@@ -71,7 +72,7 @@ async def generate(url: str, **body) -> dict:
 
 
 def rows_of(res: dict) -> torch.Tensor:
-    return decode_routes(res["meta_info"]["routed_experts"], LAYERS, TOP_K)
+    return torch.from_numpy(engine_rows(res["meta_info"]["routed_experts"], LAYERS, TOP_K))
 
 
 async def test_routes_are_the_models_own_for_every_position(moe_engine, reference):
