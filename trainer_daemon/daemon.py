@@ -44,7 +44,7 @@ from asyncrl.models.cuda_attention import avoid_cudnn_attention
 from asyncrl.wire import decode_trajectory
 from trainer_daemon.algo import StalenessBound
 from trainer_daemon.compute.step import StepSettings, TrainStep
-from trainer_daemon.consume.admission import admission_check
+from trainer_daemon.consume.admission import PolicyRouting, admission_check
 from trainer_daemon.policy.distributed import PROCESS_GROUP_TIMEOUT_S, init_distributed
 from trainer_daemon.policy.lora import adapter_snapshot
 from trainer_daemon.policy.model import (
@@ -150,7 +150,9 @@ class TrainerDaemon:
         if self.ctx.is_rank0:
             from trainer_daemon.rank0 import Rank0Services
 
-            self.r0 = Rank0Services(cfg, state, admission_check(cfg.run.id, policy_vocab_size(self.model), cfg.model.max_model_len))
+            routing = PolicyRouting.of(self.model.config, cfg.actor.router_replay.mode == "R3")
+            self.r0 = Rank0Services(cfg, state, admission_check(cfg.run.id, policy_vocab_size(self.model), cfg.model.max_model_len,
+                                                                routing))
             self.r0.start()
             republish = b"1" if int(state.get("weight_version", 0)) > 0 or self.r0.jumped else b"0"
         if self.has_sync and self.ctx.broadcast_bytes(republish) == b"1":

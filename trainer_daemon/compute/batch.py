@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.wire import Trajectory
+from trainer_daemon.compute.routes import micro_batch_routes
 
 
 @dataclass
@@ -45,6 +46,9 @@ class MicroBatch:
     temperature: torch.Tensor
     indices: list[int]
     resp_lens: list[int]
+    routes: torch.Tensor | None = None
+    """With router replay: ``[rows × width, layers, top_k]`` expert ids in ``input_ids``' order
+    (:func:`trainer_daemon.compute.routes.micro_batch_routes`; -1 where the router routes live)."""
 
     @property
     def dummy(self) -> bool:
@@ -101,6 +105,7 @@ def collate(
         input_ids=input_ids, attention_mask=attn, logits_to_keep=width - first, resp_index=index,
         labels=labels, mask=mask, rollout_logp=rollout, advantages=adv, temperature=temps,
         indices=list(indices), resp_lens=[t.response_length for t in rows],
+        routes=micro_batch_routes(rows, [r * width for r in range(b)], b * width),
     )
 
 

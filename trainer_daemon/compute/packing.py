@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.wire import Trajectory
+from trainer_daemon.compute.routes import micro_batch_routes
 
 
 @dataclass
@@ -54,6 +55,8 @@ class PackedMicroBatch:
     advantages: torch.Tensor
     indices: list[int]
     resp_lens: list[int]
+    routes: torch.Tensor | None = None
+    """With router replay: ``[T, layers, top_k]`` expert ids of the packed row (-1: route live)."""
 
     @property
     def dummy(self) -> bool:
@@ -112,6 +115,7 @@ def pack(trajs: Sequence[Trajectory], indices: Sequence[int], advantages: Sequen
         labels=torch.tensor(labels, dtype=torch.long), temperature=torch.tensor(temps, dtype=torch.float32),
         flat_index=torch.tensor(flat, dtype=torch.long), mask=mask, rollout_logp=rollout, advantages=adv,
         indices=list(indices), resp_lens=[t.response_length for t in rows],
+        routes=micro_batch_routes(rows, [sum(len(t.token_ids) for t in rows[:r]) for r in range(b)], len(ids)),
     )
 
 

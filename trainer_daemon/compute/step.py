@@ -24,6 +24,7 @@ averaged over ranks — the mini-batch value; ratios and fractions token-weighte
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
@@ -51,6 +52,7 @@ from trainer_daemon.algo import (
 from trainer_daemon.compute.batch import MicroBatch, collate
 from trainer_daemon.compute.logprob_head import log_prob_head
 from trainer_daemon.compute.packing import PackedMicroBatch, pack, packed_attention_mask
+from trainer_daemon.compute.router_replay import RouterReplay
 from trainer_daemon.compute.segmented_attention import NAME as SEGMENTED
 from trainer_daemon.compute.segmented_attention import cu_seq_lens
 from trainer_daemon.policy.distributed import DistContext
@@ -92,6 +94,18 @@ class TrainStep:
         self.s, self.ctx, self.reference = settings, ctx, reference
         if settings.actor.use_kl_loss and reference is None:
             raise ValueError("actor.use_kl_loss needs a reference model")
+        self.replays: dict[int, RouterReplay] = {}
+        """Per model (policy, reference) under ``actor.router_replay.mode = "R3"`` (:mod:`.router_replay`)."""
+        if settings.actor.router_replay.mode == "R3":
+            for m in (model, reference):
+                if m is not None:
+                    self.replays[id(m)] = RouterReplay(m)
+
+    def _replaying(self, model, mb: MicroBatch | PackedMicroBatch):
+        """Replay ``mb``'s routes in ``model``'s forwards (and backward recompute) in the block;
+        a micro-batch without routes under R3 routes live (a dummy: no token is scored)."""
+        replay = self.replays.get(id(model))
+        return replay.active(mb.routes) if replay is not None else contextlib.nullcontext()
 
     # -- forward ---------------------------------------------------------------------------
     def _prefetch(self, mb: MicroBatch | PackedMicroBatch) -> Prefetched:
@@ -121,8 +135,9 @@ class TrainStep:
         mb = item.mb
         if isinstance(mb, PackedMicroBatch):
             return self._forward_packed(model, item, entropy)
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                       logits_to_keep=mb.logits_to_keep, use_cache=False).logits
+        with self._replaying(model, mb):
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                           logits_to_keep=mb.logits_to_keep, use_cache=False).logits
         idx = mb.resp_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
         z = logits.gather(1, idx).float()
         if item.scaled:  # skip a (B, R, V) pass in the common T = 1 case
@@ -144,7 +159,7 @@ class TrainStep:
         bounds = ({"cu_seq_lens_q": cu_seq_lens(mb.seq_lens, self.ctx.device)}
                   if model.config._attn_implementation == SEGMENTED else {})
         temps = mb.temperature if item.scaled else None  # known on the host: no device read
-        with log_prob_head(model, mb.labels, temps, self.s.actor.log_prob_chunk_tokens, entropy):
+        with log_prob_head(model, mb.labels, temps, self.s.actor.log_prob_chunk_tokens, entropy), self._replaying(model, mb):
             out = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=item.attn,
                         logits_to_keep=mb.score_pos, use_cache=False, **bounds).logits[0]
         zeros = out.new_zeros(b * r)
@@ -248,11 +263,18 @@ class TrainStep:
             "timing_s/ref": t3 - t2,
             "timing_s/update_actor": t4 - t3,
         })
+        if (replay := self.replays.get(id(self.model))) is not None:
+            flips, routed = replay.take_counts()
+            metrics["actor/router_replay/flip_rate"] = flips / routed if routed else 0.0
         return metrics
 
     def _micro(self, item: Prefetched, anchor, ref, tokens: float, seqs: float, sums, weights) -> None:
         """Forward, loss, backward of one micro-batch. A dummy has an all-zero mask: its loss is
         exactly 0 with zero gradients, but the passes (and FSDP's collectives) still happen."""
+        with self._replaying(self.model, item.mb):  # the backward's recompute replays the same routes
+            self._micro_passes(item, anchor, ref, tokens, seqs, sums, weights)
+
+    def _micro_passes(self, item: Prefetched, anchor, ref, tokens: float, seqs: float, sums, weights) -> None:
         actor = self.s.actor
         mb = item.mb
         logp, ent = self._forward(self.model, item, "loss" if actor.entropy_coeff != 0.0 else
