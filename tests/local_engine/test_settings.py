@@ -22,6 +22,7 @@ def every_field_changed() -> EngineSettings:
         pp_size=2, enable_dp_attention=True, health_generation=False, health_check_timeout_s=0.1,
         enable_lora=True, max_lora_rank=8, lora_target_modules=["q_proj", "v_proj"], lora_paths=["a=/adapters/a", "/adapters/b"],
         max_loaded_loras=3, max_loras_per_batch=2, sampling_mask_max_tokens=77, sglang_fatal_errors=True,
+        enable_return_routed_experts=True,
         timing={"enabled": True, "decode_ms": 0.0, "prefill_ms_per_token": 1 / 3, "length_median": 16,
                 "length_sigma": 1.5, "length_max": 77},
     )
