@@ -70,6 +70,14 @@ class Service:
     def __init__(self, url: str, api_token: str | None) -> None:
         self.url = url.rstrip("/")
         self.http = httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {api_token}"} if api_token else {})
+        self.model = ""
+
+    async def served_model(self) -> str:
+        """The served model's name (``GET /v1/models``): what every request names."""
+        r = await self.http.get(f"{self.url}/v1/models")
+        r.raise_for_status()
+        self.model = r.json()["data"][0]["id"]
+        return self.model
 
     async def open(self, group: str, size: int, index: int, data_source: str, stop: asyncio.Event) -> dict | None:
         """A new session of ``group``; waits out 429/503 (quota, sync pause); None once ``stop`` is set."""
@@ -100,7 +108,7 @@ async def episode(service: Service, session: dict, question: str, ground_truth: 
                   model_settings: ModelSettings) -> float | None:
     """One agent run on one session; its reward (None: the agent failed, the episode is marked so)."""
     client = AsyncOpenAI(base_url=session["base_url"], api_key=session["token"], timeout=300, max_retries=2)
-    agent = Agent(name="arith", tools=tools, model=OpenAIResponsesModel(model="policy", openai_client=client),
+    agent = Agent(name="arith", tools=tools, model=OpenAIResponsesModel(model=service.model, openai_client=client),
                   model_settings=model_settings)
     try:
         result = await Runner.run(agent, question, max_turns=4)
@@ -129,6 +137,8 @@ async def play(url: str, api_token: str | None, rows: list[dict], n: int, groups
     service, tools = Service(url, api_token), sdk_tools()
     settings = ModelSettings(temperature=temperature, max_tokens=max_tokens)
     stop, done, queue = stop or asyncio.Event(), [], asyncio.Queue()
+    await service.served_model()
+    failures = 0
     for i, row in enumerate(rows if max_groups is None else rows[:max_groups]):
         queue.put_nowait((i, row))
 
@@ -142,6 +152,10 @@ async def play(url: str, api_token: str | None, rows: list[dict], n: int, groups
                 return
             rewards = await asyncio.gather(*(episode(service, s, question, truth, tools, settings) for s in sessions))
             done.append(list(rewards))
+            nonlocal failures
+            failures += rewards.count(None)
+            if failures > 4 * n and failures > sum(len(g) for g in done) // 2:
+                raise RuntimeError(f"{failures} of {sum(len(g) for g in done)} episodes failed: see the lines above")
             print(f"group q{i}: rewards {rewards}", flush=True)
 
     try:

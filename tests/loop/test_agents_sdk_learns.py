@@ -21,6 +21,7 @@ from tests.loop.test_modes import acked_trajectories
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "launcher" / "up" / "demo.toml"
+DEMO_MODEL = ROOT / "asyncrl" / "models" / "assets" / "tiny-arith"  # the demo's starting policy, shipped
 STEPS = 60
 RUN_LIMIT_S = 1500.0
 
@@ -36,7 +37,7 @@ def example():
 async def test_an_agents_sdk_agent_trained_through_sessions_learns(tmp_path):
     agent = example()
     cfg = load_config(DEMO, overrides=[
-        f"run.dir={tmp_path / 'run'}", "run.id=agents-sdk", "data.source=sessions", f"trainer.total_training_steps={STEPS}",
+        f"run.dir={tmp_path / 'run'}", "run.id=agents-sdk", f"model.path={DEMO_MODEL}", "data.source=sessions", f"trainer.total_training_steps={STEPS}",
         "trainer.checkpoint.save_freq=0", "rollout.port=0", "sync.port=0", "trainer.metrics_port=0",
         f"rollout.outbox_keep_acked_s={RUN_LIMIT_S * 10}",
     ], environ={})
