@@ -55,7 +55,7 @@ def call_facts(calls: InFlightCalls, call: InFlightCall, current_version: int, n
     """What the rule knows of ``call`` at ``now`` (module docstring, step 1); with
     ``seconds_per_version`` the versions expected before its trajectory is trained: the later of
     those the trainer adds while it decodes its expected rest and ``queue_versions``, those it
-    needs to consume the samples already queued ahead of it."""
+    needs to consume the whole samples already queued ahead of it (``Runner.queue_versions``)."""
     est = calls.decoded_estimate(call, now)
     state = call.state
     start = state.version_start if state.version_start is not None else min(call.version, current_version)
