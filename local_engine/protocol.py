@@ -132,7 +132,8 @@ class GenerateBody(_Body):
     """Body of /generate (single request only)."""
 
     NULL_REFUSED = frozenset({"stream", "return_text_in_logprobs", "return_prompt_token_ids", "return_routed_experts",
-                              "return_hidden_states"})  # a plain bool up to 0.5.16
+                              "return_hidden_states",  # a plain bool up to 0.5.16
+                              "routed_experts_start_len"})  # a plain int in every release
     text: str | list[Any] | None = None
     input_ids: list[Any] | None = None
     sampling_params: dict[str, Any] | list[Any] = Field(default_factory=dict)

@@ -26,6 +26,8 @@ import orjson
 
 from asyncrl.chat import ChatTokenizer
 from asyncrl.config import RunConfig, secret
+from asyncrl.config.sections_core import ModelConfig
+from asyncrl.config.sections_infra import RouterReplayConfig
 from asyncrl.jetstream import (
     StreamSettings,
     connect,
@@ -230,18 +232,18 @@ def build_agent_deps(cfg: RunConfig, wiring: AgentWiring, chat: ChatTokenizer, t
         multi_turn=cfg.rollout.multi_turn, sampling=cfg.rollout.sampling,
         response_length=cfg.rollout.response_length, max_model_len=cfg.model.max_model_len,
         rid_prefix=rid_prefix, on_tokens=wiring.on_tokens, external=broker if broker.tools else None,
-        routes=route_shape(cfg),
+        routes=route_shape(cfg.actor.router_replay, cfg.model),
     )
 
 
-def route_shape(cfg: RunConfig) -> RouteShape | None:
+def route_shape(replay: RouterReplayConfig, model: ModelConfig) -> RouteShape | None:
     """The policy's routing when the run replays routes (``actor.router_replay.mode = "R3"``);
     a dense model is refused then (ValueError: the service does not start)."""
-    if cfg.actor.router_replay.mode != "R3":
+    if replay.mode != "R3":
         return None
     from asyncrl.models import load_config as load_model_config
 
-    return RouteShape.of(load_model_config(cfg.model.path))
+    return RouteShape.of(load_model_config(model.path))
 
 
 async def unconsumed_trajectories(js, names: NatsNames, end_of_data: EndOfDataNotice) -> int:

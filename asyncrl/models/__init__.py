@@ -21,10 +21,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from asyncrl.models.builtin import (
-    BUILT_IN_CODE,
     BUILTIN_PREFIX,
+    build_tiny_config,
     load_tiny_tokenizer,
 )
+from asyncrl.models.builtin_moe import build_tiny_moe_config
+
+BUILT_IN_CODE = {"builtin:tiny": build_tiny_config, "builtin:tiny-moe": build_tiny_moe_config}
+"""The model specs built from a config in code (no files), by name."""
 
 __all__ = ["BUILTIN_PREFIX", "ModelSpecError", "load_config", "load_model", "load_tokenizer", "resolve_model_dir"]
 

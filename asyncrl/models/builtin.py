@@ -1,11 +1,8 @@
-"""The models built in code: ``builtin:tiny`` (a Qwen2-style config) and ``builtin:tiny-moe``
-(a Qwen3-MoE config), both with the shipped tokenizer.
+"""The ``builtin:tiny`` model: a Qwen2-style config and the shipped tokenizer.
 
-The configs are small enough to train on two CPU cores (about 1 M and 1.6 M parameters) and
-keep the features that matter for RL plumbing: grouped-query attention, RoPE, tied
-embeddings, a real BPE vocabulary with ChatML and tool-call special tokens; the MoE model
-adds what routing replay needs: a top-k router per layer (8 experts, top 2, normalised
-top-k probabilities), transformers' own Qwen3-MoE modelling.
+The config is small enough to train on two CPU cores (about 1 M parameters) and keeps the
+features that matter for RL plumbing: grouped-query attention, RoPE, tied embeddings, a
+real BPE vocabulary with ChatML and tool-call special tokens.
 """
 
 from __future__ import annotations
@@ -24,9 +21,6 @@ TINY_HEADS = 4
 TINY_KV_HEADS = 2
 TINY_INTERMEDIATE = 384
 TINY_MAX_POSITIONS = 4096
-TINY_MOE_EXPERTS = 8
-TINY_MOE_TOP_K = 2
-TINY_MOE_INTERMEDIATE = 96
 
 
 @lru_cache(maxsize=1)
@@ -82,39 +76,3 @@ def build_tiny_config():
         architectures=["Qwen2ForCausalLM"],
         attn_implementation="sdpa",
     )
-
-
-def build_tiny_moe_config():
-    """The ``Qwen3MoeConfig`` of ``builtin:tiny-moe``: ``builtin:tiny``'s shape with every
-    layer's MLP a mixture of ``TINY_MOE_EXPERTS`` experts, ``TINY_MOE_TOP_K`` routed per token."""
-    from tokenizers import Tokenizer
-    from transformers import Qwen3MoeConfig
-
-    tok = Tokenizer.from_file(str(_TOKENIZER_JSON))
-    return Qwen3MoeConfig(
-        vocab_size=_tokenizer_vocab_size(),
-        hidden_size=TINY_HIDDEN,
-        intermediate_size=TINY_INTERMEDIATE,
-        moe_intermediate_size=TINY_MOE_INTERMEDIATE,
-        num_hidden_layers=TINY_LAYERS,
-        num_attention_heads=TINY_HEADS,
-        num_key_value_heads=TINY_KV_HEADS,
-        head_dim=TINY_HIDDEN // TINY_HEADS,
-        num_experts=TINY_MOE_EXPERTS,
-        num_experts_per_tok=TINY_MOE_TOP_K,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        max_position_embeddings=TINY_MAX_POSITIONS,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        bos_token_id=None,
-        eos_token_id=tok.token_to_id("<|im_end|>"),
-        pad_token_id=tok.token_to_id("<|endoftext|>"),
-        architectures=["Qwen3MoeForCausalLM"],
-        attn_implementation="sdpa",
-    )
-
-
-BUILT_IN_CODE = {"builtin:tiny": build_tiny_config, "builtin:tiny-moe": build_tiny_moe_config}
-"""The model specs built from a config in code (no files), by name."""
