@@ -26,8 +26,10 @@ from rollout_service.openai.turns import TurnOutcome, TurnSpec, run_turn
 
 
 async def answer_message(ctx: OpenAIContext, state: AgentState, chat: ChatTokenizer, req: MessagesRequest, spec: TurnSpec,
-                         done: Callable[[TurnOutcome], Awaitable[None]], extra: dict[str, Any] | None = None):
-    """The module docstring's answer: a JSONResponse, or a StreamingResponse when ``req.stream``."""
+                         done: Callable[[TurnOutcome], Awaitable[None]], extra: dict[str, Any] | None = None,
+                         fresh_ids: bool = False):
+    """The module docstring's answer: a JSONResponse, or a StreamingResponse when ``req.stream``;
+    ``fresh_ids``: new ``tool_use`` ids (the stateless route: :func:`.messages_objects.content_blocks`)."""
     deps, model, message_id = ctx.runner.deps, ctx.model_name, new_message_id()
     if req.stream:
         outcome: list[TurnOutcome] = []
@@ -37,7 +39,7 @@ async def answer_message(ctx: OpenAIContext, state: AgentState, chat: ChatTokeni
             await done(out)
 
         def final() -> dict[str, Any] | None:
-            return message_object(message_id, model, outcome[0], extra) if outcome else None
+            return message_object(message_id, model, outcome[0], extra, fresh_ids) if outcome else None
 
         events = stream_turn(state, deps, chat, spec, ctx.max_model_len, model=model, want_logprobs=False,
                              include_usage=False, on_done=kept)
@@ -46,4 +48,4 @@ async def answer_message(ctx: OpenAIContext, state: AgentState, chat: ChatTokeni
     out = await run_turn(state, deps, chat, spec, ctx.max_model_len)
     await done(out)
     raise_if_failed(out)
-    return JSONResponse(message_object(message_id, model, out, extra))
+    return JSONResponse(message_object(message_id, model, out, extra, fresh_ids))

@@ -31,13 +31,15 @@ def stop_reason(out: TurnOutcome) -> str:
     return "stop_sequence" if out.stop_sequence is not None else "end_turn"
 
 
-def content_blocks(out: TurnOutcome) -> list[dict[str, Any]]:
+def content_blocks(out: TurnOutcome, fresh_ids: bool = False) -> list[dict[str, Any]]:
+    """``fresh_ids``: each ``tool_use`` a new ``toolu_`` id (the stateless route, whose turns
+    would otherwise number their calls from 0 each time: ids repeated across a conversation)."""
     blocks: list[dict[str, Any]] = [{"type": "text", "text": out.content}] if out.content else []
     for call in out.tool_calls:
         fn = call["function"]
         args = fn["arguments"]
-        blocks.append({"type": "tool_use", "id": call["id"], "name": fn["name"],
-                       "input": json.loads(args) if isinstance(args, str) else args})
+        blocks.append({"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}" if fresh_ids else call["id"],
+                       "name": fn["name"], "input": json.loads(args) if isinstance(args, str) else args})
     return blocks
 
 
@@ -48,9 +50,11 @@ def message_skeleton(message_id: str, model: str, input_tokens: int) -> dict[str
                                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
 
 
-def message_object(message_id: str, model: str, out: TurnOutcome, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def message_object(message_id: str, model: str, out: TurnOutcome, extra: dict[str, Any] | None = None,
+                   fresh_ids: bool = False) -> dict[str, Any]:
     body = message_skeleton(message_id, model, out.prompt_tokens)
-    body.update({"content": content_blocks(out), "stop_reason": stop_reason(out), "stop_sequence": out.stop_sequence})
+    body.update({"content": content_blocks(out, fresh_ids), "stop_reason": stop_reason(out),
+                 "stop_sequence": out.stop_sequence})
     body["usage"]["output_tokens"] = out.completion_tokens
     if extra:
         body["asyncrl"] = extra

@@ -234,7 +234,7 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
         Chat turn, answered as a ``message`` (errors in Anthropic's shape: :mod:`.messages_errors`)."""
         rec = open_session(request, sid)
         check_model(ctx, req.model)
-        chat_req = lower_messages(req)
+        chat_req = lower_messages(req, ctx.api.max_tokens)
         check_chat_limits(ctx, chat_req)
         messages = [m.to_template() for m in chat_req.messages]
         chat, key = chat_for(ctx, chat_req)

@@ -93,12 +93,12 @@ def stateless_router(ctx: OpenAIContext) -> APIRouter:
         """Anthropic's Messages API, not recorded (``x-api-key`` or a bearer token)."""
         data_plane(ctx, request)
         check_model(ctx, req.model)
-        chat, state, spec = prepared(lower_messages(req))
+        chat, state, spec = prepared(lower_messages(req, ctx.api.max_tokens))
 
         async def done(out) -> None:
             return None
 
-        return await limited(lambda: answer_message(ctx, state, chat, req, spec, done))
+        return await limited(lambda: answer_message(ctx, state, chat, req, spec, done, fresh_ids=True))
 
     @router.post("/v1/completions", responses={**streams(), **errors(404, 503)})
     async def completions(request: Request, req: CompletionRequest):

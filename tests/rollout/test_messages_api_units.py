@@ -28,7 +28,7 @@ def req(**body) -> MessagesRequest:
 
 
 def test_blocks_lower_onto_chat_messages_with_tool_calls_and_tool_results():
-    chat = lower_messages(req(system=[{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}], tools=[TOOL],
+    chat = lower_messages(req(system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools."}], tools=[TOOL],
                               tool_choice={"type": "any", "disable_parallel_tool_use": True}, stop_sequences=["END"], messages=[
         {"role": "user", "content": "What is 2+2?"},
         {"role": "assistant", "content": [{"type": "text", "text": "Computing."},
@@ -38,7 +38,7 @@ def test_blocks_lower_onto_chat_messages_with_tool_calls_and_tool_results():
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_2", "name": "calculator", "input": {"e": "x"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": "bad", "is_error": True}]}]))
     got = [m.to_template() for m in chat.messages]
-    assert got[0] == {"role": "system", "content": "Be brief."}
+    assert got[0] == {"role": "system", "content": "Be brief.\n\nUse tools."}, "text blocks joined by a blank line"
     assert got[2]["content"] == "Computing." and got[2]["tool_calls"][0]["id"] == "toolu_1"
     assert json.loads(got[2]["tool_calls"][0]["function"]["arguments"]) == {"e": "2+2"}
     assert got[3]["role"] == "tool" and got[3]["tool_call_id"] == "toolu_1" and got[3]["content"] == "4"
@@ -48,6 +48,21 @@ def test_blocks_lower_onto_chat_messages_with_tool_calls_and_tool_results():
     assert chat.tools[0].function.parameters == TOOL["input_schema"] and chat.max_tokens == 16
     assert lower_messages(req(tools=[TOOL], tool_choice={"type": "tool", "name": "calculator"},
                               messages=[{"role": "user", "content": "x"}])).tool_choice.function == {"name": "calculator"}
+
+
+def test_what_agent_harnesses_send_is_taken():
+    """A tool's image in its result (a placeholder: the policy reads text), a system turn inside
+    ``messages``, a client tool's ``strict``, adaptive thinking, a ``max_tokens`` above the
+    service's limit (lowered to it: a cap)."""
+    chat = lower_messages(req(max_tokens=64000, thinking={"type": "adaptive"}, tools=[{**TOOL, "strict": True}], messages=[
+        {"role": "user", "content": "Look."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "calculator", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+            {"type": "text", "text": "shot:"}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}]}]},
+        {"role": "system", "content": "Be brief."}]), max_tokens_cap=8192)
+    got = [m.to_template() for m in chat.messages]
+    assert got[2] == {"role": "tool", "tool_call_id": "toolu_1", "content": "shot:\n\n[image]"}
+    assert got[3] == {"role": "system", "content": "Be brief."} and chat.max_tokens == 8192
 
 
 @pytest.mark.parametrize(("body", "named"), [
@@ -93,6 +108,9 @@ def test_the_message_object_says_why_the_turn_stopped():
                                                                        "input": {"e": "1+1"}}
     assert tool["usage"]["input_tokens"] == 20 and tool["usage"]["output_tokens"] == 7
     assert message_object("m", "p", outcome(content="x", finish_reason="length"))["stop_reason"] == "max_tokens"
+    fresh = [message_object("m", "p", outcome(tool_calls=[call], finish_reason="tool_calls"), fresh_ids=True)["content"][0]["id"]
+             for _ in range(2)]
+    assert fresh[0] != fresh[1] and fresh[0].startswith("toolu_"), "the stateless route never repeats an id"
     stop = message_object("m", "p", outcome(content="x", stop_sequence="END", ended_by_eos=False))
     assert stop["stop_reason"] == "stop_sequence" and stop["stop_sequence"] == "END"
     assert message_object("m", "p", outcome(content="x"))["stop_reason"] == "end_turn"
