@@ -4,11 +4,11 @@ replay them (``actor.router_replay.mode = "R3"``).
 
 Layout: ``rows`` holds ``len(token_ids) - 1`` rows (position ``j`` is the routing when token
 ``j`` was the model's input; the last token never was), each ``layers × top_k`` expert ids,
-C-order, little-endian unsigned integers of ``width`` bytes (1 below 256 experts, else 2):
+C-order, little-endian unsigned integers of ``width`` bytes (1 below 255 experts, else 2):
 at most ``layers × top_k`` bytes per token with 1-byte ids. A layer without experts (a dense
-MLP) has zero rows. Positions the engine never computed (environment tokens after the last
-model call) carry zeros: nothing trained depends on them (the forward is causal and no model
-token follows them).
+MLP) has zero rows. The largest id of the width (:func:`no_route`: 255 or 65535) means *no
+route*: positions no engine call reported (environment tokens after the last call; the tokens
+of a stream broken before its routes came) are such rows, and the trainer routes them live.
 
 Each row comes from the generate call that first computed its position (the engine's
 ``routed_experts_start_len``), not from the last call: after an abort and resume, the tokens
@@ -67,10 +67,16 @@ class RoutedExperts(msgspec.Struct, kw_only=True, frozen=True):
 
 
 def width_for(num_experts: int) -> int:
-    """Bytes per expert id for a model with ``num_experts`` routed experts."""
-    if num_experts > 65536:
+    """Bytes per expert id for a model with ``num_experts`` routed experts (the largest value
+    of the width stays free: :func:`no_route`)."""
+    if num_experts > 65535:
         raise ValueError(f"{num_experts} experts do not fit the wire's 2-byte expert ids")
-    return 1 if num_experts <= 256 else 2
+    return 1 if num_experts <= 255 else 2
+
+
+def no_route(width: int) -> int:
+    """The id that marks a row the engine did not report (module docstring)."""
+    return 256**width - 1
 
 
 def engine_rows(text: str, layers: int, top_k: int) -> np.ndarray:
@@ -83,7 +89,8 @@ def engine_rows(text: str, layers: int, top_k: int) -> np.ndarray:
 
 
 def pack_rows(rows: np.ndarray, width: int) -> bytes:
-    """``[rows, layers, top_k]`` ids as the wire's bytes; ValueError for an id the width cannot hold."""
-    if rows.size and (rows.min() < 0 or rows.max() >= 256**width):
-        raise ValueError(f"expert ids must be in [0, {256 ** width}), got [{rows.min()}, {rows.max()}]")
+    """``[rows, layers, top_k]`` ids as the wire's bytes; ValueError for an id the width cannot
+    hold (its largest value is :func:`no_route`)."""
+    if rows.size and (rows.min() < 0 or rows.max() >= no_route(width)):
+        raise ValueError(f"expert ids must be in [0, {no_route(width)}), got [{rows.min()}, {rows.max()}]")
     return rows.astype("<u1" if width == 1 else "<u2").tobytes()

@@ -9,7 +9,16 @@ The rows a call returns must be exactly the positions it added: its context plus
 less the last token, less the rows already held. A call that returns tokens but no routes means
 an engine that does not record them (SGLang answers without routes, silently, unless started
 with ``--enable-return-routed-experts``): an engine error naming the flag. A stream broken
-mid-way keeps its tokens without routes; the next call's rows then cover them.
+mid-way keeps its tokens without routes; the next call's rows then cover them (or, with no
+next call, they are *no route* rows: routed live by the trainer).
+
+Limits: a ``retract`` pause (the global policy, or per_request's survivor mode) frees a call's
+KV, and its re-prefill recomputes every position from the call's start with the new weights:
+the routes SGLang then reports for the tokens the old weights sampled are the new weights'
+(``num_retractions`` > 0 marks such calls). With router replay prefer ``in_place`` or ``abort``
+survivors. The wire's message size bound (``derived.max_message_bytes``) does not count the
+routes yet (``layers × top_k`` bytes per token: 8 for ``builtin:tiny-moe``, 384 for a 48-layer
+top-8 model, whose long trajectories would exceed it).
 """
 
 from __future__ import annotations
@@ -53,7 +62,7 @@ def route_request(state: AgentState) -> dict:
 def extend_routes(state: AgentState, res: GenerateResult, shape: RouteShape, complete: bool = True) -> None:
     """Append ``res``'s routes (call before its tokens are appended); ``complete`` False for a
     broken stream's partial result (no routes expected)."""
-    if res.routed_experts is None:
+    if res.routed_experts is None or not complete:  # a broken stream's partial: the next call's rows cover it
         if res.output_ids and complete:
             raise EngineError(f"asked for routed experts, the engine answered none for {res.rid}: start it with "
                               "--enable-return-routed-experts (SGLang answers without routes, silently)")
@@ -76,11 +85,12 @@ def extend_routes(state: AgentState, res: GenerateResult, shape: RouteShape, com
 
 
 def trajectory_routes(state: AgentState) -> RoutedExperts | None:
-    """The trajectory's routes: one row per position but the last; positions no call computed
-    (environment tokens after the last call) as zeros (module docstring of the wire field)."""
+    """The trajectory's routes: one row per position but the last; positions no call reported
+    (environment tokens after the last call, a broken stream's tokens) as *no route* rows, which
+    the trainer routes live (module docstring of the wire field)."""
     r = state.routed_experts
     if r is None:
         return None
     need = max(0, len(state.token_ids) - 1) * r.row_bytes
-    rows = r.rows[:need] + b"\0" * max(0, need - len(r.rows))
+    rows = r.rows[:need] + bytes([255]) * max(0, need - len(r.rows))  # every byte 255: no_route(width)
     return RoutedExperts(layers=r.layers, top_k=r.top_k, width=r.width, rows=rows)

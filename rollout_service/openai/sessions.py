@@ -151,6 +151,7 @@ def prepare_text_turn(rec: SessionRecord, ids: list[int]) -> None:
                                     "at": time.time()})
         a.token_ids, a.loss_mask, a.logprobs, a.versions, a.sampling = list(ids), [], [], [], []
         a.version_start = a.version_end = None
+        a.behaviour_logprobs, a.routed_experts = {}, None  # the old segment's, keyed by its positions
         a.prompt_length = len(ids)
     a.turn_start = len(a.token_ids)
     a.segment = 0

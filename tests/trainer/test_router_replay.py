@@ -93,6 +93,11 @@ def test_activation_checkpointing_recomputes_with_the_same_routes(base):
 def test_a_dense_model_and_misshapen_routes_are_refused(base):
     with pytest.raises(ValueError, match="mixture-of-experts"):
         RouterReplay(load_model("builtin:tiny", dtype="float32"))
+    other = copy.deepcopy(base)
+    for router in routers_of(other):
+        router.__class__ = type("SigmoidTopKRouter", (router.__class__,), {})  # a router computing otherwise
+    with pytest.raises(ValueError, match="SigmoidTopKRouter"):
+        RouterReplay(other)
     replay = RouterReplay(copy.deepcopy(base))
     with pytest.raises(ValueError, match="needs"):
         with replay.active(torch.zeros((4, 3, 2), dtype=torch.long)):

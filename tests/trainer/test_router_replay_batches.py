@@ -46,6 +46,7 @@ def rows(n: int, layers: int = 4, top_k: int = 2, value: int = 3) -> np.ndarray:
     (traj(routes=rows(5, value=9)), MOE, "expert id 9"),
     (traj(routes=rows(5)), MOE, ""),
     (traj(routes=rows(5)), PolicyRouting(layers=4, top_k=2, experts=8), ""),  # replay off: kept, unused
+    (traj(routes=np.full((5, 4, 2), 255)), MOE, ""),  # every row unreported: routed live, not out of range
 ])
 def test_routes_that_do_not_fit_the_policy_are_refused_with_a_reason(t, routing, reason):
     got = admission_check("run", 2000, 64, routing)(t)
@@ -63,6 +64,10 @@ def test_routes_follow_input_ids_in_padded_and_packed_micro_batches():
     assert packed.routes.shape == (10, 4, 2)
     assert packed.routes[:, 0, 0].tolist() == [1, 1, 1, 1, 1, -1, 5, 5, 5, -1]
     assert collate([traj(), traj()], [0, 1], [1.0, 1.0], pad_id=0).routes is None
+    unreported = rows(5, value=2)
+    unreported[3:] = 255  # no route: environment tokens after the last call
+    routed = pack([traj(6, routes=unreported)], [0], [1.0], pad_id=0).routes
+    assert routed.dtype == torch.int16 and routed[:, 0, 0].tolist() == [2, 2, 2, -1, -1, -1]
 
 
 def test_a_step_replays_the_routes_it_is_given(tmp_path):

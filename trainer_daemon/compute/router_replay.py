@@ -2,9 +2,11 @@
 engine routed each token to, while the routing weights still come from the trainer's own router
 logits — so the experts match those that sampled the tokens and the router keeps its gradient.
 
-Installed per model instance (:func:`install`) on every top-k router module (transformers'
-``*TopKRouter``: Qwen2-MoE, Qwen3-MoE; ``forward(hidden) -> (logits, scores, indices)``); the
-patched forward is the module's own computation with one change: under :meth:`RouterReplay.active`
+Installed per model instance on every top-k router module of the kinds whose computation it
+reproduces (:data:`ROUTERS`: transformers' Qwen2-MoE and Qwen3-MoE routers, softmax then top-k,
+``forward(hidden) -> (logits, scores, indices)``; any other router is refused at install: its
+own forward may compute otherwise, e.g. a sigmoid with an expert bias); the patched forward is
+the module's own computation with one change: under :meth:`RouterReplay.active`
 the indices are the given routes instead of the top-k of the live probabilities, and the scores
 are the live probabilities gathered at those indices (renormalised when the model normalises
 its top-k), cast as the original casts them. Where the routes hold ``-1`` (a sequence's last
@@ -17,7 +19,11 @@ micro-batch's ``input_ids`` flattened: rows of a padded batch one after another,
 row). Activation checkpointing: the non-reentrant recompute in backward runs the routers again,
 so :meth:`active` must span the backward too (the step holds it around forward and backward).
 
-Flips: under :meth:`active`, every router counts the (token, layer) pairs whose live top-k set
+Each router reads its own layer's routes from an attribute :meth:`active` sets (no lookup by
+module identity inside the forward: ``torch.compile`` of a decoder block would guard on it and
+recompile per layer).
+
+Flips (with ``count``, the policy's): under :meth:`active`, every router counts the (token, layer) pairs whose live top-k set
 differs from the replayed one (``flips`` / ``routed``): how often the trainer alone would have
 chosen other experts (``actor/router_replay/flip_rate``).
 """
@@ -32,6 +38,8 @@ import torch
 import torch.nn.functional as F
 
 ROUTER_SUFFIX = "TopKRouter"
+ROUTERS = ("Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter")
+"""Router classes whose forward the replay reproduces exactly (softmax, top-k, optional renormalisation)."""
 
 
 def routers_of(model) -> list[torch.nn.Module]:
@@ -42,18 +50,24 @@ def routers_of(model) -> list[torch.nn.Module]:
 class RouterReplay:
     """The replay state of one model (module docstring)."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, count: bool = True) -> None:
         routers = routers_of(model)
         if not routers:
             raise ValueError("actor.router_replay.mode R3 needs a mixture-of-experts model: this one has no top-k router")
+        unknown = sorted({type(m).__name__ for m in routers} - set(ROUTERS))
+        if unknown:
+            raise ValueError(f"router replay reproduces {', '.join(ROUTERS)} only; this model routes with {', '.join(unknown)}")
+        self.count = count
         names = {id(m): n for n, m in model.named_modules()}
         self.layers = int(model.config.num_hidden_layers)
         self.top_k = int(model.config.num_experts_per_tok)
         self.num_experts = int(routers[0].num_experts) if hasattr(routers[0], "num_experts") else int(routers[0].weight.shape[0])
         self.layer_of = {id(m): int(names[id(m)].split("layers.")[1].split(".")[0]) for m in routers}
+        self.routers = routers
         self.routes: torch.Tensor | None = None
         self._counts: list[tuple[torch.Tensor, torch.Tensor]] = []  # on the device: read once per step
         for router in routers:
+            router._replay_routes = None
             router.forward = types.MethodType(_replaying_forward(self), router)
 
     @contextlib.contextmanager
@@ -63,10 +77,16 @@ class RouterReplay:
         if routes is not None and (routes.dim() != 3 or routes.shape[1:] != (self.layers, self.top_k)):
             raise ValueError(f"routes of shape {tuple(routes.shape)}; the model needs [tokens, {self.layers}, {self.top_k}]")
         previous, self.routes = self.routes, routes
+        self._give(routes)
         try:
             yield
         finally:
             self.routes = previous
+            self._give(previous)
+
+    def _give(self, routes: torch.Tensor | None) -> None:
+        for router in self.routers:
+            router._replay_routes = None if routes is None else routes[:, self.layer_of[id(router)]]
 
     def take_counts(self) -> tuple[int, int]:
         """``(flips, routed)`` since the last call (module docstring; a recompute in backward
@@ -83,15 +103,16 @@ def _replaying_forward(replay: RouterReplay):
         router_logits = F.linear(hidden_states, self.weight)
         router_probs = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
         router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
-        routes = replay.routes
-        if routes is not None:
-            if routes.shape[0] != router_indices.shape[0]:
-                raise ValueError(f"routes for {routes.shape[0]} tokens; this forward routes {router_indices.shape[0]}")
-            given = routes[:, replay.layer_of[id(self)]].to(device=router_indices.device, dtype=router_indices.dtype)
+        given = self._replay_routes
+        if given is not None:
+            if given.shape[0] != router_indices.shape[0]:
+                raise ValueError(f"routes for {given.shape[0]} tokens; this forward routes {router_indices.shape[0]}")
+            given = given.to(device=router_indices.device, dtype=router_indices.dtype)
             known = (given >= 0).all(-1, keepdim=True)
-            with torch.no_grad():
-                differ = (given.sort(-1).values != router_indices.sort(-1).values).any(-1) & known.squeeze(-1)
-                replay._counts.append((differ.sum(), known.sum()))
+            if replay.count:
+                with torch.no_grad():
+                    differ = (given.sort(-1).values != router_indices.sort(-1).values).any(-1) & known.squeeze(-1)
+                    replay._counts.append((differ.sum(), known.sum()))
             router_indices = torch.where(known, given, router_indices)
             router_top_value = router_probs.gather(1, router_indices)
         if self.norm_topk_prob:

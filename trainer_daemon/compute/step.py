@@ -99,7 +99,7 @@ class TrainStep:
         if settings.actor.router_replay.mode == "R3":
             for m in (model, reference):
                 if m is not None:
-                    self.replays[id(m)] = RouterReplay(m)
+                    self.replays[id(m)] = RouterReplay(m, count=m is model)  # the policy's flips only
 
     def _replaying(self, model, mb: MicroBatch | PackedMicroBatch):
         """Replay ``mb``'s routes in ``model``'s forwards (and backward recompute) in the block;

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from asyncrl.wire import Trajectory
+from asyncrl.wire.routed_experts import no_route
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,9 @@ def _routes_reason(traj: Trajectory, routing: PolicyRouting) -> str:
         return "routed_experts for a dense policy (it has no experts to route to)"
     if (r.layers, r.top_k) != (routing.layers, routing.top_k):
         return f"routed_experts of {r.layers} layers x top-{r.top_k}; the policy has {routing.layers} x top-{routing.top_k}"
-    top = int(r.array().max()) if r.num_rows else 0
+    ids = r.array()
+    ids = ids[ids != no_route(r.width)]  # rows the engine did not report: routed live
+    top = int(ids.max()) if ids.size else 0
     if top >= routing.experts:
         return f"expert id {top} in routed_experts is outside the policy's {routing.experts} experts"
     return ""
