@@ -19,13 +19,12 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from rollout_service.openai.streaming import sse_objects
+
 
 def _event(kind: str, **fields: Any) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n".encode()
 
-
-def _chat_objects(piece: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line[6:]) for line in piece.split(b"\n") if line.startswith(b"data: {")]
 
 
 async def messages_events(chat_stream: AsyncIterator[bytes], skeleton: dict[str, Any],
@@ -35,7 +34,7 @@ async def messages_events(chat_stream: AsyncIterator[bytes], skeleton: dict[str,
     yield _event("ping")
     text_open, failed = False, None
     async for piece in chat_stream:
-        for obj in _chat_objects(piece):
+        for obj in sse_objects(piece):
             if "error" in obj:
                 failed = obj["error"]
                 continue

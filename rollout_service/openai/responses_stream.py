@@ -23,6 +23,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from rollout_service.openai.streaming import sse_objects
+
 
 class _Events:
     def __init__(self) -> None:
@@ -34,9 +36,6 @@ class _Events:
         return f"event: {kind}\ndata: {json.dumps(body)}\n\n".encode()
 
 
-def _chat_objects(piece: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line[6:]) for line in piece.split(b"\n") if line.startswith(b"data: {")]
-
 
 async def responses_events(chat_stream: AsyncIterator[bytes], skeleton: dict[str, Any],
                            final: Callable[[], dict[str, Any] | None]) -> AsyncIterator[bytes]:
@@ -47,7 +46,7 @@ async def responses_events(chat_stream: AsyncIterator[bytes], skeleton: dict[str
     yield ev("response.in_progress", response=skeleton)
     msg_id, text, failed = None, "", None
     async for piece in chat_stream:
-        for obj in _chat_objects(piece):
+        for obj in sse_objects(piece):
             if "error" in obj:
                 failed = obj["error"]
                 continue

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from asyncrl.chat import ChatTokenizer
 from asyncrl.engine_client.types import GenerateResult
@@ -156,3 +158,9 @@ async def stream_turn(state: AgentState, base: AgentDeps, chat: ChatTokenizer, s
                    "choices": [], "usage": usage(out)})
     await on_done(out)
     yield b"data: [DONE]\n\n"
+
+
+def sse_objects(piece: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of a piece of this module's Chat stream (its ``data: {...}`` lines): what
+    the Responses and Messages streams translate."""
+    return [json.loads(line[6:]) for line in piece.split(b"\n") if line.startswith(b"data: {")]
