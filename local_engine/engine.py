@@ -96,7 +96,7 @@ class Engine:
         if hasattr(runner, "recomputed_tokens"):  # timing mode: context re-prefilled after an abort or retract
             self.metrics.recomputed_tokens.set_function(lambda: runner.recomputed_tokens)
         self.weights = WeightManager(runner.named_weights(), settings.weight_version, settings.weight_sync_timeout_s,
-                                     tp_size=settings.tp_size)
+                                     tp_size=settings.tp_size, layout=runner.weight_layout())
         self.metrics.set_version(self.weights.version)
         self.compat = settings.compat
         self.known: dict[str, Req] = {}

@@ -121,6 +121,11 @@ class ModelRunner(ABC):
         """Tensors a weight update may write, by the Hugging Face names (aliases included)."""
         return {}
 
+    def weight_layout(self):
+        """The checkpoint names of :meth:`named_weights` where they differ (a MoE model's
+        experts: :class:`asyncrl.models.checkpoint_layout.CheckpointLayout`); None: the same."""
+        return None
+
 
 def _growable_layer_class():
     from transformers.cache_utils import DynamicLayer
@@ -367,3 +372,9 @@ class HFModelRunner(ModelRunner):
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The state dict (persistent floating tensors; tied weights under both names)."""
         return {k: v for k, v in self.model.state_dict(keep_vars=True).items() if v.is_floating_point()}
+
+    def weight_layout(self):
+        from asyncrl.models.checkpoint_layout import CheckpointLayout
+
+        layout = CheckpointLayout(self.model, list(self.named_weights()))
+        return None if layout.identity else layout

@@ -25,8 +25,17 @@ caching allocator gives SGLang the same for free; on CPU a fresh 256 MiB buffer 
 faults on every bucket), and the finite check reads each tensor once (``aminmax``). Measured
 with ``bench/trainer.py``: docs/benchmarks.md, "Trainer".
 
+Names: an update carries the checkpoint's names (what ``save_pretrained`` writes and SGLang's
+``load_weights`` takes). For a mixture-of-experts model transformers fuses the experts in memory
+(``experts.gate_up_proj``), the checkpoint names each expert's matrices
+(``experts.{e}.gate_proj.weight``): :class:`asyncrl.models.checkpoint_layout.CheckpointLayout`
+writes each into its place. A fused in-memory name is refused as unknown (SGLang 0.5.15-0.5.23
+skips it silently: the experts would keep their old values; local_engine is stricter so that a
+sender's mistake shows). Checksums (``/weights_checksum``, ``/weights_checker``) stay over the
+in-memory tensors: they are compared between engines of one kind.
+
 Not covered: ``update_weights_from_tensor`` (CUDA IPC handles have no CPU meaning),
-non-safetensors checkpoints, parameters whose names differ from the Hugging Face ones.
+non-safetensors checkpoints.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from pathlib import Path
 import torch
 
 from asyncrl.engine_client.release import parse_version
+from asyncrl.models.checkpoint_layout import CheckpointLayout
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import (
     WeightGroup,
@@ -67,8 +77,10 @@ def partially_updated(reason: str) -> WeightUpdateError:
 class WeightManager:
     """Model weights as the engine's routes see them: names, version, groups."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], version: str, timeout_s: float, tp_size: int = 1):
+    def __init__(self, weights: dict[str, torch.Tensor], version: str, timeout_s: float, tp_size: int = 1,
+                 layout: CheckpointLayout | None = None):
         self.params = weights
+        self.layout = layout if layout is not None and not layout.identity else None
         self.version = version
         self.timeout_s = timeout_s
         self.tp_size = tp_size
@@ -82,6 +94,20 @@ class WeightManager:
             key = (t.data_ptr(), tuple(t.shape)) if t.numel() else (name,)
             self._canonical[name] = first_by_ptr.setdefault(key, name)
         self._all = set(first_by_ptr.values())
+        # the names an update may carry (the checkpoint's: a MoE model's experts one matrix each,
+        # transformers fuses them in memory) with their shapes, and the ones a whole update must cover
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self._required: set[str] = set()
+        for name, t in weights.items():
+            pieces = self.layout.pieces[name] if self.layout is not None else None
+            if pieces is None or not any(p.converted for p in pieces):
+                self.shapes[name] = tuple(t.shape)
+                if self._canonical[name] == name:
+                    self._required.add(name)
+                continue
+            for p in pieces:
+                self.shapes[p.name] = p.shape
+                self._required.add(p.name)
 
     @property
     def parameter_count(self) -> int:
@@ -227,11 +253,16 @@ class WeightManager:
     def validate(self, names: list[str], tensors: list[torch.Tensor], *, full: bool = False) -> None:
         """Raise WeightUpdateError unless every name is known with the right shape and finite
         floating values (and, with ``full``, every parameter is covered)."""
-        unknown = [n for n in names if n not in self.params]
+        unknown = [n for n in names if n not in self.shapes]
         if unknown:
-            raise partially_updated(f"unknown parameter names: {', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''}")
-        bad = [f"{n}: got {list(t.shape)}, model has {list(self.params[n].shape)}"
-               for n, t in zip(names, tensors, strict=True) if tuple(t.shape) != tuple(self.params[n].shape)]
+            hint = ""
+            if self.layout is not None and any(n in self.params for n in unknown):
+                example = next(p.name for ps in self.layout.pieces.values() for p in ps if p.converted)
+                hint = (f" (fused in-memory names: this model loads its checkpoint's names, one matrix per expert, "
+                        f"e.g. {example}, as save_pretrained writes them)")
+            raise partially_updated(f"unknown parameter names: {', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''}{hint}")
+        bad = [f"{n}: got {list(t.shape)}, model has {list(self.shapes[n])}"
+               for n, t in zip(names, tensors, strict=True) if tuple(t.shape) != self.shapes[n]]
         if bad:
             raise partially_updated("shape mismatch: " + "; ".join(bad[:8]))
         if not all(t.is_floating_point() for t in tensors):
@@ -240,7 +271,7 @@ class WeightManager:
         if nonfinite:
             raise partially_updated(f"non-finite values (NaN/inf) in: {', '.join(nonfinite[:8])}")
         if full:
-            missing = self._all - {self._canonical[n] for n in names}
+            missing = self._required - {self._canonical.get(n, n) for n in names}
             if missing:
                 raise WeightUpdateError(f"checkpoint lacks parameters: {', '.join(sorted(missing)[:8])}")
 
@@ -248,7 +279,10 @@ class WeightManager:
     def apply(self, names: list[str], tensors: list[torch.Tensor]) -> None:
         """Copy checked tensors into the parameters (call with the scheduler held)."""
         for n, t in zip(names, tensors, strict=True):
-            self.params[n].copy_(t)
+            if self.layout is not None and n not in self.params:
+                self.layout.write(self.params, n, t)
+            else:
+                self.params[n].copy_(t)
 
 
 def _finite(t: torch.Tensor) -> bool:

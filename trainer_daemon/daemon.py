@@ -40,6 +40,7 @@ import torch
 
 from asyncrl import failpoints
 from asyncrl.models import load_tokenizer
+from asyncrl.models.checkpoint_layout import CheckpointLayout
 from asyncrl.models.cuda_attention import avoid_cudnn_attention
 from asyncrl.wire import decode_trajectory
 from trainer_daemon.algo import StalenessBound
@@ -61,7 +62,7 @@ from trainer_daemon.state.checkpoint import CheckpointManager
 from trainer_daemon.state.export import export_hf
 from trainer_daemon.state.ledger import write_finished
 from trainer_daemon.sync import staging_device, staging_mode, weight_sync_backend
-from trainer_daemon.sync.staging import WeightStager, engine_tensors
+from trainer_daemon.sync.staging import WeightStager, engine_layout, engine_tensors
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +104,17 @@ class TrainerDaemon:
         self.sync_skipped = 0
         self._stager: WeightStager | None = None
         self._staging: str | None = None  # sync.staging, resolved at the first sync
+        self._layout: CheckpointLayout | None = None  # the engines' names (engine_layout), built at the first use
 
     # -- setup -----------------------------------------------------------------------------
     def _sync_wait_s(self) -> float:
         s = self.cfg.sync
         return s.group_init_timeout_s + s.pause_timeout_s + s.broadcast_timeout_s + s.resume_timeout_s
+
+    def _engine_layout(self, tied: bool) -> CheckpointLayout:
+        if self._layout is None:
+            self._layout = engine_layout(self.model, tied)
+        return self._layout
 
     @property
     def _lora_scaling(self) -> float | None:
@@ -312,7 +319,8 @@ class TrainerDaemon:
         mode = self._staging_mode(tied, dtype)
         if self._stager is None and mode != "state_dict":
             self._stager = WeightStager(self.model, tied=tied, dtype=dtype, bucket_bytes=self.cfg.sync.bucket_bytes,
-                                        device=staging_device(weight_sync_backend(self.cfg.trainer, self.cfg.engines)), is_sender=self.ctx.is_rank0)
+                                        device=staging_device(weight_sync_backend(self.cfg.trainer, self.cfg.engines)), is_sender=self.ctx.is_rank0,
+                                        layout=self._engine_layout(tied))
         if mode == "two_buckets":
             self._stream(sender and finished, same_version)  # every rank: the gathers, while rank 0 publishes
             return None
@@ -320,7 +328,8 @@ class TrainerDaemon:
             weights = self._stager.capture(self.model, write=sender and finished)  # every rank: the gathers
         else:
             full = full_state_dict(self.model)
-            weights = engine_weights(full, tied, dtype, self._lora_scaling) if sender and finished else None
+            weights = (self._engine_layout(tied).to_checkpoint(engine_weights(full, tied, dtype, self._lora_scaling))
+                       if sender and finished else None)
         if weights is not None:
             target = self.r0.sync.start(weights, version=self.r0.version if same_version else None)
             self._publishing = (self.step, target)
@@ -358,7 +367,8 @@ class TrainerDaemon:
         export = None
         if ck.export_hf:
             full = full if full is not None else full_state_dict(self.model)
-            export = lambda d: export_hf(d, full, self.model.config, self.cfg.actor, self.cfg.model)  # noqa: E731
+            layout = self._engine_layout(bool(getattr(self.model.config, "tie_word_embeddings", False)))
+            export = lambda d: export_hf(d, full, self.model.config, self.cfg.actor, self.cfg.model, layout)  # noqa: E731
         state = segment = None
         if self.ctx.is_rank0:
             consumption, segment = self.r0.snapshot(self.step)

@@ -25,14 +25,20 @@ from asyncrl.models import load_tokenizer
 from trainer_daemon.policy.model import engine_weights
 
 
-def export_hf(directory: Path, full: dict[str, torch.Tensor], model_config, actor, model) -> Path:
-    """Write the export into ``directory`` (created; ``actor`` and ``model``: the run's sections); returns it."""
+def export_hf(directory: Path, full: dict[str, torch.Tensor], model_config, actor, model, layout=None) -> Path:
+    """Write the export into ``directory`` (created; ``actor`` and ``model``: the run's sections);
+    returns it. ``layout`` (:class:`asyncrl.models.checkpoint_layout.CheckpointLayout`): the
+    checkpoint names to write, as ``save_pretrained`` does (a MoE model's experts one matrix each);
+    None: the in-memory names."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tied = bool(getattr(model_config, "tie_word_embeddings", False))
     a = actor
     scaling = a.lora_alpha / a.lora_rank if a.lora_rank else None
-    tensors = {k: v.detach().contiguous() for k, v in engine_weights(full, tied, lora_scaling=scaling).items()}
+    weights = engine_weights(full, tied, lora_scaling=scaling)
+    if layout is not None:
+        weights = layout.to_checkpoint(weights)
+    tensors = {k: v.detach().contiguous() for k, v in weights.items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     if scaling is not None:
         from trainer_daemon.policy.lora import adapter_config, adapter_targets, adapter_weights

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.distributed.tensor import DTensor
 
+from asyncrl.models.checkpoint_layout import CheckpointLayout
 from asyncrl.weight_sync import Bucket, byte_layout, dtype_name, plan_buckets
 from trainer_daemon.sync.streaming import SLOTS, BucketStream
 
@@ -72,10 +73,18 @@ class StagedWeights:
 
 
 def engine_tensors(model: torch.nn.Module, tied: bool) -> list[tuple[str, torch.Tensor]]:
-    """``(Hugging Face name, tensor)`` of what engines load, in state-dict order: every entry of
+    """``(in-memory name, tensor)`` of what engines load, in state-dict order: every entry of
     the state dict (parameters as FSDP2 leaves them: sharded DTensors with several ranks) but
-    ``lm_head.weight`` when the embeddings are tied (as ``engine_weights``)."""
+    ``lm_head.weight`` when the embeddings are tied (as ``engine_weights``). Engines get them
+    under their checkpoint names (:func:`engine_layout`)."""
     return [(n, t) for n, t in model.state_dict().items() if not (tied and n == "lm_head.weight")]
+
+
+def engine_layout(model: torch.nn.Module, tied: bool) -> CheckpointLayout:
+    """The checkpoint names engines load :func:`engine_tensors` by (SGLang's ``load_weights``
+    takes a checkpoint's names: a MoE model's experts one matrix each, where transformers fuses
+    them in memory; a dense model's are its in-memory names). Built once per model."""
+    return CheckpointLayout(model, [n for n, _ in engine_tensors(model, tied)])
 
 
 class WeightStager:
@@ -83,13 +92,16 @@ class WeightStager:
 
     ``dtype``: the engines' dtype (floating tensors are cast to it; others keep theirs);
     ``device``: where the buffers live (the weight group's: ``cuda`` for NCCL, ``cpu`` for gloo);
-    ``is_sender``: rank 0 (the others only take part in the gathers)."""
+    ``is_sender``: rank 0 (the others only take part in the gathers); ``layout``: the engines'
+    names (:func:`engine_layout`; built here when not given). Buckets hold checkpoint names: a
+    fused in-memory tensor is gathered once and split into its checkpoint tensors."""
 
     def __init__(self, model: torch.nn.Module, *, tied: bool, dtype: torch.dtype, bucket_bytes: int,
-                 device: torch.device | str, is_sender: bool) -> None:
+                 device: torch.device | str, is_sender: bool, layout: CheckpointLayout | None = None) -> None:
         self.tied, self.dtype, self.device, self.is_sender = tied, dtype, torch.device(device), is_sender
-        meta = {n: torch.empty(tuple(t.shape), dtype=self._target(t.dtype), device="meta")
-                for n, t in engine_tensors(model, tied)}
+        self.layout = layout if layout is not None else engine_layout(model, tied)
+        meta = {p.name: torch.empty(p.shape, dtype=self._target(t.dtype), device="meta")
+                for n, t in engine_tensors(model, tied) for p in self.layout.pieces[n]}
         self.buckets = plan_buckets(meta, bucket_bytes, first_tiny=True)
         self._offsets = [byte_layout(b.names, [dtype_name(d) for d in b.dtypes], b.shapes)[0] for b in self.buckets]
         self._flats: list[torch.Tensor] | None = None
@@ -115,13 +127,21 @@ class WeightStager:
         ``dest(i)`` gives a byte buffer, copy them, cast, into their places; ``done(i, flat)``
         after each bucket written. Returns the seconds spent gathering (host time)."""
         tensors = dict(engine_tensors(model, self.tied))
+        gathered: dict[str, dict[str, torch.Tensor]] = {}  # source -> its checkpoint tensors not yet copied
         gather_s = 0.0
         for i, bucket in enumerate(self.buckets):
             flat = dest(i)
             for name, dtype, shape, off in zip(bucket.names, bucket.dtypes, bucket.shapes, self._offsets[i], strict=True):
                 g = time.perf_counter()
-                t = tensors[name]
-                full = t.full_tensor() if isinstance(t, DTensor) else t
+                source = self.layout.by_name[name].source
+                if source not in gathered:  # the gather is collective; only a writer splits the result
+                    t = tensors[source]
+                    full = t.full_tensor() if isinstance(t, DTensor) else t
+                    gathered[source] = (dict(self.layout.checkpoint_tensors(source, full)) if flat is not None
+                                        else {p.name: full for p in self.layout.pieces[source]})
+                full = gathered[source].pop(name)
+                if not gathered[source]:
+                    del gathered[source]
                 gather_s += time.perf_counter() - g
                 if flat is not None:
                     n = full.numel() * dtype.itemsize
