@@ -81,6 +81,9 @@ class WarmupRecipe:
 DEMO = WarmupRecipe(name="tiny-arith", tools=("calculator", "estimate"), exact_fraction=0.2, level=0,
                     steps=550, batch_size=32, lr=1e-3, examples=4000)
 SPEC = "builtin:tiny-arith"  # the model.path that names DEMO in a run config
+MOE_DEMO = dataclasses.replace(DEMO, name="tiny-moe-arith", base="builtin:tiny-moe")
+"""DEMO's warm-up on ``builtin:tiny-moe`` (issue 53's learning run with routing replay): not
+shipped, built and cached on first use (~5 minutes on 2 cores)."""
 LOG_EVERY = 100
 PREFIX_STEPS = 40
 """Steps after which every build records the digest of its weights (:data:`PREFIX_FILE`)."""
@@ -119,6 +122,10 @@ def recipe_key(recipe: WarmupRecipe) -> str:
         h.update(Path(mod.__file__).read_bytes())
     for asset in (builtin._TOKENIZER_JSON, builtin._CHAT_TEMPLATE):
         h.update(Path(asset).read_bytes())
+    if recipe.base == MOE_DEMO.base:  # only its recipes: DEMO's key (the shipped policy's) stays as it is
+        import asyncrl.models.builtin_moe as builtin_moe
+
+        h.update(Path(builtin_moe.__file__).read_bytes())
     h.update(json.dumps(dataclasses.asdict(recipe), sort_keys=True).encode())
     return h.hexdigest()[:16]
 
@@ -276,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="build it from scratch into the cache even when the package ships it (to check the shipped build)")
     parser.add_argument("--prefix", action="store_true",
                         help=f"with --rebuild: only its first {PREFIX_STEPS} steps (their digest is in {PREFIX_FILE})")
+    parser.add_argument("--moe", action="store_true",
+                        help="the same warm-up of builtin:tiny-moe instead (a mixture-of-experts demo policy; built once, not shipped)")
     parser.add_argument("--build-into", type=Path, help=argparse.SUPPRESS)  # the child of _build
     parser.add_argument("--recipe", help=argparse.SUPPRESS)
     parser.add_argument("--show-steps", action="store_true", help=argparse.SUPPRESS)
@@ -291,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(message, file=sys.stderr, flush=True)
 
     show = not ns.quiet
+    if ns.moe:
+        print(export(MOE_DEMO, ns.export, progress, show) if ns.export else warm_up(MOE_DEMO, progress, show), flush=True)
+        return 0
     if ns.ship:
         print(export(DEMO, shipped_dir(), progress, show, use_shipped=False), flush=True)
         return 0
