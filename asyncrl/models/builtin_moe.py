@@ -1,7 +1,8 @@
 """The ``builtin:tiny-moe`` model: ``builtin:tiny``'s shape (and shipped tokenizer) with a Qwen3-MoE
 config, for routing replay on the CPU (issue 53): every layer's MLP a mixture of
 ``TINY_MOE_EXPERTS`` experts, ``TINY_MOE_TOP_K`` routed per token (normalised top-k
-probabilities), transformers' own Qwen3-MoE modelling; about 1.6 M parameters.
+probabilities), transformers' own Qwen3-MoE modelling, an output layer of its own (as the published Qwen3-MoE
+models: SGLang's Qwen3-MoE never ties it to the embeddings); about 1.8 M parameters.
 
 A module of its own: ``asyncrl.models.builtin`` is part of what determines the demo's shipped
 policy (``recipes.demo.warmup.recipe_key`` hashes it), and this model is not.
@@ -47,7 +48,7 @@ def build_tiny_moe_config():
         decoder_sparse_step=1,
         mlp_only_layers=[],
         max_position_embeddings=TINY_MAX_POSITIONS,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,  # as the published Qwen3-MoE models: SGLang's Qwen3-MoE never ties its lm_head
         rope_theta=10000.0,
         bos_token_id=None,
         eos_token_id=tok.token_to_id("<|im_end|>"),

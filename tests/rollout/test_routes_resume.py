@@ -13,7 +13,6 @@ import asyncio
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from asyncrl.chat import ChatTokenizer
 from asyncrl.config.sections_core import MultiTurnConfig, SamplingConfig
@@ -51,9 +50,7 @@ async def test_a_resumed_call_keeps_the_routes_of_the_tokens_decoded_before_the_
     with torch.no_grad():
         for p in new.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-    # the in-memory names (transformers fuses the experts): what the trainer's weight sync sends today
-    (tmp_path / "new").mkdir()
-    save_file({k: v.detach().clone().contiguous() for k, v in new.state_dict().items()}, str(tmp_path / "new" / "model.safetensors"))
+    new.save_pretrained(tmp_path / "new", safe_serialization=True)  # the checkpoint's names, as SGLang loads them
     shape = RouteShape.of(new.config)
     chat = ChatTokenizer(load_tokenizer(MOE))
     gate = Gate()

@@ -18,16 +18,30 @@ TINY = "builtin:tiny"
 
 def tiny_model_dir() -> Path:
     """``builtin:tiny`` (seed 0: local_engine's default) as a Hugging Face directory."""
-    return build_once(cache_root() / "models" / "tiny", _save_tiny)
+    return build_once(cache_root() / "models" / "tiny", lambda out: _save(TINY, out))
 
 
-def _save_tiny(out: Path) -> None:
+def tiny_moe_dir() -> Path:
+    """``builtin:tiny-moe`` (seed 0) as a Hugging Face directory (checkpoint names: one matrix per
+    expert), keyed by the module that defines it."""
+    import hashlib
+
+    import asyncrl.models.builtin_moe as builtin_moe
+
+    key = hashlib.sha256(Path(builtin_moe.__file__).read_bytes()).hexdigest()[:12]
+    return build_once(cache_root() / "models" / f"tiny-moe-{key}", lambda out: _save(TINY_MOE, out))
+
+
+TINY_MOE = "builtin:tiny-moe"
+
+
+def _save(spec: str, out: Path) -> None:
     from asyncrl.models import load_model, load_tokenizer
 
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".tiny-") as tmp:
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".save-") as tmp:
         stage = Path(tmp) / "model"
-        load_model(TINY).save_pretrained(stage, safe_serialization=True)
-        load_tokenizer(TINY).save_pretrained(stage)
-        (stage / MARKER).write_text(TINY + "\n")
+        load_model(spec).save_pretrained(stage, safe_serialization=True)
+        load_tokenizer(spec).save_pretrained(stage)
+        (stage / MARKER).write_text(spec + "\n")
         shutil.rmtree(out, ignore_errors=True)
         os.replace(stage, out)

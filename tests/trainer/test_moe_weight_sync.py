@@ -41,11 +41,11 @@ def trainer_model():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_both_staging_paths_carry_what_save_pretrained_writes(trainer_model, dtype):
-    expected = revert_weight_conversion(trainer_model, engine_weights(full_state_dict(trainer_model), True, dtype))
+    expected = revert_weight_conversion(trainer_model, engine_weights(full_state_dict(trainer_model), False, dtype))
     assert "model.layers.0.mlp.experts.7.down_proj.weight" in expected and FUSED not in expected
-    staged = unpacked(WeightStager(trainer_model, tied=True, dtype=dtype, bucket_bytes=2**15, device="cpu", is_sender=True)
+    staged = unpacked(WeightStager(trainer_model, tied=False, dtype=dtype, bucket_bytes=2**15, device="cpu", is_sender=True)
                       .capture(trainer_model))
-    host = engine_layout(trainer_model, True).to_checkpoint(engine_weights(full_state_dict(trainer_model), True, dtype))
+    host = engine_layout(trainer_model, False).to_checkpoint(engine_weights(full_state_dict(trainer_model), False, dtype))
     for got in (staged, host):
         assert sorted(got) == sorted(expected)
         assert all(got[k].dtype == dtype and torch.equal(got[k], expected[k]) for k in expected)
@@ -65,17 +65,17 @@ async def test_local_engine_loads_a_moe_sync_in_checkpoint_names_and_refuses_fus
             pub = DirectEnginePublisher([client], master_address="127.0.0.1", bucket_bytes=2**15, group_timeout_s=TIMEOUT_S,
                                         broadcast_timeout_s=TIMEOUT_S, control_timeout_s=TIMEOUT_S)
             try:
-                fused = engine_weights(full_state_dict(trainer_model), True, torch.float32)  # the in-memory names
+                fused = engine_weights(full_state_dict(trainer_model), False, torch.float32)  # the in-memory names
                 with pytest.raises(WeightSyncError, match="fused in-memory names.*experts.0.gate_proj.weight"):
                     await pub.publish(1, {FUSED: fused[FUSED]})
                 assert (await client.weights_checksum())["checksum"] == before  # nothing of a refused bucket applied
 
-                await pub.publish(2, engine_layout(trainer_model, True).to_checkpoint(fused))  # the host path
+                await pub.publish(2, engine_layout(trainer_model, False).to_checkpoint(fused))  # the host path
                 got = await client.weights_checksum()
                 assert (got["checksum"], got["weight_version"]) == (expected, "2")
 
                 other = load_model("builtin:tiny-moe", seed=SEED + 2)
-                staged = WeightStager(other, tied=True, dtype=torch.float32, bucket_bytes=2**15, device="cpu",
+                staged = WeightStager(other, tied=False, dtype=torch.float32, bucket_bytes=2**15, device="cpu",
                                       is_sender=True).capture(other)  # the device path's buffers
                 await pub.publish(3, staged)
                 assert (await client.weights_checksum())["checksum"] == weights_checksum(canonical(other.state_dict()))
@@ -93,7 +93,7 @@ def export_moe(directory, model):
 
     actor = SimpleNamespace(lora_rank=0, lora_alpha=0)
     section = SimpleNamespace(tokenizer_path=None, path="builtin:tiny-moe")
-    export_hf(directory, full_state_dict(model), model.config, actor, section, engine_layout(model, True))
+    export_hf(directory, full_state_dict(model), model.config, actor, section, engine_layout(model, False))
 
 
 def test_an_export_of_a_moe_model_loads_back_as_the_same_model(tmp_path, trainer_model):

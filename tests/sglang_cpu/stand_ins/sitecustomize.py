@@ -4,7 +4,10 @@ through ``PYTHONPATH``, by ``tests/sglang_cpu/server.py`` only).
 SGLang's LoRA code asks for pinned host memory unconditionally (``pin_memory=True``,
 ``tensor.pin_memory()``), which raises "Found no NVIDIA driver" without a GPU. When CUDA is not
 available, and only then, this drops the request: pinned memory only speeds up host→GPU copies,
-which a CPU server never makes, so the results are unchanged. Nothing else is altered.
+which a CPU server never makes, so the results are unchanged. For the same reason, SGLang's host
+buffers registered with ``cudaHostRegister`` (the routed-experts capturer's, issue 53:
+``mem_cache/pool_host/common._cuda_host_register``, ``torch.cuda.cudart()`` without a driver)
+are left unregistered when CUDA is not available. Nothing else is altered.
 """
 
 from __future__ import annotations
@@ -33,25 +36,47 @@ def _patch_torch(torch) -> None:
     torch.Tensor.is_pinned = lambda self, *a, **k: False
 
 
-class _AfterTorch(importlib.abc.MetaPathFinder):
-    """Patch torch right after its first import (importing it here would slow every process)."""
+def _patch_host_register(module) -> None:
+    import torch
+
+    if torch.cuda.is_available() or not hasattr(module, "_cuda_host_register"):
+        return
+    attr = getattr(module, "_CUDA_HOST_REGISTERED_RANGES_ATTR", None)
+
+    def no_register(buffer, *args, **kwargs):  # nothing registered: nothing for destroy() to unregister
+        if attr is not None:
+            setattr(buffer, attr, [])
+
+    module._cuda_host_register = no_register
+
+
+PATCHES = {"torch": _patch_torch, "sglang.srt.mem_cache.pool_host.common": _patch_host_register}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Patch each module of :data:`PATCHES` right after its first import (importing them here
+    would slow every process)."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "torch":
+        if fullname not in PATCHES or getattr(self, "_busy", None) == fullname:
             return None
-        sys.meta_path.remove(self)
         import importlib.util
 
-        spec = importlib.util.find_spec("torch")
-        loader = spec.loader
-        original = loader.exec_module
+        self._busy = fullname
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = None
+        if spec is None or spec.loader is None:
+            return spec
+        original = spec.loader.exec_module
 
         def exec_module(module):
             original(module)
-            _patch_torch(module)
+            PATCHES[fullname](module)
 
-        loader.exec_module = exec_module
+        spec.loader.exec_module = exec_module
         return spec
 
 
-sys.meta_path.insert(0, _AfterTorch())
+sys.meta_path.insert(0, _AfterImport())
