@@ -7,6 +7,7 @@ and ``ASYNCRL_SECTION__KEY`` variables, see :mod:`asyncrl.config.loader`).
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -153,6 +154,7 @@ class DerivedNumbers(BaseModel):
         lag = max_version_lag(at.staleness_threshold, 1 if at.partial_rollout_active else 0)
         cancels = (cfg.sync.pause_policy == "per_request" and cfg.sync.per_request.cancel_stale
                    and at.stale_policy == "drop" and at.staleness_age == "oldest")
+        routes = route_bytes_per_token(cfg.model.path) if cfg.actor.router_replay.mode == "R3" else 0
         return cls(
             num_engines=num_engines,
             required_samples=required,
@@ -163,10 +165,35 @@ class DerivedNumbers(BaseModel):
             max_queue_size=max_required,
             total_updates=None if total is None else total // required,
             total_syncs=None if total is None else total // per_sync,
-            max_message_bytes=max_tokens * (WIRE_BYTES_PER_TOKEN_BOUND + DEBUG_TEXT_BYTES_PER_TOKEN) + WIRE_FIXED_OVERHEAD,
+            max_message_bytes=max_tokens * (WIRE_BYTES_PER_TOKEN_BOUND + DEBUG_TEXT_BYTES_PER_TOKEN + routes)
+            + WIRE_FIXED_OVERHEAD,
             max_version_lag=lag,
             stale_cancel_lag=lag if cancels else None,
         )
+
+
+ROUTE_BYTES_FALLBACK = 1024
+"""Route bytes per token assumed when the model's config cannot be read where the bound is
+computed (64 layers x 8 experts x 2-byte ids)."""
+
+
+@functools.lru_cache(maxsize=16)
+def route_bytes_per_token(model_path: str) -> int:
+    """What routing replay adds to a trajectory per token on the wire: layers x experts per
+    token x bytes per expert id (:mod:`asyncrl.wire.routed_experts`); 0 for a dense model (R3
+    refuses it elsewhere); :data:`ROUTE_BYTES_FALLBACK` when the model's config cannot be read."""
+    from asyncrl.models import ModelSpecError, load_config
+    from asyncrl.wire.routed_experts import width_for
+
+    try:
+        model = load_config(model_path)
+    except (ModelSpecError, OSError, ValueError):
+        return ROUTE_BYTES_FALLBACK
+    top_k = getattr(model, "num_experts_per_tok", None)
+    experts = getattr(model, "num_experts", None) or getattr(model, "n_routed_experts", None)
+    if not top_k or not experts:
+        return 0
+    return int(model.num_hidden_layers) * int(top_k) * width_for(int(experts))
 
 
 def max_version_lag(staleness_threshold: float, slack: int = 0) -> int:

@@ -16,9 +16,9 @@ Limits: a ``retract`` pause (the global policy, or per_request's survivor mode) 
 KV, and its re-prefill recomputes every position from the call's start with the new weights:
 the routes SGLang then reports for the tokens the old weights sampled are the new weights'
 (``num_retractions`` > 0 marks such calls). With router replay prefer ``in_place`` or ``abort``
-survivors. The wire's message size bound (``derived.max_message_bytes``) does not count the
-routes yet (``layers × top_k`` bytes per token: 8 for ``builtin:tiny-moe``, 384 for a 48-layer
-top-8 model, whose long trajectories would exceed it).
+survivors. The wire's message size bound (``derived.max_message_bytes``) counts the routes under
+R3 (``layers × top_k × width`` bytes per token, from the model's config: 8 for
+``builtin:tiny-moe``, 384 for a 48-layer top-8 model).
 """
 
 from __future__ import annotations

@@ -96,3 +96,27 @@ def test_the_trajectory_carries_one_row_per_position_but_the_last():
         Trajectory(**{**{f: getattr(traj, f) for f in traj.__struct_fields__}, "routed_experts": RoutedExperts(
             layers=2, top_k=2, width=1, rows=r.rows[:-4])})
     assert width_for(255) == 1 and width_for(256) == 2, "the width's largest id stays free for 'no route'"
+
+
+def test_the_message_size_bound_counts_the_routes_under_r3(tmp_path):
+    """A Qwen3-30B-A3B-like shape (48 layers, 8 of 128 experts: 384 route bytes per token): a
+    full context with every route row exceeds the bound without routes and fits the R3 bound."""
+    from transformers import Qwen3MoeConfig
+
+    from asyncrl.config import load_config
+
+    Qwen3MoeConfig(num_hidden_layers=48, num_experts=128, num_experts_per_tok=8, hidden_size=64, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=1000).save_pretrained(tmp_path / "moe")
+    n = 8192
+    base = [f"model.path={tmp_path / 'moe'}", f"model.max_model_len={n}"]
+    plain = load_config(overrides=base, environ={}).derived.max_message_bytes
+    replay = load_config(overrides=[*base, "actor.router_replay.mode=R3"], environ={}).derived.max_message_bytes
+    assert replay - plain == n * 48 * 8  # tokens x layers x top_k x 1-byte ids
+    rows = np.full((n - 1, 48, 8), 7, dtype="<u1").tobytes()  # worst-case tokens: 5-byte ids, full log-probs, versions
+    fields = dict(id="t" * 64, run_id="r", group_id="g", group_size=1, group_index=0, prompt_id="p", data_source="d",
+                  token_ids=[100_000] * n, prompt_length=1, loss_mask=[1] * (n - 1), rollout_logprobs=[-1.2345678e-3] * (n - 1),
+                  weight_versions=[1_000_000] * (n - 1))
+    text = 16 * n  # the bound's allowance for the optional debug text
+    dense = len(encode_trajectory(Trajectory(**fields))) + text
+    routed = len(encode_trajectory(Trajectory(**fields, routed_experts=RoutedExperts(layers=48, top_k=8, width=1, rows=rows)))) + text
+    assert dense <= plain < routed <= replay, (dense, plain, routed, replay)
