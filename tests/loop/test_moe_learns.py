@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.models.builtin_moe import TINY_MOE_TOP_K
 from asyncrl.models.builtin import TINY_LAYERS
+from asyncrl.models.builtin_moe import TINY_MOE_TOP_K
 from launcher.up.report import read_jsonl
 from launcher.up.stack import Stack
 from recipes.demo.warmup import MOE_DEMO, warm_up

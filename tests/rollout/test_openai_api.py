@@ -261,5 +261,5 @@ async def test_unsupported_or_invalid_parameters_are_rejected_clearly(tmp_path, 
         client = OpenAI(base_url=f"{url}/v1", api_key=API, timeout=60, max_retries=0)
         for kwargs, fragment in REFUSED:
             with pytest.raises(openai.BadRequestError) as err:
-                await _in_thread(lambda: client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}], **kwargs))
+                await _in_thread(lambda kw=kwargs: client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}], **kw))
             assert fragment in str(err.value), (kwargs, str(err.value))
