@@ -217,8 +217,10 @@ class Renderer:
             meta["weight_versions"] = [{"version": v, "start": s, "end": e} for v, s, e in spans]
         if req.return_logprob:
             self._logprobs(req, meta)
-        if req.return_routed_experts and req.finished and self.routes:  # only the final answer carries them
-            rows = torch.cat(req.route_rows) if req.route_rows else torch.zeros((0, 0, 0), dtype=torch.int32)
+        # only the final answer carries them; one aborted before it ran has none (SGLang answers its
+        # queued abort from the waiting queue without the key)
+        if req.return_routed_experts and req.finished and self.routes and req.route_rows:
+            rows = torch.cat(req.route_rows)
             meta["routed_experts"] = encode_routes(rows[: max(0, len(req.prompt_ids) + len(req.output_ids) - 1)]
                                                    [req.routed_experts_start_len:])
         if req.return_sampling_mask:  # SGLang 0.5.16+: cumulative, one entry per output token

@@ -136,3 +136,30 @@ async def test_an_aborted_running_request_reports_its_partial_rows(moe_engine):
     meta = res["meta_info"]
     assert meta["finish_reason"]["type"] == "abort"
     assert rows_of(res).shape[0] == meta["prompt_tokens"] + meta["completion_tokens"] - 1
+
+
+@pytest.mark.parametrize("how", ["abort_request", "pause"])
+async def test_a_request_aborted_while_queued_answers_without_routes(moe_engine, how):
+    """As SGLang answers an abort from its waiting queue (by rid, or a sync's ``abort`` pause): no
+    ``routed_experts`` key at all."""
+    long = {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    busy = [asyncio.create_task(generate(moe_engine.url, rid=f"moe-busy-{i}", return_routed_experts=True, sampling_params=long))
+            for i in range(4)]  # the engine's --max-batch-size
+    queued = asyncio.create_task(generate(moe_engine.url, rid="moe-queued", return_routed_experts=True, sampling_params=long))
+    async with moe_engine.client() as c:
+        async def waiting() -> bool:
+            return (await c.loads())["loads"][0]["num_waiting_reqs"] >= 1
+
+        await wait_for(waiting, 60, "the fifth request to wait in the queue")
+    async with httpx.AsyncClient(timeout=60) as http:
+        if how == "pause":
+            await http.post(f"{moe_engine.url}/pause_generation", json={"mode": "abort"})
+            await http.post(f"{moe_engine.url}/continue_generation", json={})
+        else:
+            await http.post(f"{moe_engine.url}/abort_request", json={"rid": "moe-queued"})
+        res = await queued
+        await http.post(f"{moe_engine.url}/abort_request", json={"abort_all": True})
+    await asyncio.gather(*busy)
+    meta = res["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and meta["completion_tokens"] == 0
+    assert "routed_experts" not in meta

@@ -25,10 +25,10 @@ def state(tokens: int) -> AgentState:
                       token_ids=list(range(tokens)), prompt_length=tokens)
 
 
-def result(rows: np.ndarray | None, out: int, rid: str = "c") -> GenerateResult:
+def result(rows: np.ndarray | None, out: int, rid: str = "c", finish: str = "stop") -> GenerateResult:
     text = None if rows is None else base64.b64encode(rows.astype("<i4").tobytes()).decode()
     return GenerateResult(rid=rid, text="", output_ids=list(range(out)), logprobs=[-0.1] * out,
-                          finish_reason=FinishReason("stop"), weight_version=0, prompt_tokens=None, completion_tokens=out,
+                          finish_reason=FinishReason(finish), weight_version=0, prompt_tokens=None, completion_tokens=out,
                           cached_tokens=0, routed_experts=text)
 
 
@@ -72,7 +72,10 @@ def test_rows_that_do_not_fit_or_tokens_without_routes_are_engine_errors():
         extend_routes(s, result(rows_of(0, 5), 3), SHAPE)
     with pytest.raises(EngineError, match="--enable-return-routed-experts"):
         extend_routes(s, result(None, 3), SHAPE)
-    extend_routes(s, result(None, 0), SHAPE)  # aborted while queued: no tokens, no routes
+    extend_routes(s, result(None, 0, finish="abort"), SHAPE)  # aborted while queued: no tokens, no routes
+    extend_routes(s, result(rows_of(0, 0), 0, finish="abort"), SHAPE)  # or an empty payload: nothing to keep either
+    with pytest.raises(EngineError, match="need 3"):
+        extend_routes(s, result(rows_of(0, 0), 0), SHAPE)  # a finished call with no rows for its prompt is an error
     extend_routes(s, result(None, 3), SHAPE, complete=False)  # a broken stream's partial: the next call covers it
     assert s.routed_experts is None
     with pytest.raises(EngineError, match="expert ids"):
