@@ -145,12 +145,14 @@ async def test_a_request_aborted_while_queued_answers_without_routes(moe_engine,
     long = {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}
     busy = [asyncio.create_task(generate(moe_engine.url, rid=f"moe-busy-{i}", return_routed_experts=True, sampling_params=long))
             for i in range(4)]  # the engine's --max-batch-size
-    queued = asyncio.create_task(generate(moe_engine.url, rid="moe-queued", return_routed_experts=True, sampling_params=long))
     async with moe_engine.client() as c:
-        async def waiting() -> bool:
-            return (await c.loads())["loads"][0]["num_waiting_reqs"] >= 1
+        async def counts(running: int, waiting: int) -> bool:
+            now = (await c.loads())["loads"][0]
+            return now["num_running_reqs"] == running and now["num_waiting_reqs"] == waiting
 
-        await wait_for(waiting, 60, "the fifth request to wait in the queue")
+        await wait_for(lambda: counts(4, 0), 60, "four requests to fill the batch")
+        queued = asyncio.create_task(generate(moe_engine.url, rid="moe-queued", return_routed_experts=True, sampling_params=long))
+        await wait_for(lambda: counts(4, 1), 60, "the fifth request to wait in the queue")
     async with httpx.AsyncClient(timeout=60) as http:
         if how == "pause":
             await http.post(f"{moe_engine.url}/pause_generation", json={"mode": "abort"})
