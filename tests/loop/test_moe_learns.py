@@ -49,6 +49,8 @@ async def test_a_moe_policy_learns_the_demo_with_routing_replay(tmp_path):
     first, last = statistics.mean(rewards[:10]), statistics.mean(rewards[-10:])
     assert last >= first + 0.15, f"mean reward of the first 10 steps {first:.2f}, of the last 10 {last:.2f}"
     assert all("actor/router_replay/flip_rate" in r for r in rows)
+    flips = statistics.mean(r["actor/router_replay/flip_rate"] for r in rows)
+    print(f"tiny-moe with R3: reward {first:.2f} (steps 1-10) -> {last:.2f} (steps {STEPS - 9}-{STEPS}); mean flip rate {flips:.4f}")
     published = list(acked_trajectories(stack.run_dir).values())
     assert len(published) >= STEPS * cfg.actor.ppo_mini_batch_size * cfg.rollout.n
     for t in published:
