@@ -177,23 +177,36 @@ ROUTE_BYTES_FALLBACK = 1024
 computed (64 layers x 8 experts x 2-byte ids)."""
 
 
-@functools.lru_cache(maxsize=16)
 def route_bytes_per_token(model_path: str) -> int:
     """What routing replay adds to a trajectory per token on the wire: layers x experts per
     token x bytes per expert id (:mod:`asyncrl.wire.routed_experts`); 0 for a dense model (R3
-    refuses it elsewhere); :data:`ROUTE_BYTES_FALLBACK` when the model's config cannot be read."""
-    from asyncrl.models import ModelSpecError, load_config
+    refuses it elsewhere); :data:`ROUTE_BYTES_FALLBACK` when the model's config cannot be read
+    here (not cached: a later call may read it)."""
+    try:
+        return _route_bytes(model_path)
+    except Exception:  # noqa: BLE001 - any unreadable config: the bound falls back, the run's own checks report it
+        return ROUTE_BYTES_FALLBACK
+
+
+@functools.lru_cache(maxsize=16)
+def _route_bytes(model_path: str) -> int:
+    """From the model's ``config.json`` read as JSON (a directory), or a built-in's config built in
+    code; never a download or a conversion (a config is all the bound needs)."""
+    import json
+
+    from asyncrl.models import BUILT_IN_CODE
     from asyncrl.wire.routed_experts import width_for
 
-    try:
-        model = load_config(model_path)
-    except (ModelSpecError, OSError, ValueError):
-        return ROUTE_BYTES_FALLBACK
-    top_k = getattr(model, "num_experts_per_tok", None)
-    experts = getattr(model, "num_experts", None) or getattr(model, "n_routed_experts", None)
+    if model_path in BUILT_IN_CODE:
+        fields = BUILT_IN_CODE[model_path]().to_dict()
+    else:
+        fields = json.loads((Path(model_path).expanduser() / "config.json").read_text())
+        fields = fields.get("text_config", fields)
+    top_k = fields.get("num_experts_per_tok")
+    experts = fields.get("num_experts") or fields.get("num_local_experts") or fields.get("n_routed_experts")
     if not top_k or not experts:
         return 0
-    return int(model.num_hidden_layers) * int(top_k) * width_for(int(experts))
+    return int(fields["num_hidden_layers"]) * int(top_k) * width_for(int(experts))
 
 
 def max_version_lag(staleness_threshold: float, slack: int = 0) -> int:

@@ -25,13 +25,18 @@ Names without a conversion map to themselves (a dense model's layout is the iden
 class is FSDP's wrapper).
 
 Limits: :meth:`write`'s index tensors take 8 bytes per element of each converted tensor (fine
-for the CPU models local_engine serves); only conversions that move elements (splits, chunks,
-unbinds, transposes, concatenations: the expert layouts) are supported; one that computes
-(dequantise) is not an element move.
+for the CPU models local_engine serves); only conversions that split one in-memory tensor into
+checkpoint tensors by moving its elements (chunks, unbinds, transposes: the expert layouts) are
+supported, others (several in-memory tensors into one checkpoint tensor, or a conversion that
+computes, e.g. dequantises) raise ``NotImplementedError`` when the layout is built. The
+conversions are those the model was loaded with (``_weight_conversions``), else transformers'
+defaults for its type: a checkpoint already stored fused loads without one, and its names are
+then sent as they are (SGLang cannot load such a checkpoint either).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +77,13 @@ class CheckpointLayout:
             else:
                 self.pieces[source] = [Piece(name, source, tuple(t.shape)) for name, t in reverted.items()]
         self.by_name = {p.name: p for ps in self.pieces.values() for p in ps}
+        if len(self.by_name) != sum(len(ps) for ps in self.pieces.values()):
+            raise NotImplementedError("a checkpoint tensor made of several in-memory tensors (a many-to-one conversion) "
+                                      "is not supported")
+        bad = [source for source, ps in self.pieces.items()
+               if sum(math.prod(p.shape) for p in ps) != math.prod(tuple(state[source].shape))]
+        if bad:
+            raise NotImplementedError(f"conversions that are not element moves are not supported: {', '.join(bad[:4])}")
         self._index: dict[str, dict[str, torch.Tensor]] = {}
 
     @property

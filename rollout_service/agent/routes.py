@@ -62,7 +62,9 @@ def route_request(state: AgentState) -> dict:
 def extend_routes(state: AgentState, res: GenerateResult, shape: RouteShape, complete: bool = True) -> None:
     """Append ``res``'s routes (call before its tokens are appended); ``complete`` False for a
     broken stream's partial result (no routes expected)."""
-    if res.aborted and not res.output_ids:  # aborted before it decoded: nothing to keep, the resumed call asks again
+    if res.aborted and (res.routed_experts is None or not res.output_ids):
+        # aborted while queued (before it decoded, or after a retract freed its KV and rows): SGLang
+        # answers without routes; the resumed call asks from the rows held, so its rows cover them
         return
     if res.routed_experts is None or not complete:  # a broken stream's partial: the next call's rows cover it
         if res.output_ids and complete:

@@ -74,6 +74,7 @@ def test_rows_that_do_not_fit_or_tokens_without_routes_are_engine_errors():
         extend_routes(s, result(None, 3), SHAPE)
     extend_routes(s, result(None, 0, finish="abort"), SHAPE)  # aborted while queued: no tokens, no routes
     extend_routes(s, result(rows_of(0, 0), 0, finish="abort"), SHAPE)  # or an empty payload: nothing to keep either
+    extend_routes(s, result(None, 3, finish="abort"), SHAPE)  # retracted, then aborted while queued: tokens, no routes
     with pytest.raises(EngineError, match="need 3"):
         extend_routes(s, result(rows_of(0, 0), 0), SHAPE)  # a finished call with no rows for its prompt is an error
     extend_routes(s, result(None, 3), SHAPE, complete=False)  # a broken stream's partial: the next call covers it

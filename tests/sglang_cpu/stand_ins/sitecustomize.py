@@ -55,18 +55,19 @@ PATCHES = {"torch": _patch_torch, "sglang.srt.mem_cache.pool_host.common": _patc
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Patch each module of :data:`PATCHES` right after its first import (importing them here
-    would slow every process)."""
+    would slow every process): the spec comes from the finders after this one, so there is no
+    re-entry and no state."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in PATCHES or getattr(self, "_busy", None) == fullname:
+        if fullname not in PATCHES:
             return None
-        import importlib.util
-
-        self._busy = fullname
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy = None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
         if spec is None or spec.loader is None:
             return spec
         original = spec.loader.exec_module
@@ -79,4 +80,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+for _name, _patch in PATCHES.items():  # imported before this file ran (a .pth line): patched now
+    if _name in sys.modules:
+        _patch(sys.modules[_name])
 sys.meta_path.insert(0, _AfterImport())
