@@ -23,7 +23,7 @@ from trainer_daemon.compute.router_replay import RouterReplay
 
 MOE = "builtin:tiny-moe"
 LAYERS, TOP_K = 4, 2
-PROMPTS = [[11 + i, 42, 7 * i + 3, 99, 301 - i, 5, 17, 260] for i in range(16)]
+PROMPTS = [[11 + i, 42, 7 * i + 3, 99, 301 - i, 5, 17, 260] for i in range(16)]  # prompts(16)
 
 
 @torch.no_grad()
@@ -56,19 +56,23 @@ class Gaps:
                 f"{self.floor:.5f}")
 
 
-async def bf16_replay_gaps(spec: str, log_dir, seed: int = SEED) -> Gaps:
+def prompts(n: int) -> list[list[int]]:
+    return [[11 + i, 42, 7 * i + 3, 99, 301 - i, 5, 17, 260] for i in range(n)]
+
+
+async def bf16_replay_gaps(spec: str, log_dir, seed: int = SEED, prompt_ids: list[list[int]] = PROMPTS) -> Gaps:
     """Serve ``spec`` in bf16 with routes, score its samples with the fp32 model live and replayed."""
     with start_engine(log_dir, "--enable-return-routed-experts", "--dtype", "bfloat16", model=spec, name="engine-bf16") as engine:
         async with httpx.AsyncClient(timeout=120) as http:
             answers = [await http.post(f"{engine.url}/generate", json={  # one at a time: no batch, the same numbers each run
                 "input_ids": p, "sampling_params": {"max_new_tokens": 48, "temperature": 1.0, "ignore_eos": True,
                                                     "sampling_seed": i},
-                "return_logprob": True, "return_routed_experts": True}) for i, p in enumerate(PROMPTS)]
+                "return_logprob": True, "return_routed_experts": True}) for i, p in enumerate(prompt_ids)]
     model = load_model(spec, dtype="float32", seed=seed)
     replay = RouterReplay(model)
     live_gap, replayed_gap, flipped = [], [], []
     recorder = RouteRecorder(model)
-    for prompt, r in zip(PROMPTS, answers, strict=True):
+    for prompt, r in zip(prompt_ids, answers, strict=True):
         body = r.json()
         ids = prompt + body["output_ids"]
         engine_lp = torch.tensor([t[0] for t in body["meta_info"]["output_token_logprobs"]])

@@ -5,7 +5,11 @@ returning routed experts, the rollout service, the sync agent, the torchrun trai
 ``actor.router_replay.mode = "R3"`` for 60 steps: the mean reward of the last 10 steps is above
 the first 10's, every trained trajectory carries one route row per position, weight syncs reach
 the engine in the checkpoint's per-expert names (samples of later versions exist), and the
-trainer reports its flip rate. The ``./dev test-moe`` tier (the warm-up ~5 min once, the run ~5 min)."""
+trainer reports its flip rate. And on that trained policy (issue 53, 5a), the engine in bf16 and
+the trainer in fp32: replaying the engine's routes makes the log-prob gap of the tokens after a
+flipped route at least 10x smaller (on the random-init model flips move log-probs too little
+for that: tests/local_engine/test_routes_bf16_replay.py). The ``./dev test-moe`` tier (the
+warm-up ~10 min once, then ~4 min)."""
 
 from __future__ import annotations
 
@@ -59,3 +63,15 @@ async def test_a_moe_policy_learns_the_demo_with_routing_replay(tmp_path):
         assert routes.num_rows == len(t.token_ids) - 1, t.id
     newest = max(max(model_versions(t), default=0) for t in published)
     assert newest >= STEPS // 2, f"the engine served weights of version {newest} at most: the syncs did not land"
+
+
+async def test_replay_cuts_the_bf16_mismatch_tenfold_on_the_trained_moe_policy(tmp_path):
+    import asyncio
+
+    from tests.local_engine.test_routes_bf16_replay import bf16_replay_gaps, prompts
+
+    policy = await asyncio.to_thread(warm_up, MOE_DEMO, lambda m: None)
+    g = await bf16_replay_gaps(str(policy), tmp_path, prompt_ids=prompts(64))
+    print(g.line())
+    assert g.flips > 0
+    assert g.live >= 10 * g.replayed, g.line()
