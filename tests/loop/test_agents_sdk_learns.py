@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import statistics
 from pathlib import Path
 
 import pytest
 
 from asyncrl.config import load_config, secret
-from launcher.up.report import read_jsonl
 from launcher.up.stack import Stack
-from tests.loop.test_modes import acked_trajectories
+from tests.loop.test_modes import acked_trajectories, rising_reward
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "launcher" / "up" / "demo.toml"
@@ -62,11 +60,7 @@ async def test_an_agents_sdk_agent_trained_through_sessions_learns(tmp_path):
     finally:
         stop.set()
         await asyncio.to_thread(stack.stop)
-    rows = [r for r in read_jsonl(stack.run_dir / "metrics" / "trainer.jsonl") if "step" in r]
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    rewards = [r["critic/rewards/mean"] for r in rows]
-    first, last = statistics.mean(rewards[:10]), statistics.mean(rewards[-10:])
-    assert last >= first + 0.15, f"mean reward of the first 10 steps {first:.2f}, of the last 10 {last:.2f}"
+    rising_reward(stack.run_dir, STEPS)
     published = acked_trajectories(stack.run_dir)
     assert len(published) >= STEPS * cfg.actor.ppo_mini_batch_size * cfg.rollout.n
     assert all(t.metadata.get("session") for t in published.values()), "every trajectory is a session's"

@@ -78,6 +78,21 @@ async def run_mode(tmp_path: Path, mode: str):
     return cfg, lineage, acked_trajectories(stack.run_dir)
 
 
+def rising_reward(run_dir: Path, steps: int, rise: float = 0.15) -> tuple[list[dict], float, float]:
+    """The trainer's metric rows of a run of ``steps`` steps, checked: every step once, and the mean
+    reward of the last 10 steps at least ``rise`` above the first 10's. Returns (rows, first, last)."""
+    import statistics
+
+    from launcher.up.report import read_jsonl
+
+    rows = [r for r in read_jsonl(run_dir / "metrics" / "trainer.jsonl") if "step" in r]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    rewards = [r["critic/rewards/mean"] for r in rows]
+    first, last = statistics.mean(rewards[:10]), statistics.mean(rewards[-10:])
+    assert last >= first + rise, f"mean reward of the first 10 steps {first:.2f}, of the last 10 {last:.2f}"
+    return rows, first, last
+
+
 def acked_trajectories(run_dir: Path) -> dict[str, object]:
     """Every trajectory JetStream acknowledged, by id: the rollout's outbox keeps each one in
     ``acked/`` after its PubAck (``rollout.outbox_keep_acked_s``, set past the run's length).

@@ -21,10 +21,9 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.models.builtin import TINY_LAYERS
 from asyncrl.models.builtin_moe import TINY_MOE_TOP_K
-from launcher.up.report import read_jsonl
 from launcher.up.stack import Stack
 from recipes.demo.warmup import MOE_DEMO, warm_up
-from tests.loop.test_modes import acked_trajectories, model_versions, run_to_end
+from tests.loop.test_modes import acked_trajectories, model_versions, rising_reward, run_to_end
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "launcher" / "up" / "demo.toml"
@@ -47,11 +46,7 @@ async def test_a_moe_policy_learns_the_demo_with_routing_replay(tmp_path):
         cfg = await run_to_end(stack, RUN_LIMIT_S)
     finally:
         await asyncio.to_thread(stack.stop)
-    rows = [r for r in read_jsonl(stack.run_dir / "metrics" / "trainer.jsonl") if "step" in r]
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    rewards = [r["critic/rewards/mean"] for r in rows]
-    first, last = statistics.mean(rewards[:10]), statistics.mean(rewards[-10:])
-    assert last >= first + 0.15, f"mean reward of the first 10 steps {first:.2f}, of the last 10 {last:.2f}"
+    rows, first, last = rising_reward(stack.run_dir, STEPS)
     assert all("actor/router_replay/flip_rate" in r for r in rows)
     flips = statistics.mean(r["actor/router_replay/flip_rate"] for r in rows)
     print(f"tiny-moe with R3: reward {first:.2f} (steps 1-10) -> {last:.2f} (steps {STEPS - 9}-{STEPS}); mean flip rate {flips:.4f}")
