@@ -23,7 +23,13 @@ from trainer_daemon.compute.router_replay import RouterReplay
 
 MOE = "builtin:tiny-moe"
 LAYERS, TOP_K = 4, 2
-PROMPTS = [[11 + i, 42, 7 * i + 3, 99, 301 - i, 5, 17, 260] for i in range(16)]  # prompts(16)
+
+
+def prompts(n: int) -> list[list[int]]:
+    return [[11 + i, 42, 7 * i + 3, 99, 301 - i, 5, 17, 260] for i in range(n)]
+
+
+PROMPTS = prompts(16)
 
 
 @torch.no_grad()
@@ -54,10 +60,6 @@ class Gaps:
                 f"|logprob gap| of the {self.flipped_tokens} tokens after a flipped route {self.live:.5f} routing live, "
                 f"{self.replayed:.5f} replayed ({self.live / self.replayed:.1f}x); the {self.tokens} tokens' floor "
                 f"{self.floor:.5f}")
-
-
-def prompts(n: int) -> list[list[int]]:
-    return [[11 + i, 42, 7 * i + 3, 99, 301 - i, 5, 17, 260] for i in range(n)]
 
 
 async def bf16_replay_gaps(spec: str, log_dir, seed: int = SEED, prompt_ids: list[list[int]] = PROMPTS) -> Gaps:

@@ -15,23 +15,15 @@ from transformers.core_model_loading import revert_weight_conversion
 from asyncrl.engine_client import EngineClient
 from asyncrl.models import load_model
 from asyncrl.sync_control.errors import WeightSyncError
-from asyncrl.weight_sync import unpack_bucket
 from asyncrl.weight_sync.checksum import canonical, weights_checksum
 from tests.helpers.processes import SEED, start_engine
+from tests.trainer.test_weight_staging import unpacked
 from trainer_daemon.policy.model import engine_weights, full_state_dict
 from trainer_daemon.sync.direct import DirectEnginePublisher
 from trainer_daemon.sync.staging import WeightStager, engine_layout
 
 TIMEOUT_S = 60.0
 FUSED = "model.layers.0.mlp.experts.gate_up_proj"
-
-
-def unpacked(staged) -> dict[str, torch.Tensor]:
-    out = {}
-    for bucket, flat in zip(staged.buckets, staged.flats, strict=True):
-        spec = bucket.spec()
-        out.update(zip(spec.names, (t.clone() for t in unpack_bucket(flat, spec.names, spec.dtypes, spec.shapes)), strict=True))
-    return out
 
 
 @pytest.fixture(scope="module")
