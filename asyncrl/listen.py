@@ -15,6 +15,8 @@ is private. This module is the one place that decides the address:
   ``NCCL_SOCKET_IFNAME`` for the interface this host reaches the master address through (``lo``
   for a loopback master), for the variables the environment does not set already: gloo's and
   NCCL's own listening sockets then sit on that interface only.
+- :func:`bound_ifname_env` ``(host)``: the same variables for a server bound to one address of
+  this host (an engine listening on its node's address joins the weight group from there).
 
 Not covered: IPv6 link-local addresses with a zone id (give an address without one); which
 network is private is :mod:`asyncrl.netcheck`'s question, not this module's. A host *name* that
@@ -136,3 +138,20 @@ def socket_ifname_env(master_address: str, environ: Mapping[str, str]) -> dict[s
     if not name:
         return {}
     return {var: name for var in IFNAME_VARIABLES if not environ.get(var)}
+
+
+def bound_ifname_env(host: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """For a server bound to one address of this host (an engine on ``NODE_ADDR``): the
+    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` values to add (those ``environ`` lacks),
+    naming the interface that carries ``host``, so the weight group's connections it joins
+    listen where its peers reach it, not on what the host name resolves to (often
+    ``127.0.1.1``). Empty for loopback, the unspecified address, a name, or an address no
+    interface carries."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]").split("%")[0])
+    except ValueError:
+        return {}
+    if ip.is_loopback or ip.is_unspecified:
+        return {}
+    name = interface_of(str(ip))
+    return {var: name for var in IFNAME_VARIABLES if not environ.get(var)} if name else {}

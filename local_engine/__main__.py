@@ -2,7 +2,8 @@
 
     asyncrl engine --model builtin:tiny --host 127.0.0.1 --port 30000 \\
         [--dtype float32|bfloat16] [--seed 0] [--max-batch-size 32] [--max-model-len N] \\
-        [--sglang-compat 0.5.23] [--tp-size N] [--device cpu|cuda] [--timing-mode ...]
+        [--sglang-compat 0.5.23] [--tp-size N] [--device cpu|cuda] [--timing-mode ...] \\
+        [--port-slots N --addr-file PATH]   # the first free port of port..port+N-1 (replicas on one host)
 
 Every flag is a field of :class:`local_engine.settings.EngineSettings` (``--help`` lists them;
 ``EngineSettings.from_argv`` parses them, environment variables included). A bad value exits
@@ -13,6 +14,7 @@ only after the flags parsed (``--help`` is instant).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -39,6 +41,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if refusal:
         print(f"asyncrl engine: refusing to start: {refusal}", file=sys.stderr)
         return 2
+    from asyncrl.listen import bound_ifname_env
+    from local_engine.port_slot import claim_port, write_address
+
+    try:  # claimed before the model loads: replicas starting together get distinct ports
+        listening = claim_port(settings.host, settings.port, settings.port_slots)
+    except OSError as exc:
+        print(f"asyncrl engine: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    settings = settings.model_copy(update={"port": listening.getsockname()[1]})
+    if settings.addr_file:
+        write_address(settings.addr_file, listening)
+    # an engine on its node's address (a cluster node) joins weight groups from that interface,
+    # as docker/sglang/engine.sh sets for SGLang: gloo's default is the host name's address
+    os.environ.update(bound_ifname_env(settings.host, os.environ))
     configure_logging(settings.log_level, json_lines=settings.log_json)
     import torch
     import uvicorn
@@ -53,9 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ModelSpecError, OSError, ValueError) as exc:  # bad spec, unreadable dir, unsupported model
         print(f"asyncrl engine: cannot load model {settings.model!r}: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=SERVER_KEEP_ALIVE_S, access_log=False)
-    return 0
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=SERVER_KEEP_ALIVE_S, access_log=False))
+    server.run(sockets=[listening])
+    return 0 if server.started else 3  # as uvicorn.run: the app's start-up failed
 
 
 if __name__ == "__main__":

@@ -85,6 +85,13 @@ class EngineSettings(LocalEngineSection):
     """Interface to listen on. Loopback by default: the admin routes change weights."""
     port: int = Field(30000, ge=0, le=65535)
     """TCP port (SGLang's default is 30000)."""
+    port_slots: int = Field(1, ge=1, le=256)
+    """Ports to try from ``port`` on: the engine listens on the first free one of ``port`` ..
+    ``port + port_slots - 1`` (:mod:`local_engine.port_slot`). For replicas sharing a host's
+    network (compose ``--scale`` under host networking, compose.cluster.yaml): each takes the
+    next free port, as docker/sglang/engine.sh's GPU slots do. None free: exits 2 naming them."""
+    addr_file: str | None = None
+    """Where to write ``host:port`` once the port is claimed (a container healthcheck reads it)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights dtype. float32 gives logprobs that match a float32 trainer to ~1e-6;
     bfloat16 is ~2x faster on CPUs with bf16 support."""

@@ -47,6 +47,8 @@ BAD_INPUT = [
     ("POST", "/admin/pause", b'{"timeout_s": 0}', 400, "timeout_s"),
     ("POST", "/admin/pause", b'{"bogus": 1}', 400, "bogus"),
     ("POST", "/admin/engines", b'{"url": "not a url"}', 400, "url"),
+    # nothing answers there (the discard port): refused, not left waiting in the pool
+    ("POST", "/admin/engines", b'{"url": "http://127.0.0.1:9"}', 409, "http://127.0.0.1:9 is not answering"),
     ("POST", "/admin/engines/e-nope/quarantine", b"{}", 404, "no engine"),
     ("POST", "/admin/resume", b'[1, 2]', 400, ""),
 ]
@@ -63,6 +65,7 @@ async def test_bad_admin_input_gets_a_json_4xx_never_500(service):
                 assert resp.status == expected, (path, raw, body)
                 assert fragment in body["error"]["message"], (path, raw, body)
     assert not svc.runner.paused
+    assert [h.url for h in svc.pool.engines.values()] == [svc.cfg.engines.urls[0].rstrip("/")]
 
 
 async def test_resume_to_an_older_version_is_a_conflict(service):

@@ -20,6 +20,7 @@ import torch
 
 from asyncrl.listen import (
     ListenAddressError,
+    bound_ifname_env,
     interface_of,
     reserve_listen_socket,
     socket_ifname_env,
@@ -111,6 +112,16 @@ def test_gloo_and_nccl_are_told_the_interface_toward_the_master():
     assert socket_ifname_env("127.0.0.1", {}) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
     # what the operator set stays
     assert socket_ifname_env(ip, {"NCCL_SOCKET_IFNAME": "ib0"}) == {"GLOO_SOCKET_IFNAME": interface}
+
+
+def test_an_engine_bound_to_its_nodes_address_joins_weight_groups_from_that_interface():
+    """A cluster node's engine listens on NODE_ADDR (compose.cluster.yaml): gloo's default device
+    would be the host name's address (127.0.1.1 on Debian), which the trainer cannot reach."""
+    interface, ip = own_address()
+    assert bound_ifname_env(ip, {}) == {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": interface}
+    assert bound_ifname_env(ip, {"GLOO_SOCKET_IFNAME": "eth9"}) == {"NCCL_SOCKET_IFNAME": interface}
+    for host in ("127.0.0.1", "0.0.0.0", "::", "engine-1", "192.0.2.123"):  # loopback, any, a name, not ours
+        assert bound_ifname_env(host, {}) == {}, host
 
 
 WORKER = """

@@ -1,0 +1,59 @@
+"""``--port-slots``: replicas sharing a host's network each listen on the next free port of
+the range (compose.cluster.yaml's engine-cpu under ``--scale``); a full range is refused
+naming it; the real engine process serves on the port it took and writes it where its
+healthcheck reads it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import pytest
+
+from asyncrl.launch import ChildProcess, free_port, http_ok
+from local_engine.port_slot import PortsTaken, claim_port, write_address
+from tests.helpers.processes import ENGINE_START_TIMEOUT_S
+
+
+def test_replicas_take_the_next_free_port_and_a_full_range_is_refused(tmp_path):
+    first = free_port()
+    taken = [claim_port("127.0.0.1", first, 3) for _ in range(2)]
+    try:
+        assert [s.getsockname()[1] for s in taken] == [first, first + 1]
+        write_address(str(tmp_path / "addr"), taken[1])
+        assert (tmp_path / "addr").read_text() == f"127.0.0.1:{first + 1}\n"
+        with pytest.raises(PortsTaken, match=rf"127\.0\.0\.1:{first}-{first + 1} is in use"):
+            claim_port("127.0.0.1", first, 2)
+        taken[0].close()  # a replica that died frees its port for the next one
+        third = claim_port("127.0.0.1", first, 2)
+        assert third.getsockname()[1] == first
+        third.close()
+    finally:
+        for s in taken:
+            s.close()
+
+
+def test_an_address_of_another_host_is_not_a_taken_port():
+    with pytest.raises(OSError) as exc:
+        claim_port("192.0.2.123", free_port(), 3)  # TEST-NET-1: never this host's
+    assert not isinstance(exc.value, PortsTaken)
+
+
+def test_the_engine_serves_on_the_port_it_claimed_and_writes_it(tmp_path):
+    first = free_port()
+    blocker = socket.socket()  # another replica holds the first port
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    blocker.bind(("127.0.0.1", first))
+    blocker.listen(1)
+    addr_file = tmp_path / "addr"
+    argv = [sys.executable, "-m", "local_engine", "--model", "builtin:tiny", "--port", str(first), "--port-slots", "3",
+            "--addr-file", str(addr_file), "--torch-threads", "1", "--log-level", "warning"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCAL_ENGINE_")}
+    proc = ChildProcess("engine", argv, tmp_path / "engine.log", env=env).start()
+    try:
+        proc.wait_ready(lambda: http_ok(f"http://127.0.0.1:{first + 1}/health"), ENGINE_START_TIMEOUT_S)
+        assert addr_file.read_text() == f"127.0.0.1:{first + 1}\n"
+    finally:
+        proc.stop()
+        blocker.close()
