@@ -75,6 +75,7 @@ def node_env(name: str) -> dict[str, str]:
         "CONTROL_ADDR": CONTROL,
         "MASTER_ADDR": CONTROL,
         "ENGINE_URLS": json.dumps(ENGINE_URLS, separators=(",", ":")),
+        "ENGINE_ALLOWED_HOSTS": '["10.77.0.0/24"]',
         "NODE_ADDR": ADDRS[name],
         "COMPOSE_PROFILES": "control,cpu-trainer,monitoring" if name == "a" else "cpu-engine",
     }
@@ -135,18 +136,18 @@ class Cluster:
         return self.promql('asyncrl_sync_syncs_total{state="succeeded"}') or 0.0
 
     def rollout_admin(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        """An admin call to the rollout service from inside its container (its port is not published)."""
-        code = ("import json, sys, urllib.request, urllib.error\n"
-                "req = urllib.request.Request('http://127.0.0.1:8000' + sys.argv[2], method=sys.argv[1],\n"
-                "    data=sys.argv[3].encode() if sys.argv[3] else None,\n"
-                "    headers={'Authorization': 'Bearer ' + open('/run/secrets/admin_token').read().strip(),\n"
-                "             'Content-Type': 'application/json'})\n"
-                "try:\n    r = urllib.request.urlopen(req, timeout=60); print(r.status); print(r.read().decode())\n"
-                "except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n")
-        proc = self.compose(self.a, "exec", "-T", "rollout", "python", "-c", code, method, path,
-                            json.dumps(body) if body is not None else "", timeout=120)
-        status, text = proc.stdout.split("\n", 1)
-        return int(status), json.loads(text)
+        """An admin call to the rollout service as docs/deployment.md's "Admin routes" types it on
+        a node without a registry: GNU wget in the rollout container (its port is not published)."""
+        argv = ["exec", "-T", "rollout", "wget", "-q", "-S", "-O", "-", "--content-on-error",
+                "--header", f"Authorization: Bearer {self.secrets['admin_token']}", "--header", "Content-Type: application/json"]
+        if body is not None:
+            argv += ["--post-data", json.dumps(body)]
+        elif method != "GET":
+            argv += [f"--method={method}"]
+        proc = self.compose(self.a, *argv, f"http://127.0.0.1:8000{path}", timeout=120, check=False)
+        codes = [line.split()[1] for line in proc.stderr.splitlines() if line.strip().startswith("HTTP/")]
+        assert codes, f"no HTTP answer from the rollout service: {proc.stderr[-2000:]}"
+        return int(codes[-1]), json.loads(proc.stdout)
 
     def engines(self) -> dict[str, dict]:
         """The rollout service's engines by URL (``/admin/status``)."""
