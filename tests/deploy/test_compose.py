@@ -30,13 +30,16 @@ ROLES = {
     "engine": {"sglang"},
     "trainer": {"trainer"},
     "monitoring": {"prometheus", "grafana", "nats-exporter", "json-exporter"},
+    # without GPUs (./dev test-cluster runs them on three nodes)
+    "cpu-engine": {"engine-cpu", "model-init"},
+    "cpu-trainer": {"trainer-cpu", "model-init"},
 }
 ASYNCRL_SERVICES = {"rollout": "rollout", "sync-agent": "sync-agent", "trainer": "trainer"}
 
 
 def test_one_box_project_is_valid_and_runs_every_role(one_box):
     assert one_box["name"] == "asyncrl"
-    assert set(one_box["services"]) == set().union(*ROLES.values())
+    assert set(one_box["services"]) == set().union(*(ROLES[r] for r in ALL_PROFILES.split(",")))
 
 
 SECRET_WORDS = re.compile(r"TOKEN|PASSWORD|PASSWD|SECRET|API_KEY|PRIVATE", re.I)
@@ -115,6 +118,22 @@ def test_cluster_node_roles(compose, role):
         env = svc["trainer"]["environment"]
         assert svc["trainer"]["network_mode"] == "host" and set(svc["trainer"]["depends_on"]) == {"network-check"}
         assert env["ASYNCRL_TRAINER__MASTER_ADDR"] == CLUSTER_ADDRS["MASTER_ADDR"]
+        assert env["ASYNCRL_NATS__URL"] == f"nats://{CLUSTER_ADDRS['CONTROL_ADDR']}:4222"
+        assert env["ASYNCRL_SYNC__URL"] == f"http://{CLUSTER_ADDRS['CONTROL_ADDR']}:8100"
+    if role == "cpu-engine":
+        engine = svc["engine-cpu"]
+        assert engine["network_mode"] == "host" and not engine.get("expose")
+        assert engine["depends_on"]["network-check"]["condition"] == "service_completed_successfully"
+        flags = engine["command"]
+        assert flags[flags.index("--host") + 1] == CLUSTER_ADDRS["NODE_ADDR"] and "--port-slots" in flags
+        assert "/tmp/asyncrl-engine-addr" in flags and "asyncrl-engine-addr" in " ".join(engine["healthcheck"]["test"])
+    if role == "cpu-trainer":
+        trainer = svc["trainer-cpu"]
+        env = trainer["environment"]
+        assert trainer["network_mode"] == "host" and not trainer.get("networks")
+        assert set(trainer["depends_on"]) == {"network-check", "model-init"}
+        assert env["ASYNCRL_TRAINER__MASTER_ADDR"] == CLUSTER_ADDRS["MASTER_ADDR"]
+        assert env["ASYNCRL_TRAINER__METRICS_HOST"] == CLUSTER_ADDRS["NODE_ADDR"]
         assert env["ASYNCRL_NATS__URL"] == f"nats://{CLUSTER_ADDRS['CONTROL_ADDR']}:4222"
         assert env["ASYNCRL_SYNC__URL"] == f"http://{CLUSTER_ADDRS['CONTROL_ADDR']}:8100"
     if role == "control":
