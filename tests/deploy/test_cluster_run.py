@@ -23,8 +23,8 @@ service SIGKILLed while both engine nodes are cut off (agents held in flight): D
 it, it restores the agents, and they finish once the engines are back; ``asyncrl audit``: nothing lost or
 trained twice; an engine added with ``--scale`` and ``/admin/engines`` joins at the next sync.
 
-Its own command (root, Docker; ~15 min with the images built, more the first time):
-``./dev test-cluster``. Skipped under ``./dev test`` unless ``ASYNCRL_CLUSTER_TESTS=1``.
+Its own command (root, Docker; ~5 min with the images built and loaded into the nodes, ~6.5 min
+loading them, plus docker/build-local.sh's build the first time): ``./dev test-cluster``. Skipped under ``./dev test`` unless ``ASYNCRL_CLUSTER_TESTS=1``.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def wait(what: str, cluster: Cluster, timeout: float, condition) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     if not ENABLED:
-        pytest.skip("runs three Docker engines in network namespaces (root; ~15 min): its own command, "
+        pytest.skip("runs three Docker engines in network namespaces (root; ~5 min): its own command, "
                     "./dev test-cluster (or ASYNCRL_CLUSTER_TESTS=1)")
     missing = docker_engine()
     if missing is not None:
