@@ -44,14 +44,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asyncrl.listen import bound_ifname_env
     from local_engine.port_slot import claim_port, write_address
 
-    try:  # claimed before the model loads: replicas starting together get distinct ports
-        listening = claim_port(settings.host, settings.port, settings.port_slots)
-    except OSError as exc:
-        print(f"asyncrl engine: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    settings = settings.model_copy(update={"port": listening.getsockname()[1]})
-    if settings.addr_file:
-        write_address(settings.addr_file, listening)
+    listening = None
+    if settings.port_slots > 1 or settings.addr_file:
+        try:  # claimed before the model loads: replicas starting together get distinct ports
+            listening = claim_port(settings.host, settings.port, settings.port_slots)
+        except OSError as exc:
+            print(f"asyncrl engine: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        settings = settings.model_copy(update={"port": listening.getsockname()[1]})
+        if settings.addr_file:
+            write_address(settings.addr_file, listening)
     # an engine on its node's address (a cluster node) joins weight groups from that interface,
     # as docker/sglang/engine.sh sets for SGLang: gloo's default is the host name's address
     os.environ.update(bound_ifname_env(settings.host, os.environ))
@@ -72,8 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = uvicorn.Server(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level, log_config=None,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, timeout_keep_alive=SERVER_KEEP_ALIVE_S, access_log=False))
-    server.run(sockets=[listening])
-    return 0 if server.started else 3  # as uvicorn.run: the app's start-up failed
+    try:  # as uvicorn.run: Ctrl-C is a clean stop, a failed start-up exits non-zero
+        server.run(sockets=[listening] if listening is not None else None)
+    except KeyboardInterrupt:
+        pass
+    return 0 if server.started else 3
 
 
 if __name__ == "__main__":

@@ -152,6 +152,12 @@ class EngineSettings(LocalEngineSection):
     when emulating 0.5.16-0.5.19)."""
 
     @model_validator(mode="after")
+    def _port_range(self) -> EngineSettings:
+        if self.port + self.port_slots - 1 > 65535:
+            raise ValueError(f"port_slots: ports {self.port}..{self.port + self.port_slots - 1} go past 65535")
+        return self
+
+    @model_validator(mode="after")
     def _lora(self) -> EngineSettings:
         check_lora_settings(self.enable_lora, self.lora_paths, self.max_lora_rank, self.lora_target_modules,
                             self.max_loaded_loras, self.max_loras_per_batch)

@@ -72,17 +72,15 @@ def build_admin_router(ports: AdminPorts) -> APIRouter:
         refusal = ports.engine_refusal(str(body.url))
         if refusal:  # the engine key would go there (issue 48)
             raise ApiError(403, refusal, param="url")
-        known = {h.url for h in pool.engines.values()}
+        why = await pool.unreachable(str(body.url))
+        if why is not None:  # a typo or an engine not started yet: registered, it would only wait in the pool
+            raise ApiError(409, f"the engine at {str(body.url).rstrip('/')} is {why}: not registered; start it first "
+                                f"(its healthcheck healthy), then add it again", param="url")
         try:
-            handle = pool.add(str(body.url), body.id)
+            pool.add(str(body.url), body.id)
         except ValueError as exc:
             raise ApiError(409, str(exc), param="id") from None
         await pool.check_once()
-        if handle.url not in known and handle.state != "healthy" and (handle.reason or "").startswith("not answering"):
-            # a typo or an engine not started yet: registered, it would only wait in the pool
-            await pool.remove(handle.id)
-            raise ApiError(409, f"the engine at {handle.url} is {handle.reason}: not registered; start it first "
-                                f"(its healthcheck healthy), then add it again", param="url")
         return service_status()
 
     @router.delete("/engines/{engine_id}")

@@ -72,10 +72,7 @@ class HealthChecker:
 
     @staticmethod
     async def _alive(c: EngineClient) -> str | None:
-        try:
-            return None if await c.alive(timeout_s=HEALTH_TIMEOUT_S) else "not answering"
-        except EngineError as exc:
-            return f"not answering: {exc}"
+        return await liveness_problem(c)
 
     async def _check(self, handle: EngineHandle) -> None:
         handle.last_checked = time.time()
@@ -139,3 +136,12 @@ class HealthChecker:
                 await asyncio.wait_for(stop.wait(), HEALTH_INTERVAL_S)
             except TimeoutError:
                 pass
+
+
+async def liveness_problem(c: EngineClient) -> str | None:
+    """None when the engine answers ``/model_info`` within ``HEALTH_TIMEOUT_S``, else why not
+    (``not answering``, with the error when there is one)."""
+    try:
+        return None if await c.alive(timeout_s=HEALTH_TIMEOUT_S) else "not answering"
+    except EngineError as exc:
+        return f"not answering: {exc}"

@@ -60,7 +60,7 @@ from asyncrl.engine_client.errors import (
 from asyncrl.engine_client.sampling_mask import asks_sampling_mask
 from asyncrl.engine_client.types import GenerateResult
 from rollout_service.engines.handle import EngineHandle, engine_id_for
-from rollout_service.engines.health import HEALTH_TIMEOUT_S, HealthChecker
+from rollout_service.engines.health import HEALTH_TIMEOUT_S, HealthChecker, liveness_problem
 from rollout_service.serving import ServingState
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,18 @@ class EnginePool:
         self.engines[eid] = handle
         self._changed.set()
         return handle
+
+    async def unreachable(self, url: str) -> str | None:
+        """Why an engine at ``url`` cannot join (it does not answer ``/model_info`` within
+        ``HEALTH_TIMEOUT_S``: a typo, an engine not started yet), or None. Asked with a client
+        of its own before :meth:`add`, so no call is routed to it meanwhile; an engine already
+        in the pool is not asked (None)."""
+        url = url.rstrip("/")
+        if any(h.url == url for h in self.engines.values()):
+            return None
+        async with EngineClient(url, api_key=self.api_key, admin_api_key=self.admin_api_key,
+                                control_timeout_s=self.control_timeout_s) as client:
+            return await liveness_problem(client)
 
     async def remove(self, engine_id: str, abort_inflight: bool = True) -> EngineHandle:
         """Take an engine out; abort this service's requests on it first (each by exact rid:

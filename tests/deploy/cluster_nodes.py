@@ -43,7 +43,14 @@ FORWARD_RULE = ["FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"]
 
 
 def sh(argv: list[str], timeout: float = 60, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    """Run ``argv``; with ``check`` a non-zero exit (or the timeout) raises, without it the
+    timeout is exit status 124 (clean-up steps go on past a hung command)."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as exc:
+        if check:
+            raise
+        return subprocess.CompletedProcess(argv, 124, str(exc.stdout or ""), f"timed out after {timeout} s")
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -89,6 +96,7 @@ class Node:
         self.log = RUN / f"{name}-dockerd.log"
         self.env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
                     "DOCKER_HOST": f"unix://{self.sock}"}
+        self._daemon: subprocess.Popen | None = None
 
     # ------------------------------------------------------------------ set-up ----
     def start(self) -> None:
@@ -108,9 +116,10 @@ class Node:
         data_root = STATE / self.name
         data_root.mkdir(parents=True, exist_ok=True)
         log = open(self.log, "ab")  # noqa: SIM115 (handed to the daemon)
-        subprocess.Popen(["nsenter", f"--net=/run/netns/{self.netns}", "dockerd", "--data-root", str(data_root),
-                          "--exec-root", str(RUN / f"{self.name}-exec"), "--pidfile", str(self.pidfile),
-                          "-H", f"unix://{self.sock}"], stdout=log, stderr=log, start_new_session=True)
+        self._daemon = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{self.netns}", "dockerd", "--data-root", str(data_root), "--exec-root",
+             str(RUN / f"{self.name}-exec"), "--pidfile", str(self.pidfile), "-H", f"unix://{self.sock}"],
+            stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + DOCKERD_START_S
         while time.monotonic() < deadline:
             if self.docker("info", check=False, timeout=20).returncode == 0:
@@ -125,15 +134,20 @@ class Node:
             ids = self.docker("ps", "-aq", check=False).stdout.split()
             if ids:
                 self.docker("rm", "-f", *ids, check=False, timeout=120)
-        if self.pidfile.exists():
-            pid = int(self.pidfile.read_text().strip() or 0)
-            if pid:
-                sh(["kill", "-TERM", str(pid)], check=False)
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-                    time.sleep(0.5)
-                sh(["kill", "-KILL", str(pid)], check=False)
-            self.pidfile.unlink(missing_ok=True)
+        pids = {int(self.pidfile.read_text().strip() or 0)} if self.pidfile.exists() else set()
+        if self._daemon is not None and self._daemon.poll() is None:
+            pids.add(self._daemon.pid)  # started but no pid file yet
+        for pid in pids - {0}:
+            sh(["kill", "-TERM", str(pid)], check=False)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+                time.sleep(0.5)
+            sh(["kill", "-KILL", str(pid)], check=False)
+        # the containerd a dockerd manages goes with it on TERM, not on KILL
+        sh(["pkill", "-KILL", "-f", str(RUN / f"{self.name}-exec")], check=False)
+        self.pidfile.unlink(missing_ok=True)
+        if self._daemon is not None:
+            self._daemon.poll()  # reaped: it was this process's child
         sh(["ip", "link", "del", self.veth], check=False)
         sh(["ip", "netns", "del", self.netns], check=False)
 

@@ -13,25 +13,33 @@ import pytest
 
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from local_engine.port_slot import PortsTaken, claim_port, write_address
+from local_engine.settings import EngineSettings, SettingsError
 from tests.helpers.processes import ENGINE_START_TIMEOUT_S
 
 
 def test_replicas_take_the_next_free_port_and_a_full_range_is_refused(tmp_path):
-    first = free_port()
+    first = free_port()  # another process may hold a port of the range: only the order is asserted
     taken = [claim_port("127.0.0.1", first, 3) for _ in range(2)]
     try:
-        assert [s.getsockname()[1] for s in taken] == [first, first + 1]
+        ports = [s.getsockname()[1] for s in taken]
+        assert ports[0] == first and first < ports[1] < first + 3, ports
         write_address(str(tmp_path / "addr"), taken[1])
-        assert (tmp_path / "addr").read_text() == f"127.0.0.1:{first + 1}\n"
-        with pytest.raises(PortsTaken, match=rf"127\.0\.0\.1:{first}-{first + 1} is in use"):
-            claim_port("127.0.0.1", first, 2)
+        assert (tmp_path / "addr").read_text() == f"127.0.0.1:{ports[1]}\n"
+        with pytest.raises(PortsTaken, match=rf"127\.0\.0\.1:{first}-{first} is in use"):
+            claim_port("127.0.0.1", first, 1)
         taken[0].close()  # a replica that died frees its port for the next one
-        third = claim_port("127.0.0.1", first, 2)
-        assert third.getsockname()[1] == first
-        third.close()
+        taken[0] = claim_port("127.0.0.1", first, 1)
+        assert taken[0].getsockname()[1] == first
     finally:
         for s in taken:
             s.close()
+
+
+def test_a_range_past_the_last_port_is_refused():
+    with pytest.raises(ValueError, match="outside"):
+        claim_port("127.0.0.1", 65535, 2)
+    with pytest.raises(SettingsError, match="port_slots"):
+        EngineSettings.from_argv(["--port", "65535", "--port-slots", "2"], environ={})
 
 
 def test_an_address_of_another_host_is_not_a_taken_port():
@@ -52,8 +60,10 @@ def test_the_engine_serves_on_the_port_it_claimed_and_writes_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCAL_ENGINE_")}
     proc = ChildProcess("engine", argv, tmp_path / "engine.log", env=env).start()
     try:
-        proc.wait_ready(lambda: http_ok(f"http://127.0.0.1:{first + 1}/health"), ENGINE_START_TIMEOUT_S)
-        assert addr_file.read_text() == f"127.0.0.1:{first + 1}\n"
+        proc.wait_ready(lambda: addr_file.exists() and http_ok(f"http://{addr_file.read_text().strip()}/health"),
+                        ENGINE_START_TIMEOUT_S)
+        host, port = addr_file.read_text().strip().split(":")
+        assert host == "127.0.0.1" and first < int(port) < first + 3
     finally:
         proc.stop()
         blocker.close()

@@ -99,6 +99,10 @@ async def test_engines_added_quarantined_released_and_removed_at_run_time(tmp_pa
             assert svc.pool.engines[first_id].state == "quarantined"
             status, body = await admin(http, "DELETE", f"{url}/admin/engines/{first_id}/quarantine")
             assert status == 200 and {e["id"]: e["state"] for e in body["engines"]}[first_id] == "healthy"
+            # adding again an engine the pool has is not a new registration: kept, even while it is down
+            engine.stop()
+            status, body = await admin(http, "POST", f"{url}/admin/engines", {"url": second, "id": "second"})
+            assert status == 200 and "second" in {e["id"] for e in body["engines"]}, body
             status, body = await admin(http, "DELETE", f"{url}/admin/engines/second")
             assert status == 200 and [e["id"] for e in body["engines"]] == [first_id]
             status, body = await admin(http, "DELETE", f"{url}/admin/engines/second")  # idempotent
