@@ -135,9 +135,7 @@ def socket_ifname_env(master_address: str, environ: Mapping[str, str]) -> dict[s
     else:
         source = route_source(master_address)
         name = interface_of(source) if source else None
-    if not name:
-        return {}
-    return {var: name for var in IFNAME_VARIABLES if not environ.get(var)}
+    return _unset_ifname_vars(name, environ)
 
 
 def bound_ifname_env(host: str, environ: Mapping[str, str]) -> dict[str, str]:
@@ -153,5 +151,9 @@ def bound_ifname_env(host: str, environ: Mapping[str, str]) -> dict[str, str]:
         return {}
     if ip.is_loopback or ip.is_unspecified:
         return {}
-    name = interface_of(str(ip))
+    return _unset_ifname_vars(interface_of(str(ip)), environ)
+
+
+def _unset_ifname_vars(name: str | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """``name`` for each of :data:`IFNAME_VARIABLES` that ``environ`` does not set (none without a name)."""
     return {var: name for var in IFNAME_VARIABLES if not environ.get(var)} if name else {}

@@ -51,7 +51,7 @@ class HealthChecker:
         ``HEALTH_INTERVAL_S``); one that answers must also generate (``/health_generate``),
         except while the rollout is paused for a sync (module docstring)."""
         c = handle.client
-        why = await self._alive(c)
+        why = await liveness_problem(c)
         if why is not None or self.serving.paused:
             return why
         gen = asyncio.ensure_future(c.health_generate(timeout_s=HEALTH_GENERATE_TIMEOUT_S))
@@ -60,7 +60,7 @@ class HealthChecker:
                 await asyncio.wait({gen}, timeout=HEALTH_INTERVAL_S)
                 if gen.done():
                     break
-                why = await self._alive(c)
+                why = await liveness_problem(c)
                 if why is not None:
                     return why
         finally:
@@ -69,10 +69,6 @@ class HealthChecker:
                 await asyncio.gather(gen, return_exceptions=True)
         ok = not gen.cancelled() and gen.exception() is None and gen.result()
         return None if ok or self.serving.paused else "health check failed"  # a pause that began meanwhile explains a slow answer
-
-    @staticmethod
-    async def _alive(c: EngineClient) -> str | None:
-        return await liveness_problem(c)
 
     async def _check(self, handle: EngineHandle) -> None:
         handle.last_checked = time.time()

@@ -114,9 +114,7 @@ class EnginePool:
         eid = engine_id or engine_id_for(url)
         if eid in self.engines:
             raise ValueError(f"engine id {eid!r} is already used by {self.engines[eid].url}")
-        client = EngineClient(url, api_key=self.api_key, admin_api_key=self.admin_api_key, request_timeout_s=self.request_timeout_s or self.request_timeout_floor_s,
-                              control_timeout_s=self.control_timeout_s)
-        handle = EngineHandle(id=eid, url=url, client=client)
+        handle = EngineHandle(id=eid, url=url, client=self._client(url))
         self.engines[eid] = handle
         self._changed.set()
         return handle
@@ -129,9 +127,13 @@ class EnginePool:
         url = url.rstrip("/")
         if any(h.url == url for h in self.engines.values()):
             return None
-        async with EngineClient(url, api_key=self.api_key, admin_api_key=self.admin_api_key,
-                                control_timeout_s=self.control_timeout_s) as client:
+        async with self._client(url) as client:
             return await liveness_problem(client)
+
+    def _client(self, url: str) -> EngineClient:
+        return EngineClient(url, api_key=self.api_key, admin_api_key=self.admin_api_key,
+                            request_timeout_s=self.request_timeout_s or self.request_timeout_floor_s,
+                            control_timeout_s=self.control_timeout_s)
 
     async def remove(self, engine_id: str, abort_inflight: bool = True) -> EngineHandle:
         """Take an engine out; abort this service's requests on it first (each by exact rid:
