@@ -22,6 +22,8 @@ CONTROL = ADDRS["a"]
 ENGINE_URLS = [f"http://{ADDRS['b']}:30000", f"http://{ADDRS['c']}:30000"]
 RUN_ID = "demo"  # launcher/up/demo.toml's
 POLL_S = 3.0
+AWGET = ('exec wget -q -S -O - --content-on-error --header "Authorization: Bearer $(cat /run/secrets/admin_token)" "$@"')
+"""docs/deployment.md's ``awget`` body (``sh -c`` in the rollout container)."""
 
 
 def node_env(name: str) -> dict[str, str]:
@@ -97,9 +99,9 @@ class Cluster:
 
     def rollout_admin(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         """An admin call to the rollout service as docs/deployment.md's "Admin routes" types it on
-        a node without a registry: GNU wget in the rollout container (its port is not published)."""
-        argv = ["exec", "-T", "rollout", "wget", "-q", "-S", "-O", "-", "--content-on-error",
-                "--header", f"Authorization: Bearer {self.secrets['admin_token']}", "--header", "Content-Type: application/json"]
+        a node without a registry (``awget``): GNU wget in the rollout container (its port is not
+        published), the admin token read there from its secret file, on no host command line."""
+        argv = ["exec", "-T", "rollout", "sh", "-c", AWGET, "awget", "--header", "Content-Type: application/json"]
         if body is not None:
             argv += ["--post-data", json.dumps(body)]
         elif method != "GET":
