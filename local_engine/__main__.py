@@ -53,7 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         settings = settings.model_copy(update={"port": listening.getsockname()[1]})
         if settings.addr_file:
-            write_address(settings.addr_file, listening)
+            try:
+                write_address(settings.addr_file, listening)
+            except OSError as exc:
+                print(f"asyncrl engine: cannot write --addr-file {settings.addr_file}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
     # an engine on its node's address (a cluster node) joins weight groups from that interface,
     # as docker/sglang/engine.sh sets for SGLang: gloo's default is the host name's address
     os.environ.update(bound_ifname_env(settings.host, os.environ))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -67,3 +68,15 @@ def test_the_engine_serves_on_the_port_it_claimed_and_writes_it(tmp_path):
     finally:
         proc.stop()
         blocker.close()
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--port-slots", "2", "--addr-file", "/proc/no-such-dir/addr"], "cannot write --addr-file /proc/no-such-dir/addr"),
+    (["--port", "65535", "--port-slots", "2"], "port_slots"),
+])
+def test_bad_port_settings_exit_2_with_a_line_not_a_traceback(argv, says):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCAL_ENGINE_")}
+    port = [] if "--port" in argv else ["--port", str(free_port())]
+    proc = subprocess.run([sys.executable, "-m", "local_engine", *port, *argv], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
