@@ -166,7 +166,9 @@ class NatsConfig(Section):
     """Directory of the embedded server's JetStream store (a fast local or shared disk that
     outlives the job). None: ``<run dir>/nats``."""
     stream_max_bytes: int = Field(4 * 2**30, ge=2**20)
-    """Byte limit of the run's stream. With discard=new, a full stream rejects publishes."""
+    """Byte limit of the run's stream. With discard=new, a full stream rejects publishes. NATS
+    reserves it against its store limit (by default 75 % of the disk's free space) when the
+    stream is created: a reservation that does not fit stops the start naming this knob."""
     duplicate_window_s: float = Field(1800.0, ge=1.0, le=7 * 86400.0)
     """``Nats-Msg-Id`` dedup window; must exceed how long the outbox may retry a publish."""
     dead_letters_keep: int = Field(10_000, ge=0)

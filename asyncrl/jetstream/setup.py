@@ -13,7 +13,10 @@ The run's stream (names from :class:`asyncrl.wire.NatsNames`):
 
 ``ensure_stream`` is idempotent: it creates the stream, or updates mutable limits of an
 existing one, and refuses (``StreamMismatch``) when an existing stream differs in a way that
-cannot be updated in place (retention, storage).
+cannot be updated in place (retention, storage). JetStream reserves a stream's ``max_bytes``
+against the server's file store limit (``max_file_store``; by default 75 % of the disk's free
+space when nats-server starts): a reservation that does not fit raises ``StreamStorageShort``
+naming ``nats.stream_max_bytes``, the server's bare "insufficient storage resources" otherwise.
 
 KV buckets keep history 1 and allow per-message TTLs (``allow_msg_ttl``, nats-server 2.11+). A
 key that is done with is *forgotten* (:func:`kv_forget`), not deleted: a KV delete leaves a
@@ -40,7 +43,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError, ServerError
 
 from asyncrl.config import RunConfig
 from asyncrl.launch import port_open
@@ -52,10 +55,27 @@ CONNECT_PORT_WAIT_S = 10.0  # poll the TCP port first: nats.connect() to a close
 RECONNECT_WAIT_S = 0.5  # between reconnect attempts during an outage
 KV_HISTORY = 1  # agent checkpoints: only the latest state matters
 FORGET_MARKER_TTL_S = 5  # a forgotten key's purge marker expires this long after (Nats-TTL, whole seconds)
+JS_STORAGE_EXCEEDED = 10047  # JetStream's err_code: "insufficient storage resources available"
 
 
 class StreamMismatch(RuntimeError):
     """An existing stream has settings that cannot be changed in place."""
+
+
+class StreamStorageShort(RuntimeError):
+    """The NATS server cannot reserve the stream's ``max_bytes`` (``nats.stream_max_bytes``)."""
+
+
+def storage_short(error: ServerError, name: str, max_bytes: int) -> StreamStorageShort | None:
+    """``StreamStorageShort`` explaining ``error`` when it is JetStream's storage refusal, else None."""
+    if error.err_code != JS_STORAGE_EXCEEDED:
+        return None
+    return StreamStorageShort(
+        f"NATS cannot reserve nats.stream_max_bytes={max_bytes} ({max_bytes / 2**30:.2f} GiB) for stream {name}: "
+        "its JetStream file store limit has less left (max_file_store; nats-server's default is 75 % of the "
+        "disk's free space when it starts, less what other streams reserved). Free disk space and restart "
+        "nats-server, lower nats.stream_max_bytes, or raise the server's jetstream max_file_store"
+    )
 
 
 async def wait_for_port(url: str, timeout_s: float = CONNECT_PORT_WAIT_S) -> None:
@@ -136,7 +156,10 @@ async def ensure_stream(js: JetStreamContext, settings: StreamSettings) -> Strea
     try:
         info = await js.stream_info(wanted.name)
     except NotFoundError:
-        info = await js.add_stream(wanted)
+        try:
+            info = await js.add_stream(wanted)
+        except ServerError as e:
+            raise storage_short(e, wanted.name, settings.max_bytes) or e from e
         log.info("created stream %s", wanted.name)
         return info.config
     have = info.config
@@ -151,7 +174,10 @@ async def ensure_stream(js: JetStreamContext, settings: StreamSettings) -> Strea
         if getattr(have, k) != getattr(wanted, k)
     }
     if drift:
-        info = await js.update_stream(wanted)
+        try:
+            info = await js.update_stream(wanted)
+        except ServerError as e:
+            raise storage_short(e, wanted.name, settings.max_bytes) or e from e
         log.info("updated stream %s: %s", wanted.name, drift)
     return info.config
 

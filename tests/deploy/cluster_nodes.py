@@ -13,8 +13,10 @@ its secrets and models). Built from the kernel's own parts, as root:
   socket; its iptables rules (NAT for its bridge networks, published ports) live in the
   namespace, so the nodes' Docker networks do not meet;
 - images loaded from the machine's own Docker engine (``docker save | docker load``: no
-  registry), kept between runs in the node's data root (``STATE``) and reloaded only when the
-  built image changed.
+  registry) into the node's data root (``STATE``, ~5 GB a node). :meth:`Node.forget` removes
+  it after the run: the disk is shared with the suite, whose NATS servers size their stores by
+  the free space (a kept 16 GB once failed CI). ``ASYNCRL_CLUSTER_KEEP_IMAGES=1`` keeps it for
+  the next run (images reloaded only when the built one changed, the replaced ones pruned).
 
 Faults: :meth:`Node.cut` takes the node's link down (the node is gone for everyone else, its
 containers keep running), :meth:`Node.restore` brings it back.
@@ -36,7 +38,8 @@ from pathlib import Path
 BRIDGE = "asyncrl-cl0"
 SUBNET = "10.77.0"
 HOST_ADDR = f"{SUBNET}.1"
-STATE = Path("/var/lib/asyncrl-cluster")  # each node's Docker data root (its loaded images): kept
+STATE = Path("/var/lib/asyncrl-cluster")  # each node's Docker data root (its loaded images)
+KEEP_IMAGES = os.environ.get("ASYNCRL_CLUSTER_KEEP_IMAGES") == "1"
 RUN = Path("/run/asyncrl-cluster")  # sockets, pid files, exec roots
 DOCKERD_START_S = 90.0
 FORWARD_RULE = ["FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT"]
@@ -166,6 +169,12 @@ class Node:
                               env=self.env)
         save.stdout.close()
         assert save.wait(timeout=60) == 0 and load.returncode == 0, f"node {self.name}: loading {missing}: {load.stderr[-2000:]}"
+        self.docker("image", "prune", "-f", check=False, timeout=300)  # the images the new ones replaced
+
+    def forget(self) -> None:
+        """Its data root removed (after :meth:`stop`), unless ``ASYNCRL_CLUSTER_KEEP_IMAGES=1``."""
+        if not KEEP_IMAGES:
+            shutil.rmtree(STATE / self.name, ignore_errors=True)
 
     # ------------------------------------------------------------------- using ----
     def docker(self, *args: str, timeout: float = 120, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:

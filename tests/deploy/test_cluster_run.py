@@ -91,6 +91,7 @@ def cluster(tmp_path_factory):
         with contextlib.ExitStack() as cleanup:  # last in, first out
             cleanup.callback(network_down)
             for node in c.nodes.values():
+                cleanup.callback(node.forget)
                 cleanup.callback(node.stop)
                 if node.workdir.exists() and node.sock.exists():
                     cleanup.callback(c.compose, node, "down", "--volumes", "--remove-orphans", "--timeout", "20",

@@ -14,6 +14,7 @@ from asyncrl.config import load_config
 from asyncrl.jetstream import (
     EmbeddedNats,
     StreamMismatch,
+    StreamStorageShort,
     StreamSettings,
     connect,
     ensure_kv,
@@ -88,6 +89,27 @@ async def test_incompatible_existing_stream_is_refused(run_config, nats_server):
             await ensure_stream(js, StreamSettings.of(run_config))
     finally:
         await nc.close()
+
+
+async def test_a_stream_the_store_cannot_reserve_is_refused_naming_the_knob(tmp_path):
+    """JetStream reserves ``nats.stream_max_bytes`` against the server's store limit: a second
+    run's stream that does not fit is refused with the knob named; a smaller one still fits."""
+    with EmbeddedNats(tmp_path / "nats", max_store_bytes=48 * 2**20) as server:
+        assert '"max_file_store": 50331648' in server.config_path.read_text()
+        nc = await connect(server.url, "test", persistent=False)
+        try:
+            js = nc.jetstream()
+            first = load_config(overrides=[f"run.dir={tmp_path}", "run.id=one", f"nats.stream_max_bytes={32 * 2**20}"], environ={})
+            await ensure_stream(js, StreamSettings.of(first))
+            second = load_config(overrides=[f"run.dir={tmp_path}", "run.id=two", f"nats.stream_max_bytes={32 * 2**20}"], environ={})
+            with pytest.raises(StreamStorageShort, match=r"nats\.stream_max_bytes=33554432 .*ASYNCRL_TWO"):
+                await ensure_stream(js, StreamSettings.of(second))
+            with pytest.raises(StreamStorageShort, match="max_file_store"):  # growing one in place: the same
+                await ensure_stream(js, StreamSettings(first.run.id, 64 * 2**20, first.derived.max_message_bytes, 120.0))
+            smaller = load_config(overrides=[f"run.dir={tmp_path}", "run.id=two", f"nats.stream_max_bytes={8 * 2**20}"], environ={})
+            assert (await ensure_stream(js, StreamSettings.of(smaller))).max_bytes == 8 * 2**20
+        finally:
+            await nc.close()
 
 
 async def test_oversized_message_is_rejected_not_truncated(tmp_path, nats_server):
