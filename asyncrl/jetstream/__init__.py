@@ -9,8 +9,8 @@ from asyncrl.jetstream.embedded import (
 from asyncrl.jetstream.kv_listing import KvListingError, kv_entries
 from asyncrl.jetstream.setup import (
     StreamMismatch,
-    StreamStorageShort,
     StreamSettings,
+    StreamStorageShort,
     connect,
     ensure_kv,
     ensure_stream,

@@ -14,8 +14,8 @@ from asyncrl.config import load_config
 from asyncrl.jetstream import (
     EmbeddedNats,
     StreamMismatch,
-    StreamStorageShort,
     StreamSettings,
+    StreamStorageShort,
     connect,
     ensure_kv,
     ensure_stream,
