@@ -92,13 +92,45 @@ def test_this_environment_is_the_dev_lock():
 
 
 def test_dev_installs_from_the_locks_with_hashes():
-    """The install commands in ``./dev`` (the README's two commands run them)."""
+    """The install commands in ``./dev`` (the README's two commands run them): each lock through
+    ``install_locked``, whose installs and downloads all check hashes and resolve nothing."""
     text = (REPO / "dev").read_text()
     body = text[text.index("install() {"):text.index("\nlock() {")]
-    assert '--require-hashes --no-deps -r "constraints/$extras.lock"' in body
-    assert "--require-hashes --no-deps -r constraints/torch-cpu.lock" in body
+    locked = text[text.index("install_locked() {"):text.index("\ninstall() {")]
+    assert 'install_locked "constraints/$extras.lock"' in body
+    assert "install_locked constraints/torch-cpu.lock" in body
     assert "--no-deps --no-build-isolation -e ." in body and "pip check" in body
     assert not re.search(r"pip install(?![^\n]*--no-deps)[^\n]*-e", body), "an install that resolves dependencies"
+    pip = re.search(r"local pip=\(([^)]*)\)", locked).group(1)
+    assert "--require-hashes --no-deps" in pip and locked.count('"${pip[@]}" --no-index --find-links "$WHEELHOUSE" -r "$lock"') == 2
+    assert '"${download[@]}" --require-hashes -r "$lock"' in locked and "--no-deps" in locked.split("local download=")[1].split("\n")[0]
+
+
+def test_a_wheelhouse_file_whose_hash_differs_is_refused(tmp_path):
+    """What the wheelhouse relies on: ``--no-index --find-links`` still checks the lock's hash,
+    so a file changed in the wheelhouse fails the install instead of running."""
+    import hashlib
+    import zipfile
+
+    house = tmp_path / "wheels"
+    house.mkdir()
+    wheel = house / "asyncrl_probe-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("asyncrl_probe.py", "X = 1\n")
+        z.writestr("asyncrl_probe-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: asyncrl-probe\nVersion: 0.1\n")
+        z.writestr("asyncrl_probe-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("asyncrl_probe-0.1.dist-info/RECORD", "")
+    lock = tmp_path / "probe.lock"
+    lock.write_text(f"asyncrl-probe==0.1 --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}\n")
+    argv = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--require-hashes", "--no-deps", "--no-index",
+            "--find-links", str(house), "--target", str(tmp_path / "t"), "-r", str(lock)]
+    ok = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and (tmp_path / "t" / "asyncrl_probe.py").is_file(), ok.stderr[-2000:]
+    with zipfile.ZipFile(wheel, "a") as z:  # the same name, other bytes
+        z.writestr("extra.py", "Y = 2\n")
+    bad = subprocess.run([*argv[:-4], "--target", str(tmp_path / "t2"), "-r", str(lock)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "DO NOT MATCH THE HASHES" in bad.stderr, bad.stderr[-2000:]
+    assert not (tmp_path / "t2" / "asyncrl_probe.py").exists()
 
 
 def test_pip_refuses_a_file_whose_hash_differs(tmp_path):
