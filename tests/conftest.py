@@ -10,6 +10,7 @@ import pytest
 
 from asyncrl.config import RunConfig, load_config
 from asyncrl.jetstream import EmbeddedNats
+from tests.helpers.nats_servers import nats_for_test
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,7 +38,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     """A real nats-server with JetStream on 127.0.0.1, its store under tmp_path."""
-    server = EmbeddedNats(tmp_path / "run", max_payload=8 * 2**20)
+    server = nats_for_test(tmp_path / "run")
     server.start()
     try:
         yield server

@@ -72,9 +72,10 @@ def storage_short(error: ServerError, name: str, max_bytes: int) -> StreamStorag
         return None
     return StreamStorageShort(
         f"NATS cannot reserve nats.stream_max_bytes={max_bytes} ({max_bytes / 2**30:.2f} GiB) for stream {name}: "
-        "its JetStream file store limit has less left (max_file_store; nats-server's default is 75 % of the "
-        "disk's free space when it starts, less what other streams reserved). Free disk space and restart "
-        "nats-server, lower nats.stream_max_bytes, or raise the server's jetstream max_file_store"
+        "its JetStream file store limit has less left (max_file_store; nats-server's default, which the "
+        "embedded server keeps, is 75 % of the disk's free space when it starts, less what other streams "
+        "reserved). Lower nats.stream_max_bytes, or free disk space and restart nats-server; an external "
+        "server can also be given a larger jetstream max_file_store"
     )
 
 
@@ -159,7 +160,9 @@ async def ensure_stream(js: JetStreamContext, settings: StreamSettings) -> Strea
         try:
             info = await js.add_stream(wanted)
         except ServerError as e:
-            raise storage_short(e, wanted.name, settings.max_bytes) or e from e
+            if (short := storage_short(e, wanted.name, settings.max_bytes)) is None:
+                raise
+            raise short from e
         log.info("created stream %s", wanted.name)
         return info.config
     have = info.config
@@ -177,7 +180,9 @@ async def ensure_stream(js: JetStreamContext, settings: StreamSettings) -> Strea
         try:
             info = await js.update_stream(wanted)
         except ServerError as e:
-            raise storage_short(e, wanted.name, settings.max_bytes) or e from e
+            if (short := storage_short(e, wanted.name, settings.max_bytes)) is None:
+                raise
+            raise short from e
         log.info("updated stream %s: %s", wanted.name, drift)
     return info.config
 

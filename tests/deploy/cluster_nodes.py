@@ -173,8 +173,14 @@ class Node:
 
     def forget(self) -> None:
         """Its data root removed (after :meth:`stop`), unless ``ASYNCRL_CLUSTER_KEEP_IMAGES=1``."""
-        if not KEEP_IMAGES:
-            shutil.rmtree(STATE / self.name, ignore_errors=True)
+        if KEEP_IMAGES:
+            return
+        data_root = STATE / self.name
+        shutil.rmtree(data_root, ignore_errors=True)
+        if data_root.exists():  # a mount left by a dockerd that had to be killed: say so, it holds GBs
+            left = sh(["du", "-sh", str(data_root)], check=False).stdout.strip()
+            raise AssertionError(f"node {self.name}: its data root could not be removed ({left}); "
+                                 f"unmount what is under it and remove it by hand")
 
     # ------------------------------------------------------------------- using ----
     def docker(self, *args: str, timeout: float = 120, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
