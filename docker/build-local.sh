@@ -47,14 +47,30 @@ if [ ${#have[@]} -eq 0 ]; then
     done
 fi
 
-build() {  # tag dockerfile context [build args...]
+# The image a tag named before a build is removed once the tag names another (when no container
+# uses it): rebuilds do not pile up untagged images on the disk (each service image is ~1.8 GB).
+# A Dockerfile's build stage (`AS build`) is built and tagged first (<tag>-build), so it stays the
+# next build's cache instead of an untagged image of its own.
+build_image() {  # tag dockerfile context [build args...]
     local tag="$1" file="$2" context="$3"
     shift 3
-    log "building $tag ($file) ..."
-    local started=$SECONDS
+    local before
+    before="$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)"
     docker build -q -f "$file" -t "$tag" "$@" "$context" >"$log_dir/$(basename "$file").log" 2>&1 \
         || { tail -n 40 "$log_dir/$(basename "$file").log" >&2; exit 1; }
-    log "built $tag in $((SECONDS - started)) s"
+    if [ -n "$before" ] && [ "$before" != "$(docker image inspect -f '{{.Id}}' "$tag")" ]; then
+        docker rmi "$before" >/dev/null 2>&1 && log "removed the image $tag named before (${before:7:12})" || true
+    fi
+}
+
+build() {  # tag dockerfile context [build args...]
+    log "building $1 ($2) ..."
+    local started=$SECONDS
+    if grep -q -E '^FROM .* AS build$' "$2"; then
+        build_image "$1-build" "${@:2}" --target build
+    fi
+    build_image "$@"
+    log "built $1 in $((SECONDS - started)) s"
 }
 
 build "$SERVICE_IMAGE" docker/service.Dockerfile . --build-arg PYTHON_IMAGE="$BASE_IMAGE"
