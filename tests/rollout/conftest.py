@@ -13,8 +13,8 @@ import uvicorn
 
 from asyncrl.config import load_config
 from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
-from asyncrl.launch import free_port
 from launcher.demo_data import demo_data_env
+from tests.helpers.loopback_socket import loopback_socket
 from tests.helpers.processes import start_engine
 from tests.helpers.waiting import wait_for
 from tests.helpers.warm_model import warm_tiny_model
@@ -50,18 +50,22 @@ async def running_service(cfg):
     from rollout_service.app import create_app
     from rollout_service.build import build
 
-    port = free_port()
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
     svc = await build(cfg, url=f"http://127.0.0.1:{port}")
     server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                                            timeout_keep_alive=SERVER_KEEP_ALIVE_S))
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     await wait_for(lambda: server.started or task.done(), SERVER_START_S, "the rollout service's HTTP server to start")
     assert server.started, f"the rollout service's HTTP server exited during startup: {task}"
     try:
         yield svc, f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        await asyncio.wait_for(task, 60)
+        try:
+            await asyncio.wait_for(task, 60)
+        finally:
+            sock.close()
 
 
 async def admin(session: aiohttp.ClientSession, method: str, url: str, json=None, token: str | None = ADMIN):

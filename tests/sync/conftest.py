@@ -12,8 +12,8 @@ import torch
 import uvicorn
 
 from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
-from asyncrl.launch import free_port
 from asyncrl.models import load_model
+from tests.helpers.loopback_socket import loopback_socket
 from tests.helpers.processes import Engine, start_engine
 from tests.helpers.waiting import wait_for
 from tests.rollout.conftest import SERVER_START_S, running_service, service_config
@@ -61,17 +61,21 @@ async def running_agent(cfg):
     from sync_agent.app import create_app
 
     agent = SyncAgent(cfg)
-    port = free_port()
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(agent), host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                                            timeout_keep_alive=SERVER_KEEP_ALIVE_S))
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     await wait_for(lambda: server.started or task.done(), SERVER_START_S, "the sync agent's HTTP server to start")
     assert server.started, f"the sync agent's HTTP server exited during startup: {task}"
     try:
         yield agent, f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        await asyncio.wait_for(task, 60)
+        try:
+            await asyncio.wait_for(task, 60)
+        finally:
+            sock.close()
 
 
 @contextlib.asynccontextmanager
