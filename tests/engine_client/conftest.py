@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from asyncrl.launch import free_port
+from tests.helpers.loopback_socket import loopback_socket
 from tests.helpers.processes import Engine, start_engine
 from tests.helpers.waiting import wait_for_sync
 
@@ -27,9 +27,10 @@ def old_server():
     from tests.engine_client.old_sglang import build_app
 
     app, state = build_app()
-    port = free_port()
+    sock = loopback_socket()
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
         wait_for_sync(lambda: server.started or not thread.is_alive(), STUB_START_TIMEOUT_S, "the old-SGLang stand-in to start",
@@ -39,3 +40,4 @@ def old_server():
     finally:
         server.should_exit = True
         thread.join(10)
+        sock.close()
