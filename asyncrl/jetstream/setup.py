@@ -30,7 +30,9 @@ rollup: every earlier message of the key goes) whose marker carries ``Nats-TTL``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -66,17 +68,22 @@ class StreamStorageShort(RuntimeError):
     """The NATS server cannot reserve the stream's ``max_bytes`` (``nats.stream_max_bytes``)."""
 
 
-def storage_short(error: ServerError, name: str, max_bytes: int) -> StreamStorageShort | None:
-    """``StreamStorageShort`` explaining ``error`` when it is JetStream's storage refusal, else None."""
-    if error.err_code != JS_STORAGE_EXCEEDED:
-        return None
-    return StreamStorageShort(
-        f"NATS cannot reserve nats.stream_max_bytes={max_bytes} ({max_bytes / 2**30:.2f} GiB) for stream {name}: "
-        "its JetStream file store limit has less left (max_file_store; nats-server's default, which the "
-        "embedded server keeps, is 75 % of the disk's free space when it starts, less what other streams "
-        "reserved). Lower nats.stream_max_bytes, or free disk space and restart nats-server; an external "
-        "server can also be given a larger jetstream max_file_store"
-    )
+@contextlib.contextmanager
+def storage_refusal_named(name: str, max_bytes: int) -> Iterator[None]:
+    """Within it, JetStream's storage refusal (err_code 10047) is raised as ``StreamStorageShort``
+    naming ``nats.stream_max_bytes``; every other server error passes unchanged."""
+    try:
+        yield
+    except ServerError as e:
+        if e.err_code != JS_STORAGE_EXCEEDED:
+            raise
+        raise StreamStorageShort(
+            f"NATS cannot reserve nats.stream_max_bytes={max_bytes} ({max_bytes / 2**30:.2f} GiB) for stream {name}: "
+            "its JetStream file store limit has less left (max_file_store; nats-server's default, which the "
+            "embedded server keeps, is 75 % of the disk's free space when it starts, less what other streams "
+            "reserved). Lower nats.stream_max_bytes, or free disk space and restart nats-server; an external "
+            "server can also be given a larger jetstream max_file_store"
+        ) from e
 
 
 async def wait_for_port(url: str, timeout_s: float = CONNECT_PORT_WAIT_S) -> None:
@@ -157,12 +164,8 @@ async def ensure_stream(js: JetStreamContext, settings: StreamSettings) -> Strea
     try:
         info = await js.stream_info(wanted.name)
     except NotFoundError:
-        try:
+        with storage_refusal_named(wanted.name, settings.max_bytes):
             info = await js.add_stream(wanted)
-        except ServerError as e:
-            if (short := storage_short(e, wanted.name, settings.max_bytes)) is None:
-                raise
-            raise short from e
         log.info("created stream %s", wanted.name)
         return info.config
     have = info.config
@@ -177,12 +180,8 @@ async def ensure_stream(js: JetStreamContext, settings: StreamSettings) -> Strea
         if getattr(have, k) != getattr(wanted, k)
     }
     if drift:
-        try:
+        with storage_refusal_named(wanted.name, settings.max_bytes):
             info = await js.update_stream(wanted)
-        except ServerError as e:
-            if (short := storage_short(e, wanted.name, settings.max_bytes)) is None:
-                raise
-            raise short from e
         log.info("updated stream %s: %s", wanted.name, drift)
     return info.config
 
