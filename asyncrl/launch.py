@@ -18,19 +18,14 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from asyncrl.listen_ports import free_port  # noqa: F401 - re-exported: launchers and tests take it from here
+
 POLL_INTERVAL_S = 0.02  # readiness polls: a NATS server is up ~15 ms after exec
 STOP_GRACE_S = 10.0  # SIGTERM → SIGKILL grace: long enough for uvicorn/NATS to flush
 
 
 class ChildFailed(RuntimeError):
     """A child process exited (or never became ready); the message carries its log tail."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind to 0, read, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:

@@ -24,12 +24,10 @@ Lifecycle (what its output, ``<run dir>/logs/slurm-<job id>.out``, reports):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -43,6 +41,7 @@ from asyncrl.config.secrets import redact, secret_values
 from asyncrl.files import atomic_write
 from asyncrl.jetstream.embedded import ENDPOINT_FILE, server_config
 from asyncrl.launch import ChildProcess, http_ok, log_tail, port_open
+from asyncrl.listen_ports import distinct_free_ports
 from launcher.slurm import steps
 from launcher.slurm.cli import write_private
 from launcher.slurm.placement import Placement, PlacementError, place
@@ -65,16 +64,6 @@ def allocation_hosts() -> list[str]:
         raise PlacementError("SLURM_JOB_NODELIST is not set: asyncrl slurm-job runs inside a Slurm job (sbatch)")
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True)
     return out.stdout.split()
-
-
-def distinct_free_ports(n: int) -> list[int]:
-    """``n`` different ports free on every interface of this host a moment ago (held open
-    together while chosen, so no two are the same)."""
-    with contextlib.ExitStack() as held:
-        socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
-        for sock in socks:
-            sock.bind(("0.0.0.0", 0))  # noqa: S104 - where the services will listen
-        return [sock.getsockname()[1] for sock in socks]
 
 
 def _token() -> str:
@@ -106,7 +95,7 @@ class SlurmJob:
         doc["engines"]["admin_api_key"] = doc["engines"]["admin_api_key"] or _token()
         doc["nats"]["user"] = cfg.nats.user or "asyncrl"
         sec["nats_password"] = sec["nats_password"] or _token()
-        ports = dict(zip(("nats", "rollout", "sync", "metrics", "master"), distinct_free_ports(5), strict=True))
+        ports = dict(zip(("nats", "rollout", "sync", "metrics", "master"), distinct_free_ports(5, "0.0.0.0"), strict=True))
         # nats.url stays unset: the services find the job's server by <run dir>/nats/endpoint (removed
         # at the stop), so after the job `asyncrl audit` starts one on the store instead of waiting for it
         doc["nats"].update(embedded_port=ports["nats"], embedded_host="0.0.0.0")  # noqa: S104

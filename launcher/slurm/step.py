@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 
 from asyncrl.files import atomic_write
+from asyncrl.listen_ports import free_port
 
 
 def _visible_gpus(wanted: str, inherited: str | None) -> str:
@@ -50,12 +51,6 @@ def _visible_gpus(wanted: str, inherited: str | None) -> str:
         raise SystemExit(f"launcher.slurm.step: GPUs {missing} asked for, but the step sees only {len(have)} "
                          f"(CUDA_VISIBLE_DEVICES={inherited})")
     return ",".join(have[i] for i in picks)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("0.0.0.0", 0))  # noqa: S104 - where the service will listen
-        return s.getsockname()[1]
 
 
 WATCH_TICK_S = 0.2
@@ -127,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env[ns.node_rank_env] = os.environ.get("SLURM_NODEID", "0")
     port = None
     if ns.endpoint:
-        port = ns.port or _free_port()
+        port = ns.port or free_port("0.0.0.0")  # noqa: S104 - where the service will listen
         command = [a.replace("{port}", str(port)) for a in command]
         atomic_write(ns.endpoint, json.dumps({"host": socket.gethostname(), "port": port}))
     secrets = {}

@@ -122,7 +122,7 @@ def test_the_step_wrapper_refuses_gpus_the_step_does_not_have(tmp_path):
 
 
 def test_the_batch_hosts_ports_are_distinct():
-    from launcher.slurm.job import distinct_free_ports
+    from asyncrl.listen_ports import distinct_free_ports
 
     ports = distinct_free_ports(64)
     assert len(set(ports)) == 64 and all(p > 0 for p in ports)
