@@ -153,14 +153,19 @@ def warm_up(recipe: WarmupRecipe = DEMO, progress: Callable[[str], None] = print
     first use. ``show_steps``: draw the SFT's progress on stderr (a bar on a terminal, else a
     line every 10 s: :class:`asyncrl.task_progress.TaskProgress`)."""
     from asyncrl.models.cache import build_once
-    from asyncrl.models.smollm2 import cache_dir
 
     if use_shipped and (ready := shipped(recipe)) is not None:
         return ready
     if recipe == DEMO and use_shipped:
         progress(f"the package's {DEMO.name} was built by other code ({shipped_dir()}): building it here once")
-    return build_once(cache_dir() / "models" / f"{recipe.name}-{recipe_key(recipe)}",
-                      lambda out: _build(recipe, out, progress, show_steps))
+    return build_once(cached_dir(recipe), lambda out: _build(recipe, out, progress, show_steps))
+
+
+def cached_dir(recipe: WarmupRecipe) -> Path:
+    """Where :func:`warm_up` builds and caches ``recipe`` (built once it holds ``COMPLETE``)."""
+    from asyncrl.models.smollm2 import cache_dir
+
+    return cache_dir() / "models" / f"{recipe.name}-{recipe_key(recipe)}"
 
 
 def examples_of(recipe: WarmupRecipe, tokenizer):

@@ -1,7 +1,7 @@
 """The suite's long builds, started in the background as soon as the suite knows it needs them
 (tests/conftest.py), one after the other in one child process:
 
-1. the tests' warm model (tests/helpers/warm_model.py: ~30 s alone), into the suite's own
+1. the tests' warm model (tests/helpers/warm_model.py: ~1.5 min alone), into the suite's own
    cache, when a collected test uses the ``warm_model`` fixture: the fixture then finds it
    built, or waits on the same build lock (``asyncrl.models.cache.build_once``) instead of
    building it beside the rebuild below (which made it take over 3 minutes);

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recipes.demo.warmup import WarmupRecipe, warm_up
+from asyncrl.models.cache import MARKER
+from recipes.demo.warmup import WarmupRecipe, cached_dir, warm_up
 
 # 120 steps: enough for the format (tool call, boxed answer); copying digits needs far more.
 TEST_RECIPE = WarmupRecipe(name="tiny-arith-test", tools=("calculator",), exact_fraction=1.0, level=None,
@@ -19,3 +20,8 @@ TEST_RECIPE = WarmupRecipe(name="tiny-arith-test", tools=("calculator",), exact_
 
 def warm_tiny_model() -> Path:
     return warm_up(TEST_RECIPE, progress=lambda message: None)
+
+
+def warm_model_built() -> bool:
+    """Whether the cache already holds the finished build (a test using it waits for nothing)."""
+    return (cached_dir(TEST_RECIPE) / MARKER).is_file()
