@@ -32,7 +32,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     from tests.sglang_cpu import background
 
     if any(item.nodeid.startswith(background.TIER_DIR) for item in session.items):
-        background.start(Path(os.environ[shipped_rebuild.ENV_DIR]), after_warm_model=warm)
+        background.start(Path(os.environ[shipped_rebuild.ENV_DIR]))
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

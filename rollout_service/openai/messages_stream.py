@@ -19,7 +19,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from rollout_service.openai.streaming import sse_objects
+from rollout_service.openai.streaming import ContentDeltas
 
 
 def _event(kind: str, **fields: Any) -> bytes:
@@ -32,21 +32,13 @@ async def messages_events(chat_stream: AsyncIterator[bytes], skeleton: dict[str,
     """Anthropic's events for one streamed turn (module docstring)."""
     yield _event("message_start", message=skeleton)
     yield _event("ping")
-    text_open, failed = False, None
-    async for piece in chat_stream:
-        for obj in sse_objects(piece):
-            if "error" in obj:
-                failed = obj["error"]
-                continue
-            for choice in obj.get("choices") or []:
-                delta = (choice.get("delta") or {}).get("content")
-                if not delta:
-                    continue
-                if not text_open:
-                    text_open = True
-                    yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-                yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
-    if failed is not None:
+    text_open, deltas = False, ContentDeltas(chat_stream)
+    async for delta in deltas:
+        if not text_open:
+            text_open = True
+            yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+        yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
+    if (failed := deltas.error) is not None:
         kind = failed.get("type")  # OpenAI's error types below 500 are Anthropic's names too
         yield _event("error", error={"type": "api_error" if kind in (None, "server_error") else kind, "message": failed.get("message")})
         return

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from rollout_service.openai.streaming import sse_objects
+from rollout_service.openai.streaming import ContentDeltas
 
 
 class _Events:
@@ -44,25 +44,17 @@ async def responses_events(chat_stream: AsyncIterator[bytes], skeleton: dict[str
     ev = _Events()
     yield ev("response.created", response=skeleton)
     yield ev("response.in_progress", response=skeleton)
-    msg_id, text, failed = None, "", None
-    async for piece in chat_stream:
-        for obj in sse_objects(piece):
-            if "error" in obj:
-                failed = obj["error"]
-                continue
-            for choice in obj.get("choices") or []:
-                delta = (choice.get("delta") or {}).get("content")
-                if not delta:
-                    continue
-                if msg_id is None:
-                    msg_id = f"msg_{uuid.uuid4().hex[:24]}"
-                    yield ev("response.output_item.added", output_index=0,
-                             item={"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []})
-                    yield ev("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
-                             part={"type": "output_text", "text": "", "annotations": []})
-                text += delta
-                yield ev("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=delta)
-    if failed is not None:
+    msg_id, text, deltas = None, "", ContentDeltas(chat_stream)
+    async for delta in deltas:
+        if msg_id is None:
+            msg_id = f"msg_{uuid.uuid4().hex[:24]}"
+            yield ev("response.output_item.added", output_index=0,
+                     item={"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []})
+            yield ev("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
+                     part={"type": "output_text", "text": "", "annotations": []})
+        text += delta
+        yield ev("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=delta)
+    if (failed := deltas.error) is not None:
         yield ev("error", code=str(failed.get("code")), message=failed.get("message"), param=failed.get("param"))
         yield ev("response.failed", response={**skeleton, "status": "failed",
                                               "error": {"code": "server_error", "message": failed.get("message")}})

@@ -164,3 +164,23 @@ def sse_objects(piece: bytes) -> list[dict[str, Any]]:
     """The JSON objects of a piece of this module's Chat stream (its ``data: {...}`` lines): what
     the Responses and Messages streams translate."""
     return [json.loads(line[6:]) for line in piece.split(b"\n") if line.startswith(b"data: {")]
+
+
+class ContentDeltas:
+    """The content deltas of this module's Chat stream, in order (``async for delta in ...``):
+    what the Responses and Messages streams translate. An error chunk yields nothing; the last
+    one is kept in ``error`` for the caller to report once the stream has ended."""
+
+    def __init__(self, chat_stream: AsyncIterator[bytes]) -> None:
+        self.chat_stream = chat_stream
+        self.error: dict[str, Any] | None = None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async for piece in self.chat_stream:
+            for obj in sse_objects(piece):
+                if "error" in obj:
+                    self.error = obj["error"]
+                    continue
+                for choice in obj.get("choices") or []:
+                    if delta := (choice.get("delta") or {}).get("content"):
+                        yield delta

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 WARM_MODEL_BOUND_S = 900.0  # the warm model: ~1.5 min alone; 5.7 min seen on two busy cores with an empty cache
-SGLANG_VENV_BOUND_S = 1200.0  # SGLang's venv: 3-5 min alone (pip, ~7 GB), after the warm model in the background
+SGLANG_VENV_BOUND_S = 1200.0  # SGLang's venv: 3-5 min alone (pip, ~7 GB), 7.3 min seen beside the suite
 
 
 def unfinished_builds_bound(item: pytest.Item) -> float:

@@ -6,11 +6,6 @@ workers, tests/helpers/shipped_rebuild.py); the child runs ``python -m tests.sgl
 which holds the build lock (``asyncrl.models.cache.build_once``): a test that needs the venv
 waits on that lock, and builds it itself (failing with the reason) if the background build
 failed. The output is ``<background dir>/sglang-venv.log``.
-
-With ``after_warm_model`` the child first waits for the tests' warm model (its build lock, the
-same build as tests/helpers/shipped_rebuild.py's: whichever child gets the lock builds it once).
-Most of the suite's early tests need that model; built beside the venv on two cores, each took
-5.5 minutes instead of ~1.5 and ~4.
 """
 
 from __future__ import annotations
@@ -26,23 +21,11 @@ from tests.sglang_cpu.install import DEFAULT_RELEASE, venv_dir
 TIER_DIR = "tests/sglang/"
 
 
-CHILD = """
-import subprocess, sys
-if sys.argv[1] == "1":
-    try:
-        from tests.helpers.warm_model import warm_tiny_model
-        warm_tiny_model()
-    except Exception as exc:  # the tests that need it build it again and fail with the reason
-        print(f"the warm model's build failed here: {exc!r}", flush=True)
-sys.exit(subprocess.call([sys.executable, "-m", "tests.sglang_cpu", "install", sys.argv[2]]))
-"""
-
-
 def venv_built(release: str = DEFAULT_RELEASE) -> bool:
     return (venv_dir(release) / MARKER).is_file()
 
 
-def start(background_dir: Path, release: str = DEFAULT_RELEASE, after_warm_model: bool = False) -> None:
+def start(background_dir: Path, release: str = DEFAULT_RELEASE) -> None:
     if venv_built(release):
         return
     try:
@@ -53,5 +36,5 @@ def start(background_dir: Path, release: str = DEFAULT_RELEASE, after_warm_model
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     with (background_dir / "sglang-venv.log").open("w") as log:
-        subprocess.Popen([sys.executable, "-c", CHILD, "1" if after_warm_model else "0", release], stdout=log, stderr=subprocess.STDOUT,
+        subprocess.Popen([sys.executable, "-m", "tests.sglang_cpu", "install", release], stdout=log, stderr=subprocess.STDOUT,
                          stdin=subprocess.DEVNULL, env=env, cwd=root, start_new_session=True)
