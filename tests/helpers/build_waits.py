@@ -41,11 +41,9 @@ def unfinished_builds_bound(item: pytest.Item) -> float:
 def base_timeout(item: pytest.Item) -> float:
     """The limit pytest-timeout would give ``item``: its closest ``timeout`` marker, else the ini's."""
     marker = item.get_closest_marker("timeout")
-    if marker is not None:
-        value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
-    else:
-        value = item.config.getini("timeout")
     try:
+        value = (marker.args[0] if marker.args else marker.kwargs.get("timeout")) if marker is not None \
+            else item.config.getini("timeout")  # ValueError: pytest-timeout not loaded (-p no:timeout)
         return float(value or 0)
     except (TypeError, ValueError):
         return 0.0
