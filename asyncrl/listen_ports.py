@@ -8,19 +8,25 @@ outgoing connection takes its local port from: any ``connect()`` on the host can
 the child binds it, and the child fails with "address already in use" (seen in this project's
 CI on a busy machine).
 
-So the ports here come from below that range (``LISTEN_PORT_FLOOR`` up to its start), where
-the kernel never hands out a port by itself: only another explicit ``bind`` can take one. Each
-port is checked free when chosen (a bind to it succeeds) and chosen at random, so two launchers
-choosing at once rarely meet; where the range starts too low to leave room (a host configured
-with ``1024 65535``), the choice falls back to the kernel's.
+So the ports here come from below that range, ``LISTEN_PORT_FLOOR`` up to ``LISTEN_PORT_TOP``
+(or the range's start when lower), where Linux never hands out a port by itself: only another
+explicit ``bind`` can take one. The top stays under 30000, where Kubernetes' NodePorts begin:
+kube-proxy forwards those without a listening socket, so a free-looking port there may still be
+a cluster service's. Each port is checked free when chosen (a bind to it succeeds) and chosen at
+random, so two launchers choosing at once rarely meet; where the range starts too low to leave
+room (a host tuned to ``1024 65535``), the choice falls back to the kernel's. Hosts that read no
+``/proc`` (macOS: its range starts at 49152) are taken to start at Linux's 32768.
 
-Limits: a port is free *when chosen*, not reserved. A caller that can start its server on a
-socket it already holds should do that instead (``tests/helpers/loopback_socket.py``).
+Limits: a port is free *when chosen*, not reserved; choose a process's ports in one call so they
+differ. A caller that can start its server on a socket it already holds should do that instead
+(``tests/helpers/loopback_socket.py``). Firewalled clusters must allow the services' ports in
+this range between their nodes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import random
 import socket
 from pathlib import Path
@@ -28,8 +34,10 @@ from pathlib import Path
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_DEFAULT_EPHEMERAL_LOW = 32768
 LISTEN_PORT_FLOOR = 10000  # above the registered ports most services listen on (NATS 4222, Postgres 5432, …)
-MIN_ROOM = 1000  # fewer ports than this below the ephemeral range: use the kernel's choice
-TRIES = 64
+LISTEN_PORT_TOP = 30000  # below Kubernetes' NodePort range (30000-32767)
+MIN_ROOM = 1000  # fewer ports than this to choose from: use the kernel's choice
+TRIES = 64  # random draws before the kernel's choice; each taken with probability (ports in use / room)
+TAKEN = (errno.EADDRINUSE, errno.EACCES)
 
 
 def ephemeral_low(range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
@@ -40,30 +48,37 @@ def ephemeral_low(range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
         return LINUX_DEFAULT_EPHEMERAL_LOW
 
 
+def _socket(host: str) -> socket.socket:
+    return socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+
+
 def _bound(host: str, port: int) -> socket.socket | None:
-    """A socket bound to ``host:port``, or None when the port is taken."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """A socket bound to ``host:port``, or None when the port is taken. Any other failure (an
+    address this host does not have) raises at once."""
+    sock = _socket(host)
     try:
         sock.bind((host, port))
-    except OSError:
+    except OSError as exc:
         sock.close()
-        return None
+        if exc.errno in TAKEN:
+            return None
+        raise
     return sock
 
 
 def _kernel_choice(host: str) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = _socket(host)
     sock.bind((host, 0))
     return sock
 
 
 def distinct_free_ports(n: int, host: str = "127.0.0.1", *, range_file: Path = EPHEMERAL_RANGE_FILE,
                         rng: random.Random | None = None) -> list[int]:
-    """``n`` different ports free on ``host`` a moment ago (``0.0.0.0``: on every interface),
-    below the ephemeral range where it leaves room. They are held together while chosen, so no
-    two are the same."""
+    """``n`` different ports free on ``host`` a moment ago (``0.0.0.0``: on every interface; an
+    address with ``:`` is IPv6), below the ephemeral range where it leaves room. They are held
+    together while chosen, so no two are the same."""
     rng = rng or random.SystemRandom()
-    top = ephemeral_low(range_file)
+    top = min(ephemeral_low(range_file), LISTEN_PORT_TOP)
     room = top - LISTEN_PORT_FLOOR >= MIN_ROOM
     with contextlib.ExitStack() as held:
         ports: list[int] = []

@@ -1,5 +1,5 @@
 """A test that starts while the warm model's background build is unfinished gets the build's
-time on top of its timeout; once the build is done, the plain limit holds again
+time on top of its timeout; once the build is done, or where timeouts are off, nothing changes
 (tests/helpers/build_waits.py, hooked in tests/conftest.py).
 
 Each case runs pytest in a child process over a small test file, with pytest-timeout as the
@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers.build_waits import WARM_MODEL_BOUND_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,9 +35,17 @@ TESTS = '''
 import time
 import pytest
 
-@pytest.mark.timeout(1)
-def test_needs_the_warm_model(warm_model):
+def limit(request):
+    marker = request.node.get_closest_marker("timeout")
+    print("LIMIT", request.node.name, marker.args if marker else None, marker.kwargs if marker else None)
+
+@pytest.mark.timeout(1, method="signal")
+def test_needs_the_warm_model(warm_model, request):
+    limit(request)
     time.sleep(2.5)  # as if waiting on the build's lock
+
+def test_needs_it_without_a_marker(warm_model, request):
+    limit(request)
 
 @pytest.mark.timeout(1, method="signal")
 def test_needs_nothing_built():
@@ -43,12 +53,13 @@ def test_needs_nothing_built():
 '''
 
 
-def run(tmp_path: Path, built: bool) -> str:
+def run(tmp_path: Path, built: bool, *args: str) -> str:
     project, cache = tmp_path / "project", tmp_path / "cache"
     project.mkdir()
     (project / "conftest.py").write_text(CONFTEST)
     (project / "test_waits.py").write_text(TESTS)
     env = {**os.environ, "ASYNCRL_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    env.pop("PYTEST_TIMEOUT", None)
     if built:
         marker = subprocess.run([sys.executable, "-c", "from recipes.demo.warmup import cached_dir; "
                                  "from tests.helpers.warm_model import TEST_RECIPE; from asyncrl.models.cache import MARKER; "
@@ -57,19 +68,30 @@ def run(tmp_path: Path, built: bool) -> str:
         assert marker.startswith(str(cache))
         Path(marker).parent.mkdir(parents=True)
         Path(marker).write_text("done\n")
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "-o", "timeout=300",
-                          str(project)], env=env, cwd=project, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "-s", *args, str(project)],
+                         env=env, cwd=project, capture_output=True, text=True, timeout=120)
     return out.stdout
 
 
 def test_a_test_waiting_for_the_unfinished_warm_model_is_given_the_builds_time(tmp_path):
-    out = run(tmp_path, built=False)
+    out = run(tmp_path, False, "-o", "timeout=300")
     assert "PASSED test_waits.py::test_needs_the_warm_model" in out, out
-    # a test that needs no build keeps its limit, and its marker's method with it
-    assert "FAILED test_waits.py::test_needs_nothing_built" in out and "Timeout" in out, out
+    assert f"LIMIT test_needs_the_warm_model ({1 + WARM_MODEL_BOUND_S},) {{'method': 'signal'}}" in out, "the marker's method is kept"
+    assert f"LIMIT test_needs_it_without_a_marker ({300 + WARM_MODEL_BOUND_S},) {{}}" in out, "the ini's limit is the base"
+    # a test that needs no build keeps its limit
+    assert "test_needs_nothing_built - Failed: Timeout" in out, out
+
+
+def test_the_command_lines_limit_is_the_base_and_zero_leaves_timeouts_off(tmp_path):
+    out = run(tmp_path, False, "-o", "timeout=300", "--timeout=20")
+    assert f"LIMIT test_needs_it_without_a_marker ({20 + WARM_MODEL_BOUND_S},) {{}}" in out, out
+    (tmp_path / "off").mkdir()
+    off = run(tmp_path / "off", False, "-o", "timeout=300", "--timeout=0")
+    assert "LIMIT test_needs_it_without_a_marker None None" in off, off
 
 
 def test_once_the_warm_model_is_built_the_plain_limit_holds(tmp_path):
-    out = run(tmp_path, built=True)
-    assert "FAILED test_waits.py::test_needs_the_warm_model" in out and "Timeout" in out, out
-    assert "FAILED test_waits.py::test_needs_nothing_built" in out, out
+    out = run(tmp_path, True, "-o", "timeout=300")
+    assert "test_needs_the_warm_model - Failed: Timeout" in out, out
+    assert "LIMIT test_needs_it_without_a_marker None None" in out, out
+    assert "test_needs_nothing_built - Failed: Timeout" in out, out

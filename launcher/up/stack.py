@@ -23,7 +23,8 @@ import yaml
 
 from asyncrl.config import RunConfig, revealed_document, secret
 from asyncrl.jetstream import EmbeddedNats, write_endpoint
-from asyncrl.launch import ChildProcess, free_port, http_ok
+from asyncrl.launch import ChildProcess, http_ok
+from asyncrl.listen_ports import distinct_free_ports
 from launcher.config_cli import resolved_document
 
 ENGINE_READY_S = 240.0  # model load; builtin:smollm2-135m converts a GGUF on first use
@@ -64,11 +65,14 @@ class Stack:
         if not cfg.nats.url:
             doc["nats"]["user"] = cfg.nats.user or "asyncrl"
             doc["security"]["nats_password"] = _secret(sec.nats_password)
-        doc["rollout"]["port"] = cfg.rollout.port or free_port()
-        doc["sync"]["port"] = cfg.sync.port or free_port()
+        # the stack's free ports in one draw, so no two services get the same one
+        spare = iter(distinct_free_ports(3 + (cfg.engines.num_local if starts_engines else 0)))
+        doc["rollout"]["port"] = cfg.rollout.port or next(spare)
+        doc["sync"]["port"] = cfg.sync.port or next(spare)
         doc["sync"]["url"] = f"http://127.0.0.1:{doc['sync']['port']}"
         doc["sync"]["rollout_url"] = f"http://127.0.0.1:{doc['rollout']['port']}"
-        doc["trainer"]["metrics_port"] = cfg.trainer.metrics_port or free_port()
+        doc["trainer"]["metrics_port"] = cfg.trainer.metrics_port or next(spare)
+        self.engine_ports = list(spare)
         doc["run"]["dir"] = str(self.run_dir)
         self.doc = doc
         return RunConfig.model_validate(doc)
@@ -102,8 +106,7 @@ class Stack:
 
             urls = []
             progress(f"starting {cfg.engines.num_local} local engine(s) with {cfg.model.path} ...")
-            for i in range(cfg.engines.num_local):
-                port = free_port()
+            for i, port in zip(range(cfg.engines.num_local), self.engine_ports, strict=True):
                 engine = EngineSettings.for_run(cfg, port)  # engines.local + the model and run sections
                 engine = engine.model_copy(update={"api_key": secret(cfg.engines.api_key)})  # passed in its environment
                 self._child(f"engine-{i}", [sys.executable, "-m", "launcher", "engine", *engine.to_argv()], env=engine.secret_env())

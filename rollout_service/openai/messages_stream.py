@@ -15,6 +15,7 @@ not complete).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -33,11 +34,12 @@ async def messages_events(chat_stream: AsyncIterator[bytes], skeleton: dict[str,
     yield _event("message_start", message=skeleton)
     yield _event("ping")
     text_open, deltas = False, ContentDeltas(chat_stream)
-    async for delta in deltas:
-        if not text_open:
-            text_open = True
-            yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-        yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
+    async with contextlib.aclosing(aiter(deltas)) as each:  # closed with this stream: the turn too
+        async for delta in each:
+            if not text_open:
+                text_open = True
+                yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+            yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
     if (failed := deltas.error) is not None:
         kind = failed.get("type")  # OpenAI's error types below 500 are Anthropic's names too
         yield _event("error", error={"type": "api_error" if kind in (None, "server_error") else kind, "message": failed.get("message")})

@@ -18,6 +18,7 @@ stored it): the message item's id is set to the one streamed, so both agree.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -45,15 +46,16 @@ async def responses_events(chat_stream: AsyncIterator[bytes], skeleton: dict[str
     yield ev("response.created", response=skeleton)
     yield ev("response.in_progress", response=skeleton)
     msg_id, text, deltas = None, "", ContentDeltas(chat_stream)
-    async for delta in deltas:
-        if msg_id is None:
-            msg_id = f"msg_{uuid.uuid4().hex[:24]}"
-            yield ev("response.output_item.added", output_index=0,
-                     item={"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []})
-            yield ev("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
-                     part={"type": "output_text", "text": "", "annotations": []})
-        text += delta
-        yield ev("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=delta)
+    async with contextlib.aclosing(aiter(deltas)) as each:  # closed with this stream: the turn too
+        async for delta in each:
+            if msg_id is None:
+                msg_id = f"msg_{uuid.uuid4().hex[:24]}"
+                yield ev("response.output_item.added", output_index=0,
+                         item={"type": "message", "id": msg_id, "status": "in_progress", "role": "assistant", "content": []})
+                yield ev("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
+                         part={"type": "output_text", "text": "", "annotations": []})
+            text += delta
+            yield ev("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=delta)
     if (failed := deltas.error) is not None:
         yield ev("error", code=str(failed.get("code")), message=failed.get("message"), param=failed.get("param"))
         yield ev("response.failed", response={**skeleton, "status": "failed",

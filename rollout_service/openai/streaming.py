@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from asyncrl.chat import ChatTokenizer
@@ -169,18 +169,21 @@ def sse_objects(piece: bytes) -> list[dict[str, Any]]:
 class ContentDeltas:
     """The content deltas of this module's Chat stream, in order (``async for delta in ...``):
     what the Responses and Messages streams translate. An error chunk yields nothing; the last
-    one is kept in ``error`` for the caller to report once the stream has ended."""
+    one is kept in ``error`` for the caller to report once the stream has ended. Closing the
+    iteration (``contextlib.aclosing(aiter(deltas))``) closes the Chat stream at once, so the
+    turn under way is cancelled before whoever closed it goes on (a session's lock released)."""
 
-    def __init__(self, chat_stream: AsyncIterator[bytes]) -> None:
+    def __init__(self, chat_stream: AsyncGenerator[bytes, None]) -> None:
         self.chat_stream = chat_stream
         self.error: dict[str, Any] | None = None
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        async for piece in self.chat_stream:
-            for obj in sse_objects(piece):
-                if "error" in obj:
-                    self.error = obj["error"]
-                    continue
-                for choice in obj.get("choices") or []:
-                    if delta := (choice.get("delta") or {}).get("content"):
-                        yield delta
+        async with contextlib.aclosing(self.chat_stream) as pieces:
+            async for piece in pieces:
+                for obj in sse_objects(piece):
+                    if "error" in obj:
+                        self.error = obj["error"]
+                        continue
+                    for choice in obj.get("choices") or []:
+                        if delta := (choice.get("delta") or {}).get("content"):
+                            yield delta

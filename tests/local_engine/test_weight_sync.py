@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 
 import pytest
 import torch
 
+from asyncrl.launch import free_port
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.weight_sync import (
     host_group,
@@ -172,9 +172,7 @@ def test_hosting_from_a_coroutine_forms_the_group_and_an_abandoned_one_holds_not
 
 
 def test_joining_a_group_nobody_hosts_times_out():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # below the ephemeral range: the joins' own connections cannot land on it
     started = time.monotonic()
     with pytest.raises(WeightSyncError):
         join_group("127.0.0.1", port, 2, 1, timeout_s=2)

@@ -65,3 +65,29 @@ async def test_a_turn_that_hit_its_budget_ends_incomplete():
          "content": [{"type": "output_text", "text": "abc", "annotations": []}]}]}
     events = await collect(chat_sse(content("abc")), lambda: stored)
     assert events[-1]["type"] == "response.incomplete"
+
+
+async def test_closing_either_stream_closes_the_chat_stream_at_once():
+    """A session closes the Responses or Messages body, then releases its lock: the Chat stream
+    (whose ``finally`` cancels the turn) must be closed by then, not later by the event loop's
+    finaliser for abandoned generators."""
+    import contextlib
+
+    from rollout_service.openai.messages_stream import messages_events
+
+    for events in (responses_events, messages_events):
+        closed = []
+
+        async def chat_stream(closed=closed):
+            try:
+                yield chat_sse(content("Hel"))[0]
+                yield chat_sse(content("lo"))[0]
+            finally:
+                closed.append(True)
+
+        async with contextlib.aclosing(events(chat_stream(), {"id": "x", "status": "in_progress", "output": [],
+                                                              "content": []}, lambda: None)) as body:
+            async for raw in body:
+                if b"delta" in raw:
+                    break  # the client goes away mid-turn
+        assert closed == [True], f"{events.__name__} left the Chat stream open"

@@ -114,7 +114,7 @@ def _step_service(tmp_path: Path, mode: str) -> dict:
 
     from asyncrl.launch import free_port
 
-    port = free_port()
+    port = free_port("0.0.0.0")  # noqa: S104 - where the service listens
     out = subprocess.run([sys.executable, "-m", "launcher.slurm.step", f"--endpoint={tmp_path / 'endpoint.json'}",
                           f"--port={port}", "--secret-config=api-key=K1", "--secret-config=admin-api-key=K2", "--",
                           sys.executable, "-c", SERVICE, mode, str(port)], capture_output=True, text=True, cwd=REPO,

@@ -22,6 +22,7 @@ TIER_DIR = "tests/sglang/"
 
 
 def venv_built(release: str = DEFAULT_RELEASE) -> bool:
+    """Whether ``release``'s venv is finished (its ``COMPLETE`` marker written last)."""
     return (venv_dir(release) / MARKER).is_file()
 
 
