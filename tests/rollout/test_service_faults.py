@@ -178,6 +178,9 @@ async def test_partition_from_nats_caps_the_outbox_refuses_with_503_and_drains(t
         async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
             await wait_for(lambda: svc.runner.publisher.stats.published >= 2, 120, "first publishes")
             proxy.partition()
+            # a publish fails first: acknowledgements already on their way when the link was cut
+            # are consumed by then (the likely way a session was once admitted between the two checks below)
+            await wait_for(lambda: svc.runner.publisher.stats.last_error, 60, "a publish to fail")
             await wait_for(lambda: (svc.status().admission_blocked or "").startswith("outbox full"), 120,
                            "admission stopped by the outbox cap")
             assert len(svc.runner.outbox) >= cap
@@ -185,7 +188,6 @@ async def test_partition_from_nats_caps_the_outbox_refuses_with_503_and_drains(t
                 body = await resp.json()
                 assert resp.status == 503 and resp.headers["Retry-After"] == "5", body
                 assert "outbox full" in body["error"]["message"], body
-            await wait_for(lambda: svc.runner.publisher.stats.last_error, 30, "a publish to fail")
             status = await wait_for(lambda: (s := svc.status()).health["state"] == "stalled" and s, 60,
                                     "the health block to report the stall")
             assert "nats" in [x["component"] for x in status.health["stuck"]], status.health
