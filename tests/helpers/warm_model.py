@@ -8,6 +8,7 @@ that determines it; a file lock keeps parallel test processes from building it t
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from asyncrl.models.cache import MARKER
@@ -22,6 +23,13 @@ def warm_tiny_model() -> Path:
     return warm_up(TEST_RECIPE, progress=lambda message: None)
 
 
+@functools.cache
+def _cached_dir() -> Path:
+    """The build's directory: its key hashes the code that determines it, read once per process."""
+    return cached_dir(TEST_RECIPE)
+
+
 def warm_model_built() -> bool:
-    """Whether the cache already holds the finished build (a test using it waits for nothing)."""
-    return (cached_dir(TEST_RECIPE) / MARKER).is_file()
+    """Whether the cache already holds the finished build (a test using it waits for nothing).
+    Asked before every test that uses the model: one file check."""
+    return (_cached_dir() / MARKER).is_file()

@@ -3,24 +3,20 @@ under uvicorn on a loopback port."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from pathlib import Path
 
 import aiohttp
 import pytest
-import uvicorn
 
 from asyncrl.config import load_config
-from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from launcher.demo_data import demo_data_env
-from tests.helpers.loopback_socket import loopback_socket
+from tests.helpers.loopback_socket import loopback_socket, serving
 from tests.helpers.processes import start_engine
 from tests.helpers.waiting import wait_for
 from tests.helpers.warm_model import warm_tiny_model
 
 ADMIN = "test-admin-token-0123456789"
-SERVER_START_S = 20.0  # uvicorn binding a loopback port, once the service is built
 
 
 @pytest.fixture(scope="session")
@@ -51,21 +47,10 @@ async def running_service(cfg):
     from rollout_service.build import build
 
     sock = loopback_socket()
-    port = sock.getsockname()[1]
-    svc = await build(cfg, url=f"http://127.0.0.1:{port}")
-    server = uvicorn.Server(uvicorn.Config(create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                           timeout_keep_alive=SERVER_KEEP_ALIVE_S))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    await wait_for(lambda: server.started or task.done(), SERVER_START_S, "the rollout service's HTTP server to start")
-    assert server.started, f"the rollout service's HTTP server exited during startup: {task}"
-    try:
-        yield svc, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        try:
-            await asyncio.wait_for(task, 60)
-        finally:
-            sock.close()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    svc = await build(cfg, url=url)
+    async with serving(sock, create_app(svc), "the rollout service"):
+        yield svc, url
 
 
 async def admin(session: aiohttp.ClientSession, method: str, url: str, json=None, token: str | None = ADMIN):

@@ -9,14 +9,12 @@ import signal
 
 import pytest
 import torch
-import uvicorn
 
-from asyncrl.http.keepalive import SERVER_KEEP_ALIVE_S
 from asyncrl.models import load_model
-from tests.helpers.loopback_socket import loopback_socket
+from tests.helpers.loopback_socket import loopback_socket, serving
 from tests.helpers.processes import Engine, start_engine
 from tests.helpers.waiting import wait_for
-from tests.rollout.conftest import SERVER_START_S, running_service, service_config
+from tests.rollout.conftest import running_service, service_config
 
 SYNC_TOKEN = "sync-token-0123456789"
 # An engine left in a failed sync's collective (its sender or a peer gone) waits this long
@@ -62,20 +60,8 @@ async def running_agent(cfg):
 
     agent = SyncAgent(cfg)
     sock = loopback_socket()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(agent), host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                           timeout_keep_alive=SERVER_KEEP_ALIVE_S))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    await wait_for(lambda: server.started or task.done(), SERVER_START_S, "the sync agent's HTTP server to start")
-    assert server.started, f"the sync agent's HTTP server exited during startup: {task}"
-    try:
-        yield agent, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        try:
-            await asyncio.wait_for(task, 60)
-        finally:
-            sock.close()
+    async with serving(sock, create_app(agent), "the sync agent"):
+        yield agent, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 @contextlib.asynccontextmanager
@@ -138,7 +124,6 @@ async def sync_through_a_slowed_engine(engine, proxy, publish) -> None:
     """Run ``publish`` (a sync) while ``engine`` is slowed down (:func:`slow_down`), give it its
     speed back once the sync's ``/pause_generation`` has reached it (seen at ``proxy``), and wait
     for the sync: a generation in flight on it is always met by the pause."""
-    from tests.helpers.waiting import wait_for
 
     task = asyncio.create_task(publish)
     try:
@@ -153,7 +138,6 @@ async def sync_through_the_held_step(points, proxy, publish) -> None:
     """Run ``publish`` (a sync) while the engine is held at its ``local_engine.step`` failpoint
     (armed and reached), release the engine once the sync's ``/pause_generation`` has reached it
     (seen at ``proxy``), and wait for the sync: it always meets the generation in flight."""
-    from tests.helpers.waiting import wait_for
 
     task = asyncio.create_task(publish)
     await wait_for(lambda: any(path == "/pause_generation" for _, path, _, _ in proxy.requests) or task.done(),
