@@ -94,6 +94,16 @@ def distinct_free_ports(n: int, host: str = "127.0.0.1", *, range_file: Path = E
         return ports
 
 
+def port_taken(host: str, port: int) -> bool:
+    """Whether a server could not bind ``host:port`` now (another process listens there). An
+    address this host does not have raises ``OSError``."""
+    sock = _bound(host, port)
+    if sock is None:
+        return True
+    sock.close()
+    return False
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """One TCP port free on ``host`` a moment ago, chosen as :func:`distinct_free_ports` does."""
     return distinct_free_ports(1, host)[0]

@@ -32,6 +32,17 @@ def resolved_document(cfg: RunConfig) -> dict:
     return data
 
 
+def port_notes(cfg: RunConfig) -> list[str]:
+    """Comment lines for the service ports the config leaves unset (docs/config.md, "Ports")."""
+    unset = [(key, alone) for key, value, alone in (
+        ("rollout.port", cfg.rollout.port, cfg.rollout.listen_port), ("sync.port", cfg.sync.port, cfg.sync.listen_port),
+        ("trainer.metrics_port", cfg.trainer.metrics_port, cfg.trainer.metrics_listen_port)) if value is None]
+    if not unset:
+        return []
+    return [f"# unset ports: {', '.join(k for k, _ in unset)}: asyncrl up and asyncrl slurm draw free ones",
+            f"#   (two runs on one machine never meet); a service started alone binds {', '.join(f'{k}={p}' for k, p in unset)}"]
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="asyncrl config", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["show"], help="show: print the resolved config")
@@ -47,6 +58,8 @@ def main(argv: Sequence[str]) -> int:
     else:
         derived = doc.pop("derived")
         print(yaml.safe_dump(doc, sort_keys=False).rstrip())
+        for line in port_notes(cfg):
+            print(line)
         print("\n# derived (verl's fully_async_policy formulas, see docs/config.md)")
         print(yaml.safe_dump({"derived": derived}, sort_keys=False).rstrip())
     return 0

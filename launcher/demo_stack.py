@@ -8,7 +8,8 @@ the run's stream with ``Nats-Msg-Id`` (twice, to show dedup) and reads it back w
 durable pull consumer. With ``--once`` it stops everything and exits; otherwise it keeps
 the stack up until Ctrl-C so you can curl the engine (URL printed).
 
-``asyncrl up`` supersedes this once the rollout service, trainer and sync agent exist.
+Without a run id or directory of its own it runs as ``demo-stack`` in ``runs/demo-stack``, so it
+never touches the store of the demo that ``asyncrl up`` runs in ``runs/demo``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 from asyncrl.cli_args import config_parser, resolve_config
 from asyncrl.config import RunConfig
@@ -27,6 +29,7 @@ from asyncrl.jetstream import EmbeddedNats, StreamSettings, connect, ensure_stre
 from asyncrl.launch import ChildProcess, free_port, http_ok
 from asyncrl.wire import NatsNames, Trajectory, decode_trajectory, encode_trajectory
 from asyncrl.wire.sync import weight_version_number
+from launcher.up.run_lock import RunDirInUse, hold_run_dir
 
 ENGINE_READY_TIMEOUT_S = 180.0  # loading builtin:smollm2-135m converts a GGUF on first use
 DEMO_QUESTION = "What is 12 + 30? Use the calculator tool."
@@ -65,7 +68,8 @@ def generate_demo_trajectory(cfg: RunConfig, engine_url: str) -> Trajectory:
 
 
 async def publish_and_read_back(cfg: RunConfig, url: str, traj: Trajectory) -> tuple[list, Trajectory]:
-    """Publish twice with the same Nats-Msg-Id, then fetch once with a durable consumer."""
+    """Publish twice with the same Nats-Msg-Id, then read back the message the first publish
+    stored, by the sequence its PubAck named (the stream may hold a run's earlier messages)."""
     names = NatsNames(cfg.run.id)
     nc = await connect(url, "asyncrl-demo-stack", persistent=False)
     try:
@@ -73,22 +77,34 @@ async def publish_and_read_back(cfg: RunConfig, url: str, traj: Trajectory) -> t
         await ensure_stream(js, StreamSettings.of(cfg))
         payload = encode_trajectory(traj)
         acks = [await js.publish(names.trajectories, payload, headers={"Nats-Msg-Id": traj.id}) for _ in range(2)]
-        sub = await js.pull_subscribe(names.trajectories, durable="demo-stack")
-        msgs = await sub.fetch(1, timeout=5)
-        await msgs[0].ack()
-        return acks, decode_trajectory(msgs[0].data)
+        stored = await js.get_msg(names.stream, acks[0].seq)
+        return acks, decode_trajectory(stored.data)
     finally:
         await nc.close()
+
+
+def demo_stack_config(args: Sequence[str]) -> RunConfig | None:
+    """The run config; without a run id or directory of the user's it is run ``demo-stack`` in
+    ``runs/demo-stack``, apart from the demo that ``asyncrl up`` runs in ``runs/demo``."""
+    cfg = resolve_config(args)
+    if cfg is not None and not {"id", "dir"} & cfg.run.model_fields_set:
+        cfg = resolve_config([*args, "run.id=demo-stack"])
+    return cfg
 
 
 def main(argv: Sequence[str]) -> int:
     parser = config_parser("asyncrl demo-stack", __doc__)
     parser.add_argument("--once", action="store_true", help="exit after the demonstration instead of serving until Ctrl-C")
     ns = parser.parse_args(argv)
-    cfg = resolve_config(ns.args)
+    cfg = demo_stack_config(ns.args)
     if cfg is None:
         return 2
     run_dir = cfg.run_dir
+    try:
+        held = hold_run_dir(Path(run_dir).resolve())  # noqa: F841 - held while this process runs
+    except RunDirInUse as exc:
+        print(f"asyncrl demo-stack: {exc}", file=sys.stderr)
+        return 2
     nats_server = EmbeddedNats(run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes,
                                jetstream_dir=cfg.nats.store_dir)
     port = free_port()

@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json)
     private_dir(cfg.run_dir)  # the data export and the outbox are the user's alone (issue 48)
-    return asyncio.run(_serve(cfg, host, ns.port if ns.port is not None else cfg.rollout.port))
+    return asyncio.run(_serve(cfg, host, ns.port if ns.port is not None else cfg.rollout.listen_port))
 
 
 def loopback_for(host: str) -> str:

@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from sync_agent.agent import SyncAgent
     from sync_agent.app import create_app
 
-    port = ns.port if ns.port is not None else cfg.sync.port
+    port = ns.port if ns.port is not None else cfg.sync.listen_port
     uvicorn.run(create_app(SyncAgent(cfg)), host=host, port=port, log_level="warning", log_config=None,
                 timeout_keep_alive=SERVER_KEEP_ALIVE_S)
     return 0

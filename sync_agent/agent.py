@@ -24,7 +24,7 @@ def rollout_url(sync, rollout) -> str:
     if sync.rollout_url:
         return sync.rollout_url
     host = "127.0.0.1" if rollout.host in ("0.0.0.0", "::") else rollout.host
-    return f"http://{host}:{rollout.port}"
+    return f"http://{host}:{rollout.listen_port}"
 
 
 class PolicyRefused(RuntimeError):

@@ -87,7 +87,7 @@ class Rank0Services:
 
         self.io.run(_start(), CONNECT_TIMEOUT_S)
         t = cfg.trainer
-        self.metrics = MetricsHub(cfg.run_dir, list(t.loggers), t.metrics_host, t.metrics_port, send=self._send_metrics,
+        self.metrics = MetricsHub(cfg.run_dir, list(t.loggers), t.metrics_host, t.metrics_listen_port, send=self._send_metrics,
                                   extra_sinks=build_tracking_sinks(cfg))
         publisher = build_publisher(cfg)
         if publisher is not None:

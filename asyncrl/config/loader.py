@@ -17,6 +17,7 @@ and the allowed range.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import tomllib
@@ -43,7 +44,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     """Parse a TOML, YAML or JSON config file into nested dicts."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
+        raise ConfigError(f"config file {p} does not exist{_nearby_config(p)}")
     text = p.read_text()
     try:
         if p.suffix == ".toml":
@@ -59,6 +60,19 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p}: the top level must be a mapping of sections")
     return data
+
+
+def _nearby_config(path: Path) -> str:
+    """``; did you mean examples/x.toml?`` for a misspelt config file, from its directory; for
+    ``rollout.n`` (an override without its value, taken for a file name) the override's form."""
+    if path.suffix not in (".toml", ".yaml", ".yml", ".json") and str(path).split(".")[0] in RunConfig.model_fields:
+        return f"; an override needs a value: {path}=<value>"
+    folder = path.parent if path.parent.is_dir() else None
+    if folder is None:
+        return f" (its directory {path.parent} does not exist either)"
+    names = [q.name for q in folder.iterdir() if q.suffix in (".toml", ".yaml", ".yml", ".json") and q.is_file()]
+    close = difflib.get_close_matches(path.name, names, n=2, cutoff=0.8)
+    return f"; did you mean {' or '.join(str(path.parent / c) for c in close)}?" if close else ""
 
 
 def parse_value(raw: str) -> Any:
@@ -166,13 +180,37 @@ def _field_bounds(loc: tuple[Any, ...]) -> str:
     return f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
 
 
+def _origin(dotted: str, sources: Mapping[str, str]) -> str | None:
+    """Where the value at ``dotted`` came from: the source of the most specific key that covers
+    it (an argument ``rollout.n=0`` over the file that set the ``rollout`` section)."""
+    covering = [key for key in sources if dotted == key or dotted.startswith(key + ".")]
+    return sources[max(covering, key=len)] if covering else None
+
+
+def _unknown_key(loc: tuple[Any, ...]) -> str:
+    """``rollout.nn: unknown key`` with the section's nearest field names, for a typo."""
+    model: type[BaseModel] | None = RunConfig
+    for part in loc[:-1]:
+        ann = model.model_fields[part].annotation if model is not None and part in model.model_fields else None
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    where = ".".join(str(p) for p in loc[:-1]) or "the top level"
+    if model is None:
+        return f"unknown key in {where}"
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else \
+        f"; its keys: {', '.join(model.model_fields)}"
+    return f"unknown key (Extra inputs are not permitted) in {where}{hint}"
+
+
 def _format_errors(exc: ValidationError, sources: Mapping[str, str]) -> str:
+    """Every problem on a line of its own; one problem is one line (``invalid config: ...``)."""
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
         dotted = ".".join(str(p) for p in loc)
-        origin = next((src for key, src in sources.items() if dotted == key or dotted.startswith(key + ".")), None)
-        line = f"{dotted}: {err['msg']}"
+        origin = _origin(dotted, sources)
+        msg = _unknown_key(loc) if err.get("type") == "extra_forbidden" else err["msg"]
+        line = f"{dotted}: {msg}"
         if err.get("type") != "missing":
             line += f" (got {err.get('input')!r}"
             line += f" from {origin})" if origin else ")"
@@ -180,6 +218,8 @@ def _format_errors(exc: ValidationError, sources: Mapping[str, str]) -> str:
         if bounds:
             line += f"; allowed range {bounds}"
         lines.append(line)
+    if len(lines) == 1:
+        return f"invalid config: {lines[0]}"
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

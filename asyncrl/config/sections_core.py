@@ -15,6 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+STANDALONE_ROLLOUT_PORT = 8000
+"""``rollout.port`` unset: the rollout service started alone binds this (``asyncrl up`` draws one)."""
+
 
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, values are validated on
@@ -147,8 +150,16 @@ class RolloutConfig(Section):
     """Publish each trajectory when it finishes, or a group when all of its ``n`` finish."""
     host: str = "127.0.0.1"
     """Address the rollout service binds to."""
-    port: int = Field(8000, ge=0, le=65535)
-    """Port of the rollout service (0: pick a free one)."""
+    port: int | None = Field(None, ge=0, le=65535)
+    """Port of the rollout service. Unset (None): 8000 when the service is started alone
+    (``asyncrl rollout``); ``asyncrl up`` and ``asyncrl slurm`` draw a free one, so two runs on
+    one machine never meet. 0: a free one. A port named is kept."""
+
+    @property
+    def listen_port(self) -> int:
+        """The port the service binds: ``port``, or 8000 when unset (a service started alone)."""
+        return STANDALONE_ROLLOUT_PORT if self.port is None else self.port
+
     outbox_max_items: int = Field(10_000, ge=1)
     """Finished trajectories held on disk while NATS is unreachable; past it admission stops."""
     outbox_keep_acked_s: float = Field(150.0, ge=0.0)

@@ -9,6 +9,10 @@ from pydantic import Field, SecretStr, field_validator
 
 from asyncrl.config.sections_core import Section
 
+STANDALONE_SYNC_PORT = 8100
+"""``sync.port`` unset: the sync agent started alone binds this (``asyncrl up`` draws one)."""
+STANDALONE_METRICS_PORT = 9400
+"""``trainer.metrics_port`` unset: trainer rank 0 started alone serves Prometheus here."""
 RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,47}$"
 
 
@@ -212,8 +216,15 @@ class TrainerConfig(Section):
     """Stop after this many updates. None: derived from ``rollout.total_rollout_steps``."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     """Checkpointing."""
-    metrics_port: int = Field(9400, ge=0, le=65535)
-    """Prometheus port of trainer rank 0 (0: a free port)."""
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    """Prometheus port of trainer rank 0. Unset (None): 9400 when the trainer is started alone
+    (``asyncrl trainer``); ``asyncrl up`` and ``asyncrl slurm`` draw a free one. 0: a free one."""
+
+    @property
+    def metrics_listen_port(self) -> int:
+        """The Prometheus port rank 0 binds: ``metrics_port``, or 9400 when unset."""
+        return STANDALONE_METRICS_PORT if self.metrics_port is None else self.metrics_port
+
     metrics_host: str = "127.0.0.1"
     """Address trainer rank 0 serves Prometheus metrics on (``0.0.0.0`` to let a scraper on
     another host in)."""
@@ -286,8 +297,15 @@ class PerRequestConfig(Section):
 class SyncConfig(Section):
     host: str = "127.0.0.1"
     """Address the sync agent binds to."""
-    port: int = Field(8100, ge=0, le=65535)
-    """Port of the sync agent (0: a free port)."""
+    port: int | None = Field(None, ge=0, le=65535)
+    """Port of the sync agent. Unset (None): 8100 when the agent is started alone
+    (``asyncrl sync-agent``); ``asyncrl up`` and ``asyncrl slurm`` draw a free one. 0: a free one."""
+
+    @property
+    def listen_port(self) -> int:
+        """The port the agent binds: ``port``, or 8100 when unset (an agent started alone)."""
+        return STANDALONE_SYNC_PORT if self.port is None else self.port
+
     history_max_bytes: int = Field(16 * 2**20, ge=4096)
     """The sync history file (``<run dir>/sync/history.jsonl``) rotates past this size; it
     keeps one previous file, so it takes at most twice this on disk."""

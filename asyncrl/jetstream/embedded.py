@@ -12,6 +12,7 @@ Not covered: clustering, TLS, accounts. For those run a real NATS deployment and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -135,10 +136,15 @@ class EmbeddedNats:
         return self.url
 
     def stop(self) -> None:
-        """Graceful stop (SIGTERM, then SIGKILL after a grace period)."""
+        """Graceful stop (SIGTERM, then SIGKILL after a grace period); removes the endpoint file
+        when it names this server (a later command then knows nothing listens there)."""
         if self._child is not None:
             self._child.stop()
             self._child = None
+            endpoint = self.store_dir / ENDPOINT_FILE
+            with contextlib.suppress(OSError):
+                if endpoint.read_text().strip() == self.url:
+                    endpoint.unlink()
 
     def kill(self) -> None:
         """SIGKILL, as a crash would (for fault-injection tests)."""

@@ -106,13 +106,17 @@ async def connect(url: str, name: str, user: str | None = None, password: str | 
     async def on_error(exc: Exception) -> None:
         log.warning("nats client %s: %s", name, exc)
 
+    client: list[nats.NATS] = []
+
     async def on_disconnect() -> None:
-        log.warning("nats client %s: disconnected", name)
+        # a close of our own (or after the last reconnect) is not news; a lost connection is
+        closed = bool(client) and client[0].is_closed
+        log.log(logging.DEBUG if closed else logging.WARNING, "nats client %s: %s", name, "closed" if closed else "disconnected")
 
     async def on_reconnect() -> None:
         log.info("nats client %s: reconnected", name)
 
-    return await nats.connect(
+    nc = await nats.connect(
         url,
         name=name,
         user=user,
@@ -124,6 +128,8 @@ async def connect(url: str, name: str, user: str | None = None, password: str | 
         reconnect_time_wait=RECONNECT_WAIT_S,
         allow_reconnect=True,
     )
+    client.append(nc)
+    return nc
 
 
 @dataclass(frozen=True)

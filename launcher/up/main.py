@@ -142,19 +142,26 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="asyncrl up", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("args", nargs="*", help="[CONFIG_FILE] [section.key=value ...] (no file: the built-in demo)")
     parser.add_argument("--max-minutes", type=float, default=None, help="stop after this long")
-    parser.add_argument("--no-live", action="store_true", help="no live view (logs only)")
+    parser.add_argument("--no-live", action="store_true", help="no live view (logs only; also when the output is not a terminal)")
     parser.add_argument("--resume", action="store_true", help="keep the run directory (checkpoints, NATS store) and resume")
     ns = parser.parse_args(argv)
     from asyncrl.cli_args import split_config_args as _split_config_args
     from launcher.up.report import summarize
-    from launcher.up.stack import Stack
+    from launcher.up.run_lock import RunDirInUse, hold_run_dir
+    from launcher.up.stack import PortInUse, Stack, refuse_taken_ports
 
     path, overrides = _split_config_args(ns.args)
     path = path or demo_config_path()
     try:
         cfg = load_config(path, overrides)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
+        print(f"asyncrl up: {exc}", file=sys.stderr)
+        return 2
+    try:  # refused before anything starts or prints: one line, exit 2
+        held = hold_run_dir(Path(cfg.run_dir).resolve())  # noqa: F841 - the lock lives while this process holds the file
+        refuse_taken_ports(cfg)
+    except (RunDirInUse, PortInUse) as exc:
+        print(f"asyncrl up: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.run.log_level, json_lines=cfg.run.log_json, tag="up")
     print(f"[asyncrl up] run {cfg.run.id!r} in {Path(cfg.run_dir).resolve()}; Ctrl-C stops it cleanly", flush=True)
@@ -195,7 +202,8 @@ def main(argv: Sequence[str]) -> int:
         for line in where_to_look(run_dir, stack.doc):
             print(f"[asyncrl up] {line}", flush=True)
         deadline = started + ns.max_minutes * 60 if ns.max_minutes else None
-        reason, failed = asyncio.run(_watch(stack, cfg, not ns.no_live, deadline, stop))
+        live_view = not ns.no_live and sys.stdout.isatty()  # piped or captured: plain lines, not redrawn frames
+        reason, failed = asyncio.run(_watch(stack, cfg, live_view, deadline, stop))
     except Exception as exc:  # noqa: BLE001 - report any start-up failure clearly, then clean up
         reason, failed = f"{type(exc).__name__}: {exc}", True
     finally:

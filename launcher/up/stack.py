@@ -2,8 +2,9 @@
 
 ``Stack.start`` brings up, in order, each one ready before the next: the embedded NATS
 (unless ``nats.url``), the local engines (unless ``engines.urls``), the rollout service, the
-sync agent and the trainer (torchrun). Ports are free loopback ports; tokens are generated
-when the config has none. The resolved config (ports, URLs, tokens) is written to
+sync agent and the trainer (torchrun). A port the config names is kept; every unset one
+(``rollout.port``, ``sync.port``, ``trainer.metrics_port``, the engines') is a free loopback
+port drawn at start; tokens are generated when the config has none. The resolved config (ports, URLs, tokens) is written to
 ``<run dir>/config.yaml`` (mode 600: it holds the tokens) and every child reads it, so
 every process agrees on one document. Logs go to ``<run dir>/logs/<child>.log``.
 
@@ -24,11 +25,28 @@ import yaml
 from asyncrl.config import RunConfig, revealed_document, secret
 from asyncrl.jetstream import EmbeddedNats, write_endpoint
 from asyncrl.launch import ChildProcess, http_ok
-from asyncrl.listen_ports import distinct_free_ports
+from asyncrl.listen_ports import distinct_free_ports, port_taken
 from launcher.config_cli import resolved_document
 
 ENGINE_READY_S = 240.0  # model load; builtin:smollm2-135m converts a GGUF on first use
 SERVICE_READY_S = 120.0  # rollout service: tokenizer, dataset, NATS stream; sync agent: instant
+
+
+class PortInUse(RuntimeError):
+    """A port the config names is taken on this machine (the message names the key and the fix)."""
+
+
+def refuse_taken_ports(cfg: RunConfig) -> None:
+    """Raise :class:`PortInUse` for the first port the config names that another process holds,
+    before anything starts: a child would otherwise fail later with only its log to say why."""
+    named = [("rollout.port", cfg.rollout.host, cfg.rollout.port), ("sync.port", cfg.sync.host, cfg.sync.port),
+             ("trainer.metrics_port", cfg.trainer.metrics_host, cfg.trainer.metrics_port)]
+    if not cfg.nats.url:
+        named.append(("nats.embedded_port", cfg.nats.embedded_host, cfg.nats.embedded_port))
+    for key, host, port in named:
+        if port and port_taken(host, port):
+            raise PortInUse(f"{key}={port} is in use on {host} (another process listens there): name a free port, "
+                            f"or leave {key} unset and asyncrl up draws one")
 
 
 def _secret(cfg_value) -> str:
@@ -43,6 +61,8 @@ class Stack:
     nats: EmbeddedNats | None = None
     resolved_path: Path | None = None
     urls: dict[str, str] = field(default_factory=dict)
+    nats_url: str | None = None
+    """The run's NATS: `nats.url`, or the embedded server this stack started."""
 
     def _child(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ChildProcess:
         proc = ChildProcess(name, argv, self.run_dir / "logs" / f"{name}.log", env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
@@ -65,13 +85,18 @@ class Stack:
         if not cfg.nats.url:
             doc["nats"]["user"] = cfg.nats.user or "asyncrl"
             doc["security"]["nats_password"] = _secret(sec.nats_password)
-        # the stack's free ports in one draw, so no two services get the same one
-        spare = iter(distinct_free_ports(3 + (cfg.engines.num_local if starts_engines else 0)))
-        doc["rollout"]["port"] = cfg.rollout.port or next(spare)
-        doc["sync"]["port"] = cfg.sync.port or next(spare)
-        doc["sync"]["url"] = f"http://127.0.0.1:{doc['sync']['port']}"
-        doc["sync"]["rollout_url"] = f"http://127.0.0.1:{doc['rollout']['port']}"
-        doc["trainer"]["metrics_port"] = cfg.trainer.metrics_port or next(spare)
+        # a port the user named is kept; every other one is drawn free, all in one draw so no two
+        # services get the same one (and two runs on one machine never share a fixed default)
+        named = {"rollout": cfg.rollout.port, "sync": cfg.sync.port, "metrics": cfg.trainer.metrics_port}
+        refuse_taken_ports(cfg)
+        engines = cfg.engines.num_local if starts_engines else 0
+        spare = iter(distinct_free_ports(sum(1 for p in named.values() if not p) + engines))
+        ports = {name: port or next(spare) for name, port in named.items()}
+        doc["rollout"]["port"] = ports["rollout"]
+        doc["sync"]["port"] = ports["sync"]
+        doc["sync"]["url"] = f"http://127.0.0.1:{ports['sync']}"
+        doc["sync"]["rollout_url"] = f"http://127.0.0.1:{ports['rollout']}"
+        doc["trainer"]["metrics_port"] = ports["metrics"]
         self.engine_ports = list(spare)
         doc["run"]["dir"] = str(self.run_dir)
         self.doc = doc
@@ -92,14 +117,18 @@ class Stack:
         service and, with ``training``, the sync agent and the trainer (without: the rollout
         side alone, for benchmarks that consume the stream themselves)."""
         cfg = self.resolve()
+        self.nats_url = cfg.nats.url
         if not cfg.nats.url:
             self.nats = EmbeddedNats(self.run_dir, port=cfg.nats.embedded_port, max_payload=cfg.derived.max_message_bytes,
                                      sync_always=cfg.nats.sync_always, user=cfg.nats.user,
                                      password=secret(cfg.security.nats_password), host=cfg.nats.embedded_host,
                                      jetstream_dir=cfg.nats.store_dir)
-            self.doc["nats"]["url"] = self.nats.start()
+            # nats.url stays unset in the run's config: its services find this server by
+            # <run dir>/nats/endpoint (removed at the stop), so after the run `asyncrl audit`
+            # starts NATS on the store instead of waiting for an address nothing listens on
+            self.nats_url = self.nats.start()
             write_endpoint(self.nats)
-            progress(f"NATS JetStream at {self.doc['nats']['url']}")
+            progress(f"NATS JetStream at {self.nats_url}")
         if cfg.engines.backend == "local" and not cfg.engines.urls:
             # imported here: asyncrl imports components only lazily
             from local_engine.settings import EngineSettings
@@ -122,7 +151,7 @@ class Stack:
         self._child("rollout", [sys.executable, "-m", "launcher", "rollout", str(path)])
         self.children["rollout"].wait_ready(lambda: http_ok(f"{rollout_url}/health"), SERVICE_READY_S)
         progress(f"rollout service at {rollout_url}")
-        self.urls = {"rollout": rollout_url, "nats": self.doc["nats"]["url"]}
+        self.urls = {"rollout": rollout_url, "nats": self.nats_url}
         if not training:
             return cfg
         self._child("sync-agent", [sys.executable, "-m", "launcher", "sync-agent", str(path)])
@@ -130,7 +159,7 @@ class Stack:
         progress(f"sync agent at {self.doc['sync']['url']}")
         self._child("trainer", [sys.executable, "-m", "launcher", "trainer", str(path)])
         progress(f"trainer started (torchrun, {cfg.trainer.nproc_per_node} rank(s)); logs in {self.run_dir / 'logs'}")
-        self.urls = {"rollout": rollout_url, "sync": self.doc["sync"]["url"], "nats": self.doc["nats"]["url"]}
+        self.urls = {"rollout": rollout_url, "sync": self.doc["sync"]["url"], "nats": self.nats_url}
         return cfg
 
     def nats_auth(self) -> dict[str, str | None]:

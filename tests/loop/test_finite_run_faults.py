@@ -80,7 +80,7 @@ class FiniteRun:
         return len(path.read_text().splitlines()) if path.is_file() else 0
 
     async def marker_stored(self) -> bool:
-        nc = await connect(self.stack.doc["nats"]["url"], "test-probe", persistent=False, **self.stack.nats_auth())
+        nc = await connect(self.stack.nats_url, "test-probe", persistent=False, **self.stack.nats_auth())
         try:
             msg = await nc.jetstream().get_last_msg(self.names.stream, self.names.trajectories)
             return is_end_of_data(msg.headers)
@@ -161,7 +161,7 @@ async def finish_and_audit(run: FiniteRun) -> None:
     await wait_for(lambda: trainer.poll() is not None, RUN_S, "the trainer to end the run by itself", procs=[run.child("rollout")])
     assert trainer.poll() == 0, trainer.failure("ended the run")
     await wait_for(run.marker_stored, RUN_S, "the rollout's end-of-data marker", procs=[run.child("rollout")])
-    audit = await audit_run(run.run_dir, run.stack.doc["nats"]["url"], "finite")
+    audit = await audit_run(run.run_dir, run.stack.nats_url, "finite")
     logs = run.run_dir / "logs"
     assert audit.published == TRAJECTORIES, (audit, logs)
     assert audit.trained + audit.dropped == TRAJECTORIES and audit.twice == 0 and audit.lost == 0, (audit, logs)

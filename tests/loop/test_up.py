@@ -1,13 +1,13 @@
 """``asyncrl up`` as a user runs it: a subprocess, a small config, real children.
 
-It must run to ``total_rollout_steps`` and stop by itself with a summary and a plot; stop
-cleanly on Ctrl-C; and when a child dies, stop with exit status 1 and the tail of that
-child's log, instead of hanging. In every case no child process may outlive it.
+It must run to ``total_rollout_steps`` and stop by itself with a summary and a plot; and when
+a child dies, stop with exit status 1 and the tail of that
+child's log, instead of hanging. In every case no child process may outlive it. Ctrl-C, and ``./dev up`` exactly as the README
+types it: tests/front_door/test_dev_up.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -19,10 +19,10 @@ from pathlib import Path
 import yaml
 
 from tests.helpers.processes import processes_mentioning
+from tests.helpers.user_runs import children_left
 from tests.helpers.waiting import wait_for_sync
 
 UP_LIMIT_S = 240.0
-CHILDREN_EXIT_S = 10.0  # after asyncrl up returned: its children's SIGTERM → SIGKILL grace is already over
 
 
 def up_args(run_dir: Path, *extra: str) -> list[str]:
@@ -31,7 +31,7 @@ def up_args(run_dir: Path, *extra: str) -> list[str]:
         f"run.dir={run_dir}", "run.id=up-test", "model.path=builtin:tiny", "model.max_model_len=512",
         "rollout.n=2", "actor.ppo_mini_batch_size=2", "rollout.tools=[]", "rollout.sampling.max_new_tokens=32",
         "rollout.response_length=32", "engines.num_local=1", "trainer.nproc_per_node=1", "actor.ppo_micro_batch_size_per_gpu=4",
-        "trainer.checkpoint.save_freq=0", "rollout.port=0", "sync.port=0", "trainer.metrics_port=0", *extra,
+        "trainer.checkpoint.save_freq=0", *extra,
     ]
 
 
@@ -58,15 +58,6 @@ def wait_for_file_text(path: Path, needle: str, timeout_s: float, proc: subproce
         return False
 
     wait_for_sync(appeared, timeout_s, f"{needle!r} to appear in {path}", interval_s=0.5)
-
-
-def children_left(run_dir: Path) -> list[str]:
-    """Every child of a run is started with the run's config file, except engines (by port)."""
-    doc = yaml.safe_load((run_dir / "config.yaml").read_text())
-    engine_ports = [f"--port {u.rsplit(':', 1)[1]} " for u in doc["engines"]["urls"]]  # the space: not --port 400001
-    with contextlib.suppress(AssertionError):  # the callers assert on what is left, naming it
-        wait_for_sync(lambda: not processes_mentioning(str(run_dir), *engine_ports), CHILDREN_EXIT_S, "the run's children to exit")
-    return processes_mentioning(str(run_dir), *engine_ports)
 
 
 def test_up_runs_to_total_rollout_steps_and_writes_the_summary(tmp_path):
@@ -112,18 +103,6 @@ def test_up_trains_on_a_verifiers_environment(tmp_path):
     progress = json.loads((run_dir / "rollout" / "verifiers" / "progress.json").read_text())
     assert progress["env_id"] == "tests.rollout.verifiers_arith" and progress["started"] >= 4 and progress["errors"] == 0, progress
     assert "verifiers environment tests.rollout.verifiers_arith" in (run_dir / "rollout" / "verifiers" / "driver.log").read_text()
-    assert children_left(run_dir) == []
-
-
-def test_up_stops_cleanly_on_ctrl_c(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = start_up(run_dir, "rollout.total_rollout_steps=100000")
-    wait_for_file_text(run_dir / "metrics" / "trainer.jsonl", '"step": 1', UP_LIMIT_S, proc)
-    proc.send_signal(signal.SIGINT)
-    rc, out, err = finish(proc, 120)
-    assert rc == 0, f"{out[-3000:]}\n{err[-3000:]}"
-    assert "stopping: interrupted" in out
-    assert json.loads((run_dir / "summary.json").read_text())["stopped_because"] == "interrupted"
     assert children_left(run_dir) == []
 
 
