@@ -44,6 +44,17 @@ def keep_new_files_private() -> int:
     return os.umask(PRIVATE_UMASK)
 
 
+def write_private(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner alone (0600 whatever the umask; a file
+    that exists is truncated and tightened), creating its directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, PRIVATE_FILE_MODE)
+
+
 def private_dir(path: str | Path) -> Path:
     """Create ``path`` (and its parents) with mode 0700, or tighten it to 0700 when it exists,
     is ours and lets group or others in; returns it."""

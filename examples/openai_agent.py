@@ -16,6 +16,7 @@ import ast
 import json
 import operator
 import re
+import time
 
 import httpx
 from openai import OpenAI
@@ -47,9 +48,22 @@ def calculate(expression: str) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+def open_session(url: str, headers: dict, attempts: int = 12) -> dict:
+    """A new session; a 429 or 503 (the service paused for a weight sync, or its staleness quota
+    full) is waited out as its ``Retry-After`` says, as the OpenAI SDK does for its own calls."""
+    for _ in range(attempts):
+        r = httpx.post(f"{url}/v1/sessions", json={"data_source": "example/openai-agent"}, headers=headers, timeout=30)
+        if r.status_code not in (429, 503):
+            r.raise_for_status()
+            return r.json()
+        time.sleep(min(float(r.headers.get("Retry-After", "1")), 5.0))
+    r.raise_for_status()
+    raise AssertionError("unreachable")
+
+
 def run_episode(url: str, api_token: str | None, question: str, answer: str | None, max_turns: int = 3) -> dict:
     headers = {"Authorization": f"Bearer {api_token}"} if api_token else {}
-    session = httpx.post(f"{url}/v1/sessions", json={"data_source": "example/openai-agent"}, headers=headers, timeout=30).json()
+    session = open_session(url, headers)
     client = OpenAI(base_url=session["base_url"], api_key=session["token"], timeout=300)
     model = client.models.list().data[0].id  # the served name (an unknown model is a 404, as with OpenAI)
     messages = [{"role": "user", "content": question}]

@@ -13,6 +13,9 @@ classifies every stream sequence from 1 to the last:
   that stopped at its total steps need not read it);
 - ``pending``: still in the stream, not yet accounted for along the checkpoint lineage (trained
   after the last checkpoint, or not yet consumed);
+- ``since_checkpoint``: gone from the stream, committed after the newest complete checkpoint
+  (the ledger's journal: a live trainer's steps since it; with ``save_freq = 0`` every purged
+  message until the final checkpoint);
 - ``lost``: gone from the stream (purged or expired) without being accounted for — a violation;
 - ``twice``: trajectory ids trained more than once along the lineage — a violation;
 - ``unconsumed_at_end``: of a *finished* run (the trainer recorded that it ended at this
@@ -45,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_daemon.state.checkpoint import complete_checkpoints
-from trainer_daemon.state.ledger import ID_KINDS, read_finished, read_lineage
+from trainer_daemon.state.ledger import ID_KINDS, lost_steps, read_finished, read_lineage
 
 SHOW = 10  # ids/sequences listed per violation
 END_MESSAGE = "<end of data>"  # read_stream's id for the rollout's end-of-data message (not a trajectory)
@@ -62,6 +65,11 @@ class Audit:
     end: int = 0
     """The rollout's end-of-data message, read by the trainer (asyncrl.wire.end_of_data)."""
     pending: int = 0
+    since_checkpoint: int = 0
+    """Gone from the stream, accounted for by the ledger's journal: committed after the newest
+    complete checkpoint (a live trainer's steps since it, or a crashed one's, recorded as lost
+    steps when it restarts). With ``save_freq = 0`` every trained message is here until the
+    run's final checkpoint (the stream is purged at each commit)."""
     lost: int = 0
     twice: int = 0
     lost_after_ack: int = 0
@@ -101,11 +109,16 @@ def ledger_accounts(entries: list[dict[str, Any]]) -> tuple[dict[int, str], Coun
 
 
 def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: int, dlq_subject: str,
-              finished: str | None = None, stream_ids: dict[int, str] | None = None) -> Audit:
+              finished: str | None = None, stream_ids: dict[int, str] | None = None,
+              journal: list[dict[str, Any]] = ()) -> Audit:
     """The audit of a lineage's ``entries`` against ``stream`` (sequence → subject of every
     message still stored) up to ``last_seq`` (module docstring); ``finished``: the run ended at
-    this lineage's checkpoint; ``stream_ids``: sequence → ``Nats-Msg-Id`` of stored messages."""
+    this lineage's checkpoint; ``stream_ids``: sequence → ``Nats-Msg-Id`` of stored messages;
+    ``journal``: the ledger's entries committed after that checkpoint (``since_checkpoint``)."""
     kinds, trained_ids = ledger_accounts(entries)
+    later, _ = ledger_accounts(list(journal))
+    for seq, kind in later.items():
+        kinds.setdefault(seq, "since_checkpoint" if kind in ID_KINDS else kind)
     out = Audit(finished=finished)
     ends = [seq for seq, kind in kinds.items() if kind == "end"]
     end_seq = min(ends) if ends else last_seq + 1
@@ -129,7 +142,8 @@ def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: i
 
 
 def lost_after_ack(published: list[dict[str, Any]], entries: list[dict[str, Any]], stored_ids: set[str]) -> list[str]:
-    """Ids of ``published`` (the rollout's record) neither in the ledger's ``entries`` nor stored."""
+    """Ids of ``published`` (the rollout's record) neither in the ledger's ``entries`` (the
+    lineage's and the journal's) nor stored."""
     accounted = {i for e in entries for kind in ID_KINDS for i in e.get(kind, [])}
     seen: dict[str, None] = {}
     for r in published:
@@ -206,12 +220,13 @@ async def audit_run(run_dir: Path, nats_url: str | None, run_id: str | None) -> 
             server.stop()
     marked = read_finished(run_dir / "checkpoints")
     finished = marked["reason"] if marked and step is not None and int(marked["step"]) == step else None
-    out = reconcile(entries, stream, last, names.dead_letters, finished, seq_ids)
+    journal = lost_steps(run_dir / "checkpoints", step or 0)
+    out = reconcile(entries, stream, last, names.dead_letters, finished, seq_ids, journal)
     out.checkpoint_step = step
     from asyncrl.jsonl_log import BoundedJsonl
 
     published = BoundedJsonl(run_dir / "rollout" / "published.jsonl", 1).read()
-    gone = lost_after_ack(published, entries, stored_ids)
+    gone = lost_after_ack(published, [*entries, *journal], stored_ids)
     out.lost_after_ack, out.lost_after_ack_ids = len(gone), gone[:SHOW]
     lost = [s for e in entries for s in e.get("lost_steps", [])]
     out.lost_steps, out.lost_step_trajectories = len(lost), sum(len(s.get("trained", [])) for s in lost)
@@ -232,9 +247,12 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(asdict(result) | {"ok": result.ok}))
     else:
-        print(f"checkpoint lineage: step {result.checkpoint_step}")
+        step = result.checkpoint_step
+        print(f"checkpoint lineage: step {step}" if step is not None else "checkpoint lineage: none yet (no complete checkpoint)")
         for key in ("published", "trained", "dropped", "duplicate", "poison", "dlq", "pending", "lost", "twice", "lost_after_ack"):
             print(f"  {key:<10} {getattr(result, key)}")
+        if result.since_checkpoint:
+            print(f"  trained since the checkpoint (the ledger's journal): {result.since_checkpoint}")
         if result.lost_steps:
             print(f"  steps lost with a crash and retrained: {result.lost_steps} ({result.lost_step_trajectories} trajectories)")
         if result.lost_seqs:

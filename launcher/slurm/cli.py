@@ -16,7 +16,6 @@ rollout service, ``/status`` of the sync agent, at the addresses in ``<run dir>/
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -26,17 +25,10 @@ import yaml
 
 from asyncrl.cli_args import split_config_args
 from asyncrl.config import ConfigError, load_config, revealed_document
+from asyncrl.files import write_private
 from launcher.slurm.placement import PlacementError, requirements
 from launcher.slurm.script import UnsafeScriptValue, render
 from launcher.slurm.steps import interpreter
-
-
-def write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
 
 
 def main(argv: Sequence[str]) -> int:

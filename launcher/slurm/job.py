@@ -38,12 +38,11 @@ import yaml
 
 from asyncrl.config import ConfigError, RunConfig, load_config, revealed_document
 from asyncrl.config.secrets import redact, secret_values
-from asyncrl.files import atomic_write
+from asyncrl.files import atomic_write, write_private
 from asyncrl.jetstream.embedded import ENDPOINT_FILE, server_config
 from asyncrl.launch import ChildProcess, http_ok, log_tail, port_open
 from asyncrl.listen_ports import distinct_free_ports
 from launcher.slurm import steps
-from launcher.slurm.cli import write_private
 from launcher.slurm.placement import Placement, PlacementError, place
 
 READY_S = {"nats": 30.0, "engine": 600.0, "rollout": 300.0, "sync-agent": 120.0}  # engines: weights from a shared disk

@@ -6,7 +6,8 @@ sync agent and the trainer (torchrun). A port the config names is kept; every un
 (``rollout.port``, ``sync.port``, ``trainer.metrics_port``, the engines') is a free loopback
 port drawn at start; tokens are generated when the config has none. The resolved config (ports, URLs, tokens) is written to
 ``<run dir>/config.yaml`` (mode 600: it holds the tokens) and every child reads it, so
-every process agrees on one document. Logs go to ``<run dir>/logs/<child>.log``.
+every process agrees on one document; ``<run dir>/run.env`` (mode 600) has the URLs and tokens
+as shell variables for the user's ``curl``. Logs go to ``<run dir>/logs/<child>.log``.
 
 ``Stack.poll`` reports a child that exited; ``Stack.stop`` stops everything in reverse order
 (SIGTERM, then SIGKILL after a grace period).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +25,13 @@ from pathlib import Path
 import yaml
 
 from asyncrl.config import RunConfig, revealed_document, secret
+from asyncrl.files import write_private
 from asyncrl.jetstream import EmbeddedNats, write_endpoint
 from asyncrl.launch import ChildProcess, http_ok
 from asyncrl.listen_ports import distinct_free_ports, port_taken
 from launcher.config_cli import resolved_document
 
+RUN_ENV = "run.env"  # <run dir>/run.env: the run's URLs and tokens for a shell (mode 600)
 ENGINE_READY_S = 240.0  # model load; builtin:smollm2-135m converts a GGUF on first use
 SERVICE_READY_S = 120.0  # rollout service: tokenizer, dataset, NATS stream; sync agent: instant
 
@@ -104,13 +108,24 @@ class Stack:
 
     def write_config(self, cfg: RunConfig) -> Path:
         path = self.run_dir / "config.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(self.doc, f, sort_keys=False)
+        write_private(path, yaml.safe_dump(self.doc, sort_keys=False))
         (self.run_dir / "config.resolved.yaml").write_text(yaml.safe_dump(resolved_document(cfg), sort_keys=False))
+        write_private(self.run_dir / RUN_ENV, "".join(f"{k}={shlex.quote(v)}\n" for k, v in self.addresses().items()))
         self.resolved_path = path
         return path
+
+    def addresses(self) -> dict[str, str]:
+        """What a user's shell needs to reach this run (``<run dir>/run.env``, sourced with
+        ``. runs/demo/run.env``): the services' URLs and the tokens they take, by the names
+        docs/deployment.md uses for a compose run."""
+        doc, sec = self.doc, self.doc["security"]
+        out = {"ROLLOUT_URL": doc["sync"]["rollout_url"], "SYNC_URL": doc["sync"]["url"],
+               "TRAINER_METRICS_URL": f"http://127.0.0.1:{doc['trainer']['metrics_port']}/metrics",
+               "ADMIN_TOKEN": sec.get("admin_token"), "API_TOKEN": sec.get("api_token"), "SYNC_TOKEN": sec.get("sync_token"),
+               "NATS_URL": self.nats_url}
+        if doc["engines"].get("urls"):
+            out.update(ENGINE_URL=doc["engines"]["urls"][0], ENGINE_API_KEY=doc["engines"].get("api_key"))
+        return {k: str(v) for k, v in out.items() if v}
 
     def start(self, progress=print, training: bool = True) -> RunConfig:
         """Start NATS (unless ``nats.url``), local engines (unless ``engines.urls``), the rollout

@@ -100,6 +100,13 @@ class DevUp:
             raise AssertionError(f"./dev up did not stop within {timeout_s:.0f} s:\n{self.text()[-4000:]}") from None
         return self.proc.returncode, self.text()
 
+    def stop(self, timeout_s: float = 90.0) -> None:
+        """Ctrl-C, once, and a clean exit (status 0) within ``timeout_s``."""
+        if self.proc.poll() is None:
+            self.ctrl_c()
+        rc, out = self.finish(timeout_s)
+        assert rc == 0, out[-4000:]
+
     def kill(self) -> None:
         """Clean-up after a failed test: the whole group, at once."""
         if self.proc.poll() is None:

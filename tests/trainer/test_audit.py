@@ -56,3 +56,20 @@ def test_a_finished_run_with_trajectories_left_before_its_end_is_a_violation():
                          stream_ids={8: "d-0", 11: "<end of data>"})
     assert at_total.unconsumed_ids == ["d-0"] and at_total.unconsumed_at_end == 1
     assert at_total.end == 1 and at_total.pending == 1 and at_total.published == 8  # the stored marker is no trajectory
+
+
+def test_steps_committed_after_the_checkpoint_are_accounted_for_by_the_journal():
+    """Issue 64 (found by running the README's `asyncrl audit runs/demo` on a live demo run): with
+    ``save_freq = 0`` the stream is purged at each commit and no checkpoint exists until the run
+    stops; the purged sequences are in the ledger's journal, not lost. A purged sequence in
+    neither is still lost."""
+    led = Ledger()
+    led.commit(1, 0, ["a-0", "a-1"], [1, 2])
+    led.note("dropped", "b-0", 3)
+    led.commit(2, 1, ["c-0"], [4])
+    journal = led.snapshot(2, None)["entries"]
+    out = reconcile([], {6: TRAJ}, last_seq=6, dlq_subject=DLQ, journal=journal)
+    assert (out.since_checkpoint, out.trained, out.pending, out.lost, out.lost_seqs) == (4, 0, 1, 1, [5])
+    assert not out.ok
+    live = reconcile([], {5: TRAJ, 6: TRAJ}, last_seq=6, dlq_subject=DLQ, journal=journal)
+    assert live.ok and live.since_checkpoint == 4 and live.pending == 2 and live.published == 6
