@@ -63,6 +63,7 @@ from rollout_service.runner.accounting import TokenAccounting
 from rollout_service.runner.finish import model_text
 from rollout_service.runner.inflight import InFlightCalls
 from rollout_service.runner.per_request import between_syncs_check
+from rollout_service.runner.quota import QueueDepth
 from rollout_service.runner.runner import Runner, RunnerSettings
 from rollout_service.runner.store import AgentStore, KvRecords, RunnerStateStore
 from rollout_service.runner.validation import run_validation
@@ -160,8 +161,8 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
     publisher = TrajectoryPublisher(outbox, names.trajectories, lambda s, p, h: js.publish(s, p, headers=h), record)
     end_of_data = EndOfDataNotice(cfg.run.id, names.trajectories, js.publish)
 
-    async def queue_probe() -> int:
-        return await unconsumed_trajectories(js, names, end_of_data)
+    async def queue_probe() -> QueueDepth:
+        return await queue_depth(js, names, end_of_data)
 
     async def publish_metrics(doc: dict) -> None:
         try:
@@ -244,6 +245,17 @@ def route_shape(replay: RouterReplayConfig, model: ModelConfig) -> RouteShape | 
     from asyncrl.models import load_config as load_model_config
 
     return RouteShape.of(load_model_config(model.path))
+
+
+async def queue_depth(js, names: NatsNames, end_of_data: EndOfDataNotice) -> QueueDepth:
+    """:func:`unconsumed_trajectories`, and what the trainer holds (delivered, not yet acked: the
+    part of a step it assembles or the step it trains; 0 without a trainer consumer)."""
+    try:
+        info = await js.consumer_info(names.stream, names.trainer_consumer, timeout=1.0)
+    except Exception:  # noqa: BLE001 - no trainer consumer yet
+        return QueueDepth(await unconsumed_trajectories(js, names, end_of_data), 0)
+    pending = int(info.num_pending)
+    return QueueDepth(pending - end_of_data.unconsumed_share(pending), int(info.num_ack_pending))
 
 
 async def unconsumed_trajectories(js, names: NatsNames, end_of_data: EndOfDataNotice) -> int:

@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         daemon.close()
-    return 0
+    return daemon.exit_code
 
 
 if __name__ == "__main__":

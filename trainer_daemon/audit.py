@@ -42,13 +42,18 @@ import argparse
 import asyncio
 import json
 import sys
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainer_daemon.state.checkpoint import complete_checkpoints
-from trainer_daemon.state.ledger import ID_KINDS, lost_steps, read_finished, read_lineage
+from trainer_daemon.state.ledger import (
+    ID_KINDS,
+    ledger_accounts,
+    lost_steps,
+    read_finished,
+    read_lineage,
+)
 
 SHOW = 10  # ids/sequences listed per violation
 END_MESSAGE = "<end of data>"  # read_stream's id for the rollout's end-of-data message (not a trajectory)
@@ -92,22 +97,6 @@ class Audit:
         return self.lost == 0 and self.twice == 0 and self.lost_after_ack == 0 and self.unconsumed_at_end == 0
 
 
-def ledger_accounts(entries: list[dict[str, Any]]) -> tuple[dict[int, str], Counter]:
-    """Sequence → kind, and how often each id was trained, along the lineage."""
-    kinds: dict[int, str] = {}
-    trained_ids: Counter = Counter()
-    for e in entries:
-        trained_ids.update(e.get("trained", []))
-        for kind in ID_KINDS:
-            for seq in e.get("seqs", {}).get(kind, []):
-                if seq >= 0:
-                    kinds[int(seq)] = kind
-        for kind in ("poison", "dlq", "end"):
-            for seq in e.get(kind, []):
-                kinds[int(seq)] = kind
-    return kinds, trained_ids
-
-
 def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: int, dlq_subject: str,
               finished: str | None = None, stream_ids: dict[int, str] | None = None,
               journal: list[dict[str, Any]] = ()) -> Audit:
@@ -116,9 +105,7 @@ def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: i
     this lineage's checkpoint; ``stream_ids``: sequence → ``Nats-Msg-Id`` of stored messages;
     ``journal``: the ledger's entries committed after that checkpoint (``since_checkpoint``)."""
     kinds, trained_ids = ledger_accounts(entries)
-    later, _ = ledger_accounts(list(journal))
-    for seq, kind in later.items():
-        kinds.setdefault(seq, "since_checkpoint" if kind in ID_KINDS else kind)
+    later, _ = ledger_accounts(list(journal))  # consulted only for sequences gone from the stream
     out = Audit(finished=finished)
     ends = [seq for seq, kind in kinds.items() if kind == "end"]
     end_seq = min(ends) if ends else last_seq + 1
@@ -127,7 +114,7 @@ def reconcile(entries: list[dict[str, Any]], stream: dict[int, str], last_seq: i
         if kind is None and (stream_ids or {}).get(seq) == END_MESSAGE:
             kind = "end"  # the rollout's marker, stored, not read by a trainer that stopped at its total steps
         if kind is None:
-            kind = "pending" if seq in stream else "lost"
+            kind = "pending" if seq in stream else "since_checkpoint" if seq in later else "lost"
             if kind == "lost" and len(out.lost_seqs) < SHOW:
                 out.lost_seqs.append(seq)
             if kind == "pending" and finished and seq < end_seq:
@@ -192,7 +179,11 @@ def _run_config(run_dir: Path, run_id: str | None):
     return load_config(files[0] if files else None, overrides=overrides, environ={})
 
 
-async def audit_run(run_dir: Path, nats_url: str | None, run_id: str | None) -> Audit:
+async def audit_run(run_dir: Path, nats_url: str | None, run_id: str | None, *, user: str | None = None,
+                    password: str | None = None) -> Audit:
+    """The audit of the run in ``run_dir`` (module docstring). ``user``/``password``: NATS'
+    credentials when the caller has them (the trainer at its end: its config may not be a file
+    in the run directory), else the run's config's."""
     from asyncrl.jetstream import EmbeddedNats, resolve_nats_url
     from asyncrl.wire import NatsNames
 
@@ -213,8 +204,8 @@ async def audit_run(run_dir: Path, nats_url: str | None, run_id: str | None) -> 
     try:
         stored_ids: set[str] = set()
         seq_ids: dict[int, str] = {}
-        stream, last = await read_stream(url, names.stream, cfg.nats.user, secret(cfg.security.nats_password), stored_ids,
-                                         seq_ids)
+        stream, last = await read_stream(url, names.stream, user or cfg.nats.user, password or secret(cfg.security.nats_password),
+                                         stored_ids, seq_ids)
     finally:
         if server is not None:
             server.stop()

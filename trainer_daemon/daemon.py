@@ -76,6 +76,9 @@ class Command(msgspec.Struct):
     groups: list[list[int]] = []
     weights: list[float] = []
     """Per payload: the staleness weight of its advantage (``PendingGroup.weights``)."""
+    save: bool = False
+    """``stop`` only: checkpoint the current step again, though it was saved (messages were
+    resolved since: a stale group dropped after the last step; issue 65)."""
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -94,6 +97,9 @@ class TrainerDaemon:
         self.stop_deadline: float | None = None
         """Monotonic time by which a signalled stop must have checkpointed (``trainer.stop_timeout_s``)."""
         self._last_saved = -1
+        self._save_again = False  # the stop command's ``save``
+        self.exit_code = 0
+        """1 when the run ended with stream messages neither trained nor dropped (``_finish``)."""
         self._publishing: tuple[int, int] | None = None  # (step, target version) of the last sync started
         self._idle_s = 0.0
         self._finished: str | None = None  # why the run ended (ledger.FINISH_REASONS); None: stopped, not ended
@@ -219,7 +225,7 @@ class TrainerDaemon:
             if groups is None:
                 log.info("the rollout's data ended and every trajectory is resolved: stopping at step %d", self.step)
                 self._finished = "data_ended"
-                return Command("stop")
+                return Command("stop", save=self.r0.unsaved_resolutions)
             log.info("the rollout's data ended: training the %d groups left (%d trajectories) as a last, smaller step",
                      len(groups), sum(len(g.kept) for g in groups))
         if groups is None:
@@ -246,6 +252,7 @@ class TrainerDaemon:
         while True:
             cmd = self._next_command()
             if cmd.kind == "stop":
+                self._save_again = cmd.save
                 break
             if cmd.kind == "idle":
                 continue
@@ -400,13 +407,19 @@ class TrainerDaemon:
         """*Collective.* Wait for the last sync (so the final checkpoint records its version), save, settle."""
         if self.ctx.is_rank0 and self.r0.sync is not None and not self.r0.sync.wait(self._sync_wait_s(), self._stop_cutoff):
             log.error("exiting with a weight sync still running; the engines may be left paused or half-updated")
-        if self.step != self._last_saved:
+        if self.step != self._last_saved or self._save_again:
             self._save()
         done = self.ckpt.wait()
         if done is not None and self.ctx.is_rank0:
             self.r0.checkpointed(done, self.ckpt.oldest_kept_cursor(), purge=self.stop_deadline is None)
         if self.ctx.is_rank0 and self._finished:
             write_finished(self.cfg.run_dir / "checkpoints", self.step, self._finished)  # ledger.py, "Finished"
+            problem = self.r0.audit_the_end()
+            if problem and self._finished == "data_ended":  # the rollout said everything is published: all must be resolved
+                log.error("the run ended at step %d with the stream not accounted for: %s", self.step, problem)
+                self.exit_code = 1
+            elif problem:  # its total steps reached: what the rollout published beyond them is not trained, by design
+                log.warning("the trainer reached its total steps (%d) with the stream not accounted for: %s", self.step, problem)
         log.info("trainer finished at step %d", self.step)
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 PUSH_CHECK_S = 5.0  # an idle trainer asks the sync agent this often whether engines wait for a full push
 RETRY_CHECK_S = 0.5  # ... and this often after a failed sync, until one succeeds (engines may be left mixed)
+AUDIT_S = 300.0  # the end's audit reads every message still stored, one request each
 IO_TIMEOUT_S = 60.0  # slack on top of an I/O call's own wait: acks, purges, a JetStream API round trip
 CONNECT_TIMEOUT_S = 60.0  # NATS port poll (10 s) + connect + stream setup on a busy machine
 NATS_CLOSE_TIMEOUT_S = 10.0
@@ -59,7 +60,7 @@ class Rank0Services:
         clear_finished(ckpts)  # this trainer continues the run: it is not finished (ledger.py, "Finished")
         self.periodic_checkpoints = cfg.trainer.checkpoint.save_freq > 0
         journal = ckpts / LEDGER_DIR / JOURNAL if self.periodic_checkpoints else None  # without checkpoints nothing is "lost"
-        ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None, journal=journal)
+        ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None, journal=journal, root=ckpts)
         lost = lost_steps(ckpts, int(trainer_state.get("step", 0)) if trainer_state else 0)
         if lost:
             log.warning("steps %s were trained after the restored checkpoint and lost with a crash (%d trajectories); "
@@ -167,13 +168,37 @@ class Rank0Services:
         """The rollout published its end of data and it was read (``source.data_ended``)."""
         return self.source.data_ended
 
+    def audit_the_end(self) -> str | None:
+        """At a finished run's end (its final checkpoint complete, ``finished.json`` written):
+        ``asyncrl audit``'s reconciliation of the stream with the ledger; what it found wrong
+        (the unconsumed ids first), or None. A finish is declared only when every message the
+        rollout published is trained or dropped with a reason (issue 65)."""
+        from trainer_daemon.audit import SHOW, audit_run
+
+        try:
+            cfg = self.cfg
+            audit = self.io.run(audit_run(Path(cfg.run_dir), resolve_nats_url(cfg.nats.url, cfg.run_dir), cfg.run.id,
+                                          user=cfg.nats.user, password=secret(cfg.security.nats_password)), AUDIT_S)
+        except Exception as exc:  # noqa: BLE001 - the run ended; the operator can run `asyncrl audit`
+            log.warning("could not audit the run's end (%s): run `asyncrl audit %s`", exc, self.cfg.run_dir)
+            return None
+        if audit.ok:
+            log.info("the run's end audited: %d published, %d trained, %d dropped, nothing lost, twice or left",
+                     audit.published, audit.trained, audit.dropped)
+            return None
+        return (f"{audit.unconsumed_at_end} unconsumed at the end (first {SHOW}: {audit.unconsumed_ids}), "
+                f"{audit.lost} lost (sequences {audit.lost_seqs}), {audit.twice} trained twice ({audit.twice_ids}), "
+                f"{audit.lost_after_ack} lost after their acknowledgement ({audit.lost_after_ack_ids})")
+
+    @property
+    def unsaved_resolutions(self) -> bool:
+        """Messages were resolved since the last checkpoint (``Ledger.unsaved``)."""
+        return self.source.ledger.unsaved
+
     def take_rest(self, bound: StalenessBound) -> list[PendingGroup]:
         """The groups left after the end of data (``source.take_rest``)."""
 
-        async def _rest():
-            return self.source.take_rest(self.version, bound)
-
-        return self.io.run(_rest(), IO_TIMEOUT_S)
+        return self.io.run(self.source.take_rest(self.version, bound), IO_TIMEOUT_S)
 
     def commit(self, groups: list[PendingGroup], step: int) -> dict[str, float]:
         """Resolve, ack and record a trained step. Without periodic checkpoints

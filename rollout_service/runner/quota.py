@@ -21,6 +21,16 @@ property-tested on the counters alone.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
+
+
+class QueueDepth(NamedTuple):
+    """The trainer's side of the queue, read from its consumer (``rollout_service.build.queue_depth``)."""
+
+    undelivered: int
+    """Trajectories in the stream not yet delivered to the trainer (verl's message queue)."""
+    held: int
+    """Delivered and not yet acked: what the trainer holds for the step it assembles or trains."""
 
 
 @dataclass
@@ -54,11 +64,18 @@ class StalenessQuota:
         if self.max_required_samples < 1 or self.max_queue_size < 1:
             raise ValueError("max_required_samples and max_queue_size must be >= 1")
 
-    def blocked_reason(self, queued_samples: int) -> str | None:
-        """Why no new sample may start now, or None when one may."""
+    def blocked_reason(self, queued_samples: int, trainer_starving: bool = False) -> str | None:
+        """Why no new sample may start now, or None when one may.
+
+        ``trainer_starving``: nothing is in flight or queued and the trainer holds less than a
+        step, so no new version can come before new samples do: the counter then carries samples
+        the trainer dropped as too stale (or a group it released incomplete), and holding the
+        quota shut would wait for a version that never comes (issue 65: a trainer restarted
+        behind the rollout dropped a whole step's groups, and the run stalled for good). One
+        sample at a time is let through then, generated at the trainer's current version."""
         if queued_samples >= self.max_queue_size:
             return f"queue full: {queued_samples} unconsumed samples >= max_queue_size {self.max_queue_size}"
-        if self.staleness_samples >= self.max_required_samples:
+        if self.staleness_samples >= self.max_required_samples and not trainer_starving:
             return (f"staleness quota used: staleness_samples {self.staleness_samples} >= "
                     f"max_required_samples {self.max_required_samples}")
         return None
@@ -93,7 +110,7 @@ class StalenessQuota:
         self.carried_over_at_reset = self.staleness_samples
         self.started_this_version = 0
 
-    def snapshot(self, queued_samples: int) -> QuotaSnapshot:
+    def snapshot(self, queued_samples: int, trainer_starving: bool = False) -> QuotaSnapshot:
         return QuotaSnapshot(
             version=self.version,
             max_required_samples=self.max_required_samples,
@@ -102,7 +119,7 @@ class StalenessQuota:
             started_this_version=self.started_this_version,
             carried_over_at_reset=self.carried_over_at_reset,
             remaining=max(0, self.max_required_samples - self.staleness_samples),
-            blocked_reason=self.blocked_reason(queued_samples),
+            blocked_reason=self.blocked_reason(queued_samples, trainer_starving),
         )
 
     def state_dict(self) -> dict:

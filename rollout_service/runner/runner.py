@@ -55,7 +55,7 @@ from rollout_service.runner.accounting import RunnerCounters, TokenAccounting, V
 from rollout_service.runner.finish import to_trajectory
 from rollout_service.runner.inflight import InFlightCalls
 from rollout_service.runner.per_request import pause_per_request
-from rollout_service.runner.quota import StalenessQuota
+from rollout_service.runner.quota import QueueDepth, StalenessQuota
 from rollout_service.runner.restore import restore, runner_document
 from rollout_service.runner.snapshot import PromptProgress, RunnerSnapshot, TokenCounts
 from rollout_service.runner.validation import ValidationSchedule, Validator
@@ -87,6 +87,8 @@ class RunnerSettings:
     """``rollout.publish_unit``: ``trajectory`` or ``group``."""
     samples_per_sync: int = 1
     """``derived.samples_per_sync``: samples the trainer consumes between two syncs."""
+    required_samples: int = 1
+    """``derived.required_samples``: samples one trainer step takes."""
     project_versions: bool = True
     """``sync.per_request.project_versions``: judge staleness at the version a call's trajectory
     is expected to be trained at, not only the sync's."""
@@ -101,7 +103,7 @@ class RunnerSettings:
                    max_required_samples=d.max_required_samples, max_queue_size=d.max_queue_size, test_freq=r.test_freq,
                    val_before_train=r.val_before_train, publish_unit=r.publish_unit,
                    request_rule=RequestRule.from_config(cfg), project_versions=cfg.sync.per_request.project_versions,
-                   samples_per_sync=d.samples_per_sync)
+                   samples_per_sync=d.samples_per_sync, required_samples=d.required_samples)
 
 
 class PauseTimeout(RuntimeError):
@@ -112,7 +114,7 @@ class Runner:
     """See the module docstring. Build with the collaborators, then ``await start()``."""
 
     def __init__(self, settings: RunnerSettings, *, deps: AgentDeps | None, stream, outbox, publisher,
-                 agent_store, state_store, queue_probe: Callable[[], Awaitable[int]], abort_engines: Callable[[str], Awaitable[None]],
+                 agent_store, state_store, queue_probe: Callable[[], Awaitable[QueueDepth]], abort_engines: Callable[[str], Awaitable[None]],
                  rid_prefix: str, validator: Validator | None = None, serving: ServingState | None = None,
                  calls: InFlightCalls | None = None, tokens: TokenAccounting | None = None,
                  abort_rids: Callable[[set[str]], Awaitable[None]] | None = None) -> None:
@@ -144,6 +146,8 @@ class Runner:
         self.groups: dict[str, int] = {}  # group id -> members not finished yet
         self._cancelled_left: dict[str, int] = {}  # group id -> members not yet cancelled (once one was)
         self.queued_trajectories = 0
+        self.trainer_held = 0
+        """Trajectories delivered to the trainer and not yet acked (``QueueDepth.held``)."""
         self._wake = asyncio.Event()
         self.calls = calls or InFlightCalls()
         self.calls.listen(on_busy=lambda: self.clock.set_idle(False), on_idle=self._wake.set)
@@ -224,6 +228,13 @@ class Runner:
     def queued_samples(self) -> int:
         return math.ceil((self.queued_trajectories + len(self.outbox)) / self.n)
 
+    @property
+    def trainer_starving(self) -> bool:
+        """Nothing in flight or queued, and the trainer holds less than a step: it can train
+        again only on new samples (``StalenessQuota.blocked_reason``)."""
+        return self.in_flight_samples == 0 and self.queued_samples == 0 and \
+            self.trainer_held < self.settings.required_samples * self.n
+
     # -- admission ------------------------------------------------------------------------
     def admission_blocker(self, external: bool = False) -> str | None:
         """Why no new sample starts now (None: one may). ``external``: a session, which
@@ -235,7 +246,7 @@ class Runner:
         if external:
             if not self.outbox.has_room():
                 return f"outbox full ({len(self.outbox)} trajectories waiting for NATS)"
-            return self.quota.blocked_reason(self.queued_samples)
+            return self.quota.blocked_reason(self.queued_samples, self.trainer_starving)
         if self.stream.exhausted:
             return "prompt stream exhausted"
         if not self.outbox.has_room():
@@ -243,7 +254,7 @@ class Runner:
         busy = self.active_trajectories - self.parked_trajectories
         if busy and busy + self.n > self.max_concurrent:
             return f"max_concurrent_samples reached ({busy} in flight, {self.parked_trajectories} parked on environments)"
-        return self.quota.blocked_reason(self.queued_samples)
+        return self.quota.blocked_reason(self.queued_samples, self.trainer_starving)
 
     async def _admission_loop(self) -> None:
         last_flush = time.monotonic()
@@ -252,7 +263,7 @@ class Runner:
                 last_flush = time.monotonic()
                 await self.agent_store.flush_dirty()
             try:
-                self.queued_trajectories = await self.queue_probe()
+                self.queued_trajectories, self.trainer_held = await self.queue_probe()
             except Exception as exc:  # noqa: BLE001 - NATS down: keep the last known depth
                 log.debug("queue probe failed: %s", exc)
             while self.admission_blocker() is None:
@@ -450,7 +461,7 @@ class Runner:
         if version != self.version:
             self.clock.new_version(version)
             try:  # the reset must count what is queued *now*: a stale reading can block admission until the next version
-                self.queued_trajectories = await self.queue_probe()
+                self.queued_trajectories, self.trainer_held = await self.queue_probe()
             except Exception as exc:  # noqa: BLE001 - NATS down: the last reading is the best we have
                 log.warning("queue depth unknown at resume (%s); using the last reading", exc)
         self.quota.on_version(version, self.in_flight_samples, self.queued_samples)
@@ -475,7 +486,7 @@ class Runner:
             admission_blocked=self.admission_blocker(), active=self.active_trajectories, parked=self.parked_trajectories,
             generating=self.calls.count, partial=partial, in_flight_samples=self.in_flight_samples, queued_samples=queued,
             queued_trajectories=self.queued_trajectories, max_concurrent_samples=self.max_concurrent,
-            quota=self.quota.snapshot(queued), outbox=len(self.outbox), outbox_rejected=self.outbox.rejected_count(),
+            quota=self.quota.snapshot(queued, self.trainer_starving), outbox=len(self.outbox), outbox_rejected=self.outbox.rejected_count(),
             prompts=PromptProgress(self.stream.produced, self.stream.total, self.stream.epoch),
             tokens=TokenCounts(self.tokens.decoded, self.tokens.kept, self.tokens.wasted),
             idle_ratio=self.clock.last_idle_ratio, idle_ratio_current=self.clock.current_idle_ratio(),

@@ -17,6 +17,9 @@ at a moment guessed by a timer:
   last step's batch taken from the stream, nothing committed);
 - the trainer SIGKILLed during the last step's sync (``trainer.sync_bucket``: the engines hold
   part of the new weights);
+- the trainer SIGKILLed at step 8, between its checkpoints 6 and 9, with the rollout as far
+  ahead as its quota allows (issue 65): the restarted trainer drops whole groups generated on
+  the lost steps' weights as too stale, and must still reach the end with all of them accounted for;
 - the rollout service SIGKILLed near the end (the trainer frozen at step 6, so the rollout,
   held by its staleness quota, cannot have finished), then started again;
 - NATS SIGKILLed near the end (the same state) and started again on its store.
@@ -26,8 +29,8 @@ Each time the trainer is started again (or runs on) and must exit 0 by itself; t
 lost, nothing unconsumed at the end, the run marked finished, and its final checkpoint at its
 last step (step 12 when nothing was dropped).
 
-``./dev test`` runs the issue's own case (the marker published but unread); ``./dev
-test-endings`` runs all six, and two runs under ``sync.pause_policy = "per_request"`` (issue
+``./dev test`` runs issue 47's own case (the marker published but unread) and issue 65's
+(between checkpoints); ``./dev test-endings`` runs all seven, and two runs under ``sync.pause_policy = "per_request"`` (issue
 51): one without a fault (its cancels and exact aborts keep the accounting whole), one with the
 rollout service SIGKILLed inside a per-request pause and started again; about 6 minutes.
 """
@@ -48,6 +51,7 @@ import pytest
 from asyncrl import failpoints
 from asyncrl.jetstream import connect
 from asyncrl.wire import NatsNames, is_end_of_data
+from tests.helpers.run_health import get_json
 from tests.helpers.waiting import wait_for
 from trainer_daemon.audit import audit_run
 
@@ -127,8 +131,7 @@ async def finite_run(tmp_path: Path, *extra: str, hold_engine: bool = False):
     cfg = load_config(demo_config_path(), [
         f"model.path={demo_policy()}", f"run.dir={run_dir}", "run.id=finite", f"rollout.n={N}",
         f"rollout.total_rollout_steps={SAMPLES}", f"actor.ppo_mini_batch_size={PER_STEP // N}",
-        "trainer.checkpoint.save_freq=3", "sync.bucket_bytes=65536", "rollout.port=0", "sync.port=0",
-        "trainer.metrics_port=0", 'trainer.loggers=["jsonl"]', *extra])
+        "trainer.checkpoint.save_freq=3", "sync.bucket_bytes=65536", 'trainer.loggers=["jsonl"]', *extra])
     stack = Stack(cfg, run_dir)
     before = os.environ.get(failpoints.ENV_DIR)
     os.environ[failpoints.ENV_DIR] = str(fp_dir)  # every child inherits it
@@ -207,6 +210,25 @@ async def trainer_during_the_last_sync(run: FiniteRun) -> None:
     await kill_and_restart_trainer(run)
 
 
+async def trainer_between_checkpoints_rollout_ahead(run: FiniteRun) -> None:
+    """Issue 65: the trainer SIGKILLed at step 8, between its checkpoints 6 and 9, once the
+    rollout has gone as far ahead as its quota lets it (everything it started published). The
+    restarted trainer resumes from step 6, jumps its version past the engines' and finds whole
+    groups generated on the lost steps' weights too stale: it drops them, then must still reach
+    the end of the data (the rollout refilling what was dropped) and account for every one."""
+    run.arm("trainer.step.8")
+    await run.reached("trainer.step.8")  # step 7 committed, checkpoint 6 the newest
+
+    async def rollout_at_its_quota() -> bool:
+        status = await get_json(f"{run.stack.urls['rollout']}/admin/status", run.stack.doc["security"]["admin_token"])
+        return "staleness quota used" in (status.get("admission_blocked") or "") and status["counts"]["in_flight_samples"] == 0
+
+    await wait_for(rollout_at_its_quota, REACH_S, "the rollout at its staleness quota, nothing in flight",
+                   procs=[run.child("rollout")])
+    assert run.step() == 7 and not await run.marker_stored()  # the precondition
+    await kill_and_restart_trainer(run)
+
+
 async def rollout_near_the_end(run: FiniteRun) -> None:
     await run.at_step(6)
     run.child("trainer").signal(signal.SIGSTOP)
@@ -255,10 +277,11 @@ FAULTS = {
     "trainer-marker-unread": (trainer_after_the_marker_before_reading_it, ("async_training.staleness_threshold=100",)),
     "trainer-last-step-assembled": (trainer_while_the_last_step_is_assembled, ()),
     "trainer-last-sync": (trainer_during_the_last_sync, ()),
+    "trainer-between-checkpoints-rollout-ahead": (trainer_between_checkpoints_rollout_ahead, ()),
     "rollout-near-end": (rollout_near_the_end, ()),
     "nats-near-end": (nats_near_the_end, ()),
 }
-SLICE = ("trainer-marker-unread",)
+SLICE = ("trainer-marker-unread", "trainer-between-checkpoints-rollout-ahead")
 HOLD_ENGINE = ("trainer-marker-unread",)
 
 

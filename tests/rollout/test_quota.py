@@ -81,3 +81,18 @@ def test_state_round_trip():
     q2 = StalenessQuota(max_required_samples=4, max_queue_size=4)
     q2.load_state_dict(q.state_dict())
     assert q2.snapshot(0) == q.snapshot(0)
+
+
+def test_a_starving_trainer_gets_new_samples_past_a_used_quota():
+    """Issue 65: the trainer dropped a whole step's groups as too stale (restarted behind the
+    rollout): nothing in flight or queued, the trainer holding less than a step. No version can
+    come before new samples, so the quota lets samples through (the runner's
+    ``trainer_starving``), one at a time as each admission puts one in flight; a full queue
+    still blocks."""
+    q = StalenessQuota(max_required_samples=2, max_queue_size=4)
+    q.on_start()
+    q.on_start()
+    assert "staleness quota used" in q.blocked_reason(0)
+    assert q.blocked_reason(0, trainer_starving=True) is None
+    assert q.snapshot(0, trainer_starving=True).blocked_reason is None
+    assert "queue full" in q.blocked_reason(4, trainer_starving=True)

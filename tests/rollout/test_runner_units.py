@@ -14,7 +14,7 @@ from asyncrl.config import load_config
 from rollout_service.agent.state import AgentState, Phase
 from rollout_service.publish import Outbox, TrajectoryPublisher
 from rollout_service.runner.finish import to_trajectory
-from rollout_service.runner.quota import StalenessQuota
+from rollout_service.runner.quota import QueueDepth, StalenessQuota
 from rollout_service.runner.restore import restore
 from rollout_service.runner.runner import Runner, RunnerSettings
 from rollout_service.runner.snapshot import RunnerSnapshot
@@ -66,8 +66,8 @@ def _runner(tmp_path, aborts: list, on_abort, everything_only: bool = False) -> 
     async def publish(subject, payload, headers):
         return None
 
-    async def queue_probe() -> int:
-        return 0
+    async def queue_probe() -> QueueDepth:
+        return QueueDepth(0, 0)
 
     async def abort_engines(prefix: str, everything: bool = False) -> None:
         aborts.append((prefix, everything) if everything_only else prefix)
@@ -150,7 +150,7 @@ async def test_a_background_loop_that_raises_is_logged_and_restarted(tmp_path, m
     calls = {"n": 0}
     real_queue_probe = runner.queue_probe
 
-    async def counting_probe() -> int:  # called once per pass of the admission loop
+    async def counting_probe() -> QueueDepth:  # called once per pass of the admission loop
         calls["n"] += 1
         return await real_queue_probe()
 
@@ -288,3 +288,18 @@ async def test_the_queue_ahead_counts_whole_samples_only(tmp_path):
     assert runner.queue_versions() == 2
     runner.groups["s9"] = 2  # a group with nothing finished yet changes nothing
     assert runner.queue_versions() == 2
+
+
+def test_the_trainer_starves_only_with_nothing_in_flight_queued_or_a_step_held(tmp_path):
+    """``Runner.trainer_starving`` (issue 65): n = 2, a step of two samples (4 trajectories)."""
+    runner = _runner(tmp_path, [], lambda: None)
+    assert runner.settings.required_samples * runner.n == 4
+    assert runner.trainer_starving  # nothing anywhere
+    runner.trainer_held = 3  # less than a step held: it cannot train
+    assert runner.trainer_starving
+    runner.trainer_held = 4  # a step held: it trains, a version comes
+    assert not runner.trainer_starving
+    runner.trainer_held, runner.queued_trajectories = 0, 1  # a trajectory on its way
+    assert not runner.trainer_starving
+    runner.queued_trajectories, runner.groups["s00000000"] = 0, 1  # a sample in flight
+    assert not runner.trainer_starving

@@ -54,3 +54,31 @@ def test_a_line_cut_by_a_crash_is_ignored(tmp_path):
     with (tmp_path / LEDGER_DIR / JOURNAL).open("a") as f:
         f.write('{"step": 2, "trai')
     assert [e["step"] for e in lost_steps(tmp_path, 0)] == [1]
+
+
+def test_a_second_checkpoint_of_the_same_step_extends_its_segment_on_the_same_lineage(tmp_path):
+    """Issue 65: groups dropped after the last step's checkpoint (the run's end) are recorded by
+    checkpointing that step again: its segment is the first one's entries and the new ones, with
+    the first one's parent (never itself: the lineage stays a chain), also by a trainer that
+    restored that step (the segment read back from disk)."""
+    from trainer_daemon.state.ledger import ledger_accounts, read_lineage, write_segment
+
+    a = Ledger(parent=None, root=tmp_path)
+    a.commit(1, 1, ["t1"], [1])
+    write_segment(tmp_path, a.snapshot(1, 1))
+    a.commit(2, 2, ["t2"], [2])
+    write_segment(tmp_path, a.snapshot(2, 2))
+    assert not a.unsaved
+    a.note("dropped", "t3", 3)
+    assert a.unsaved
+    again = a.snapshot(2, 2)
+    assert again["parent"] == 1 and [e.get("trained") for e in again["entries"]] == [["t2"], []]
+    write_segment(tmp_path, again)
+    kinds, _ = ledger_accounts(read_lineage(tmp_path, 2))
+    assert kinds == {1: "trained", 2: "trained", 3: "dropped"}
+
+    b = Ledger(parent=2, root=tmp_path)  # a trainer restored from step 2
+    b.note("dropped", "t4", 4)
+    write_segment(tmp_path, b.snapshot(2, 2))
+    kinds, _ = ledger_accounts(read_lineage(tmp_path, 2))
+    assert kinds == {1: "trained", 2: "trained", 3: "dropped", 4: "dropped"}

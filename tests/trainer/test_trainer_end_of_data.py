@@ -101,3 +101,33 @@ def test_the_end_of_data_releases_what_waits_trains_what_forms_a_step_and_stops(
     assert any(end_seq in e.get("end", []) for e in entries), entries
     audit = asyncio.run(audit_run(run_dir, module_nats.url, "eod"))
     assert audit.ok and audit.end == 1 and audit.lost == 0 and audit.trained == N + 2 and audit.published == N + 2, audit
+
+
+def test_a_finish_with_messages_neither_trained_nor_dropped_exits_non_zero_naming_them(module_nats, tmp_path):
+    """Issue 65: the end of a run is declared only when every message the rollout published is
+    trained or dropped. Here the checkpoint's consumption state claims the whole stream resolved
+    (its cursor moved to the marker) while the ledger holds one group fewer: the state the
+    end-of-data resync left behind before the fix. The restarted trainer finds the data ended,
+    and its end audit finds that group unconsumed: it exits 1 and names the ids."""
+    run_dir = tmp_path / "run"
+    overrides, cfg = _config(run_dir, module_nats.url, "eod-unresolved")
+    groups = [make_group(random.Random(6), f"g{i}", N) for i in range(3)]
+    publish(cfg, [t for g in groups for t in g])
+    end_seq = asyncio.run(_publish_end(cfg, samples=3, trajectories=3 * N))
+    _run_trainer(run_dir, [*overrides, "trainer.total_training_steps=1"])
+    path = run_dir / "checkpoints" / "step-00000001" / "trainer_state.json"
+    state = json.loads(path.read_text())
+    state["consumption"]["cursor"] = end_seq  # the third group (and the marker) claimed resolved
+    state["consumption"]["above"] = []
+    path.write_text(json.dumps(state))
+
+    proc = start_trainer(run_dir, overrides)
+    try:
+        assert wait_exit(proc, 240) == 1
+    finally:
+        proc.stop()
+    log = (run_dir / "logs" / "trainer.log").read_text()
+    assert "the run ended at step 1 with the stream not accounted for: 4 unconsumed at the end" in log, log_tail(run_dir / "logs" / "trainer.log")
+    assert all(t.id in log for t in groups[2]), "the unconsumed ids are named"
+    audit = asyncio.run(audit_run(run_dir, module_nats.url, "eod-unresolved"))
+    assert audit.finished == "data_ended" and audit.unconsumed_at_end == N and not audit.ok, audit

@@ -119,12 +119,12 @@ async def test_a_restored_source_reads_what_lies_before_the_end_of_data_before_c
         await b.start(js)
         assert not b.data_ended  # the marker was read, but not what precedes it, in this incarnation
         with pytest.raises(RuntimeError):
-            b.take_rest(0, None)
+            await b.take_rest(0, None)
         again = await b.next_batch(1, 0, None, wait_s=5.0)
         assert [h.traj.id for h in again[0].kept] == [t.id for t in second] and not again[0].incomplete
         await b.commit(again, 2, 0)
         assert await b.next_batch(1, 0, None, wait_s=0.5) is None
-        assert b.data_ended and b.take_rest(0, None) == [] and b.state.cursor == end_seq
+        assert b.data_ended and await b.take_rest(0, None) == [] and b.state.cursor == end_seq
         await b.close()
     finally:
         await nc.close()
@@ -142,11 +142,11 @@ async def test_after_the_end_of_data_the_groups_too_few_for_a_step_are_handed_ov
         assert await src.next_batch(3, 0, None, wait_s=1.0) is None  # two groups can never make three
         assert not src.data_ended
         with pytest.raises(RuntimeError):
-            src.take_rest(0, None)
+            await src.take_rest(0, None)
         await _publish_end(js, run_config, 2)
         assert await src.next_batch(3, 0, None, wait_s=2.0) is None
         assert src.data_ended
-        rest = src.take_rest(0, None)
+        rest = await src.take_rest(0, None)
         assert [[h.traj.id for h in g.kept] for g in rest] == [[t.id for t in whole], [t.id for t in half]]
         assert [g.incomplete for g in rest] == [False, True]
         await src.commit(rest, 1, 0)
@@ -176,7 +176,7 @@ async def _drain(src, k: int, steps: int) -> list[list[str]]:
         if batch is None:
             if not src.data_ended:
                 continue
-            batch = src.take_rest(0, None)
+            batch = await src.take_rest(0, None)
             if not batch:
                 break
         await src.commit(batch, step, 0)

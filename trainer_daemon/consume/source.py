@@ -297,7 +297,7 @@ class TrajectorySource:
         if self._end_checks >= END_CHECKS:
             await self._resync(f"at the end of data {elsewhere} message(s) were delivered but neither held nor acked here")
 
-    def _take(self, k: int, version: int, bound: StalenessBound | None) -> None:
+    async def _take(self, k: int, version: int, bound: StalenessBound | None) -> None:
         need = k - len(self._pending)
         # after the end of data no member can still arrive: every group waiting for one is released now
         horizon = END_HORIZON if self.data_ended else self.state.max_delivered
@@ -305,15 +305,18 @@ class TrajectorySource:
             return
         taken = self.assembler.take(need, horizon, version, bound, self.effective, self.exclude)
         self._pending.extend(taken.groups)
-        for group in taken.empty:  # every member too stale: nothing to train, resolve now
-            self._resolve_group(group)
+        # every member too stale: nothing to train; resolved (dropped) now and acked, as a
+        # committed step's messages are (issue 65: unacked, they read as delivered elsewhere at
+        # the end of data, and the server redelivered them after ack_wait)
+        resolved = [m for group in taken.empty for m in self._resolve_group(group)]
+        await asyncio.gather(*(_quiet_ack(m) for m in resolved))
 
     async def next_batch(self, k: int, version: int, bound: StalenessBound | None, wait_s: float) -> list[PendingGroup] | None:
         """``k`` groups to train, or None when they did not arrive within ``wait_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
-            self._take(k, version, bound)
+            await self._take(k, version, bound)
             if len(self._pending) >= k:
                 batch, self._pending = self._pending[:k], self._pending[k:]
                 return batch
@@ -323,12 +326,12 @@ class TrajectorySource:
             await self._process(await self._fetch(min(remaining, FETCH_WAIT_S)))
             await self._confirm_end()
 
-    def take_rest(self, version: int, bound: StalenessBound | None) -> list[PendingGroup]:
+    async def take_rest(self, version: int, bound: StalenessBound | None) -> list[PendingGroup]:
         """After the end of data: every group still held (all released: no member can still
         come), to train as a last step smaller than ``k``; [] when nothing is left."""
         if not self.data_ended:
             raise RuntimeError("take_rest before the end of the data: more groups may still come")
-        self._take(2**31, version, bound)
+        await self._take(2**31, version, bound)
         rest, self._pending = self._pending, []
         return rest
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,13 @@ def segment_path(root: Path, step: int) -> Path:
 class Ledger:
     """Entries since the last checkpoint of this lineage (rank 0)."""
 
-    def __init__(self, parent: int | None = None, journal: Path | None = None) -> None:
+    def __init__(self, parent: int | None = None, journal: Path | None = None, root: Path | None = None) -> None:
         self.parent = parent
         self.journal = journal
+        self.root = root
+        """The checkpoints directory, where the segment of ``parent`` lies (to amend it: :meth:`snapshot`)."""
         self.entries: list[dict[str, Any]] = []
+        self._last: dict[str, Any] | None = None  # the newest segment this ledger wrote
         self._loose: dict[str, list] = {k: [] for k in KINDS}
         self._loose_seqs: dict[str, list[int]] = {k: [] for k in ID_KINDS}
 
@@ -101,6 +105,12 @@ class Ledger:
                 f.flush()
                 os.fsync(f.fileno())
 
+    @property
+    def unsaved(self) -> bool:
+        """Something was committed or resolved since the last snapshot: a checkpoint taken now
+        would record it (the run's end checkpoints again when so: ``daemon._finish``)."""
+        return bool(self.entries) or any(self._loose.values())
+
     def trim_journal(self, checkpoint_step: int) -> None:
         """Checkpoint ``checkpoint_step`` is complete (its segment holds the recorded lost steps):
         keep only the journal's later steps."""
@@ -121,7 +131,14 @@ class Ledger:
         if any(self._loose.values()):
             self.commit(step, version, [])
             self.entries[-1]["between_steps"] = True
-        segment = {"step": step, "parent": self.parent, "entries": self.entries}
+        if step == self.parent and self.parent is not None:
+            # a second checkpoint of the same step (the run's end, after messages were resolved
+            # between steps): the step's segment again, with the entries since (same parent)
+            last = self._last or json.loads(segment_path(self.root, step).read_text())
+            segment = {"step": step, "parent": last["parent"], "entries": [*last["entries"], *self.entries]}
+        else:
+            segment = {"step": step, "parent": self.parent, "entries": self.entries}
+        self._last = segment
         self.parent, self.entries = step, []
         return segment
 
@@ -184,3 +201,21 @@ def read_finished(root: Path) -> dict[str, Any] | None:
 
 def clear_finished(root: Path) -> None:
     (Path(root) / LEDGER_DIR / FINISHED).unlink(missing_ok=True)
+
+
+def ledger_accounts(entries: list[dict[str, Any]]) -> tuple[dict[int, str], Counter]:
+    """Sequence → kind (trained, dropped, duplicate, poison, dlq, end), and how often each id was
+    trained, along ``entries`` (a lineage, or a journal). Lost steps are not counted: their data
+    is trained again."""
+    kinds: dict[int, str] = {}
+    trained_ids: Counter = Counter()
+    for e in entries:
+        trained_ids.update(e.get("trained", []))
+        for kind in ID_KINDS:
+            for seq in e.get("seqs", {}).get(kind, []):
+                if seq >= 0:
+                    kinds[int(seq)] = kind
+        for kind in ("poison", "dlq", "end"):
+            for seq in e.get(kind, []):
+                kinds[int(seq)] = kind
+    return kinds, trained_ids
