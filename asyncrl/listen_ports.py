@@ -95,12 +95,18 @@ def distinct_free_ports(n: int, host: str = "127.0.0.1", *, range_file: Path = E
 
 
 def port_taken(host: str, port: int) -> bool:
-    """Whether a server could not bind ``host:port`` now (another process listens there). An
-    address this host does not have raises ``OSError``."""
-    sock = _bound(host, port)
-    if sock is None:
-        return True
-    sock.close()
+    """Whether a server could not bind ``host:port`` now because another socket holds it. Bound
+    as the servers bind (``SO_REUSEADDR``, as uvicorn and nats-server do), so a port a closed
+    server left in TIME_WAIT is free. Any other failure (an address this host does not have, a
+    privileged port) raises ``OSError``."""
+    with _socket(host) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise
     return False
 
 

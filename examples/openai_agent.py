@@ -56,7 +56,8 @@ def open_session(url: str, headers: dict, attempts: int = 12) -> dict:
         if r.status_code not in (429, 503):
             r.raise_for_status()
             return r.json()
-        time.sleep(min(float(r.headers.get("Retry-After", "1")), 5.0))
+        after = r.headers.get("Retry-After", "1")
+        time.sleep(min(float(after), 5.0) if after.replace(".", "", 1).isdigit() else 1.0)  # seconds, or an HTTP date
     r.raise_for_status()
     raise AssertionError("unreachable")
 

@@ -252,8 +252,10 @@ async def queue_depth(js, names: NatsNames, end_of_data: EndOfDataNotice) -> Que
     part of a step it assembles or the step it trains; 0 without a trainer consumer)."""
     try:
         info = await js.consumer_info(names.stream, names.trainer_consumer, timeout=1.0)
-    except Exception:  # noqa: BLE001 - no trainer consumer yet
-        return QueueDepth(await unconsumed_trajectories(js, names, end_of_data), 0)
+    except Exception:  # noqa: BLE001 - no trainer consumer yet: everything stored is unconsumed
+        sinfo = await js.stream_info(names.stream, subjects_filter=names.trajectories)
+        stored = int(sinfo.state.messages)
+        return QueueDepth(stored - end_of_data.unconsumed_share(stored), 0)
     pending = int(info.num_pending)
     return QueueDepth(pending - end_of_data.unconsumed_share(pending), int(info.num_ack_pending))
 

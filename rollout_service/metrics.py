@@ -112,6 +112,8 @@ class RolloutCollector:
                     "staleness", c.stale_cancelled_tokens / r.tokens.decoded if r.tokens.decoded else 0.0)
         yield counter("asyncrl_rollout_cancelled_samples", "Samples whose every trajectory was cancelled for staleness",
                       c.cancelled_samples)
+        yield counter("asyncrl_rollout_quota_credited_samples", "Samples credited to the staleness quota for a trainer that "
+                      "starved (it dropped samples as too stale)", c.quota_credits)
         pub = r.publisher
         yield counter("asyncrl_rollout_published", "Trajectories stored by JetStream", pub.published)
         yield counter("asyncrl_rollout_publish_duplicates", "Republishes JetStream deduplicated", pub.duplicates)

@@ -51,9 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     daemon = TrainerDaemon(cfg)
     daemon.install_signal_handlers()
+    from trainer_daemon.rank0 import RunEndedUnaccounted
+
     try:
         daemon.setup()
         daemon.run()
+    except RunEndedUnaccounted as exc:
+        logging.getLogger("trainer_daemon").error("refusing to start: %s", exc)
+        return 1
     except Exception:
         logging.getLogger("trainer_daemon").exception("trainer rank %d failed", rank)
         return 1

@@ -77,8 +77,8 @@ class Command(msgspec.Struct):
     weights: list[float] = []
     """Per payload: the staleness weight of its advantage (``PendingGroup.weights``)."""
     save: bool = False
-    """``stop`` only: checkpoint the current step again, though it was saved (messages were
-    resolved since: a stale group dropped after the last step; issue 65)."""
+    """``stop`` only: record in the current step's checkpoint, though it was saved, what was
+    resolved since (a stale group dropped after the last step; issue 65): ``Checkpointer.amend``."""
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -407,9 +407,13 @@ class TrainerDaemon:
         """*Collective.* Wait for the last sync (so the final checkpoint records its version), save, settle."""
         if self.ctx.is_rank0 and self.r0.sync is not None and not self.r0.sync.wait(self._sync_wait_s(), self._stop_cutoff):
             log.error("exiting with a weight sync still running; the engines may be left paused or half-updated")
-        if self.step != self._last_saved or self._save_again:
+        amend = self.step == self._last_saved and self._save_again  # resolved after the step's checkpoint
+        if self.step != self._last_saved:
             self._save()
         done = self.ckpt.wait()
+        if self.ctx.is_rank0 and amend:  # the step's checkpoint amended (its weights unchanged), after its save ended
+            self.ckpt.amend(self.step, *self.r0.snapshot(self.step))
+            done = self.step
         if done is not None and self.ctx.is_rank0:
             self.r0.checkpointed(done, self.ckpt.oldest_kept_cursor(), purge=self.stop_deadline is None)
         if self.ctx.is_rank0 and self._finished:
@@ -417,6 +421,7 @@ class TrainerDaemon:
             problem = self.r0.audit_the_end()
             if problem and self._finished == "data_ended":  # the rollout said everything is published: all must be resolved
                 log.error("the run ended at step %d with the stream not accounted for: %s", self.step, problem)
+                write_finished(self.cfg.run_dir / "checkpoints", self.step, self._finished, problem)
                 self.exit_code = 1
             elif problem:  # its total steps reached: what the rollout published beyond them is not trained, by design
                 log.warning("the trainer reached its total steps (%d) with the stream not accounted for: %s", self.step, problem)

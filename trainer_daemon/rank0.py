@@ -24,7 +24,14 @@ from trainer_daemon.consume.exclusion import excluder
 from trainer_daemon.io_loop import IoLoop
 from trainer_daemon.observe.metrics import MetricsHub
 from trainer_daemon.observe.tracking import build_tracking_sinks
-from trainer_daemon.state.ledger import JOURNAL, LEDGER_DIR, Ledger, clear_finished, lost_steps
+from trainer_daemon.state.ledger import (
+    JOURNAL,
+    LEDGER_DIR,
+    Ledger,
+    clear_finished,
+    lost_steps,
+    read_finished,
+)
 from trainer_daemon.state.lineage import Lineage
 from trainer_daemon.sync import SyncController, build_publisher
 
@@ -36,6 +43,10 @@ AUDIT_S = 300.0  # the end's audit reads every message still stored, one request
 IO_TIMEOUT_S = 60.0  # slack on top of an I/O call's own wait: acks, purges, a JetStream API round trip
 CONNECT_TIMEOUT_S = 60.0  # NATS port poll (10 s) + connect + stream setup on a busy machine
 NATS_CLOSE_TIMEOUT_S = 10.0
+
+
+class RunEndedUnaccounted(RuntimeError):
+    """The checkpoint to resume is a finished run's whose end audit failed (ledger.py, "Finished")."""
 
 
 class Rank0Services:
@@ -57,11 +68,22 @@ class Rank0Services:
         if trainer_state.get("consumption"):
             state.load_state_dict(trainer_state["consumption"])
         ckpts = Path(cfg.run_dir) / "checkpoints"
+        marked = read_finished(ckpts)
+        if marked and marked.get("problem") and trainer_state and int(marked["step"]) == int(trainer_state.get("step", -1)):
+            raise RunEndedUnaccounted(f"the run ended at step {marked['step']} with the stream not accounted for: "
+                                      f"{marked['problem']} (remove {ckpts / LEDGER_DIR / 'finished.json'} to start "
+                                      "a trainer on it anyway)")
         clear_finished(ckpts)  # this trainer continues the run: it is not finished (ledger.py, "Finished")
         self.periodic_checkpoints = cfg.trainer.checkpoint.save_freq > 0
-        journal = ckpts / LEDGER_DIR / JOURNAL if self.periodic_checkpoints else None  # without checkpoints nothing is "lost"
+        journal = ckpts / LEDGER_DIR / JOURNAL  # also without checkpoints: `asyncrl audit` of a live run accounts by it
         ledger = Ledger(parent=trainer_state.get("step") if trainer_state else None, journal=journal, root=ckpts)
-        lost = lost_steps(ckpts, int(trainer_state.get("step", 0)) if trainer_state else 0)
+        lost = lost_steps(ckpts, int(trainer_state.get("step", 0)) if trainer_state else 0) if self.periodic_checkpoints else []
+        if not self.periodic_checkpoints and not trainer_state and journal.is_file():
+            # without checkpoints the stream is purged at each commit: an earlier trainer's steps, and their data, are gone
+            gone = [e["step"] for e in lost_steps(ckpts, 0)]
+            log.warning("steps %s were trained by an earlier trainer of this run and lost with it (trainer.checkpoint."
+                        "save_freq = 0: no checkpoint, their messages purged at each commit)", gone)
+            journal.unlink()
         if lost:
             log.warning("steps %s were trained after the restored checkpoint and lost with a crash (%d trajectories); "
                         "recorded in the ledger, their data is trained again", [e["step"] for e in lost],

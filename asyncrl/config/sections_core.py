@@ -152,14 +152,20 @@ class RolloutConfig(Section):
     """Address the rollout service binds to."""
     port: int | None = Field(None, ge=0, le=65535)
     """Port of the rollout service. Unset (None): 8000 when the service is started alone
-    (``asyncrl rollout``); ``asyncrl up`` and ``asyncrl slurm`` draw a free one, so two runs on
-    one machine never meet. 0: a free one. A port named is kept."""
+    (``asyncrl rollout``); ``asyncrl up`` draws a free one, so two runs on one machine never
+    meet, and keeps a port named; ``asyncrl slurm`` draws every port of its job. 0: a free one."""
 
     @property
     def listen_port(self) -> int:
         """The port the service binds: ``port``, or 8000 when unset (a service started alone)."""
         return STANDALONE_ROLLOUT_PORT if self.port is None else self.port
 
+    quota_starvation_s: float = Field(30.0, gt=0.0, le=3600.0)
+    """A trainer that holds less than a step while nothing is in flight or undelivered and the
+    staleness quota is used up (it dropped samples as too stale: no version can come before new
+    samples) for this long gets the samples it is short of credited to the quota. Far longer
+    than a sync takes to pause the rollout after the trainer's last step of a version, when the
+    same state lasts a moment in every run (issue 65)."""
     outbox_max_items: int = Field(10_000, ge=1)
     """Finished trajectories held on disk while NATS is unreachable; past it admission stops."""
     outbox_keep_acked_s: float = Field(150.0, ge=0.0)

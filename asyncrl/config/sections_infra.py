@@ -218,7 +218,8 @@ class TrainerConfig(Section):
     """Checkpointing."""
     metrics_port: int | None = Field(None, ge=0, le=65535)
     """Prometheus port of trainer rank 0. Unset (None): 9400 when the trainer is started alone
-    (``asyncrl trainer``); ``asyncrl up`` and ``asyncrl slurm`` draw a free one. 0: a free one."""
+    (``asyncrl trainer``); ``asyncrl up`` draws a free one (a port named is kept); ``asyncrl
+    slurm`` draws every port of its job. 0: a free one."""
 
     @property
     def metrics_listen_port(self) -> int:
@@ -299,7 +300,8 @@ class SyncConfig(Section):
     """Address the sync agent binds to."""
     port: int | None = Field(None, ge=0, le=65535)
     """Port of the sync agent. Unset (None): 8100 when the agent is started alone
-    (``asyncrl sync-agent``); ``asyncrl up`` and ``asyncrl slurm`` draw a free one. 0: a free one."""
+    (``asyncrl sync-agent``); ``asyncrl up`` draws a free one (a port named is kept); ``asyncrl
+    slurm`` draws every port of its job. 0: a free one."""
 
     @property
     def listen_port(self) -> int:
@@ -352,7 +354,8 @@ class SyncConfig(Section):
     group_init_timeout_s: float = Field(120.0, gt=0.0)
     """Limit of forming the weight-update group with the engines."""
     rollout_url: str | None = None
-    """Admin URL of the rollout service the agent pauses and resumes. None: http://rollout.host:rollout.port."""
+    """Admin URL of the rollout service the agent pauses and resumes. None: http://rollout.host:port,
+    the port ``rollout.port`` or, unset, 8000 (``RolloutConfig.listen_port``)."""
     reload_path: str | None = None
     """Hugging Face directory engines reload from after a failed update (None: the trainer's newest
     export named in the sync request, if any; otherwise the engine waits for the next full push)."""

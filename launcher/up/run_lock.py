@@ -38,8 +38,8 @@ def hold_run_dir(run_dir: Path) -> IO[str]:
         handle.seek(0)
         holder = handle.read().strip() or "?"
         handle.close()
-        raise RunDirInUse(f"run directory {run_dir} is in use by another asyncrl up (pid {holder}): stop that run, "
-                          f"or give this one a directory of its own (run.dir=<path>)") from None
+        raise RunDirInUse(f"run directory {run_dir} is in use by another asyncrl up or demo-stack (pid {holder}): stop "
+                          f"that run, or give this one a directory of its own (run.dir=<path>)") from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")

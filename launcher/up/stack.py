@@ -3,8 +3,9 @@
 ``Stack.start`` brings up, in order, each one ready before the next: the embedded NATS
 (unless ``nats.url``), the local engines (unless ``engines.urls``), the rollout service, the
 sync agent and the trainer (torchrun). A port the config names is kept; every unset one
-(``rollout.port``, ``sync.port``, ``trainer.metrics_port``, the engines') is a free loopback
-port drawn at start; tokens are generated when the config has none. The resolved config (ports, URLs, tokens) is written to
+(``rollout.port``, ``sync.port``, ``trainer.metrics_port``, ``nats.embedded_port``, the
+engines') is a free loopback port, all drawn at start in one draw; tokens are generated when
+the config has none. The resolved config (ports, URLs, tokens) is written to
 ``<run dir>/config.yaml`` (mode 600: it holds the tokens) and every child reads it, so
 every process agrees on one document; ``<run dir>/run.env`` (mode 600) has the URLs and tokens
 as shell variables for the user's ``curl``. Logs go to ``<run dir>/logs/<child>.log``.
@@ -37,7 +38,8 @@ SERVICE_READY_S = 120.0  # rollout service: tokenizer, dataset, NATS stream; syn
 
 
 class PortInUse(RuntimeError):
-    """A port the config names is taken on this machine (the message names the key and the fix)."""
+    """A port the config names is taken on this machine, or cannot be bound there (the message
+    names the key and the fix)."""
 
 
 def refuse_taken_ports(cfg: RunConfig) -> None:
@@ -47,8 +49,21 @@ def refuse_taken_ports(cfg: RunConfig) -> None:
              ("trainer.metrics_port", cfg.trainer.metrics_host, cfg.trainer.metrics_port)]
     if not cfg.nats.url:
         named.append(("nats.embedded_port", cfg.nats.embedded_host, cfg.nats.embedded_port))
+    given = [(key, port) for key, _, port in named if port]
+    for i, (key, port) in enumerate(given):
+        twin = next((k for k, p in given[:i] if p == port), None)
+        if twin is not None:
+            raise PortInUse(f"{key}={port} is also {twin}: two services cannot listen on one port; name another, "
+                            f"or leave {key} unset and asyncrl up draws one")
     for key, host, port in named:
-        if port and port_taken(host, port):
+        if not port:
+            continue
+        try:
+            taken = port_taken(host, port)
+        except OSError as exc:
+            raise PortInUse(f"{key}={port} cannot be bound on {host}: {exc.strerror or exc}: name another port or host, "
+                            f"or leave {key} unset and asyncrl up draws one") from None
+        if taken:
             raise PortInUse(f"{key}={port} is in use on {host} (another process listens there): name a free port, "
                             f"or leave {key} unset and asyncrl up draws one")
 
@@ -92,10 +107,14 @@ class Stack:
         # a port the user named is kept; every other one is drawn free, all in one draw so no two
         # services get the same one (and two runs on one machine never share a fixed default)
         named = {"rollout": cfg.rollout.port, "sync": cfg.sync.port, "metrics": cfg.trainer.metrics_port}
+        if not cfg.nats.url:
+            named["nats"] = cfg.nats.embedded_port
         refuse_taken_ports(cfg)
         engines = cfg.engines.num_local if starts_engines else 0
         spare = iter(distinct_free_ports(sum(1 for p in named.values() if not p) + engines))
         ports = {name: port or next(spare) for name, port in named.items()}
+        if "nats" in ports:
+            doc["nats"]["embedded_port"] = ports["nats"]
         doc["rollout"]["port"] = ports["rollout"]
         doc["sync"]["port"] = ports["sync"]
         doc["sync"]["url"] = f"http://127.0.0.1:{ports['sync']}"

@@ -78,4 +78,5 @@ def verl_metrics(r: RunnerSnapshot) -> dict[str, float]:
         "rollout/stale_cancelled_tokens": r.counters.stale_cancelled_tokens,
         "rollout/stale_token_share": r.counters.stale_cancelled_tokens / r.tokens.decoded if r.tokens.decoded else 0.0,
         "rollout/cancelled_samples": r.counters.cancelled_samples,
+        "rollout/quota_credited_samples": r.counters.quota_credits,
     }

@@ -39,6 +39,8 @@ class RunnerCounters:
     """Response tokens of trajectories cancelled for staleness (decoded, never trained)."""
     cancelled_samples: int = 0
     """Samples whose every trajectory was cancelled for staleness (their quota place given back)."""
+    quota_credits: int = 0
+    """Samples credited to the quota for a trainer that starved (``StarvationWatch``, issue 65)."""
     last_per_request_pause_s: float = 0.0
     """How long the last per-request pause took to decide and abort."""
 

@@ -64,18 +64,11 @@ class StalenessQuota:
         if self.max_required_samples < 1 or self.max_queue_size < 1:
             raise ValueError("max_required_samples and max_queue_size must be >= 1")
 
-    def blocked_reason(self, queued_samples: int, trainer_starving: bool = False) -> str | None:
-        """Why no new sample may start now, or None when one may.
-
-        ``trainer_starving``: nothing is in flight or queued and the trainer holds less than a
-        step, so no new version can come before new samples do: the counter then carries samples
-        the trainer dropped as too stale (or a group it released incomplete), and holding the
-        quota shut would wait for a version that never comes (issue 65: a trainer restarted
-        behind the rollout dropped a whole step's groups, and the run stalled for good). One
-        sample at a time is let through then, generated at the trainer's current version."""
+    def blocked_reason(self, queued_samples: int) -> str | None:
+        """Why no new sample may start now, or None when one may."""
         if queued_samples >= self.max_queue_size:
             return f"queue full: {queued_samples} unconsumed samples >= max_queue_size {self.max_queue_size}"
-        if self.staleness_samples >= self.max_required_samples and not trainer_starving:
+        if self.staleness_samples >= self.max_required_samples:
             return (f"staleness quota used: staleness_samples {self.staleness_samples} >= "
                     f"max_required_samples {self.max_required_samples}")
         return None
@@ -87,6 +80,11 @@ class StalenessQuota:
         """A new sample was admitted (call only after ``can_start`` said yes)."""
         self.staleness_samples += 1
         self.started_this_version += 1
+
+    def credit(self, samples: int) -> None:
+        """``samples`` started samples will never be trained (the trainer dropped them as too
+        stale: :class:`StarvationWatch`): they no longer count against the quota."""
+        self.staleness_samples = max(0, self.staleness_samples - samples)
 
     def on_cancelled(self) -> None:
         """A started sample was cancelled whole for staleness (never trained): it no longer
@@ -110,7 +108,7 @@ class StalenessQuota:
         self.carried_over_at_reset = self.staleness_samples
         self.started_this_version = 0
 
-    def snapshot(self, queued_samples: int, trainer_starving: bool = False) -> QuotaSnapshot:
+    def snapshot(self, queued_samples: int) -> QuotaSnapshot:
         return QuotaSnapshot(
             version=self.version,
             max_required_samples=self.max_required_samples,
@@ -119,7 +117,7 @@ class StalenessQuota:
             started_this_version=self.started_this_version,
             carried_over_at_reset=self.carried_over_at_reset,
             remaining=max(0, self.max_required_samples - self.staleness_samples),
-            blocked_reason=self.blocked_reason(queued_samples, trainer_starving),
+            blocked_reason=self.blocked_reason(queued_samples),
         )
 
     def state_dict(self) -> dict:
@@ -128,3 +126,34 @@ class StalenessQuota:
     def load_state_dict(self, state: dict) -> None:
         for key in ("version", "staleness_samples", "started_this_version", "carried_over_at_reset"):
             setattr(self, key, int(state[key]))
+
+
+@dataclass
+class StarvationWatch:
+    """The one way out of a quota no version will reset (issue 65).
+
+    The quota resets at each weight version. A trainer that drops whole groups as too stale (a
+    trainer restarted behind the rollout finds groups generated on its lost steps' weights) trains
+    nothing with them, so it may hold less than a step with nothing in flight or undelivered and
+    the quota used up: no version comes before new samples, no sample starts before a version.
+    The same state lasts a moment in every run between the trainer's last commit of a version and
+    the sync's pause (with ``staleness_threshold = 0`` always), so it is acted on only when it has
+    lasted ``grace_s`` (far longer than a sync's pause takes to arrive): the samples the trainer is
+    short of a step are credited to the quota (:meth:`StalenessQuota.credit`), generated at its
+    current version. ``observe`` is called at each admission pass with the state and the clock."""
+
+    grace_s: float
+    since: float | None = None
+
+    def observe(self, starving: bool, now: float) -> bool:
+        """True once ``starving`` has held for ``grace_s`` (then the watch starts again)."""
+        if not starving:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = now
+            return False
+        if now - self.since < self.grace_s:
+            return False
+        self.since = None
+        return True

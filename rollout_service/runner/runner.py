@@ -55,7 +55,7 @@ from rollout_service.runner.accounting import RunnerCounters, TokenAccounting, V
 from rollout_service.runner.finish import to_trajectory
 from rollout_service.runner.inflight import InFlightCalls
 from rollout_service.runner.per_request import pause_per_request
-from rollout_service.runner.quota import QueueDepth, StalenessQuota
+from rollout_service.runner.quota import QueueDepth, StalenessQuota, StarvationWatch
 from rollout_service.runner.restore import restore, runner_document
 from rollout_service.runner.snapshot import PromptProgress, RunnerSnapshot, TokenCounts
 from rollout_service.runner.validation import ValidationSchedule, Validator
@@ -89,6 +89,8 @@ class RunnerSettings:
     """``derived.samples_per_sync``: samples the trainer consumes between two syncs."""
     required_samples: int = 1
     """``derived.required_samples``: samples one trainer step takes."""
+    quota_starvation_s: float = 30.0
+    """``rollout.quota_starvation_s`` (:class:`~rollout_service.runner.quota.StarvationWatch`)."""
     project_versions: bool = True
     """``sync.per_request.project_versions``: judge staleness at the version a call's trajectory
     is expected to be trained at, not only the sync's."""
@@ -103,7 +105,8 @@ class RunnerSettings:
                    max_required_samples=d.max_required_samples, max_queue_size=d.max_queue_size, test_freq=r.test_freq,
                    val_before_train=r.val_before_train, publish_unit=r.publish_unit,
                    request_rule=RequestRule.from_config(cfg), project_versions=cfg.sync.per_request.project_versions,
-                   samples_per_sync=d.samples_per_sync, required_samples=d.required_samples)
+                   samples_per_sync=d.samples_per_sync, required_samples=d.required_samples,
+                   quota_starvation_s=cfg.rollout.quota_starvation_s)
 
 
 class PauseTimeout(RuntimeError):
@@ -125,6 +128,7 @@ class Runner:
         self.n = settings.n
         self.max_concurrent = settings.max_concurrent_samples
         self.quota = StalenessQuota(settings.max_required_samples, settings.max_queue_size)
+        self.starvation = StarvationWatch(settings.quota_starvation_s)
         self.stream, self.outbox, self.publisher = stream, outbox, publisher
         self.agent_store, self.state_store = agent_store, state_store
         self.queue_probe, self.abort_engines, self.rid_prefix = queue_probe, abort_engines, rid_prefix
@@ -230,10 +234,24 @@ class Runner:
 
     @property
     def trainer_starving(self) -> bool:
-        """Nothing in flight or queued, and the trainer holds less than a step: it can train
-        again only on new samples (``StalenessQuota.blocked_reason``)."""
-        return self.in_flight_samples == 0 and self.queued_samples == 0 and \
+        """Nothing in flight or queued, the quota used up, and the trainer holds less than a
+        step: unless a sync is on its way, it can train again only on new samples
+        (:class:`~rollout_service.runner.quota.StarvationWatch`)."""
+        return self.in_flight_samples == 0 and self.queued_samples == 0 and not self.paused and \
+            self.quota.staleness_samples >= self.quota.max_required_samples and \
             self.trainer_held < self.settings.required_samples * self.n
+
+    def _relieve_starvation(self) -> None:
+        """Credit the quota with the samples the trainer is short of a step once it has starved
+        for ``rollout.quota_starvation_s`` (:class:`StarvationWatch`)."""
+        if not self.starvation.observe(self.trainer_starving, time.monotonic()):
+            return
+        short = self.settings.required_samples - self.trainer_held // self.n
+        log.warning("the trainer has held less than a step (%d trajectories) for %.0f s with nothing in flight or queued "
+                    "and the staleness quota used up: it dropped samples as too stale; crediting %d sample(s) to the quota",
+                    self.trainer_held, self.starvation.grace_s, short)
+        self.quota.credit(short)
+        self.counters.quota_credits += short
 
     # -- admission ------------------------------------------------------------------------
     def admission_blocker(self, external: bool = False) -> str | None:
@@ -246,7 +264,7 @@ class Runner:
         if external:
             if not self.outbox.has_room():
                 return f"outbox full ({len(self.outbox)} trajectories waiting for NATS)"
-            return self.quota.blocked_reason(self.queued_samples, self.trainer_starving)
+            return self.quota.blocked_reason(self.queued_samples)
         if self.stream.exhausted:
             return "prompt stream exhausted"
         if not self.outbox.has_room():
@@ -254,7 +272,7 @@ class Runner:
         busy = self.active_trajectories - self.parked_trajectories
         if busy and busy + self.n > self.max_concurrent:
             return f"max_concurrent_samples reached ({busy} in flight, {self.parked_trajectories} parked on environments)"
-        return self.quota.blocked_reason(self.queued_samples, self.trainer_starving)
+        return self.quota.blocked_reason(self.queued_samples)
 
     async def _admission_loop(self) -> None:
         last_flush = time.monotonic()
@@ -266,6 +284,7 @@ class Runner:
                 self.queued_trajectories, self.trainer_held = await self.queue_probe()
             except Exception as exc:  # noqa: BLE001 - NATS down: keep the last known depth
                 log.debug("queue probe failed: %s", exc)
+            self._relieve_starvation()
             while self.admission_blocker() is None:
                 await self._admit_sample()
             self.clock.set_idle(self.calls.count == 0 and not self.tasks)
@@ -486,7 +505,7 @@ class Runner:
             admission_blocked=self.admission_blocker(), active=self.active_trajectories, parked=self.parked_trajectories,
             generating=self.calls.count, partial=partial, in_flight_samples=self.in_flight_samples, queued_samples=queued,
             queued_trajectories=self.queued_trajectories, max_concurrent_samples=self.max_concurrent,
-            quota=self.quota.snapshot(queued, self.trainer_starving), outbox=len(self.outbox), outbox_rejected=self.outbox.rejected_count(),
+            quota=self.quota.snapshot(queued), outbox=len(self.outbox), outbox_rejected=self.outbox.rejected_count(),
             prompts=PromptProgress(self.stream.produced, self.stream.total, self.stream.epoch),
             tokens=TokenCounts(self.tokens.decoded, self.tokens.kept, self.tokens.wasted),
             idle_ratio=self.clock.last_idle_ratio, idle_ratio_current=self.clock.current_idle_ratio(),

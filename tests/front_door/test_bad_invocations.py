@@ -44,6 +44,14 @@ def test_a_port_already_taken_names_the_key_and_the_fix(tmp_path):
     assert f"rollout.port={port} is in use on 127.0.0.1" in line and "leave rollout.port unset" in line, line
 
 
+def test_one_port_named_for_two_services(tmp_path):
+    from asyncrl.listen_ports import free_port
+
+    port = free_port()
+    line = one_line_refusal(*dev_up(tmp_path, f"rollout.port={port}", f"sync.port={port}"))
+    assert f"sync.port={port} is also rollout.port: two services cannot listen on one port" in line, line
+
+
 def test_a_config_file_that_does_not_exist(tmp_path):
     line = one_line_refusal(*dev_up(tmp_path, str(tmp_path / "my_run.toml")))
     assert f"config file {tmp_path / 'my_run.toml'} does not exist" in line, line

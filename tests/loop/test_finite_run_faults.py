@@ -228,7 +228,7 @@ async def trainer_between_checkpoints_rollout_ahead(run: FiniteRun) -> None:
 
     await wait_for(rollout_as_far_as_it_goes, REACH_S, "the rollout blocked by its quota, its queue or its data, nothing in flight",
                    procs=[run.child("rollout")])
-    assert run.step() == 7 and run.published() > 7 * PER_STEP  # the precondition: the rollout is ahead
+    assert run.step() == 7 and run.published() > 8 * PER_STEP  # the precondition: the rollout is ahead of the held step 8
     await kill_and_restart_trainer(run)
 
 
@@ -280,7 +280,7 @@ FAULTS = {
     "trainer-marker-unread": (trainer_after_the_marker_before_reading_it, ("async_training.staleness_threshold=100",)),
     "trainer-last-step-assembled": (trainer_while_the_last_step_is_assembled, ()),
     "trainer-last-sync": (trainer_during_the_last_sync, ()),
-    "trainer-between-checkpoints-rollout-ahead": (trainer_between_checkpoints_rollout_ahead, ()),
+    "trainer-between-checkpoints-rollout-ahead": (trainer_between_checkpoints_rollout_ahead, ("rollout.quota_starvation_s=5",)),
     "rollout-near-end": (rollout_near_the_end, ()),
     "nats-near-end": (nats_near_the_end, ()),
 }

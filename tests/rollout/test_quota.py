@@ -83,16 +83,25 @@ def test_state_round_trip():
     assert q2.snapshot(0) == q.snapshot(0)
 
 
-def test_a_starving_trainer_gets_new_samples_past_a_used_quota():
+def test_a_trainer_starving_past_the_grace_gets_its_shortfall_credited():
     """Issue 65: the trainer dropped a whole step's groups as too stale (restarted behind the
-    rollout): nothing in flight or queued, the trainer holding less than a step. No version can
-    come before new samples, so the quota lets samples through (the runner's
-    ``trainer_starving``), one at a time as each admission puts one in flight; a full queue
-    still blocks."""
+    rollout): nothing in flight or queued, the trainer holding less than a step, the quota used
+    up. A moment of that state is every run's (the sync's pause is on its way): only when it
+    lasts ``grace_s`` does the watch fire, and the credit reopens the quota; a full queue still
+    blocks."""
+    from rollout_service.runner.quota import StarvationWatch
+
     q = StalenessQuota(max_required_samples=2, max_queue_size=4)
     q.on_start()
     q.on_start()
     assert "staleness quota used" in q.blocked_reason(0)
-    assert q.blocked_reason(0, trainer_starving=True) is None
-    assert q.snapshot(0, trainer_starving=True).blocked_reason is None
-    assert "queue full" in q.blocked_reason(4, trainer_starving=True)
+    watch = StarvationWatch(grace_s=30.0)
+    assert not watch.observe(True, 100.0) and not watch.observe(True, 129.9)  # the sync's pause may still come
+    assert not watch.observe(False, 130.0)  # it came: the watch starts again
+    assert not watch.observe(True, 131.0) and watch.observe(True, 161.0)
+    assert not watch.observe(True, 162.0)  # fired once; it watches again from here
+    q.credit(2)
+    assert q.blocked_reason(0) is None and q.staleness_samples == 0
+    assert "queue full" in q.blocked_reason(4)
+    q.credit(5)
+    assert q.staleness_samples == 0  # never below zero

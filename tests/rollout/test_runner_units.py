@@ -290,11 +290,13 @@ async def test_the_queue_ahead_counts_whole_samples_only(tmp_path):
     assert runner.queue_versions() == 2
 
 
-def test_the_trainer_starves_only_with_nothing_in_flight_queued_or_a_step_held(tmp_path):
+def test_the_trainer_starves_only_with_the_quota_used_and_nothing_in_flight_queued_or_a_step_held(tmp_path):
     """``Runner.trainer_starving`` (issue 65): n = 2, a step of two samples (4 trajectories)."""
     runner = _runner(tmp_path, [], lambda: None)
     assert runner.settings.required_samples * runner.n == 4
-    assert runner.trainer_starving  # nothing anywhere
+    assert not runner.trainer_starving  # the quota has room: nothing to relieve
+    runner.quota.staleness_samples = runner.quota.max_required_samples
+    assert runner.trainer_starving  # nothing anywhere, the quota used up
     runner.trainer_held = 3  # less than a step held: it cannot train
     assert runner.trainer_starving
     runner.trainer_held = 4  # a step held: it trains, a version comes

@@ -108,7 +108,8 @@ def test_a_finish_with_messages_neither_trained_nor_dropped_exits_non_zero_namin
     trained or dropped. Here the checkpoint's consumption state claims the whole stream resolved
     (its cursor moved to the marker) while the ledger holds one group fewer: the state the
     end-of-data resync left behind before the fix. The restarted trainer finds the data ended,
-    and its end audit finds that group unconsumed: it exits 1 and names the ids."""
+    and its end audit finds that group unconsumed: it exits 1 and names the ids; started again,
+    it refuses at once (no restart loop under compose's ``restart: on-failure``)."""
     run_dir = tmp_path / "run"
     overrides, cfg = _config(run_dir, module_nats.url, "eod-unresolved")
     groups = [make_group(random.Random(6), f"g{i}", N) for i in range(3)]
@@ -131,3 +132,13 @@ def test_a_finish_with_messages_neither_trained_nor_dropped_exits_non_zero_namin
     assert all(t.id in log for t in groups[2]), "the unconsumed ids are named"
     audit = asyncio.run(audit_run(run_dir, module_nats.url, "eod-unresolved"))
     assert audit.finished == "data_ended" and audit.unconsumed_at_end == N and not audit.ok, audit
+    # started again (a restart policy), it refuses at once with the same finding instead of ending the run again
+    (run_dir / "logs" / "trainer.log").unlink()
+    proc = start_trainer(run_dir, overrides)
+    try:
+        assert wait_exit(proc, 240) == 1
+    finally:
+        proc.stop()
+    log = (run_dir / "logs" / "trainer.log").read_text()
+    assert "refusing to start: the run ended at step 1 with the stream not accounted for: 4 unconsumed" in log, log[-3000:]
+    assert "trainer ready" not in log and "weights version" not in log, "nothing trained or published"

@@ -190,6 +190,19 @@ class CheckpointManager:
             self._inflight = _InFlight(step, None, tmp, trainer_state, segment, label)
             self.wait()
 
+    def amend(self, step: int, consumption: dict[str, Any], segment: dict[str, Any]) -> None:
+        """Rank 0: record in complete checkpoint ``step`` what was resolved after it was taken (the
+        run's end: groups dropped between steps; issue 65). The weights are the checkpoint's, so
+        only the ledger segment and the consumption state change, each replaced atomically,
+        the segment first: a crash between the two leaves a cursor that the segment covers (the
+        drops are read and dropped again at a resume), never drops the segment lacks. Call it
+        after :meth:`wait` (no save in flight)."""
+        final = step_dir(self.root, step)
+        state = json.loads((final / STATE_FILE).read_text())
+        write_segment(self.root, segment)
+        atomic_write(final / STATE_FILE, json.dumps(state | {"consumption": consumption}))
+        log.info("checkpoint %s amended with what was resolved after it", final)
+
     def poll(self) -> int | None:
         """Rank 0, any time: finalise the in-flight async save if its writes are done; returns
         the finalised step. (The other ranks catch up in the next :meth:`wait`.)"""

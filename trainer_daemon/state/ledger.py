@@ -21,9 +21,10 @@ the dead-letter copies the trainer published). With the stream, this is what ``a
 RUN_DIR`` reconciles (``trainer_daemon/audit.py``).
 
 **Lost steps.** Each committed entry is also appended to ``<checkpoints>/ledger/journal.jsonl``
-(flushed and fsynced with the step), and the journal is cut back to the entries after a
+(flushed and fsynced with the step; with or without periodic checkpoints: ``asyncrl audit`` of a
+live run accounts by it for the messages purged since the last checkpoint), and the journal is cut back to the entries after a
 checkpoint once that checkpoint is complete (:meth:`Ledger.trim_journal`), so it holds at most
-the steps since the last complete checkpoint. A trainer restarted after a crash finds there the
+the steps since the last complete checkpoint. With periodic checkpoints, a trainer restarted after a crash finds there the
 steps trained after its checkpoint and lost with the crash (:func:`lost_steps`); the first
 entry of its new segment records them as ``{"lost_steps": [{"step", "version", "trained",
 "seqs"}], "between_steps": true}`` — off the lineage's count of trained trajectories (their
@@ -31,7 +32,10 @@ data is trained again), on the record for an audit.
 
 **Finished.** A trainer that ends its run (the data ended, or its total steps reached; not a
 signalled stop) writes ``<checkpoints>/ledger/finished.json`` = ``{"step", "reason"}`` once its
-final checkpoint is complete; a starting trainer removes it. The audit holds a finished run to
+final checkpoint is complete; a starting trainer removes it. A run whose data ended and whose
+end audit found messages unaccounted for adds ``"problem"``: a trainer started on that
+checkpoint then refuses (exit 1, the same message) instead of ending the run again, so a
+restart policy does not loop on it; remove the file to start it anyway. The audit holds a finished run to
 "nothing unconsumed at the end" (``trainer_daemon/audit.py``).
 """
 
@@ -185,13 +189,14 @@ def read_lineage(root: Path, step: int) -> list[dict[str, Any]]:
     return [e for entries in reversed(chain) for e in entries]
 
 
-def write_finished(root: Path, step: int, reason: str) -> None:
-    """Record that the run ended at checkpoint ``step`` for ``reason`` (module docstring)."""
+def write_finished(root: Path, step: int, reason: str, problem: str | None = None) -> None:
+    """Record that the run ended at checkpoint ``step`` for ``reason`` (module docstring);
+    ``problem``: what its end audit found unaccounted for (a trainer started on it refuses)."""
     if reason not in FINISH_REASONS:
         raise ValueError(f"unknown finish reason {reason!r}")
     path = Path(root) / LEDGER_DIR / FINISHED
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"step": step, "reason": reason}))
+    atomic_write(path, json.dumps({"step": step, "reason": reason} | ({"problem": problem} if problem else {})))
 
 
 def read_finished(root: Path) -> dict[str, Any] | None:
