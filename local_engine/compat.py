@@ -13,6 +13,10 @@ release that behaves the new way:
   empty queue, so a flush after a retract fails there.
 - ``dp_strict`` (0.5.22): weight-update routes assert ``dp_size == 1``; older releases also
   accept ``dp_size > 1`` with ``enable_dp_attention``. A failed assert is an HTTP 500.
+- ``lora_dp_attention`` (0.5.17 to 0.5.21): the LoRA routes (``/load_lora_adapter``,
+  ``/load_lora_adapter_from_tensors``, ``/unload_lora_adapter``) accept ``dp_size > 1`` with
+  ``enable_dp_attention``; 0.5.15-0.5.16 and 0.5.22+ assert ``dp_size == 1`` (an HTTP 500, after
+  the "LoRA is not enabled" check).
 - ``soft_flush_failure`` (0.5.22): an update with ``flush_cache: true`` while requests are
   running or queued answers failure ("Weights were updated, but the cache was not
   flushed ..."); older releases ``assert`` in the scheduler, which kills the engine.
@@ -70,6 +74,8 @@ class SglangCompat:
     """0.5.21+: ``/model_info``'s serving fields (module docstring)."""
     legacy_routes: bool = False
     """Up to 0.5.20: ``/get_load`` and ``/get_weight_version`` exist (module docstring)."""
+    lora_dp_attention: bool = False
+    """0.5.17-0.5.21: the LoRA routes accept ``dp_size > 1`` with ``enable_dp_attention`` (module docstring)."""
 
     @classmethod
     def of(cls, version: str) -> SglangCompat:
@@ -82,4 +88,5 @@ class SglangCompat:
                    flush_ignores_queue_when_paused=v >= (0, 5, 21), abort_once=v >= (0, 5, 20),
                    weight_version_spans=v >= (0, 5, 19), sampling_mask=v >= (0, 5, 16),
                    sampling_mask_cap=v >= (0, 5, 20), sampling_logprobs_mode=v >= (0, 5, 21),
-                   contract_gate=v >= (0, 5, 22), model_info_serving=v >= (0, 5, 21), legacy_routes=v <= (0, 5, 20))
+                   contract_gate=v >= (0, 5, 22), model_info_serving=v >= (0, 5, 21), legacy_routes=v <= (0, 5, 20),
+                   lora_dp_attention=(0, 5, 17) <= v <= (0, 5, 21))

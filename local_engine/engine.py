@@ -408,6 +408,16 @@ class Engine:
         if s.dp_size > 1 and (self.compat.dp_strict or not s.enable_dp_attention):
             raise Refused(f"AssertionError: data-parallel replicas are not supported for {route} (dp_size={s.dp_size})", status=500)
 
+    def check_lora_dp(self) -> None:
+        """SGLang asserts ``dp_size == 1`` on its LoRA routes (0.5.17-0.5.21: or dp attention):
+        an HTTP 500 (``SglangCompat.lora_dp_attention``). Checked after "LoRA is not enabled"."""
+        s = self.settings
+        if s.dp_size > 1 and not (self.compat.lora_dp_attention and s.enable_dp_attention):
+            why = ("dp_size must be 1 or dp attention must be enabled for dynamic lora loading" if self.compat.lora_dp_attention
+                   else "data-parallel replicas are not supported for dynamic lora loading" if self.compat.dp_strict
+                   else "dp_size must be 1 for dynamic lora loading")
+            raise Refused(f"AssertionError: {why}", status=500)
+
     def set_version(self, version: str) -> None:
         self.weights.version = version
         self.metrics.set_version(version)

@@ -203,18 +203,24 @@ def _answer(out: dict) -> JSONResp:
 @router.post("/load_lora_adapter")
 async def load_lora_adapter(request: Request, engine: EngineDep) -> Response:
     body = await parse_body(request, LoadLoraBody)
+    if engine.lora.enabled:
+        engine.check_lora_dp()
     return _answer(await engine.lora.load(body.lora_name, body.lora_path, body.pinned))
 
 
 @router.post("/unload_lora_adapter")
 async def unload_lora_adapter(request: Request, engine: EngineDep) -> Response:
     body = await parse_body(request, UnloadLoraBody)
+    if engine.lora.enabled:
+        engine.check_lora_dp()
     return _answer(await engine.lora.unload(body.lora_name))
 
 
 @router.post("/load_lora_adapter_from_tensors")
 async def load_lora_adapter_from_tensors(request: Request, engine: EngineDep) -> Response:
     body = await parse_body(request, LoadLoraTensorsBody, limit=MAX_ADAPTER_BODY_BYTES)
+    if engine.lora.enabled:
+        engine.check_lora_dp()  # before the tensors are decoded, as SGLang's tokenizer manager asserts first
     release = parse_version(engine.compat.version)
     named = release >= (0, 5, 17)
     tp = engine.settings.tp_size

@@ -216,14 +216,21 @@ class SyncCoordinator:
 
         async def one(url: str) -> list[str]:
             update = EngineUpdate([Member(url, self.client(url, url))], control_timeout_s=limit)
-            try:
-                layouts, _ = await update.read_layouts()
-                info = await update.members[0].client.server_info(timeout_s=limit) if self.settings.syncs_adapters else {}
-            except (LayoutError, EngineError) as exc:
-                log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
-                return []
-            found = policy_problems(self.plan, layouts) if spans else []
-            if self.settings.syncs_adapters:
+            found = []
+            if spans:
+                try:
+                    found += policy_problems(self.plan, (await update.read_layouts())[0])
+                except LayoutError as exc:  # a layout no weight group can update: refused now, not at every sync
+                    found.append(str(exc))
+                except EngineError as exc:
+                    log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
+                    return found
+            if self.settings.syncs_adapters:  # adapters travel without a weight group: the layout is not theirs to judge
+                try:
+                    info = await update.members[0].client.server_info(timeout_s=limit)
+                except EngineError as exc:
+                    log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
+                    return found
                 found += adapter_problems(self.settings.actor, info, f"engine {url}")
             return found
 

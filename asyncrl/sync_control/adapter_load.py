@@ -77,9 +77,16 @@ def pick_transport(info: dict, transport: Transport, spec: AdapterSpec) -> str:
     return choice
 
 
+LORA_DP_ATTENTION = ((0, 5, 17), (0, 5, 21))
+"""The sglang releases whose LoRA routes accept ``dp_size > 1`` with ``enable_dp_attention``;
+the others assert ``dp_size == 1`` (``tokenizer_control_mixin.py``, read from each wheel)."""
+
+
 def adapter_problems(actor, info: dict, where: str) -> list[str]:
     """Why an engine whose ``/server_info`` is ``info`` cannot serve the adapters of the run's
-    ``actor`` section (settings named: :func:`asyncrl.lora_targets.serving_problem`); empty when it can."""
+    ``actor`` section (settings named: :func:`asyncrl.lora_targets.serving_problem`; data-parallel
+    replicas where its release asserts one: :data:`LORA_DP_ATTENTION`); empty when it can. An
+    engine of an unknown release is not judged on its replicas."""
     on = bool(info.get("enable_lora"))
     if on and (info.get("max_lora_rank") is None or info.get("lora_target_modules") is None):
         return []  # inferred from --lora-paths inside SGLang, not reported: the first sync judges it
@@ -87,6 +94,16 @@ def adapter_problems(actor, info: dict, where: str) -> list[str]:
     found = serving_problem(a.lora_rank, a.target_modules, info.get("max_lora_rank") if on else None,
                             info.get("lora_target_modules") if on else None, where)
     out = [f"{found}; or set sync.lora_weights=merged"] if found else []
+    dp = info.get("dp_size")
+    if on and isinstance(dp, int) and dp > 1:
+        from asyncrl.sync_control.layout import parse_version
+
+        v = parse_version(str(info.get("version") or ""))
+        with_attention = v is not None and LORA_DP_ATTENTION[0] <= v <= LORA_DP_ATTENTION[1]
+        if v is not None and not (with_attention and info.get("enable_dp_attention")):
+            out.append(f"{where} runs --dp-size {dp}: sglang {info.get('version')} asserts dp_size == 1 when it loads an "
+                       f"adapter{' without --enable-dp-attention' if with_attention else ''} (an HTTP 500 at every "
+                       "adapter sync); run one engine per data-parallel replica, or set sync.lora_weights=merged")
     most, per_batch = info.get("max_loaded_loras"), info.get("max_loras_per_batch")
     least = max(2, per_batch if isinstance(per_batch, int) else 0)
     if on and isinstance(most, int) and most < least:

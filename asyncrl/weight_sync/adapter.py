@@ -2,10 +2,11 @@
 
 :func:`encode_adapter` gives the payload: base64 of a plain pickle of a dict name → contiguous
 CPU tensor (peft's saved names, ``base_model.model.<module>.lora_A.weight``). A plain pickle
-crosses hosts (unlike ``ForkingPickler``'s shared-memory handles); SGLang's ``SafeUnpickler``
-admits it from 0.5.21 on (docs/local_engine.md, "LoRA routes in SGLang"), so older releases
-get the adapter as a directory on shared storage instead (:func:`write_adapter_dir`, read by
-``/load_lora_adapter``). :func:`adapter_checksums` are SGLang's ``expected_checksums``
+crosses hosts (unlike ``ForkingPickler``'s shared-memory handles), and every supported release's
+``SafeUnpickler`` (0.5.15-0.5.23) admits it (docs/local_engine.md, "LoRA routes in SGLang";
+0.5.15-0.5.16 take one payload for every TP rank, 0.5.17+ one per rank). A directory on shared
+storage is the other transport (``sync.adapter_transport = path``: :func:`write_adapter_dir`,
+read by ``/load_lora_adapter``). :func:`adapter_checksums` are SGLang's ``expected_checksums``
 (0.5.16+): sha256 of each tensor's raw bytes, compared by the engine before it loads.
 """
 

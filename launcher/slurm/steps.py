@@ -92,6 +92,8 @@ def engine_command(cfg: RunConfig, python: str) -> tuple[list[str], dict[str, st
         command = [python, "-m", "sglang.launch_server", "--model-path", cfg.model.path, "--host", "0.0.0.0",
                    "--port", "{port}", "--tp-size", str(cfg.engines.gpus_per_engine), "--enable-metrics",
                    *cfg.slurm.sglang_args]
+        if cfg.actor.router_replay.mode == "R3" and "--enable-return-routed-experts" not in command:
+            command.append("--enable-return-routed-experts")  # R3 trains on the engines' routes (issue 66 N3)
         env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0")}
         opts = []
         for flag, var, value in (("api-key", ENGINE_KEY_ENV, secret(cfg.engines.api_key)),

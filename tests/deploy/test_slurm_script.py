@@ -146,3 +146,17 @@ def test_the_engine_key_reaches_sglang_in_a_private_config_file_not_the_command_
         load_config(None, ["engines.backend=sglang", "engines.api_key=another-key-0123456789"], environ={}), "python3")
     assert "another-key-0123456789" not in cmd and opts == ["--secret-config=api-key=ASYNCRL_ENGINE_API_KEY"]
     assert env["ASYNCRL_ENGINE_API_KEY"] == "another-key-0123456789" and cmd[:3] == ["python3", "-m", "sglang.launch_server"]
+
+
+def test_routing_replay_starts_sglang_with_its_routes_returned():
+    """Issue 66 N3: with ``actor.router_replay.mode = "R3"`` the job's SGLang engines must answer
+    routed experts (``--enable-return-routed-experts``; without it every call of the run is an
+    engine error); once, also when ``slurm.sglang_args`` names it; not without R3."""
+    r3 = ["engines.backend=sglang", "actor.router_replay.mode=R3"]
+    cmd, _, _ = engine_command(load_config(None, r3, environ={}), "python3")
+    assert cmd.count("--enable-return-routed-experts") == 1
+    cmd, _, _ = engine_command(load_config(None, [*r3, 'slurm.sglang_args=["--enable-return-routed-experts"]'], environ={}),
+                               "python3")
+    assert cmd.count("--enable-return-routed-experts") == 1
+    cmd, _, _ = engine_command(load_config(None, ["engines.backend=sglang"], environ={}), "python3")
+    assert "--enable-return-routed-experts" not in cmd

@@ -194,3 +194,43 @@ def test_an_adapter_name_that_could_be_a_path_is_refused(name):
     with pytest.raises(ValidationError, match="name"):
         SyncRequest(version=1, adapter=AdapterSpec(name=name, config={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]},
                                                    tensors="AAAA"))
+
+
+LORA_ENGINE = ("--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj", "v_proj")
+
+
+async def test_adapter_syncs_refuse_engines_whose_release_asserts_one_data_parallel_replica(tmp_path, nats_server):
+    """Issue 66 N6: SGLang's LoRA routes assert ``dp_size == 1`` (0.5.15-0.5.16 and 0.5.22+;
+    0.5.17-0.5.21 also accept dp attention), an HTTP 500 at every adapter sync. local_engine
+    answers as each release does, and the sync agent refuses such an engine at start, naming
+    the flag; the same replicas with dp attention on 0.5.21 are served."""
+    import httpx
+
+    from sync_agent.agent import PolicyRefused, SyncAgent
+
+    strict = start_engine(tmp_path, *ENGINE_ARGS, *LORA_ENGINE, "--dp-size", "2", "--sglang-compat", "0.5.23", name="dp-strict")
+    attention = start_engine(tmp_path, *ENGINE_ARGS, *LORA_ENGINE, "--dp-size", "2", "--enable-dp-attention",
+                             "--sglang-compat", "0.5.21", name="dp-attention")
+    try:
+        body = {"lora_name": "x", "lora_path": str(tmp_path / "nowhere")}
+        async with httpx.AsyncClient(timeout=30) as http:
+            answer = await http.post(f"{strict.url}/load_lora_adapter", json=body)
+            assert answer.status_code == 500 and "data-parallel replicas are not supported for dynamic lora loading" \
+                in answer.text, answer.text
+            answer = await http.post(f"{attention.url}/load_lora_adapter", json=body)
+            assert answer.status_code == 400, answer.text  # past the assert: the adapter directory is missing
+        agent = SyncAgent(config(tmp_path, nats_server.url, [strict.url], *LORA))
+        try:
+            with pytest.raises(PolicyRefused, match=r"runs --dp-size 2: sglang 0\.5\.23 asserts dp_size == 1 when it loads an "
+                                                     r"adapter \(an HTTP 500 at every adapter sync\)"):
+                await agent.start()
+        finally:
+            await agent.close()
+        fine = SyncAgent(config(tmp_path, nats_server.url, [attention.url], *LORA))
+        try:
+            assert await fine.coordinator.problems_at_start() == []
+        finally:
+            await fine.close()
+    finally:
+        strict.stop()
+        attention.stop()
