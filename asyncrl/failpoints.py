@@ -26,7 +26,9 @@ are while HTTP, aborts and pauses are still answered; a pause waits for the step
 in flight was judged and the cancelled ones marked, before the aborts);
 ``local_engine.lora_partial_load`` (local_engine emulating 0.5.21+, :func:`fires`: an adapter
 load fails as if one rank had failed after another loaded it, leaving the name "with an
-incomplete unload" until it is unloaded, as SGLang does).
+incomplete unload" until it is unloaded, as SGLang does); ``local_engine.weights_drift``
+(local_engine, :func:`fires`: each applied bucket's first parameter is nudged after the copy,
+so the engine silently holds weights its peers do not — what ``/weights_checker`` must catch).
 """
 
 from __future__ import annotations

@@ -15,7 +15,13 @@ Lock discipline (copied from SGLang's tokenizer manager, contract §1):
 - ``pause(in_place)``: close the gate and stop stepping after the current step; requests
   keep their rows and KV and go on after ``resume()``, with the new weights if an update
   happened meanwhile (recorded in ``weight_versions`` spans) on top of KV computed with the
-  old ones;
+  old ones. Unless ``--disable-overlap-schedule``, the token each request got from the last
+  step is still pending at the pause, as in SGLang's overlap scheduler (it processes a batch's
+  result after launching the next one, and an in_place pause leaves the last result queued):
+  at ``resume()`` it is stamped with the version then, so an update in between labels that
+  old-weight token with the new version (issue 66 N2; a request whose first token was pending
+  gets no old span at all). Not copied: a request that *finished* with that token answers
+  before the pause here, after the resume in SGLang;
 - ``pause(retract)``: the same, then every running request goes back to the queue with its
   KV freed; after ``resume()`` it is prefilled again (prompt + output so far) with the
   weights loaded then, and its ``num_retractions`` counts it;
@@ -53,6 +59,7 @@ from local_engine.flush import CacheFlush
 from local_engine.locks import PauseGate, RWLock
 from local_engine.lora import AdapterStore, LoraError, lora_path_spec, read_adapter_config
 from local_engine.metrics import EngineMetrics
+from local_engine.prefix_cache import PrefixCache
 from local_engine.protocol import (
     GenerateBody,
     SamplingParams,
@@ -111,7 +118,10 @@ class Engine:
             runner, StopChecker(tokenizer, self.eos_ids), lambda: self.weights.version,
             settings.max_batch_size, settings.seed, self.metrics.on_step,
             settings.sampling_mask_max_tokens if self.compat.sampling_mask_cap else None,
+            prefix_cache=None if settings.disable_radix_cache else PrefixCache(),
         )
+        self._pending: list[tuple[Req, int]] = []
+        """(request, output index) of the tokens an in_place pause left pending (module docstring)."""
         self.cache_flush = CacheFlush(self.can_flush, self.fully_idle, self.scheduler.drop_cached_prompts)
         self.lora = self._adapter_store(settings, runner)
         self.started_at = time.time()
@@ -213,13 +223,15 @@ class Engine:
             raise Refused(f"LoRA adapter '{body.lora_path}' was requested, but LoRA is not enabled. Please launch the server "
                           "with --enable-lora flag and preload adapters using --lora-paths or /load_lora_adapter endpoint.")
         self._check_release_fields(body)
-        return Req(
+        req = Req(
             rid=body.rid or uuid.uuid4().hex, prompt_ids=ids, params=params, return_logprob=body.return_logprob,
             logprob_start_len=body.logprob_start_len, top_logprobs_num=body.top_logprobs_num,
             return_text_in_logprobs=body.return_text_in_logprobs, stream=body.stream, lora_name=body.lora_path,
             return_sampling_mask=bool(body.return_sampling_mask), sampling_logprobs_mode=body.sampling_logprobs_mode or "selected",
             return_routed_experts=body.return_routed_experts, routed_experts_start_len=start,
         )
+        req.seed_sampling(self.settings.enable_deterministic_inference)
+        return req
 
     def fatal_if_sglang_would_die(self, why: str) -> None:
         """``--sglang-fatal-errors``: exit now, answering nothing, as SGLang's server does when
@@ -347,6 +359,9 @@ class Engine:
                 await self.scheduler.stop_stepping()
                 if mode == "retract":
                     self.scheduler.retract_all()
+                elif not self.settings.disable_overlap_schedule:
+                    self._pending = [(r, len(r.output_ids) - 1) for r in self.scheduler.last_step
+                                     if not r.finished and r.output_ids]
                 return
             deadline = time.monotonic() + self.settings.pause_drain_timeout_s
             while True:
@@ -363,6 +378,10 @@ class Engine:
         async with self.pause_cond:
             self.gate.open()
             self.metrics.paused.set(0)
+            for req, index in self._pending:  # SGLang processes the pending result now, under today's version
+                if not req.finished:
+                    req.relabel(index, self.weights.version)
+            self._pending = []
             self.scheduler.start_stepping()
 
     async def health_generate(self) -> bool:

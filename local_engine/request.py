@@ -38,6 +38,9 @@ from local_engine.protocol import SamplingParams
 from local_engine.routes import encode_routes
 from local_engine.sampler import RowSampling, SamplingMask
 
+DEFAULT_SAMPLING_SEED = 42
+"""SGLang's seed of a request without ``sampling_seed`` under deterministic inference."""
+
 
 @dataclass
 class Req:
@@ -69,6 +72,8 @@ class Req:
     """At a retract, the KV of its prompt as the radix cache keeps it (computed with the weights
     of that time); its re-prefill reuses it unless a cache flush dropped it first
     (:meth:`local_engine.scheduler.Scheduler.retract_all`)."""
+    kv_released: bool = False
+    """Its KV went to the prefix cache when an abort ended it running (:mod:`local_engine.prefix_cache`)."""
     cached_tokens: int = 0
     """Prompt tokens whose KV a prefill took from the cache instead of computing (``cached_tokens``)."""
     return_sampling_mask: bool = False
@@ -95,9 +100,13 @@ class Req:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     updated: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def __post_init__(self) -> None:
-        if self.params.sampling_seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.sampling_seed)
+    def seed_sampling(self, deterministic: bool) -> None:
+        """SGLang's rule: under ``--enable-deterministic-inference`` the request samples from its
+        own generator seeded with ``sampling_seed`` (42 when not given); otherwise the seed is
+        ignored and it shares the engine's generator."""
+        if deterministic:
+            seed = self.params.sampling_seed if self.params.sampling_seed is not None else DEFAULT_SAMPLING_SEED
+            self.generator = torch.Generator().manual_seed(seed)
 
     @property
     def finished(self) -> bool:
@@ -132,6 +141,20 @@ class Req:
             self.versions[-1][2] = n + 1
         else:
             self.versions.append([version, n, n + 1])
+
+    def relabel(self, index: int, version: str) -> None:
+        """Stamp output token ``index`` with ``version`` (the spans are rebuilt)."""
+        labels = [v for v, start, end in self.versions for _ in range(start, end)]
+        if not 0 <= index < len(labels) or labels[index] == version:
+            return
+        labels[index] = version
+        spans: list[list[Any]] = []
+        for i, v in enumerate(labels):
+            if spans and spans[-1][0] == v:
+                spans[-1][2] = i + 1
+            else:
+                spans.append([v, i, i + 1])
+        self.versions = spans
 
     def finish(self, reason: dict[str, Any]) -> None:
         if self.finish_reason is None:

@@ -90,6 +90,7 @@ async def get_server_info(engine: EngineDep) -> Response:
         "dp_size": engine.settings.dp_size,
         "pp_size": engine.settings.pp_size,
         "enable_dp_attention": engine.settings.enable_dp_attention,
+        "enable_hierarchical_cache": False,  # not emulated: the routes of a host-cached prefix (issue 66 N4)
         "weight_version": engine.weights.version,
         "enable_lora": engine.lora.enabled,
         "max_lora_rank": engine.lora.max_rank or None,

@@ -35,7 +35,8 @@ argument; :func:`resolve_device` turns ``--device`` into a ``torch.device`` and 
 (``--dtype bfloat16``) with transformers' default attention (SDPA); nothing is custom.
 
 Not covered: sliding-window or linear-attention layers (refused at start), paged
-attention, prefix reuse between different requests (only a row's own exported prefix),
+attention, prefix sharing inside one prefill batch (a prefix crosses requests only as an
+exported one: :mod:`local_engine.prefix_cache`),
 chunked prefill, CUDA graphs, more than one GPU
 (``cuda`` means the current CUDA device).
 """

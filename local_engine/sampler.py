@@ -11,8 +11,9 @@ Contract:
 - Sampling draws from ``softmax(logits / T)`` restricted by top_k, top_p and min_p by
   inverse CDF: one uniform per row, ``searchsorted`` in the cumulative sum, vectorised
   over rows (exponential/Gumbel noise over a 49k vocabulary cost ~50x more on CPU).
-  A request with ``sampling_seed`` draws its uniform from its own generator, so it is
-  reproducible whatever its batch neighbours do; others share the engine's generator.
+  A request seeded under ``--enable-deterministic-inference`` (``Req.seed_sampling``) draws
+  its uniform from its own generator, so it is reproducible whatever its batch neighbours do;
+  others share the engine's generator.
 - ``banned`` token ids (EOS and stop ids before min_new_tokens) are excluded from the
   choice only.
 - Sampling masks (SGLang 0.5.16+ ``return_sampling_mask``), for rows with ``sampling_mask``:

@@ -34,6 +34,16 @@ Control, all on the event loop:
   there the prompt's KV after a retract sync is the old weights'.
 - ``hold()``: an async context during which no compute runs (weight copies use it).
 
+Prefix cache (``prefix_cache``, :mod:`local_engine.prefix_cache`; None under
+``--disable-radix-cache``): a running request ended by an abort leaves its KV there, taken
+before its row is dropped, while no compute is in flight; a prefill of a request with no KV
+of its own takes the longest cached prefix of its context (``cached_tokens`` counts it). A
+flush empties it.
+
+Overlap (``last_step``): the requests that got a token from the most recent step, which
+SGLang's overlap scheduler would still hold as a pending result at an ``in_place`` pause
+(:meth:`local_engine.engine.Engine.pause`).
+
 A compute that raises ends the requests it involved with an abort carrying status 500
 and resets the batch; the loop keeps serving.
 """
@@ -50,6 +60,7 @@ from contextlib import asynccontextmanager
 import torch
 
 from asyncrl import failpoints
+from local_engine.prefix_cache import PrefixCache
 from local_engine.request import Req, StopChecker
 from local_engine.runner import ModelRunner
 from local_engine.sampler import RowSampling, SampleOutput, prompt_logprobs, sample
@@ -73,8 +84,12 @@ class Scheduler:
         seed: int = 0,
         on_step: Callable[[str, int, int], None] | None = None,
         sampling_mask_max_tokens: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.runner = runner
+        self.prefix_cache = prefix_cache
+        self.last_step: list[Req] = []
+        """Requests that got a token from the most recent step (module docstring, "Overlap")."""
         self.sampling_mask_max_tokens = sampling_mask_max_tokens
         """SGLang 0.5.20+ ``--sampling-mask-max-tokens``: a request whose sampling support is
         larger ends with an abort (400); None: no limit (0.5.19)."""
@@ -181,6 +196,7 @@ class Scheduler:
     def retract_all(self) -> int:
         """Free every running row (call while stopped); returns how many requests went back to the queue."""
         back = [(i, r) for i, r in enumerate(self.rows) if not r.finished]
+        self._checkpoint_aborted()
         for i, req in reversed(back):
             req.retractions += 1
             req.kept_prompt_kv = self.runner.export_prefix(i, len(req.prompt_ids))
@@ -194,10 +210,39 @@ class Scheduler:
         return len(back)
 
     def drop_cached_prompts(self) -> None:
-        """A cache flush: no queued request reuses the prompt KV kept at its retract."""
+        """A cache flush: no queued request reuses the prompt KV kept at its retract, and the
+        prefix cache is empty."""
         for req in self.waiting:
             req.kept_prompt_kv = None
             req.kept_prompt_routes = None
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def _checkpoint_aborted(self) -> None:
+        """Keep the KV of running requests an abort ended in the prefix cache, before their rows
+        go (called on the event loop between computes: the runner is idle)."""
+        if self.prefix_cache is None:
+            return
+        for i, req in enumerate(self.rows):
+            reason = req.finish_reason
+            if req.kv_released or reason is None or reason.get("type") != "abort" or reason.get("status_code"):
+                continue
+            req.kv_released = True
+            n = min(len(req.context_ids), len(req.prompt_ids) + len(req.output_ids) - 1)
+            kv = self.runner.export_prefix(i, n) if n > 0 else None
+            if kv is None:
+                continue
+            routes = torch.cat(req.route_rows)[:n] if req.route_rows else None
+            self.prefix_cache.insert((req.prompt_ids + req.output_ids)[:n], kv,
+                                     routes if routes is not None and len(routes) == n else None, req.lora_name)
+
+    def _take_cached_prefix(self, req: Req) -> None:
+        """A cache hit for a request prefilled without KV of its own."""
+        if self.prefix_cache is None or req.kept_prompt_kv is not None or req.wants_prompt_logits:
+            return
+        hit = self.prefix_cache.match(req.context_ids, req.lora_name, req.return_routed_experts)
+        if hit is not None:
+            req.kept_prompt_kv, req.kept_prompt_routes = hit.kv, hit.routes
 
     @asynccontextmanager
     async def hold(self) -> AsyncIterator[None]:
@@ -212,6 +257,7 @@ class Scheduler:
     # -- the loop ------------------------------------------------------------------------
     async def _loop(self) -> None:
         while True:
+            self._checkpoint_aborted()
             if not self.running and self.rows:
                 self.rows = []
                 self.runner.reset()
@@ -249,10 +295,13 @@ class Scheduler:
         await failpoints.hold_async("local_engine.step")  # tests: a generation held mid-way, deterministically
         if self.forward_sleep_s:  # SGLang's /slow_down: every forward waits this long first
             await asyncio.sleep(self.forward_sleep_s)
+        self._checkpoint_aborted()  # an abort may have come while the step waited above
         keep = [i for i, r in enumerate(self.rows) if not r.finished]
         live = [self.rows[i] for i in keep]
         admitted = self._admitting = [] if (live and self._prefilled_last) else self._admit(len(live))
         self._prefilled_last = bool(admitted)
+        for req in admitted:
+            self._take_cached_prefix(req)
         version = self.version_fn()
         eos = self.stops.eos_ids
         if admitted:
@@ -264,14 +313,15 @@ class Scheduler:
                     kept = [req.kept_prompt_routes] if req.kept_prompt_kv is not None and req.kept_prompt_routes is not None else []
                     req.route_rows = [*kept, routes[i]]
                     req.kept_prompt_routes = None
-                if req.kept_prompt_kv is not None:  # its prompt's KV came from the prefix cache
-                    req.cached_tokens += len(req.prompt_ids)
+                if req.kept_prompt_kv is not None:  # its first tokens' KV came from the prefix cache
+                    req.cached_tokens += int(req.kept_prompt_kv[0][0].shape[-2])
                     req.kept_prompt_kv = None
             self.rows = live + admitted
             for req, lps in zip(admitted, prompt_lps, strict=True):
                 if lps is not None:
                     req.input_logprobs = lps
             self._apply(admitted, out, version, skip_zero_budget=True)
+            self.last_step = admitted
             self.on_step("prefill", len(admitted), sum(len(r.context_ids) for r in admitted))
         else:
             rows = [r.row_sampling(eos) for r in live]
@@ -284,6 +334,7 @@ class Scheduler:
                     if req.return_routed_experts and not req.finished:  # one aborted while the step ran keeps its rows
                         req.route_rows.append(routes[i:i + 1])
             self._apply(live, out, version)
+            self.last_step = live
             self.last_decode_batch = len(live)
             self.max_decode_batch = max(self.max_decode_batch, len(live))
             self.on_step("decode", len(live), len(live))

@@ -218,7 +218,12 @@ class EngineSettings(LocalEngineSection):
         ``engines.local``, the ``model`` section's path, dtype, seed and ``max_model_len``, and
         ``run``'s log settings; with adapter syncs (``cfg.syncs_adapters``) LoRA on, at the
         actor's rank and targets; with router replay (``actor.router_replay.mode = "R3"``) the
-        routed experts returned. The engine keys are not given to it."""
+        routed experts returned; when the sync plan pauses engines ``in_place`` (``in_place``, or
+        per_request with in_place survivors) the radix cache and overlap scheduler off, as the
+        sync agent requires (``asyncrl.sync_control.pause_policy.IN_PLACE_FLAGS``). The engine
+        keys are not given to it."""
+        from asyncrl.sync_control.pause_policy import plan_for
+
         lora = {}
         if cfg.syncs_adapters:
             targets = cfg.actor.target_modules
@@ -229,6 +234,8 @@ class EngineSettings(LocalEngineSection):
             "dtype": cfg.model.dtype, "seed": cfg.model.seed, "max_model_len": cfg.model.max_model_len,
             "log_level": cfg.run.log_level.lower(), "log_json": cfg.run.log_json, **lora,
             "enable_return_routed_experts": cfg.actor.router_replay.mode == "R3",
+            **({"disable_radix_cache": True, "disable_overlap_schedule": True}
+               if plan_for(cfg.sync, cfg.async_training).engine_mode == "in_place" else {}),
         })
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from asyncrl import failpoints
 from asyncrl.engine_client.release import parse_version
 from asyncrl.models.checkpoint_layout import CheckpointLayout
 from asyncrl.sync_control.errors import WeightSyncError
@@ -283,6 +284,10 @@ class WeightManager:
                 self.layout.write(self.params, n, t)
             else:
                 self.params[n].copy_(t)
+        drifted = next((n for n in names if n in self.params), None)
+        if drifted is not None and failpoints.fires("local_engine.weights_drift"):  # tests: silently other weights
+            with torch.no_grad():
+                self.params[drifted].add_(1e-3)
 
 
 def _finite(t: torch.Tensor) -> bool:

@@ -46,6 +46,7 @@ from rollout_service.agent.routes import RouteShape
 from rollout_service.agent.tool_parser import PARSERS
 from rollout_service.api.limits import InflightLimit
 from rollout_service.engines import EnginePool
+from rollout_service.engines.fitness import EngineRequirements
 from rollout_service.openai.chat_cache import ChatCache
 from rollout_service.openai.handlers import served_model_name
 from rollout_service.openai.sessions import SessionManager
@@ -102,7 +103,7 @@ async def _assemble(cfg: RunConfig, url: str | None, opened: list) -> RolloutSer
     e = cfg.engines
     pool = EnginePool(api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key), request_timeout_s=e.request_timeout_s,
                       control_timeout_s=e.control_timeout_s, request_timeout_floor_s=e.request_timeout_floor_s,
-                      min_decode_tokens_per_s=e.min_decode_tokens_per_s, serving=serving)
+                      min_decode_tokens_per_s=e.min_decode_tokens_per_s, serving=serving, requirements=EngineRequirements.of(cfg.actor))
     opened.append(pool.close)
     for engine_url in e.urls:
         pool.add(engine_url)

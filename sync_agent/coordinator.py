@@ -42,7 +42,7 @@ from asyncrl.engine_client.errors import EngineError
 from asyncrl.sync_control.adapter_load import adapter_problems, stage_adapter, switch_adapter
 from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
 from asyncrl.sync_control.errors import WeightSyncError
-from asyncrl.sync_control.layout import LayoutError, check_nccl
+from asyncrl.sync_control.layout import LayoutError, check_nccl, moe_problems
 from asyncrl.sync_control.pause_policy import PausePlan, plan_for, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
 from asyncrl.wire.sync import AdapterSpec, EngineView, ReloadSpec, SyncRequest
@@ -197,6 +197,9 @@ class SyncCoordinator:
         problems = policy_problems(self.plan, layouts)
         if problems:
             raise SyncConflict(409, "pause_policy", "; ".join(problems))
+        problems = moe_problems(layouts, [n for bucket in request.buckets for n in bucket.names])
+        if problems:
+            raise SyncConflict(409, "layout", "; ".join(problems))
         return {m.id: m.rank_offset for m in update.members}, world
 
     async def problems_at_start(self) -> list[str]:

@@ -70,6 +70,21 @@ class LocalEngineSection(Section):
     """Reported in /server_info; weight-update groups refuse pp_size > 1."""
     enable_dp_attention: bool = False
     """Reported in /server_info (older SGLang accepts dp_size > 1 with it)."""
+    disable_radix_cache: bool = False
+    """SGLang's ``--disable-radix-cache``. Off (SGLang's default): a request that ends by an abort
+    while running leaves its KV in a prefix cache, and a later prefill whose context starts with
+    those tokens reuses that KV (``cached_tokens``) whatever the weights now, until a cache
+    flush (:mod:`local_engine.prefix_cache`). ``in_place`` syncs need it on."""
+    disable_overlap_schedule: bool = False
+    """SGLang's ``--disable-overlap-schedule``. Off (SGLang's default): the token of the step
+    before an ``in_place`` pause is still pending at the pause, so a weight update meanwhile
+    labels it with the new version (``weight_versions``), as SGLang's overlap scheduler does.
+    ``in_place`` syncs need it on."""
+    enable_deterministic_inference: bool = False
+    """SGLang's ``--enable-deterministic-inference``. Only with it does SGLang honour a request's
+    ``sampling_seed`` (an OpenAI ``seed``), and a request without one is then seeded with 42;
+    off (SGLang's default), ``sampling_seed`` is accepted and ignored. local_engine does the
+    same (its batches are batch-invariant either way)."""
     health_generation: bool = True
     """SGLang's ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``: ``/health`` behaves like
     ``/health_generate`` (waits behind a pause) unless false."""

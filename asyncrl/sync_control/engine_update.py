@@ -93,6 +93,8 @@ class Member:
     """Ranks it takes in the group (its TP size, from read_layouts)."""
     release: str | None = None
     """Its SGLang release (``/server_info``'s ``version``), once read (read_layouts, check_weights)."""
+    weights_kind: str | None = None
+    """What its weights checksum is comparable with (``EngineLayout.weights_kind``), once read."""
     sent: int = 0
     confirmed: int = 0
     paused: bool = False
@@ -179,7 +181,7 @@ class EngineUpdate:
         layouts = [EngineLayout.from_server_info(m.id, info) for m, info in zip(self.members, infos)]
         offsets, world = assign_ranks(layouts)
         for m, offset, layout in zip(self.members, offsets, layouts):
-            m.rank_offset, m.ranks, m.release = offset, layout.ranks, layout.version
+            m.rank_offset, m.ranks, m.release, m.weights_kind = offset, layout.ranks, layout.version, layout.weights_kind
         return layouts, world
 
     async def join(self, master_address: str, master_port: int, world_size: int, *, backend: str, timeout_s: float,
@@ -342,15 +344,16 @@ class EngineUpdate:
         checks: dict[str, WeightsCheck | None] = {}
 
         async def one(m: Member) -> None:
-            if m.release is None:  # an adapter sync reads no layouts
-                m.release = str((await m.client.server_info(timeout_s=self.control_timeout_s)).get("version"))
+            if m.weights_kind is None:  # an adapter sync reads no layouts
+                layout = EngineLayout.from_server_info(m.id, await m.client.server_info(timeout_s=self.control_timeout_s))
+                m.release, m.weights_kind = layout.version, layout.weights_kind
             checks[m.id] = await m.client.check_weights(timeout_s=self.control_timeout_s)
 
         failed = await self.each(one, 2 * self.control_timeout_s + REPLY_SLACK_S, members)
         if _errors(failed):
             log.warning("weights check failed (those engines are not compared): %s", _errors(failed))
         answered = {eid: c for eid, c in checks.items() if c is not None}
-        verdict = disagreeing(answered, {m.id: m.release for m in members})
+        verdict = disagreeing(answered, {m.id: m.weights_kind for m in members})
         if verdict.not_judged:
             log.info("weights check: not judged (nothing to compare with): %s",
                      "; ".join(f"{e}: {w}" for e, w in sorted(verdict.not_judged.items())))

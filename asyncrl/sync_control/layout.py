@@ -18,6 +18,7 @@ torch is known from its version (:data:`SGLANG_TORCH_PINS`). An engine that repo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,30 @@ class EngineLayout:
     version: str | None = None
     nccl_version: str | None = None
     """Reported by the engine (local_engine on CUDA); SGLang reports none."""
+    radix_cache: bool | None = None
+    """The engine caches prefixes across requests (``disable_radix_cache`` false); None: not reported."""
+    overlap_schedule: bool | None = None
+    """The engine runs SGLang's overlap scheduler (``disable_overlap_schedule`` false); None: not reported."""
+    ep_size: int = 1
+    dtype: str | None = None
+    quantization: str | None = None
+    draft_model: str | None = None
+    """``speculative_draft_model_path``: a draft model's weights are hashed with the target's."""
+
+    @property
+    def weights_kind(self) -> str:
+        """What makes two engines' ``/weights_checker`` checksums comparable (issue 66 N9): the
+        release, and whatever changes which tensors it hashes or how they are laid out or
+        stored (expert parallelism, dtype, quantization, a draft model). The TP layout is
+        compared separately (the number of ranks answering)."""
+        parts = [f"sglang {self.version}"]
+        if self.ep_size != 1:
+            parts.append(f"ep_size {self.ep_size}")
+        for name in ("dtype", "quantization", "draft_model"):
+            value = getattr(self, name)
+            if value not in (None, "auto"):
+                parts.append(f"{name} {value}")
+        return ", ".join(parts)
 
     @classmethod
     def from_server_info(cls, engine: str, info: dict[str, Any]) -> EngineLayout:
@@ -60,7 +85,12 @@ class EngineLayout:
         return cls(engine=engine, tp_size=size("tp_size"), dp_size=size("dp_size"), pp_size=size("pp_size"),
                    enable_dp_attention=bool(info.get("enable_dp_attention", False)),
                    version=None if info.get("version") is None else str(info["version"]),
-                   nccl_version=None if info.get("nccl_version") is None else str(info["nccl_version"]))
+                   nccl_version=None if info.get("nccl_version") is None else str(info["nccl_version"]),
+                   radix_cache=_on_unless(info, "disable_radix_cache"),
+                   overlap_schedule=_on_unless(info, "disable_overlap_schedule"),
+                   ep_size=info["ep_size"] if isinstance(info.get("ep_size"), int) and info["ep_size"] > 0 else 1,
+                   dtype=_text(info.get("dtype")), quantization=_text(info.get("quantization")),
+                   draft_model=_text(info.get("speculative_draft_model_path")))
 
     @property
     def ranks(self) -> int:
@@ -86,6 +116,41 @@ class EngineLayout:
         """The torch this engine's sglang release pins, when known."""
         v = parse_version(self.version)
         return SGLANG_TORCH_PINS.get(v) if v else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _on_unless(info: dict[str, Any], disable_key: str) -> bool | None:
+    """A feature SGLang runs unless ``--<disable_key>``: True/False from ``/server_info``, None
+    when the key is absent (not an SGLang-shaped engine: not judged)."""
+    value = info.get(disable_key)
+    return None if not isinstance(value, bool) else not value
+
+
+MOE_POSTPROCESS_FROM = (0, 5, 21)
+"""First sglang release whose weight-update session (``begin``/``end_weight_update``) runs the
+model's post-load processing after a distributed update (``postprocess_weights``: what MoE
+runners that repack their expert weights — flashinfer_trtllm's w13/w2 permutation, the CPU AMX
+packing — and quantized layers need); before it, updated expert weights are served unprocessed."""
+EXPERT_NAME = re.compile(r"\.experts\.")
+
+
+def moe_problems(layouts: Sequence[EngineLayout], names: Sequence[str]) -> list[str]:
+    """Why a full weight sync of these tensor ``names`` cannot run on these engines: expert
+    weights (a mixture-of-experts model) on a release before :data:`MOE_POSTPROCESS_FROM`
+    (issue 66 N5). Engines of an unknown release pass."""
+    if not any(EXPERT_NAME.search(n) for n in names):
+        return []
+    out = []
+    for layout in layouts:
+        v = parse_version(layout.version)
+        if v is not None and v < MOE_POSTPROCESS_FROM:
+            out.append(f"engine {layout.engine} runs sglang {layout.version}, which has no weight-update session: its "
+                       f"MoE runners would serve the updated expert weights without their post-load processing "
+                       f"(repacking); run sglang >= {'.'.join(map(str, MOE_POSTPROCESS_FROM))} for MoE weight syncs")
+    return out
 
 
 def assign_ranks(layouts: Sequence[EngineLayout]) -> tuple[list[int], int]:

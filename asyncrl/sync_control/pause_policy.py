@@ -87,19 +87,39 @@ over prompt KV the old weights computed, and their log-probs are not the new pol
 flush with the update safe: 0.5.19-0.5.20 assert on it and the server exits)."""
 
 
+IN_PLACE_FLAGS = {
+    "radix_cache": ("--disable-radix-cache", "its prefix cache keeps KV the old weights computed (nothing flushes it "
+                    "under in_place): a call resent after the sync, or a new one sharing its prompt, would be "
+                    "decoded over it and recorded as the new version's"),
+    "overlap_schedule": ("--disable-overlap-schedule", "its overlap scheduler still holds each request's last "
+                         "old-weight token at an in_place pause and labels it with the new version"),
+}
+"""The flags an engine needs for the ``in_place`` engine mode (``in_place``, and per_request with
+``in_place`` survivors), by :class:`~asyncrl.sync_control.layout.EngineLayout` field: SGLang's
+defaults mislabel tokens without them (issue 66 N1, N2; docs/deployment.md)."""
+
+
 def policy_problems(plan: PausePlan, layouts) -> list[str]:
     """Why ``plan`` cannot run on these engines (``EngineLayout`` s): ``retract`` and
     ``in_place`` keep requests across a sync, so their tokens carry two versions, which only
     the engines' ``weight_versions`` spans tell apart; before :data:`SPANS_FROM` the client
     would label old-weight tokens with the new version. ``retract`` also needs the flush of
     :data:`RETRACT_FLUSH_FROM` (issue 46 item 11: 0.5.19-0.5.20 would record tokens whose
-    log-probs mix old prompt KV with new weights as exact). Engines of an unknown release pass."""
+    log-probs mix old prompt KV with new weights as exact). ``in_place`` needs the engines'
+    radix cache and overlap scheduler off (:data:`IN_PLACE_FLAGS`). Engines of an unknown
+    release pass; an engine that does not report a feature is not judged on it."""
     if plan.engine_mode not in ("retract", "in_place"):
         return []
     from asyncrl.sync_control.layout import parse_version
 
     out = []
     for layout in layouts:
+        if plan.engine_mode == "in_place":
+            which = "per_request's in_place survivors" if plan.policy == "per_request" else "sync.pause_policy=in_place"
+            for feature, (flag, why) in IN_PLACE_FLAGS.items():
+                if getattr(layout, feature, None):
+                    out.append(f"engine {layout.engine} runs without {flag}: {why}; {which} needs it (add {flag} "
+                               f"to the engine's command line{', or use survivor_mode=retract' if plan.policy == 'per_request' else ''})")
         v = parse_version(layout.version)
         if v is not None and v < SPANS_FROM:
             out.append(f"engine {layout.engine} runs sglang {layout.version}, whose outputs carry no weight_versions spans "

@@ -53,16 +53,18 @@ class Verdict:
         return {**self.minority, **self.undecided}
 
 
-def disagreeing(checks: Mapping[str, WeightsCheck], releases: Mapping[str, str | None] | None = None) -> Verdict:
-    """Which members hold weights the other members of their (release, layout) group do not
-    (module docstring); the others agree or cannot be compared (``not_judged``). ``releases``:
-    member id → its SGLang release (``/server_info``'s ``version``; None when unknown, a group of
-    its own kind)."""
+def disagreeing(checks: Mapping[str, WeightsCheck], kinds: Mapping[str, str | None] | None = None) -> Verdict:
+    """Which members hold weights the other members of their (kind, layout) group do not
+    (module docstring); the others agree or cannot be compared (``not_judged``). ``kinds``:
+    member id → what its checksum is comparable with (``EngineLayout.weights_kind``: the
+    release, and expert parallelism, dtype, quantization, a draft model where set; None when
+    unknown, a group of its own)."""
     layouts: dict[tuple[str | None, int], dict[str, str]] = defaultdict(dict)
     for member, check in checks.items():
-        layouts[((releases or {}).get(member), check.ranks)][member] = check.checksum
+        layouts[((kinds or {}).get(member), check.ranks)][member] = check.checksum
     out = Verdict()
-    for (release, ranks), sums in layouts.items():
+    for (kind, ranks), sums in layouts.items():
+        release = str(kind).removeprefix("sglang ")  # "0.5.23" or "0.5.23, dtype bfloat16"
         if len(sums) < 2:
             out.not_judged.update({m: f"the only engine of sglang {release} with {ranks} rank(s)" for m in sums})
             continue

@@ -40,6 +40,9 @@ class EngineHandle:
     release: tuple[int, int, int] | None = None
     """The engine's SGLang release (``/server_info``'s ``version``), read at its first health
     check and again after it was unhealthy (a restart may change it); None until read."""
+    unfit: str | None = None
+    """Why the engine's launch flags cannot serve the run (:mod:`rollout_service.engines.fitness`),
+    read with its release; None: fit, or not read yet."""
     quarantined_current_s: float = 0.0
     """Seconds spent quarantined while holding the run's current weight version (capacity lost
     to a release that has not come yet), measured at each health check."""

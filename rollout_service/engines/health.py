@@ -11,6 +11,9 @@ answers again goes ``healthy`` and the pool is told (``on_recovered``: calls wai
 routable engine look again). Each check also reads the engine's weight version and, at its
 first check or after it was unhealthy, its SGLang release (``/server_info``: sampling masks).
 A quarantined engine is checked too but only a release puts it back (the pool's business).
+The same read judges the engine's launch flags against the run (``requirements``,
+:mod:`rollout_service.engines.fitness`): an unfit engine fails its checks with the reason, read
+again at each check until it is fit.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
 from asyncrl.sync_control.layout import parse_version
+from rollout_service.engines.fitness import EngineRequirements
 from rollout_service.engines.handle import EngineHandle
 from rollout_service.serving import ServingState
 
@@ -37,8 +41,10 @@ class HealthChecker:
     """Checks the pool's ``engines`` (the pool's own dict, read at each check) against what the
     rollout serves (``serving``); ``on_recovered`` is called when an engine is healthy again."""
 
-    def __init__(self, engines: dict[str, EngineHandle], serving: ServingState, on_recovered: Callable[[], None]) -> None:
+    def __init__(self, engines: dict[str, EngineHandle], serving: ServingState, on_recovered: Callable[[], None],
+                 requirements: EngineRequirements | None = None) -> None:
         self.engines, self.serving, self.on_recovered = engines, serving, on_recovered
+        self.requirements = requirements or EngineRequirements()
 
     async def check_once(self) -> None:
         """Check every engine once (concurrently)."""
@@ -81,7 +87,9 @@ class HealthChecker:
             except EngineError:
                 ok, why = False, "no weight version"
         if ok and (handle.release is None or handle.state == "unhealthy"):
-            await self._read_release(handle)
+            await self._read_server_info(handle)
+        if ok and handle.unfit:
+            ok, why = False, handle.unfit
         if ok and handle.state == "unhealthy":
             handle.set_state("healthy", None)
             handle.consecutive_failures = 0
@@ -114,15 +122,20 @@ class HealthChecker:
         asked_at = time.monotonic()
         handle.observe_version(await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S), asked_at)
 
-    @staticmethod
-    async def _read_release(handle: EngineHandle) -> None:
-        """Record the engine's release from ``/server_info`` (None when it does not say)."""
+    async def _read_server_info(self, handle: EngineHandle) -> None:
+        """Record the engine's release from ``/server_info`` (None when it does not say) and
+        whether its flags can serve the run (``handle.unfit``)."""
         try:
             info = await handle.client.server_info(timeout_s=HEALTH_TIMEOUT_S)
         except EngineError as exc:
             log.debug("engine %s: release not read: %s", handle.id, exc)
             return
-        handle.release = parse_version(info.get("version")) if isinstance(info, dict) else None
+        info = info if isinstance(info, dict) else {}
+        handle.release = parse_version(info.get("version"))
+        unfit = self.requirements.problem(info)
+        if unfit and unfit != handle.unfit:
+            log.error("engine %s (%s) cannot serve this run: %s", handle.id, handle.url, unfit)
+        handle.unfit = unfit
 
     async def loop(self, stop: asyncio.Event) -> None:
         """Check every ``HEALTH_INTERVAL_S`` until ``stop`` is set."""

@@ -59,6 +59,7 @@ from asyncrl.engine_client.errors import (
 )
 from asyncrl.engine_client.sampling_mask import asks_sampling_mask
 from asyncrl.engine_client.types import GenerateResult
+from rollout_service.engines.fitness import EngineRequirements
 from rollout_service.engines.handle import EngineHandle, engine_id_for
 from rollout_service.engines.health import HEALTH_TIMEOUT_S, HealthChecker, liveness_problem
 from rollout_service.serving import ServingState
@@ -99,10 +100,13 @@ class EnginePool:
     from quarantine at it; its adapter route is what every call asks for (``lora_path``) and the
     version that labels the call's tokens."""
 
+    requirements: EngineRequirements = field(default_factory=EngineRequirements)
+    """What the run needs of each engine's flags (:mod:`rollout_service.engines.fitness`)."""
+
     def __post_init__(self) -> None:
         self._changed = asyncio.Event()
         self._background: set[asyncio.Task] = set()  # aborts of lost calls, version reads after a sync
-        self.health = HealthChecker(self.engines, self.serving, self._changed.set)
+        self.health = HealthChecker(self.engines, self.serving, self._changed.set, self.requirements)
 
     # -- membership ---------------------------------------------------------------------
     def add(self, url: str, engine_id: str | None = None) -> EngineHandle:

@@ -67,5 +67,11 @@ def test_engine_sh_uses_only_flags_and_parsers_sglang_has(tmp_path, version):
 
 @pytest.mark.parametrize("version", kit.SUPPORTED_RELEASES)
 def test_the_flags_docs_deployment_advises_exist(version):
-    """docs/deployment.md ("SGLang versions") advises them through ENGINE_EXTRA_ARGS."""
-    assert {"--disable-radix-cache", "--enable-deterministic-inference"} <= launch_flags(version)
+    """docs/deployment.md ("SGLang versions") advises them through ENGINE_EXTRA_ARGS; the sync
+    agent requires the in_place pair (asyncrl.sync_control.pause_policy.IN_PLACE_FLAGS), which
+    ``asyncrl slurm`` passes, and reads them back from ``/server_info`` under these names."""
+    from asyncrl.sync_control.pause_policy import IN_PLACE_FLAGS
+
+    needed = {flag for flag, _ in IN_PLACE_FLAGS.values()}
+    assert needed == {"--disable-radix-cache", "--disable-overlap-schedule"}
+    assert needed | {"--enable-deterministic-inference", "--enable-return-routed-experts"} <= launch_flags(version)

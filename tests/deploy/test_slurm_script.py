@@ -160,3 +160,21 @@ def test_routing_replay_starts_sglang_with_its_routes_returned():
     assert cmd.count("--enable-return-routed-experts") == 1
     cmd, _, _ = engine_command(load_config(None, ["engines.backend=sglang"], environ={}), "python3")
     assert "--enable-return-routed-experts" not in cmd
+
+
+def test_in_place_pauses_start_sglang_without_the_prefix_cache_and_the_overlap_scheduler():
+    """Issue 66 N1, N2: ``in_place`` (and per_request with in_place survivors) needs
+    ``--disable-radix-cache --disable-overlap-schedule`` on every engine, or the sync agent
+    refuses them; the job's SGLang command has both exactly then, the local engines' flags too."""
+    flags = ["--disable-radix-cache", "--disable-overlap-schedule"]
+    base = ["engines.backend=sglang", "async_training.partial_rollout=true"]
+    for extra, wanted in ((["sync.pause_policy=in_place"], True), (["sync.pause_policy=per_request"], True),
+                          (["sync.pause_policy=per_request", "sync.per_request.survivor_mode=retract"], False),
+                          (["sync.pause_policy=abort"], False), (["sync.pause_policy=retract"], False)):
+        cmd, _, _ = engine_command(load_config(None, [*base, *extra], environ={}), "python3")
+        assert [cmd.count(f) for f in flags] == ([1, 1] if wanted else [0, 0]), extra
+        local, _, _ = engine_command(load_config(None, ["async_training.partial_rollout=true", *extra], environ={}), "python3")
+        assert [local.count(f) for f in flags] == ([1, 1] if wanted else [0, 0]), extra
+    cmd, _, _ = engine_command(load_config(None, [*base, "sync.pause_policy=in_place",
+                                                  'slurm.sglang_args=["--disable-radix-cache"]'], environ={}), "python3")
+    assert [cmd.count(f) for f in flags] == [1, 1]

@@ -8,9 +8,9 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
+from asyncrl.launch import free_port
 from asyncrl.wire.rollout_admin import EngineState, PauseRequest, QuarantineRequest, RolloutStatus
 from sync_agent.rollout_admin import RolloutAdmin, RolloutAdminError
-from tests.helpers.processes import free_port
 
 ENGINE = {"id": "e-1", "url": "http://127.0.0.1:1", "state": "quarantined", "reason": "sync-agent: x"}
 STATUS = {"run_id": "demo", "version": 3, "paused": False, "uptime_s": 1.0, "health": {}, "quota": {}, "prompts": {},

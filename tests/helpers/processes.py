@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.launch import ChildProcess, free_port, http_ok
+from asyncrl.launch import ChildProcess, http_ok
 
 # Importing torch + transformers and building the model takes 5-15 s on a busy 2-core box.
 ENGINE_START_TIMEOUT_S = 120.0
@@ -64,20 +65,30 @@ class Engine:
 
 def start_engine(log_dir: Path | str, *extra: str, model: str = MODEL, port: int | None = None, api_key: str | None = None,
                  admin_api_key: str | None = None, env: dict[str, str] | None = None, name: str = "engine") -> Engine:
-    """Start a local_engine and wait for ``/health`` (module docstring)."""
-    port = port or free_port()
+    """Start a local_engine and wait for ``/health`` (module docstring). Without ``port`` the
+    engine claims a free one itself (``--port 0 --addr-file``) and says which: a port drawn here
+    and bound there later could meanwhile go to another test's server (a NATS server once
+    answered this readiness probe)."""
+    addr_file = None
+    if port is None:
+        addr_file = Path(log_dir) / f"{name}-{uuid.uuid4().hex[:8]}.addr"
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "local_engine", "--model", model, "--seed", str(SEED), "--host", "127.0.0.1",
-            "--port", str(port), "--torch-threads", "1", "--log-level", os.environ.get("LOCAL_ENGINE_TEST_LOG_LEVEL", "warning"),
-            *extra]
+            "--port", str(port or 0), *(["--addr-file", str(addr_file)] if addr_file else []), "--torch-threads", "1",
+            "--log-level", os.environ.get("LOCAL_ENGINE_TEST_LOG_LEVEL", "warning"), *extra]
     child_env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_ENGINE_API_KEY", "LOCAL_ENGINE_ADMIN_API_KEY")}
     if api_key:
         child_env["LOCAL_ENGINE_API_KEY"] = api_key
     if admin_api_key:
         child_env["LOCAL_ENGINE_ADMIN_API_KEY"] = admin_api_key
     child_env.update(env or {})
-    proc = ChildProcess(name, argv, Path(log_dir) / f"{name}-{port}.log", env=child_env).start()
-    url = f"http://127.0.0.1:{port}"
+    label = f"{name}-{port}" if addr_file is None else addr_file.stem
+    proc = ChildProcess(name, argv, Path(log_dir) / f"{label}.log", env=child_env).start()
     try:
+        if addr_file is not None:
+            proc.wait_ready(addr_file.exists, ENGINE_START_TIMEOUT_S, "did not claim a port")
+            port = int(addr_file.read_text().strip().rsplit(":", 1)[1])
+        url = f"http://127.0.0.1:{port}"
         proc.wait_ready(lambda: http_ok(f"{url}/health"), ENGINE_START_TIMEOUT_S)
     except BaseException:
         proc.stop()

@@ -34,3 +34,16 @@ def greedy_continuation(model, prompt: list[int], n: int) -> list[int]:
     for _ in range(n):
         ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt):]
+
+
+@torch.inference_mode()
+def in_place_logprobs(old, new, prompt: list[int], output: list[int], k: int) -> list[float]:
+    """What an ``in_place`` sync after ``k`` output tokens gives ``output[k:]``: the KV of the
+    prompt and ``output[:k-1]`` computed by ``old`` (kept across the sync), then ``new`` feeds
+    ``output[k-1]`` onwards over it (the last old token was sampled, not yet fed)."""
+    if k < 1 or k >= len(output):
+        raise ValueError(f"a boundary at {k} of {len(output)} tokens leaves nothing to compare")
+    kv = old(input_ids=torch.tensor([prompt + output[:k - 1]]), use_cache=True).past_key_values
+    logits = new(input_ids=torch.tensor([output[k - 1:-1]]), past_key_values=kv, use_cache=True).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    return lp.gather(1, torch.tensor(output[k:]).unsqueeze(1)).squeeze(1).tolist()

@@ -27,6 +27,7 @@ TOL = 1e-4
 )
 async def test_logprobs_match_teacher_forcing(client, ref_model, params):
     sp = {"max_new_tokens": 24, "ignore_eos": True, **params}
+    await client.flush_cache(retries=3, interval_s=0.1)  # the shared engine's prefix cache may hold an aborted call's prompt
     res = await client.generate(PROMPT, sp)
     assert len(res.output_ids) == 24 and res.finish_reason.type == "length" and res.finish_reason.length == 24
     expected = teacher_forced_logprobs(ref_model, PROMPT, res.output_ids, params["temperature"])
@@ -56,13 +57,30 @@ async def test_concurrent_mixed_lengths_still_match_teacher_forcing(client, ref_
         assert max(abs(a - b) for a, b in zip(res.logprobs, expected, strict=True)) < TOL
 
 
-async def test_sampling_seed_is_reproducible(client):
+async def test_sampling_seed_is_honoured_only_under_deterministic_inference(tmp_path):
+    """Issue 66 N8, SGLang's rule: with ``--enable-deterministic-inference`` a request samples
+    from its ``sampling_seed`` (the same seed, the same tokens; another seed, others), and one
+    without a seed is seeded with 42; without the flag the seed is ignored (SGLang builds no
+    per-request seed then): two engines started alike answer the same request order alike
+    whatever seeds the requests carry."""
+    from tests.helpers.processes import start_engine
+
     sp = {"max_new_tokens": 16, "temperature": 1.0, "sampling_seed": 1234, "ignore_eos": True}
-    a = await client.generate(PROMPT, sp)
-    b = await client.generate(PROMPT, sp)
-    c = await client.generate(PROMPT, {**sp, "sampling_seed": 99})
-    assert a.output_ids == b.output_ids
-    assert a.output_ids != c.output_ids
+    with start_engine(tmp_path, "--enable-deterministic-inference", name="engine-deterministic") as engine:
+        async with engine.client() as c:
+            a = await c.generate(PROMPT, sp)
+            b = await c.generate(PROMPT, sp)
+            other = await c.generate(PROMPT, {**sp, "sampling_seed": 99})
+            unseeded = await c.generate(PROMPT, {k: v for k, v in sp.items() if k != "sampling_seed"})
+            forty_two = await c.generate(PROMPT, {**sp, "sampling_seed": 42})
+    assert a.output_ids == b.output_ids and a.output_ids != other.output_ids
+    assert unseeded.output_ids == forty_two.output_ids
+    answers = []
+    for i, seeds in enumerate(((1234, 99), (5, 6))):
+        with start_engine(tmp_path, name=f"engine-plain-{i}") as engine:
+            async with engine.client() as c:
+                answers.append([(await c.generate(PROMPT, {**sp, "sampling_seed": s})).output_ids for s in seeds])
+    assert answers[0] == answers[1], "without the flag the seed changes nothing"
 
 
 async def test_prompt_logprobs_with_logprob_start_len_zero(client, ref_model):

@@ -64,7 +64,8 @@ class Gaps:
 
 async def bf16_replay_gaps(spec: str, log_dir, seed: int = SEED, prompt_ids: list[list[int]] = PROMPTS) -> Gaps:
     """Serve ``spec`` in bf16 with routes, score its samples with the fp32 model live and replayed."""
-    with start_engine(log_dir, "--enable-return-routed-experts", "--dtype", "bfloat16", model=spec, name="engine-bf16") as engine:
+    with start_engine(log_dir, "--enable-return-routed-experts", "--enable-deterministic-inference", "--dtype", "bfloat16",
+                      model=spec, name="engine-bf16") as engine:
         async with httpx.AsyncClient(timeout=120) as http:
             answers = [await http.post(f"{engine.url}/generate", json={  # one at a time: no batch, the same numbers each run
                 "input_ids": p, "sampling_params": {"max_new_tokens": 48, "temperature": 1.0, "ignore_eos": True,

@@ -19,7 +19,7 @@ def every_field_changed() -> EngineSettings:
         api_key="key-1", admin_api_key="key-2", weight_version="v3", served_model_name="-starts-with-dash",
         log_level="debug", log_json=True, max_batch_size=5, device="cuda", torch_threads=0,
         weight_sync_timeout_s=12.5, pause_drain_timeout_s=1e-3, sglang_compat="0.5.18", tp_size=2, dp_size=3,
-        pp_size=2, enable_dp_attention=True, health_generation=False, health_check_timeout_s=0.1,
+        pp_size=2, enable_dp_attention=True, disable_radix_cache=True, disable_overlap_schedule=True, enable_deterministic_inference=True, health_generation=False, health_check_timeout_s=0.1,
         enable_lora=True, max_lora_rank=8, lora_target_modules=["q_proj", "v_proj"], lora_paths=["a=/adapters/a", "/adapters/b"],
         max_loaded_loras=3, max_loras_per_batch=2, sampling_mask_max_tokens=77, sglang_fatal_errors=True,
         enable_return_routed_experts=True,

@@ -124,3 +124,31 @@ def test_the_message_size_bound_counts_the_routes_under_r3(tmp_path):
     dense = len(encode_trajectory(Trajectory(**fields))) + text
     routed = len(encode_trajectory(Trajectory(**fields, routed_experts=RoutedExperts(layers=48, top_k=8, width=1, rows=rows)))) + text
     assert dense <= plain < routed <= replay, (dense, plain, routed, replay)
+
+
+async def test_an_engine_that_cannot_return_routes_never_serves_a_routing_replay_run(warm_engine):
+    """Issue 66 N3, N4, judged from ``/server_info`` at the engine's first health check: under
+    R3 an engine started without ``--enable-return-routed-experts`` (a real local engine) is
+    unhealthy with the flag named, so no call goes to it (instead of every call failing on
+    its answer); one reporting ``--enable-hierarchical-cache`` is refused too; the same engine
+    serves a run without R3."""
+    from asyncrl.config import load_config
+    from rollout_service.engines import EnginePool
+    from rollout_service.engines.fitness import EngineRequirements, routes_problem
+
+    r3 = EngineRequirements.of(load_config(None, ["actor.router_replay.mode=R3"], environ={}).actor)
+    plain = EngineRequirements.of(load_config(None, [], environ={}).actor)
+    for needs, fit in ((r3, False), (plain, True)):
+        pool = EnginePool(requirements=needs)
+        try:
+            handle = pool.add(warm_engine)
+            await pool.check_once()
+            assert (handle.state == "healthy") == fit, (handle.state, handle.unfit)
+            if not fit:
+                assert "--enable-return-routed-experts" in handle.unfit and "--enable-return-routed-experts" in handle.reason
+        finally:
+            await pool.close()
+    assert "--enable-hierarchical-cache" in routes_problem({"enable_return_routed_experts": True,
+                                                            "enable_hierarchical_cache": True})
+    assert routes_problem({"enable_return_routed_experts": True, "enable_hierarchical_cache": False}) is None
+    assert routes_problem({}) is None  # not reported: not judged

@@ -4,7 +4,10 @@ real SGLang 0.5.23 server. Three calls in flight (driven agent states, so each o
 certain) are held with ``/slow_down`` until the sync's ``/pause_generation`` reaches the engine:
 the nearly finished one is kept (the engine pauses ``in_place`` and finishes it on the new
 weights, two version spans), the young one is aborted by its exact rid, the one the trainer would
-drop for staleness is cancelled — on SGLang as on local_engine, with exact aborts only."""
+drop for staleness is cancelled — on SGLang as on local_engine, with exact aborts only. The
+engines run without prefix cache and overlap scheduler, as the agent requires for in_place
+survivors; the young call's resend after the sync is then prefilled whole by the new weights
+(``cached_tokens`` 0, its log-probs the new weights' over its whole context: issue 66 W1)."""
 
 from __future__ import annotations
 
@@ -14,10 +17,19 @@ import pytest
 
 from rollout_service.runner.inflight import TurnLengths
 from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.reference_model import teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for
 from tests.sglang.conftest import ADMIN_KEY, API_KEY, DEMO_MODEL
-from tests.sglang.test_sync_policies import CALL_S, SLOW_S, one_engine, slow_down, tokens_in_flight
-from tests.sync.conftest import perturbed_weights, publisher, stack
+from tests.sglang.test_sync_policies import (
+    CALL_S,
+    CLOSE,
+    SLOW_S,
+    demo_models,
+    one_engine,
+    slow_down,
+    tokens_in_flight,
+)
+from tests.sync.conftest import IN_PLACE_SAFE, perturbed_weights, publisher, stack
 from tests.sync.test_per_request_pause import PROMPT, driven
 
 LONG = 300  # each call's budget: three of them fit the servers' 1024-token context and 8192-token pool
@@ -26,7 +38,7 @@ TARGET = 3  # version 0 lags 3 > ceil(0.5) + 1 = 2 at the sync: the trainer woul
 
 @pytest.mark.parametrize("kind", ["local", "sglang"])
 async def test_a_per_request_sync_keeps_resumes_and_cancels(tmp_path, nats_server, kind):
-    with one_engine(kind, "0.5.23", tmp_path) as engine:
+    with one_engine(kind, "0.5.23", tmp_path, *IN_PLACE_SAFE) as engine:  # in_place survivors need both (issue 66)
         proxy = await RecordingProxy(engine.url).start()
         extra = ("async_training.partial_rollout=true", "async_training.staleness_threshold=0.5", "rollout.total_rollout_steps=1",
                  "rollout.n=1", "sync.pause_policy=per_request", f"model.path={DEMO_MODEL}", f"engines.api_key={API_KEY}",
@@ -62,9 +74,19 @@ async def test_a_per_request_sync_keeps_resumes_and_cancels(tmp_path, nats_serve
                 results = {k: await asyncio.wait_for(t, CALL_S) for k, t in calls.items()}
                 assert not svc.runner.paused and svc.runner.version == TARGET
                 assert svc.runner.counters.per_request_calls == {"kept": 1, "resumed": 1, "cancelled": 1, "missed": 0}
+                # the resumed call's resend (prompt + its kept tokens, what its agent sends after the sync):
+                # prefilled whole by the new weights, nothing taken from the aborted call's KV (issue 66 W1)
+                context = PROMPT + results["young"].output_ids
+                resent = await svc.pool.generate(None, context, {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True},
+                                                 f"{prefix}young-resent")
         finally:
             await slow_down(engine, None)
             await proxy.stop()
+    assert resent.cached_tokens == 0, "the resend reused KV the old weights computed"
+    assert [s.version for s in resent.weight_versions] == [TARGET]
+    new = demo_models(perturbed_weights(3)[1])
+    gaps = [abs(a - b) for a, b in zip(resent.logprobs, teacher_forced_logprobs(new, context, resent.output_ids), strict=True)]
+    assert max(gaps) < CLOSE, f"the resumed call's tokens are not the new weights' over its whole context: {gaps[:4]}"
     spans = [(s.version, s.start, s.end) for s in results["keep"].weight_versions]
     assert results["keep"].finish_reason.type == "length" and len(results["keep"].output_ids) == LONG
     assert len(spans) == 2 and spans[0][0] != TARGET and spans[1][0] == TARGET and spans[1][2] == LONG, spans

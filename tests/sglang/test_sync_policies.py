@@ -22,29 +22,44 @@ import pytest
 
 from tests.helpers.processes import start_engine
 from tests.helpers.recording_proxy import RecordingProxy
+from tests.helpers.reference_model import in_place_logprobs, teacher_forced_logprobs
 from tests.helpers.waiting import WAIT_S, wait_for
 from tests.sglang.conftest import ADMIN_KEY, API_KEY, DEMO_MODEL, SLICE
 from tests.sglang_cpu.server import start_sglang
-from tests.sync.conftest import perturbed_weights, publisher, stack
+from tests.sync.conftest import IN_PLACE_SAFE, perturbed_weights, publisher, stack
 
 PROMPT = [5, 17, 42, 99, 7, 300, 12]
 LONG = 600  # tokens of the held generation (the servers' context is 1024)
 SLOW_S = 0.25  # each forward's sleep while held: 600 tokens would take 150 s, the sync needs a few
 CALL_S = 300.0
+CLOSE = 1e-4  # an engine's log-prob against a teacher-forced float32 forward of the same weights
 SYNC_ORDER = ("/pause_generation", "/begin_weight_update", "/init_weights_update_group",
               "/update_weights_from_distributed", "/end_weight_update", "/continue_generation")
 
 
 @contextlib.contextmanager
-def one_engine(kind: str, release: str, tmp_path):
+def one_engine(kind: str, release: str, tmp_path, *flags: str):
+    """One engine serving the demo model with the test keys; ``flags``: SGLang launch flags both
+    kinds take (``--disable-radix-cache``, ``--disable-overlap-schedule``)."""
     if kind == "local":
         with start_engine(tmp_path, "--sglang-compat", release, "--max-model-len", "1024", "--weight-sync-timeout-s", "60",
-                          model=str(DEMO_MODEL), api_key=API_KEY, admin_api_key=ADMIN_KEY, name=f"local-{release}") as e:
+                          *flags, model=str(DEMO_MODEL), api_key=API_KEY, admin_api_key=ADMIN_KEY,
+                          name=f"local-{release}") as e:
             yield e
     else:
-        with start_sglang(tmp_path, DEMO_MODEL, release=release, api_key=API_KEY, admin_api_key=ADMIN_KEY,
+        with start_sglang(tmp_path, DEMO_MODEL, *flags, release=release, api_key=API_KEY, admin_api_key=ADMIN_KEY,
                           name=f"sglang-{release}") as e:
             yield e
+
+
+def demo_models(weights: dict | None = None):
+    """The demo model as the engines serve it (its own config), with ``weights`` if given."""
+    from asyncrl.models import load_model
+
+    model = load_model(str(DEMO_MODEL), dtype="float32")
+    if weights is not None:
+        model.load_state_dict(weights)
+    return model.eval()
 
 
 async def slow_down(engine, seconds: float | None) -> None:
@@ -121,7 +136,12 @@ CASES += [pytest.param(kind, "0.5.18", "abort", id=f"abort-{kind}-0.5.18") for k
 
 @pytest.mark.parametrize(("kind", "release", "policy"), CASES)
 async def test_a_sync_meets_a_generation_in_flight(tmp_path, nats_server, kind, release, policy):
-    with one_engine(kind, release, tmp_path) as engine:
+    """Also where the boundary falls (issue 66 W2), token by token: before it the old weights'
+    log-probs (teacher-forced), after it the new weights' — over the whole context re-prefilled
+    (retract, flushed on 0.5.23), or over the old weights' KV (in_place, on engines without
+    prefix cache and overlap, as the agent requires)."""
+    flags = IN_PLACE_SAFE if policy == "in_place" else ()
+    with one_engine(kind, release, tmp_path, *flags) as engine:
         res, calls = await run_policy(tmp_path, nats_server.url, engine, policy)
     assert _order(calls) == _expected_order(release), _order(calls)
     pauses = [body for path, body in calls if path == "/pause_generation"]
@@ -138,5 +158,15 @@ async def test_a_sync_meets_a_generation_in_flight(tmp_path, nats_server, kind, 
     assert res.finish_reason.type == "length" and len(res.output_ids) == LONG
     assert len(spans) == 2 and spans[0][0] != 1 and spans[1][0] == 1 and spans[1][2] == LONG, spans
     assert res.meta_info["num_retractions"] == (1 if policy == "retract" else 0)
+    old, new = demo_models(), demo_models(perturbed_weights(3)[1])
+    k, out = spans[0][2], res.output_ids
+    assert 2 <= k < LONG - 16
+    before = teacher_forced_logprobs(old, PROMPT, out[:k])
+    assert max(abs(a - b) for a, b in zip(res.logprobs[:k], before, strict=True)) < CLOSE, "the old span: the old weights'"
+    checked = out[:k + 16]
+    after = (teacher_forced_logprobs(new, PROMPT, checked)[k:] if policy == "retract"
+             else in_place_logprobs(old, new, PROMPT, checked, k))
+    gaps = [abs(a - b) for a, b in zip(res.logprobs[k:k + 16], after, strict=True)]
+    assert max(gaps) < CLOSE, f"the new span is not {policy}'s new weights: gaps {gaps[:4]}..."
     assert flushes == (["/flush_cache"] if policy == "retract" else []), "in_place never flushes; retract tries once"
 

@@ -19,7 +19,9 @@ from tests.rollout.conftest import running_service, service_config
 SYNC_TOKEN = "sync-token-0123456789"
 # An engine left in a failed sync's collective (its sender or a peer gone) waits this long
 # before it answers again, like SGLang waits for its process group's timeout (minutes there).
-ENGINE_ARGS = ("--weight-sync-timeout-s", "15")
+IN_PLACE_SAFE = ("--disable-radix-cache", "--disable-overlap-schedule")
+"""What the sync agent requires of engines for in_place pauses (issue 66 N1, N2)."""
+ENGINE_ARGS = ("--weight-sync-timeout-s", "15", *IN_PLACE_SAFE)
 
 
 @pytest.fixture

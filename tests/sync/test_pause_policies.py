@@ -124,7 +124,7 @@ async def test_a_policy_that_keeps_requests_is_refused_on_an_engine_without_span
                 with pytest.raises(WeightSyncError, match="409") as refused:
                     await pub.publish(1, weights)
                 message = str(refused.value)
-                assert '"pause_policy"' in message and f"engine {old_id} runs sglang 0.5.18" in message, message
+                assert "answered 409 pause_policy: " in message and f"engine {old_id} runs sglang 0.5.18" in message, message
                 assert "pause_policy=retract" in message
                 assert agent.coordinator.records == [] and not svc.runner.paused
             finally:
@@ -158,3 +158,46 @@ async def test_the_agent_refuses_to_start_with_a_policy_its_engines_cannot_run(t
                 "sync.pause_policy=retract", "sync.port=0"]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0 and "runs sglang 0.5.18" in proc.stdout + proc.stderr, (proc.returncode, proc.stderr[-2000:])
+
+
+async def test_in_place_is_refused_on_engines_that_cache_prefixes_or_overlap_their_steps(tmp_path, nats_server):
+    """Issue 66 N1, N2: an engine on SGLang's defaults keeps old-weight KV in its prefix cache
+    across an in_place sync (a resent call decodes over it) and labels each kept request's pending
+    old-weight token with the new version (tests/local_engine/test_sync_hazards.py shows both).
+    The agent refuses ``in_place`` and per_request's in_place survivors there, naming each flag,
+    at start and at a sync (409 ``pause_policy``, for an engine that joins later); the same
+    engine passes for ``abort``, ``retract`` and per_request with retract survivors, and an
+    engine with both flags passes for every policy."""
+    from asyncrl.sync_control.errors import WeightSyncError
+    from sync_agent.agent import SyncAgent
+    from tests.helpers.processes import start_engine
+    from tests.sync.conftest import IN_PLACE_SAFE
+
+    with start_engine(tmp_path, name="engine-defaults") as plain, start_engine(tmp_path, *IN_PLACE_SAFE, name="engine-safe") as safe:
+        async def problems(url: str, *overrides: str) -> list[str]:
+            cfg = config(tmp_path, nats_server.url, [url], "async_training.partial_rollout=true", *overrides)
+            return await SyncAgent(cfg).coordinator.problems_at_start()
+
+        for policy, which in ((("sync.pause_policy=in_place",), "sync.pause_policy=in_place"),
+                              (("sync.pause_policy=per_request",), "per_request's in_place survivors")):
+            found = await problems(plain.url, *policy)
+            assert len(found) == 2 and all(f"engine {plain.url} runs without" in p and which in p for p in found), found
+            assert "--disable-radix-cache" in found[0] and "--disable-overlap-schedule" in found[1], found
+            assert await problems(safe.url, *policy) == []
+        for relaxed in (("sync.pause_policy=abort",), ("sync.pause_policy=retract",),
+                        ("sync.pause_policy=per_request", "sync.per_request.survivor_mode=retract")):
+            assert await problems(plain.url, *relaxed) == [], relaxed
+        async with stack(tmp_path, nats_server.url, [safe.url], "async_training.partial_rollout=true",
+                         "sync.pause_policy=in_place") as (svc, rollout_url, agent, agent_url, cfg):
+            plain_id = svc.pool.add(plain.url).id
+            pub = publisher(agent_url, cfg)
+            try:
+                _, weights = perturbed_weights(1)
+                with pytest.raises(WeightSyncError, match="409") as refused:
+                    await pub.publish(1, weights)
+                message = str(refused.value)
+                assert "answered 409 pause_policy: " in message and f"engine {plain_id} runs without --disable-radix-cache" in message
+                assert "--disable-overlap-schedule" in message and f"engine {safe.url}" not in message, message
+                assert agent.coordinator.records == [] and not svc.runner.paused
+            finally:
+                await pub.close()

@@ -128,15 +128,21 @@ async def test_a_member_that_did_not_load_everything_is_not_asked(engines):
 
 
 async def test_the_agent_quarantines_an_outvoted_engine_and_the_sync_succeeds(tmp_path, nats_server):
-    """Three engines, one serving bfloat16 (its peers float32): after a full push its weights
-    differ from the two others'. The sync succeeds at the new version on the two; the third is
-    quarantined before the rollout resumes and marked for reload."""
+    """Three engines of one kind, one of which silently nudges what it loads (failpoint
+    ``local_engine.weights_drift``): after a full push its weights differ from the two others'.
+    The sync succeeds at the new version on the two; the third is quarantined before the rollout
+    resumes and marked for reload. (An engine of another dtype is not outvoted: its checksum is
+    not comparable, issue 66 N9.)"""
+    from asyncrl import failpoints
     from tests.sync.conftest import ENGINE_ARGS, perturbed_weights, publisher, stack
     from tests.sync.test_sync_agent import engine_logprobs
 
     logs = tmp_path / "logs"
+    points = tmp_path / "drift"
+    points.mkdir()
+    (points / "local_engine.weights_drift.arm").touch()
     with start_engine(logs, *ENGINE_ARGS, name="agree-0") as e0, start_engine(logs, *ENGINE_ARGS, name="agree-1") as e1, \
-            start_engine(logs, *ENGINE_ARGS, "--dtype", "bfloat16", name="outvoted") as odd:
+            start_engine(logs, *ENGINE_ARGS, env={failpoints.ENV_DIR: str(points)}, name="outvoted") as odd:
         async with stack(tmp_path, nats_server.url, [e0.url, e1.url, odd.url]) as (svc, _rollout_url, agent, agent_url, cfg):
             pub = publisher(agent_url, cfg, bucket_bytes=512 * 1024)
             try:
@@ -166,3 +172,24 @@ def test_local_engine_skips_the_buffers_each_release_skips():
     assert not skipped_as_buffer("experts.expert_mask_gpu", "0.5.17") and skipped_as_buffer("experts.expert_mask_gpu", "0.5.18")
     assert not skipped_as_buffer("attn.rotary.cos_cache", "0.5.19") and skipped_as_buffer("attn.rotary.cos_cache", "0.5.20")
     assert not skipped_as_buffer("model.layers.0.self_attn.q_proj.weight", "0.5.23")
+
+
+def test_engines_that_hash_other_tensors_or_bytes_are_never_compared():
+    """Issue 66 N9: besides the release, expert parallelism, the dtype, a quantization and a draft
+    model change what ``/weights_checker`` hashes (other shards, other bytes, more tensors), so
+    engines differing in any of them are in groups of their own, read from ``/server_info``."""
+    from asyncrl.sync_control.layout import EngineLayout
+
+    base = {"version": "0.5.23", "tp_size": 1, "ep_size": 1, "dtype": "auto", "quantization": None,
+            "speculative_draft_model_path": None}
+    kinds = {name: EngineLayout.from_server_info(name, {**base, **extra}).weights_kind for name, extra in (
+        ("plain", {}), ("same", {"dtype": "auto"}), ("ep2", {"ep_size": 2}), ("bf16", {"dtype": "bfloat16"}),
+        ("fp8", {"quantization": "fp8"}), ("draft", {"speculative_draft_model_path": "/m/draft"}))}
+    assert kinds["plain"] == kinds["same"] == "sglang 0.5.23"
+    assert len({kinds[k] for k in ("plain", "ep2", "bf16", "fp8", "draft")}) == 5, kinds
+    a, b = WeightsCheck("a" * 64, 1), WeightsCheck("b" * 64, 1)
+    v = disagreeing({"plain": a, "same": a, "bf16": b, "fp8": b}, kinds)
+    assert v.all == {} and sorted(v.not_judged) == ["bf16", "fp8"]
+    assert "dtype bfloat16" in v.not_judged["bf16"]
+    v = disagreeing({"plain": a, "same": b}, kinds)  # the same kind still disagrees
+    assert sorted(v.undecided) == ["plain", "same"]

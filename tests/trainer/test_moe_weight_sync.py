@@ -96,3 +96,32 @@ def test_an_export_of_a_moe_model_loads_back_as_the_same_model(tmp_path, trainer
     assert FUSED not in written and "model.layers.3.mlp.experts.7.up_proj.weight" in written
     back = load_model(str(tmp_path / "export"))
     assert weights_checksum(canonical(back.state_dict())) == weights_checksum(canonical(trainer_model.state_dict()))
+
+
+async def test_a_moe_sync_is_refused_on_a_release_without_weight_update_sessions(tmp_path, trainer_model):
+    """Issue 66 N5: before sglang 0.5.21 no session wraps a distributed update, so nothing runs
+    the model's post-load processing (MoE runners that repack their expert weights would serve
+    them unprocessed). A MoE sync to an engine emulating 0.5.20 is refused before any group
+    forms, naming the engine, its release and the fix; the engine keeps its weights; a dense
+    model's sync to the same release is not refused for it."""
+    from asyncrl.sync_control.layout import moe_problems
+
+    with start_engine(tmp_path, "--sglang-compat", "0.5.20", model="builtin:tiny-moe", name="moe-0.5.20") as engine:
+        async with EngineClient(engine.url, control_timeout_s=TIMEOUT_S) as client:
+            before = (await client.weights_checksum())["checksum"]
+            pub = DirectEnginePublisher([client], master_address="127.0.0.1", bucket_bytes=2**15, group_timeout_s=TIMEOUT_S,
+                                        broadcast_timeout_s=TIMEOUT_S, control_timeout_s=TIMEOUT_S)
+            try:
+                weights = engine_layout(trainer_model, False).to_checkpoint(
+                    engine_weights(full_state_dict(trainer_model), False, torch.float32))
+                with pytest.raises(WeightSyncError, match=f"engine {engine.url} runs sglang 0.5.20.*MoE.*>= 0.5.21"):
+                    await pub.publish(1, weights)
+            finally:
+                await pub.close()
+            assert (await client.weights_checksum())["checksum"] == before
+    from asyncrl.sync_control.layout import EngineLayout
+
+    old = [EngineLayout("e", version="0.5.20")]
+    assert moe_problems(old, ["model.layers.0.mlp.down_proj.weight"]) == []
+    assert moe_problems([EngineLayout("e", version="0.5.21")], ["model.layers.0.mlp.experts.3.up_proj.weight"]) == []
+    assert moe_problems([EngineLayout("e")], ["model.layers.0.mlp.experts.3.up_proj.weight"]) == []  # unknown: not judged

@@ -143,6 +143,8 @@ class SyncAgentPublisher(WeightPublisher):
                         self._reset_group()
                     if refusal is not None and refusal.reason == "stale" and refusal.current_version is not None:
                         raise StaleVersion(f"sync agent answered 409 stale: {text[:500]}", refusal.current_version)
+                    if refusal is not None:  # the whole reason: it names every engine and the flag to add
+                        raise WeightSyncError(f"sync agent answered {resp.status} {refusal.reason}: {refusal.message[:4000]}")
                     raise WeightSyncError(f"sync agent answered {resp.status}: {text[:500]}")
                 accepted = SyncAccepted.model_validate_json(text)
         except (aiohttp.ClientError, TimeoutError) as exc:

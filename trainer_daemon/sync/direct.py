@@ -40,7 +40,7 @@ import torch
 from asyncrl.engine_client import EngineClient
 from asyncrl.sync_control.engine_update import FLUSH_RETRIES, EngineUpdate, Member
 from asyncrl.sync_control.errors import WeightSyncError
-from asyncrl.sync_control.layout import check_nccl
+from asyncrl.sync_control.layout import check_nccl, moe_problems
 from asyncrl.sync_control.pause_policy import pause_plan, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
 from asyncrl.weight_sync import (
@@ -91,10 +91,10 @@ class DirectEnginePublisher(WeightPublisher):
         return EngineUpdate(members, control_timeout_s=self.control_timeout_s, total_buckets=total_buckets,
                             group_name=self.group_name)
 
-    async def _form(self, update: EngineUpdate) -> None:
+    async def _form(self, update: EngineUpdate, names: list[str]) -> None:
         self.group_name = update.group_name = fresh_group_name(self.group_base)
         layouts, world = await update.read_layouts()
-        problems = policy_problems(pause_plan(self.pause_mode, True), layouts)
+        problems = policy_problems(pause_plan(self.pause_mode, True), layouts) + moe_problems(layouts, names)
         if problems:
             raise WeightSyncError("; ".join(problems))
         if self.backend == "nccl":
@@ -153,7 +153,7 @@ class DirectEnginePublisher(WeightPublisher):
                           "publish: %s", version, ", ".join(mixed))
             await self._drop_group(update)
 
-        steps = UpdateSteps(load=load, form=(lambda: self._form(update)) if forming else None,
+        steps = UpdateSteps(load=load, form=(lambda: self._form(update, [n for b in buckets for n in b.names])) if forming else None,
                             phase=lambda phase: marks.setdefault(phase, time.perf_counter()), contain=contain)
         try:
             await run_update(update, self.pause_mode, self.flush_retries, steps, check_weights=self.check_weights)
