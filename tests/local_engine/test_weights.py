@@ -80,6 +80,10 @@ async def run_trainer(engine, *args: str, expect_exit: int = 0) -> dict:
 
 
 async def assert_serves(client, model, version: int):
+    """The engine serves ``model`` as ``version`` — after the cache flush that follows every update
+    in the sync sequence (the updates here send ``flush_cache: false`` as the product does; an
+    aborted call's KV of the old weights would otherwise serve this prompt's prefix)."""
+    await client.flush_cache(retries=3, interval_s=0.1)
     res = await client.generate(PROMPT, GREEDY)
     assert res.output_ids == greedy_continuation(model, PROMPT, GREEDY["max_new_tokens"])
     expected = teacher_forced_logprobs(model, PROMPT, res.output_ids)
