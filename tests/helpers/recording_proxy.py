@@ -38,6 +38,8 @@ class RecordingProxy:
         self.exchanges: list[tuple[dict, dict]] = []
         self.undelivered: list[tuple[dict, dict]] = []
         self.requests: list[tuple[str, str, dict[str, str], object]] = []
+        self.answers: list[tuple[str, int, object]] = []
+        """(path, status, body: parsed JSON, else the text) of every forwarded call but ``/generate``."""
         self.intercept = None
         self.rewrite = None
         self.hold: asyncio.Event | None = None
@@ -87,6 +89,11 @@ class RecordingProxy:
             if request.transport is not None:
                 request.transport.close()  # as the engine did: no answer
             raise
+        if request.path != "/generate":
+            try:
+                self.answers.append((request.path, resp.status, json.loads(payload)))
+            except ValueError:
+                self.answers.append((request.path, resp.status, payload.decode(errors="replace")))
         if request.path == "/generate" and resp.status == 200:
             req = json.loads(body)
             if req.get("stream"):  # SSE: record the last cumulative chunk (the whole answer)

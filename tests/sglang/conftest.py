@@ -74,6 +74,10 @@ def stop_all(engines: list[Engine]) -> None:
         engine.proc.signal(signal.SIGTERM)
     for engine in engines:
         engine.stop()
+    from tests.sglang_cpu.server import assert_no_stand_in_called
+
+    for engine in engines:  # no kernel the stand-in only names was called (issue 66 W5)
+        assert_no_stand_in_called(engine.proc.log_path)
 
 
 @pytest.fixture(scope="session")

@@ -5,16 +5,18 @@ both so that a test can compare them (tests/sglang/test_differential.py).
 ``observe(url, api_key, admin_key)`` sends :data:`CASES` in order (they share the server's state:
 a pause is followed by its continue) and returns one :class:`Observation` per case: the status
 code, the set of top-level fields of a JSON answer (and of ``meta_info`` / ``error``), and the
-error's class (its JSON shape, or ``text`` for a plain body). Values are not compared: the two
-engines run different numerics. ``python -m tests.sglang.differential URL_A URL_B`` prints both
-side by side.
+error's class (its JSON shape, or ``text`` for a plain body), and, for a generation that answered,
+its values (:attr:`Observation.values`: the tokens, their log-probs, the weight-version spans),
+which a test compares with a tolerance on the log-probs (both engines run the same float32
+weights; their numerics differ by ~1e-6). ``python -m tests.sglang.differential URL_A URL_B``
+prints both side by side.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -132,6 +134,10 @@ class Observation:
     kind: str
     """``json-object``, ``json-list``, ``json-other``, ``text``, ``empty`` or ``no-answer`` (status 0:
     the connection closed without an answer, or the server is gone)."""
+    values: dict | None = field(default=None, compare=False)
+    """A generation's ``output_ids``, ``logprobs`` (of ``output_token_logprobs``) and
+    ``weight_versions`` (None: not a generation, or no answer). Left out of ``==``: compared
+    with a tolerance (:func:`value_problems`)."""
 
     def line(self) -> str:
         return f"{self.status} {self.kind} {','.join(self.fields)}"
@@ -146,6 +152,31 @@ def _fields(body: object) -> tuple[str, ...]:
         if isinstance(obj.get(inner), dict):
             out |= {f"{inner}.{k}" for k in obj[inner]}
     return tuple(sorted(out))
+
+
+def _values(body: object) -> dict | None:
+    if not isinstance(body, dict) or not isinstance(body.get("output_ids"), list):
+        return None
+    meta = body.get("meta_info") or {}
+    lps = meta.get("output_token_logprobs")
+    return {"output_ids": body["output_ids"], "logprobs": [t[0] for t in lps] if isinstance(lps, list) else None,
+            "weight_versions": meta.get("weight_versions")}
+
+
+def value_problems(a: Observation, b: Observation, tolerance: float = 1e-4) -> list[str]:
+    """How two observations of one case differ in value (empty: alike, or nothing to compare)."""
+    if a.values is None or b.values is None:
+        return [] if a.values is b.values else [f"values only on one side: {a.values is not None} / {b.values is not None}"]
+    out = []
+    if a.values["output_ids"] != b.values["output_ids"]:
+        out.append(f"output_ids {a.values['output_ids']} / {b.values['output_ids']}")
+    la, lb = a.values["logprobs"], b.values["logprobs"]
+    if (la is None) != (lb is None) or (la is not None and (len(la) != len(lb) or any(abs(x - y) > tolerance
+                                                                                   for x, y in zip(la, lb)))):
+        out.append(f"logprobs {la} / {lb}")
+    if a.values["weight_versions"] != b.values["weight_versions"]:
+        out.append(f"weight_versions {a.values['weight_versions']} / {b.values['weight_versions']}")
+    return out
 
 
 def observe(url: str, api_key: str, admin_key: str, cases: tuple[Case, ...] = CASES, timeout_s: float = 60.0,
@@ -176,7 +207,7 @@ def observe(url: str, api_key: str, admin_key: str, cases: tuple[Case, ...] = CA
             fields = _fields(body)
             if case.only is not None:
                 fields = tuple(f for f in fields if f in case.only)
-            out.append(Observation(case.name, resp.status_code, fields, kind))
+            out.append(Observation(case.name, resp.status_code, fields, kind, _values(body) if case.path == "/generate" else None))
             progress(out[-1])
     return out
 

@@ -2,7 +2,8 @@
 tests/sglang/differential.py (every route asyncrl uses, the bad inputs it relies on being
 refused, its edge cases) sent to local_engine emulating 0.5.23 and to a real SGLang 0.5.23
 server, both serving the demo model with the same keys; status codes, field sets and error
-shapes must agree, except the differences listed in :data:`KNOWN` (each explained in
+shapes must agree — and the values of every generation both answered (tokens, log-probs,
+spans) — except the differences listed in :data:`KNOWN` (each explained in
 docs/local_engine.md, "Differences from real SGLang"). A difference not listed fails, and so
 does a listed one that went away (the list stays true). local_engine runs with
 ``--sglang-fatal-errors``: where an input kills SGLang's server, it must die too.
@@ -14,7 +15,7 @@ import pytest
 
 from tests.helpers.processes import start_engine
 from tests.sglang.conftest import ADMIN_KEY, API_KEY, DEMO_MODEL
-from tests.sglang.differential import CASES, FATAL, observe
+from tests.sglang.differential import CASES, FATAL, observe, value_problems
 from tests.sglang_cpu.server import start_sglang
 
 KNOWN = {
@@ -44,6 +45,13 @@ def test_local_engine_answers_as_real_sglang(tmp_path, release):
     assert not unexplained, f"local_engine answers differently from SGLang {release}:\n" + "\n".join(
         f"{k}\n  local_engine: {a}\n  sglang:       {b}" for k, (a, b) in unexplained.items())
     assert set(differ) == set(known), f"listed differences that are gone: {sorted(set(known) - set(differ))}"
+    # values, not only shapes (issue 66 W5): every generation both answered gives the same tokens,
+    # log-probs (1e-4) and weight-version spans
+    compared = [(a.name, value_problems(a, b)) for a, b in zip(ours, theirs, strict=True)
+                if a.values is not None and b.values is not None and a.name not in known]
+    assert len(compared) >= 5, [name for name, _ in compared]
+    wrong = {name: problems for name, problems in compared if problems}
+    assert not wrong, f"local_engine's values differ from SGLang {release}'s: {wrong}"
     assert theirs[-1].status == 0 and ours[-1].status == 0, "an input id outside the vocabulary kills both"
 
 

@@ -64,10 +64,17 @@ async def test_the_demo_trains_on_two_real_sglang_engines(tmp_path, sglang_pair,
     assert len(syncs) >= steps - 1, [s["version"] for s in syncs]
     bad = [s for s in syncs if s["state"] != "succeeded" or sorted(s["engines"].values()) != ["loaded", "loaded"]]
     assert not bad, [(s["version"], s["state"], s["engines"], s["error"]) for s in bad]
+    answered = []
     for p in proxies:
-        checks = [r for r in p.requests if r[1] == "/weights_checker"]
+        checks = [(status, body) for path, status, body in p.answers if path == "/weights_checker"]
         assert len(checks) >= len(syncs), f"{p.target}: {len(checks)} weights checks for {len(syncs)} syncs"
+        # each answered with a checksum (SGLang 0.5.15-0.5.22 answer 400 on a CPU: then nothing is compared)
+        assert all(status == 200 and isinstance(body, dict) and body.get("per_engine_checksum") for status, body in checks), \
+            [(status, str(body)[:200]) for status, body in checks if status != 200][:3]
+        answered.append([body["per_engine_checksum"] for _, body in checks])
         assert any(r[1] == "/update_weights_from_distributed" for r in p.requests)
+    # compared: after each sync both engines hold the same weights, so their checksums agree one for one
+    assert answered[0] == answered[1], "the two engines' checksums differ after a sync"
 
     # every trajectory is exactly what SGLang returned
     published = acked_trajectories(stack.run_dir)

@@ -8,6 +8,7 @@ sends checkpoint names), where local_engine refuses it with a reason."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import numpy as np
@@ -81,3 +82,84 @@ async def test_sglang_and_local_engine_route_a_moe_model_alike_and_load_its_sync
             after = await answers(theirs)
             assert [ids for ids, _ in after] != [ids for ids, _ in before], "the synced weights answer otherwise"
             same(await answers(ours), after)
+
+
+ROUTED_PROMPT = [31, 41, 59, 26, 53, 58, 97]
+ROUTED_TOKENS = 40
+
+
+async def _routed_call(client, state, shape, budget: int, rid: str | None = None):
+    """One call of the rollout's R3 path: routes asked from the rows the state holds, added to it."""
+    from rollout_service.agent.routes import extend_routes, route_request
+
+    res = await client.generate(state.token_ids, {"max_new_tokens": budget, "temperature": 0.0, "ignore_eos": True}, rid=rid,
+                                extra=route_request(state))
+    extend_routes(state, res, shape)
+    state.token_ids += res.output_ids
+    return res
+
+
+@pytest.mark.parametrize("kind", ["local", "sglang"])
+async def test_the_rollouts_routes_across_an_abort_and_a_retract_equal_an_uninterrupted_calls(tmp_path, kind):
+    """Issue 66 W3, the product's R3 path (``rollout_service.agent.routes``) on each engine: a
+    call aborted by its exact rid and resent (prompt + kept tokens, routes asked from the rows
+    held), and a call whose engine pauses with ``retract`` (its KV freed, re-prefilled), give the
+    trajectory an uninterrupted call gives — the same tokens and the same routes, row for row
+    (greedy, same weights). Held mid-way with ``/slow_down`` until the abort or pause lands."""
+    from transformers import AutoConfig
+
+    from rollout_service.agent.routes import RouteShape
+    from rollout_service.agent.state import AgentState
+    from tests.helpers.waiting import WAIT_S, wait_for
+    from tests.sglang.test_sync_policies import SLOW_S, slow_down
+
+    model_dir = tiny_moe_dir()
+    shape = RouteShape.of(AutoConfig.from_pretrained(model_dir))
+
+    def fresh() -> AgentState:
+        return AgentState(id="r3", run_id="r", group_id="g", group_size=1, group_index=0, prompt_id="p", data_source="d",
+                          token_ids=list(ROUTED_PROMPT), prompt_length=len(ROUTED_PROMPT))
+
+    start = (start_sglang(tmp_path, model_dir, "--enable-return-routed-experts", api_key=API_KEY, admin_api_key=ADMIN_KEY,
+                          name="sglang-moe") if kind == "sglang" else
+             start_engine(tmp_path, "--enable-return-routed-experts", model=str(model_dir), api_key=API_KEY,
+                          admin_api_key=ADMIN_KEY, name="local-moe"))
+    with start as engine:
+        async with engine.client(request_timeout_s=TIMEOUT_S) as client:
+            reference = fresh()
+            await _routed_call(client, reference, shape, ROUTED_TOKENS)
+
+            aborted = fresh()
+            await slow_down(engine, SLOW_S)
+            try:
+                call = asyncio.create_task(_routed_call(client, aborted, shape, ROUTED_TOKENS, rid="r3-abort"))
+                await wait_for(lambda: _over(engine, len(ROUTED_PROMPT) + 3), WAIT_S * 4, "the call to decode")
+                await client.abort("r3-abort")
+                first = await asyncio.wait_for(call, TIMEOUT_S)
+            finally:
+                await slow_down(engine, None)
+            assert first.finish_reason.type == "abort" and 0 < len(first.output_ids) < ROUTED_TOKENS
+            await _routed_call(client, aborted, shape, ROUTED_TOKENS - len(first.output_ids))
+
+            retracted = fresh()
+            await slow_down(engine, SLOW_S)
+            try:
+                call = asyncio.create_task(_routed_call(client, retracted, shape, ROUTED_TOKENS, rid="r3-retract"))
+                await wait_for(lambda: _over(engine, len(ROUTED_PROMPT) + 3), WAIT_S * 4, "the call to decode")
+                await client.pause("retract")
+                await client.flush_cache(retries=3, interval_s=0.5)
+            finally:
+                await slow_down(engine, None)
+                await client.resume()
+            whole = await asyncio.wait_for(call, TIMEOUT_S)
+            assert whole.meta_info["num_retractions"] == 1
+    for name, state in (("abort + resend", aborted), ("retract", retracted)):
+        assert state.token_ids == reference.token_ids, name
+        assert state.routed_experts.num_rows == len(reference.token_ids) - 1
+        assert np.array_equal(state.routed_experts.array(), reference.routed_experts.array()), f"{kind}: {name}"
+
+
+async def _over(engine, n: int) -> bool:
+    from tests.sglang.test_sync_policies import tokens_in_flight
+
+    return await tokens_in_flight(engine) > n

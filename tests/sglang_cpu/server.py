@@ -35,6 +35,26 @@ START_TIMEOUT_S = 300.0
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+STAND_IN_CALLED = "NotImplementedError: sgl_kernel stand-in:"
+"""What a server's log holds when SGLang called a kernel the stand-in only names (issue 66 W5)."""
+
+
+class SglangServer(Engine):
+    """A real SGLang server; leaving its ``with`` block stops it and fails the test if SGLang
+    called a stand-in kernel meanwhile (a code path these CPU runs cannot vouch for)."""
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        if exc[0] is None:
+            assert_no_stand_in_called(self.proc.log_path)
+
+
+def assert_no_stand_in_called(log_path: Path) -> None:
+    text = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
+    hits = [line for line in text.splitlines() if STAND_IN_CALLED in line]
+    assert not hits, f"SGLang called a stand-in kernel ({log_path}): {hits[0]}"
+
+
 def cpu_flags(*, context_length: int = 1024, max_total_tokens: int = 8192) -> list[str]:
     """The launch flags SGLang needs on a CPU without its kernel library: torch-native attention
     (norms, activations and sampling then take plain-torch paths), no CUDA graphs, no grammar
@@ -106,7 +126,7 @@ def start_sglang_servers(log_dir: Path | str, model_dir: Path | str, *extra: str
             argv += ["--admin-api-key", admin_api_key]
         label = name if count == 1 else f"{name}-{i}"
         proc = ChildProcess(label, argv, Path(log_dir) / f"{label}-{port}.log", env=server_env(tp_size, env)).start()
-        engines.append(Engine(url=f"http://127.0.0.1:{port}", port=port, proc=proc, api_key=api_key,
+        engines.append(SglangServer(url=f"http://127.0.0.1:{port}", port=port, proc=proc, api_key=api_key,
                               admin_api_key=admin_api_key))
     try:
         for engine in engines:
