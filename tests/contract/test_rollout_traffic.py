@@ -79,3 +79,37 @@ async def test_local_engine_refuses_every_sampling_value_the_contract_gate_refus
                 r = await http.post(f"{warm_engine}/generate", json=body)
                 assert r.status_code == 400, (key, value, r.status_code, r.text[:300])
     assert checked >= 20, checked
+
+
+async def test_the_routing_replay_bodies_are_ones_every_release_accepts(tmp_path, releases):
+    """Issue 66 N11: the /generate bodies of the rollout's R3 path (``return_routed_experts`` and a
+    ``routed_experts_start_len`` from the rows held: ``rollout_service.agent.routes``), recorded in
+    front of a local engine serving a MoE model with routes, against every release."""
+    from transformers import AutoConfig
+
+    from asyncrl.engine_client import EngineClient
+    from asyncrl.models import load_model
+    from rollout_service.agent.routes import RouteShape, extend_routes, route_request
+    from rollout_service.agent.state import AgentState
+    from tests.helpers.processes import start_engine
+
+    load_model("builtin:tiny-moe").config.save_pretrained(tmp_path / "config")
+    shape = RouteShape.of(AutoConfig.from_pretrained(tmp_path / "config"))
+    state = AgentState(id="r3", run_id="r", group_id="g", group_size=1, group_index=0, prompt_id="p", data_source="d",
+                       token_ids=[5, 6, 7, 8], prompt_length=4)
+    with start_engine(tmp_path, "--enable-return-routed-experts", model="builtin:tiny-moe", name="moe") as engine:
+        proxy = await RecordingProxy(engine.url).start()
+        try:
+            async with EngineClient(proxy.url) as client:
+                for budget in (4, 3):  # a turn, then the next one asking from the rows held
+                    res = await client.generate(state.token_ids, {"max_new_tokens": budget, "temperature": 0.0},
+                                                extra=route_request(state))
+                    extend_routes(state, res, shape)
+                    state.token_ids += res.output_ids + [9]  # a tool's token: computed first by the next call
+        finally:
+            await proxy.stop()
+    bodies = [body for method, path, _, body in proxy.requests if (method, path) == ("POST", "/generate")]
+    assert [b["routed_experts_start_len"] for b in bodies] == [0, 4 + 4 - 1] and all(b["return_routed_experts"] for b in bodies)
+    problems = [f"sglang {release}: {problem} in {body!r:.300}" for release in releases for body in bodies
+                for problem in kit.check_request(release, "POST", "/generate", body)]
+    assert not problems, "\n".join(problems)
