@@ -362,7 +362,8 @@ class SyncCoordinator:
             if rec.adapter is not None:  # loaded beside the current one before anything pauses (adapter_load)
                 self._enter(rec, "staging")
                 staged |= await stage_adapter(update, self.adapters[rec.id], run_id=self.settings.run_id, keep=self.version,
-                                              transport=s.adapter_transport, timeout_s=s.engine_timeout_s)
+                                              transport=s.adapter_transport, timeout_s=s.engine_timeout_s,
+                                              shared_dir=s.adapter_dir is not None)
                 if not staged:
                     raise WeightSyncError(f"no engine staged adapter {rec.adapter.name}: "
                                           + "; ".join(f"{m.id}: {m.error}" for m in update.members))

@@ -376,7 +376,8 @@ class SyncConfig(Section):
     (``/load_lora_adapter_from_tensors``; SGLang 0.5.21+ and local_engine). ``path``: a peft
     directory the trainer writes under ``adapter_dir`` (``/load_lora_adapter``; the engines must
     read it: shared storage). ``auto``: per engine, ``tensors`` where its release takes them,
-    else ``path``."""
+    else ``path``; with ``adapter_dir`` set, also ``path`` for an adapter whose bytes × the
+    engine's ``tp_size`` exceed 256 MiB (the tensors are repeated per TP rank in one body)."""
     adapter_dir: str | None = None
     """Where the trainer writes each version's adapter directory for ``path`` transport (keeping
     the last three). None: ``<run dir>/adapters`` (readable by engines on the trainer's host)."""

@@ -61,13 +61,23 @@ def run_adapters(names, run_id: str) -> dict[str, int]:
     return {n: v for n in names if (v := adapter_version(run_id, n)) is not None}
 
 
-def pick_transport(info: dict, transport: Transport, spec: AdapterSpec) -> str:
+TENSORS_BODY_MAX_BYTES = 256 * 2**20
+"""Under ``auto`` with shared storage, an adapter whose bytes × the engine's ``tp_size`` exceed
+this goes by ``path``: ``/load_lora_adapter_from_tensors`` carries one copy per TP rank in one
+request body (issue 66 N10)."""
+
+
+def pick_transport(info: dict, transport: Transport, spec: AdapterSpec, shared_dir: bool = False) -> str:
     """``tensors`` or ``path`` for an engine whose ``/server_info`` is ``info``; raises
-    WeightSyncError when neither can work (naming the setting to change)."""
+    WeightSyncError when neither can work (naming the setting to change). ``shared_dir``: the
+    run named ``sync.adapter_dir`` (storage the engines read), so ``auto`` may take ``path`` for
+    an adapter too big to repeat per TP rank (:data:`TENSORS_BODY_MAX_BYTES`)."""
     if not info.get("enable_lora"):
         raise WeightSyncError("serves no LoRA adapters: start it with --enable-lora, --max-lora-rank and "
                               "--lora-target-modules, or set sync.lora_weights=merged")
-    choice = transport if transport != "auto" else ("tensors" if spec.tensors else "path")
+    tp = info.get("tp_size") if isinstance(info.get("tp_size"), int) and info["tp_size"] >= 1 else 1
+    big = shared_dir and spec.path is not None and spec.nbytes * tp > TENSORS_BODY_MAX_BYTES
+    choice = transport if transport != "auto" else ("tensors" if spec.tensors and not big else "path")
     if choice == "tensors" and not spec.tensors:
         raise WeightSyncError("this sync carries no adapter tensors (sync.adapter_transport=path on the trainer): "
                               "set sync.adapter_transport=auto or tensors")
@@ -114,14 +124,14 @@ def adapter_problems(actor, info: dict, where: str) -> list[str]:
 
 
 async def stage_adapter(update: EngineUpdate, spec: AdapterSpec, *, run_id: str, keep: int, transport: Transport,
-                        timeout_s: float) -> set[str]:
+                        timeout_s: float, shared_dir: bool = False) -> set[str]:
     """Steps 1-3 of the module docstring on every member; the ids of the members that staged it
     (a failure is recorded in the member's ``error``)."""
 
     async def one(m: Member) -> None:
         c = m.client
         info = await c.server_info(timeout_s=timeout_s)
-        how = pick_transport(info, transport, spec)
+        how = pick_transport(info, transport, spec, shared_dir)
         stale = [n for n, v in run_adapters(await c.lora_adapters(timeout_s=timeout_s), run_id).items()
                  if v < keep or n == spec.name]
         for name in stale:

@@ -234,3 +234,20 @@ async def test_adapter_syncs_refuse_engines_whose_release_asserts_one_data_paral
     finally:
         strict.stop()
         attention.stop()
+
+
+def test_auto_sends_an_adapter_too_big_to_repeat_per_tp_rank_by_path_when_storage_is_shared():
+    """Issue 66 N10: ``/load_lora_adapter_from_tensors`` repeats the adapter once per TP rank in
+    one body; under ``auto`` with ``sync.adapter_dir`` named (storage the engines read) an adapter
+    whose bytes × ``tp_size`` exceed the bound goes by path; without shared storage, or below the
+    bound, by tensors; an explicit transport is kept."""
+    from asyncrl.sync_control.adapter_load import TENSORS_BODY_MAX_BYTES, pick_transport
+    from asyncrl.wire.sync import AdapterSpec
+
+    config = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    big = AdapterSpec(name="run-v1", config=config, tensors="x", path="/shared/run-v1", nbytes=TENSORS_BODY_MAX_BYTES // 4 + 1)
+    info = {"enable_lora": True, "tp_size": 4}
+    assert pick_transport(info, "auto", big, shared_dir=True) == "path"
+    assert pick_transport({**info, "tp_size": 2}, "auto", big, shared_dir=True) == "tensors"
+    assert pick_transport(info, "auto", big, shared_dir=False) == "tensors"
+    assert pick_transport(info, "tensors", big, shared_dir=True) == "tensors"
