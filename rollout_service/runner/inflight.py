@@ -10,8 +10,13 @@ version clock treats the runner as busy while the count is above zero.
 Tokens a call has decoded so far: exact for a streamed call (its last chunk), otherwise
 estimated from its elapsed time at the service's recent decode rate per call
 (:meth:`InFlightCalls.decoded_estimate`: a non-streamed ``/generate`` shows nothing until it
-returns). The rate is an exponential average over finished calls of their tokens per second
-of the call's whole duration (queueing and prefill included), so it under-estimates.
+returns). The rate is the median, over the last :data:`RATES_KEPT` finished calls of the
+service's *own* agents, of their tokens per second of the call's whole duration (queueing and
+prefill included), so it under-estimates. Only the service's own agents feed it and the turn
+lengths (issue 67 M1): a data-plane client's calls (stateless OpenAI calls, sessions) are
+counted and registered but teach nothing, so a burst of one-token calls with long prompts
+cannot drag the rate down and make the per-request rule cancel the service's work; the median
+bounds what a few outliers among the service's own calls can do.
 
 Not covered: requests sent to an engine by anything else (the sync agent, other services).
 """
@@ -19,13 +24,14 @@ Not covered: requests sent to an engine by anything else (the sync agent, other 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-RATE_WEIGHT = 0.2  # weight of the newest finished call in the decode-rate average
+RATES_KEPT = 64  # finished own calls whose rates the decode-rate median reads
 LENGTHS_KEPT = 1024  # finished turns whose lengths the expected-remaining estimate reads
 
 
@@ -81,16 +87,32 @@ class InFlightCalls:
         self.count = 0
         self.calls: dict[str, InFlightCall] = {}
         """The registered calls by rid (a call without a rid is counted, not registered)."""
-        self.decode_rate: float | None = None
-        """Tokens per second of one call, averaged over finished calls (None: none yet)."""
+        self._rates: deque[float] = deque(maxlen=RATES_KEPT)
         self.turns = TurnLengths()
-        """Lengths of finished turns (:class:`TurnLengths`)."""
+        """Lengths of finished turns of the service's own agents (:class:`TurnLengths`)."""
         self._on_busy: Callable[[], None] = lambda: None
         self._on_idle: Callable[[], None] = lambda: None
+        self._own: Callable[[Any], bool] = lambda state: False
 
-    def listen(self, on_busy: Callable[[], None], on_idle: Callable[[], None]) -> None:
-        """``on_busy`` runs when a call starts, ``on_idle`` when the count falls back to zero."""
-        self._on_busy, self._on_idle = on_busy, on_idle
+    @property
+    def decode_rate(self) -> float | None:
+        """Tokens per second of one call: the median over the service's own recent finished
+        calls (module docstring; None: none yet)."""
+        return statistics.median(self._rates) if self._rates else None
+
+    @decode_rate.setter
+    def decode_rate(self, rate: float | None) -> None:
+        """Forget what was learnt (None), or start again from ``rate`` (tests drive states)."""
+        self._rates.clear()
+        if rate is not None:
+            self._rates.append(rate)
+
+    def listen(self, on_busy: Callable[[], None], on_idle: Callable[[], None],
+               own: Callable[[Any], bool] = lambda state: False) -> None:
+        """``on_busy`` runs when a call starts, ``on_idle`` when the count falls back to zero;
+        ``own(state)``: whether a call's agent state is one of the service's own agents (only
+        those feed the rate and the turn lengths)."""
+        self._on_busy, self._on_idle, self._own = on_busy, on_idle, own
 
     @contextlib.contextmanager
     def tracking(self, rid: str | None = None, state: Any = None, max_new: int = 0) -> Iterator[InFlightCall | None]:
@@ -109,15 +131,18 @@ class InFlightCalls:
             if self.count == 0:
                 self._on_idle()
 
-    def finished(self, call: InFlightCall | None, tokens: int, turn_length: int | None = None) -> None:
-        """A call returned ``tokens`` new tokens: fold its rate into :attr:`decode_rate`;
-        ``turn_length``: the model tokens of the turn it ended (None: aborted, or no turn)."""
+    def finished(self, call: InFlightCall | None, tokens: int, turn_length: int | None = None, state: Any = None) -> None:
+        """A call of agent ``state`` (``call.state`` when registered) returned ``tokens`` new
+        tokens: its rate joins :attr:`decode_rate`'s window and ``turn_length`` (the model
+        tokens of the turn it ended; None: aborted, or no turn) the turn lengths — only for the
+        service's own agents (module docstring)."""
+        if not self._own(call.state if call is not None else state):
+            return
         if turn_length is not None:
             self.turns.add(turn_length)
         if call is None or tokens <= 0:
             return
-        rate = tokens / max(1e-3, time.monotonic() - call.started)
-        self.decode_rate = rate if self.decode_rate is None else (1 - RATE_WEIGHT) * self.decode_rate + RATE_WEIGHT * rate
+        self._rates.append(tokens / max(1e-3, time.monotonic() - call.started))
 
     def decoded_estimate(self, call: InFlightCall, now: float | None = None) -> int:
         """Tokens ``call`` has decoded by ``now`` (module docstring), within ``[0, max_new]``."""
@@ -156,7 +181,7 @@ class _Counted:
                     last = res
                     yield res
             if last is not None and last.finish_reason is not None:
-                self.calls.finished(None, 0, _turn_length(before, last))
+                self.calls.finished(None, 0, _turn_length(before, last), state)
 
 
 def _turn_so_far(state) -> int | None:

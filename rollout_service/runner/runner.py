@@ -154,7 +154,8 @@ class Runner:
         """Trajectories delivered to the trainer and not yet acked (``QueueDepth.held``)."""
         self._wake = asyncio.Event()
         self.calls = calls or InFlightCalls()
-        self.calls.listen(on_busy=lambda: self.clock.set_idle(False), on_idle=self._wake.set)
+        self.calls.listen(on_busy=lambda: self.clock.set_idle(False), on_idle=self._wake.set,
+                          own=lambda state: state is not None and self.agents.get(getattr(state, "id", None)) is state)
         """Generate calls in flight; the service routes every call through ``calls.routed(pool)``."""
         self.loops = LoopSupervisor("the runner", restart_s=LOOP_RESTART_S, on_restart=self._loop_restarted)
         """Admission and publishing (:mod:`asyncrl.loops`: a bug that kills one is logged and it

@@ -222,7 +222,9 @@ async def test_in_flight_calls_estimate_what_a_call_has_decoded():
     from rollout_service.runner.inflight import InFlightCalls
 
     calls = InFlightCalls()
-    with calls.tracking("a", None, 100) as call:
+    own = types.SimpleNamespace(id="own")
+    calls.listen(lambda: None, lambda: None, own=lambda state: state is own)
+    with calls.tracking("a", own, 100) as call:
         assert calls.decoded_estimate(call) == 0, "no finished call yet: no rate"
         call.started -= 2.0
         calls.finished(call, 50)  # 50 tokens in ~2 s
@@ -305,3 +307,39 @@ def test_the_trainer_starves_only_with_the_quota_used_and_nothing_in_flight_queu
     assert not runner.trainer_starving
     runner.queued_trajectories, runner.groups["s00000000"] = 0, 1  # a sample in flight
     assert not runner.trainer_starving
+
+
+async def test_only_the_services_own_calls_teach_the_decode_rate_and_a_few_outliers_do_not_move_it():
+    """Issue 67 M1: 40 one-token calls of a data-plane client with long prompts (stateless: no
+    agent state; or a session's) took the rate from 82 to 0.13 tok/s, and the per-request rule
+    then cancelled the service's own calls as hopelessly behind. Through the runner's generator
+    (the path every call takes): such calls leave the rate and the turn lengths as they were;
+    the service's own calls set them, and a few slow ones among many do not drag the median."""
+    from rollout_service.runner.inflight import InFlightCalls
+
+    class Engines:
+        def __init__(self) -> None:
+            self.delay, self.tokens = 0.0, 1
+
+        async def generate(self, state, ids, params, rid, extra=None):
+            await asyncio.sleep(self.delay)
+            return types.SimpleNamespace(output_ids=[1] * self.tokens, aborted=False)
+
+    own = {f"a{i}": types.SimpleNamespace(id=f"a{i}", token_ids=[1, 2], turn_start=2) for i in range(20)}
+    calls = InFlightCalls()
+    calls.listen(lambda: None, lambda: None, own=lambda state: state is not None and own.get(getattr(state, "id", None)) is state)
+    engines = Engines()
+    gen = calls.routed(engines)
+    engines.tokens = 40
+    for state in list(own.values())[:10]:
+        await gen.generate(state, [1, 2], {"max_new_tokens": 64}, f"rid-{state.id}")
+    learnt, turns = calls.decode_rate, list(calls.turns.lengths)
+    assert learnt is not None and learnt > 1000 and turns == [40] * 10
+    engines.tokens, engines.delay = 1, 0.05  # a client's burst: one token each, slow (long prompts)
+    session = types.SimpleNamespace(id="sess-x", token_ids=[1], turn_start=1)  # a session's state is not the runner's
+    await asyncio.gather(*(gen.generate(None if i % 2 else session, [1] * 4000, {"max_new_tokens": 1}, f"c{i}")
+                           for i in range(40)))
+    assert calls.decode_rate == learnt and list(calls.turns.lengths) == turns, "a client's calls taught the rate"
+    for state in list(own.values())[10:13]:  # three slow own calls among ten fast ones
+        await gen.generate(state, [1, 2], {"max_new_tokens": 64}, f"rid-{state.id}")
+    assert calls.decode_rate > learnt / 2, "three outliers among thirteen moved the median"
