@@ -5,7 +5,9 @@ with an empty environment, in a new session, with the run's temporary directory 
 It uses only the standard library and runs *before* any model code, in this order:
 
 1. resource limits (``setrlimit``) except RLIMIT_NPROC, clamped to our hard limits.
-2. as root: ``unshare(CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS)``: a network namespace
+2. as root: ``unshare(CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)``:
+   private System V IPC and POSIX message queues (a shared-memory segment the program leaves
+   dies with the run, never seen by the host or the next run: issue 67 M3) and host name; a network namespace
    whose only interface, ``lo``, is down, a pid namespace (needs CAP_SYS_ADMIN, which default
    Docker does not grant; without it if only that is refused) and a private mount namespace
    in which every world-writable directory (``/tmp``, ``/dev/shm``, ``/var/tmp``, the lock
@@ -51,6 +53,8 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUTS = 0x04000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
 WORLD_WRITABLE = ("/tmp", "/dev/shm", "/var/tmp", "/run/lock", "/var/lock")
 """Directories any uid may write: each gets a fresh private tmpfs per run (issue 48: /var/tmp
@@ -69,7 +73,8 @@ def _libc_call(libc, function_name, *args):
 
 
 def _unshare_network(libc, user_namespace, want_pid_namespace):
-    """New network namespace (only a downed ``lo``), and a new pid namespace if wanted and allowed.
+    """New network namespace (only a downed ``lo``), IPC and UTS namespaces, and a new pid
+    namespace if wanted and allowed.
 
     Without ``user_namespace`` this needs CAP_SYS_ADMIN (root outside restrictive
     containers). With it, any uid can do it where unprivileged user namespaces are allowed;
@@ -78,7 +83,7 @@ def _unshare_network(libc, user_namespace, want_pid_namespace):
     Returns (error text or None, whether a pid namespace was created).
     """
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNET | (CLONE_NEWUSER if user_namespace else CLONE_NEWNS)
+    flags = CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWUSER if user_namespace else CLONE_NEWNS)
     error = "not requested"
     if want_pid_namespace:
         error = _libc_call(libc, "unshare", ctypes.c_int(flags | CLONE_NEWPID))

@@ -247,3 +247,31 @@ async def test_concurrent_runs_cannot_read_each_others_directories(make_sandbox,
     # root mode: the run's private /tmp holds its own directory alone (the other is not even
     # there); elsewhere the other's directory is there and closed
     assert result.content in ("denied\nlooked at 1\n", "looked at 0\n"), result.content
+
+
+async def test_shared_memory_a_program_leaves_dies_with_its_run(make_sandbox) -> None:
+    """Issue 67 M3: the sandbox had the host's IPC namespace, so a System V segment a run left
+    (64 MiB, outside its memory limit) outlived it and a later run under another uid could read
+    it. The program creates a segment under a fixed key and leaves it: the host never sees that
+    key, and a second run finds no segment under it."""
+    import ctypes
+
+    key = 0x5A17C0DE
+    program = f"""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        shmid = libc.shmget({key}, 1 << 20, 0o1666)  # IPC_CREAT | 0666
+        print("created", shmid >= 0)
+    """
+    probe = f"""
+        import ctypes
+        print("found", ctypes.CDLL(None).shmget({key}, 0, 0o666) >= 0)
+    """
+    sandbox = make_sandbox()
+    first = await run(sandbox, program)
+    assert "created True" in first.content, first.content
+    second = await run(sandbox, probe)
+    assert "found False" in second.content, second.content
+    host_keys = Path("/proc/sysvipc/shm").read_text().split("\n")[1:]
+    assert not any(line.split() and int(line.split()[0]) == key for line in host_keys), "the segment outlived the run"
+    assert ctypes.CDLL(None).shmget(key, 0, 0o666) < 0
