@@ -34,6 +34,8 @@ from collections.abc import Mapping
 
 import psutil
 
+from asyncrl.netcheck import plain_address
+
 log = logging.getLogger(__name__)
 
 IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -64,7 +66,7 @@ def _candidates(address: str) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     for family, _, _, _, sockaddr in infos:
         ip = sockaddr[0]
-        if ipaddress.ip_address(ip.split("%")[0]).is_unspecified:
+        if plain_address(ip).is_unspecified:
             raise ListenAddressError(f"the master address {address!r} is the unspecified address ({ip}): a port there "
                                      f"listens on every interface, the public ones too; give this node's address")
         if (family, ip) not in out:

@@ -38,16 +38,25 @@ def resolve(name: str) -> list[str]:
     return sorted({info[4][0] for info in socket.getaddrinfo(name, None)})
 
 
+def plain_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """``text`` as an address, an IPv4-mapped IPv6 one (``::ffff:0.0.0.0``, in any spelling) as
+    the IPv4 address it maps (issue 67 L5: the mapped unspecified address passed the check and
+    listened on every IPv4 interface). Raises ValueError for what is not an address."""
+    address = ipaddress.ip_address(text.split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
+
+
 def address_problem(setting: str, value: str, resolver: Resolver = resolve) -> str | None:
     """Why ``value`` (the setting named ``setting``) is not a private address, or None."""
     host = value.strip().strip("[]")
     if not host:
         return f"{setting} is empty: set it to this node's private address"
     try:
-        addresses = [ipaddress.ip_address(host)]
+        addresses = [plain_address(host)]
     except ValueError:
         try:
-            addresses = [ipaddress.ip_address(a.split("%")[0]) for a in resolver(host)]
+            addresses = [plain_address(a) for a in resolver(host)]
         except OSError as exc:
             return f"{setting}={value} does not resolve ({exc}): give a private address"
     unspecified = [str(a) for a in addresses if a.is_unspecified]

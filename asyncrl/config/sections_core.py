@@ -246,6 +246,14 @@ class ApiConfig(Section):
     max_session_metadata_bytes: int = Field(65_536, ge=0, le=16 * 2**20)
     """Largest ``metadata`` of a session (its JSON; 400 above it): with ``max_sessions`` it
     bounds what sessions hold in memory and the KV bucket."""
+    max_session_responses: int = Field(256, ge=1, le=100_000)
+    """Stored Responses API turns per session (``store`` not false): a turn that would store one
+    more is refused (400, naming this; ``store: false`` or a new session go on)."""
+    max_session_record_bytes: int = Field(4 * 2**20, ge=65_536, le=64 * 2**20)
+    """Largest a session's saved record may grow (its msgpack): a turn whose record plus its
+    request body would pass it is refused (400) before it runs, so every accepted turn is
+    persisted (the sessions KV bucket stores a record as one NATS message: keep this under the
+    server's ``max_payload``, 8 MiB in asyncrl's configs)."""
     max_stateless_requests: int = Field(256, ge=1, le=1_000_000)
     """Stateless completions in progress at once (429 with ``Retry-After`` above it)."""
     max_long_polls: int = Field(64, ge=1, le=100_000)

@@ -286,6 +286,11 @@ class EnginePool:
         lost = asyncio.ensure_future(handle.lost.wait())
         try:
             await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # our caller is cancelled (a client gone mid-stream): the call unwinds
+            lost.cancel()  # before anything closes the stream it reads (issue 67 L3: "aclose(): asynchronous
+            task.cancel()  # generator is already running", logged as an unhandled error per disconnect)
+            await asyncio.gather(task, return_exceptions=True)
+            raise
         finally:
             lost.cancel()
             if not task.done():

@@ -53,6 +53,9 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+
+
 class ResponsesRequest(_ValidUnicode):
     """The supported subset of ``POST /v1/responses`` (module docstring)."""
 
@@ -91,6 +94,22 @@ class ResponsesRequest(_ValidUnicode):
         if isinstance(self.input, list) and len(self.input) > MAX_ITEMS:
             raise ValueError(f"input has {len(self.input)} items (limit {MAX_ITEMS})")
         return self
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_as_openai_bounds_it(cls, v):
+        """OpenAI's bounds (issue 67 M2: each stored response echoes it): at most 16 pairs, keys
+        of at most 64 characters, values of at most 512."""
+        if v is None:
+            return v
+        if len(v) > METADATA_PAIRS:
+            raise ValueError(f"metadata has {len(v)} pairs (limit {METADATA_PAIRS})")
+        for key, value in v.items():
+            if len(key) > METADATA_KEY_CHARS:
+                raise ValueError(f"metadata key {key[:20]!r}... has {len(key)} characters (limit {METADATA_KEY_CHARS})")
+            if len(value) > METADATA_VALUE_CHARS:
+                raise ValueError(f"metadata value of {key!r} has {len(value)} characters (limit {METADATA_VALUE_CHARS})")
+        return v
 
     @field_validator("tools")
     @classmethod

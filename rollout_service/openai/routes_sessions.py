@@ -129,12 +129,15 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
         session_for(request, sid)
         return models_body(ctx)
 
-    async def session_turn(sid: str, rec: SessionRecord, prepare, answer, on_success=None):
+    async def session_turn(sid: str, rec: SessionRecord, prepare, answer, on_success=None, incoming: int = 0,
+                           stores_response: bool = False):
         """One session request under the session's lock (module doc of ``sessions``):
         ``prepare()`` extends the recorded tokens, ``answer(done)`` runs the turn and answers
         (a StreamingResponse or not) and awaits ``done(outcome)`` when the turn is over.
         A failed turn, an exception before the turn was done and a stream the client closed
-        mid-turn all put the session back as it was; ``on_success(outcome)`` records the rest."""
+        mid-turn all put the session back as it was; ``on_success(outcome)`` records the rest.
+        A turn the session's record could not keep is refused first (``SessionManager.check_room``:
+        ``incoming`` request bytes, ``stores_response``)."""
         lock = sessions.lock(sid)
         await lock.acquire()
         released = completed = streaming = False
@@ -164,6 +167,7 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
                 sessions.abandoned_streams += 1
 
         try:
+            sessions.check_room(rec, ctx.api, incoming, stores_response)
             rec.last_activity = time.time()
             prepare()
             response = await answer(done)
@@ -226,7 +230,8 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
             spec = chat_spec(ctx, chat_req, len(rec.agent.token_ids))
             return await answer_response(ctx, rec.agent, chat, req, spec, response_id, done, lambda: answered.get("object"))
 
-        return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded)
+        return await session_turn(sid, rec, lambda: prepare_turn(rec, messages, chat, key), answer, recorded,
+                                  incoming=len(await request.body()), stores_response=req.store is not False)
 
     @router.post("/v1/sessions/{sid}/v1/messages", responses={**streams(), **errors(400, 404, 409, 422, 503)})
     async def session_messages(request: Request, sid: str, req: MessagesRequest):

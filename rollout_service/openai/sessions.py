@@ -245,6 +245,20 @@ class SessionManager:
     def add(self, rec: SessionRecord) -> None:
         self.sessions[rec.id] = rec
 
+    @staticmethod
+    def check_room(rec: SessionRecord, api, incoming: int = 0, stores_response: bool = False) -> None:
+        """Refuse (400) a turn the session cannot keep (issue 67 M2): one more stored response
+        beyond ``api.max_session_responses``, or a record that with the ``incoming`` request
+        bytes would pass ``api.max_session_record_bytes`` (it would then silently stop being
+        persisted, and be lost at a restart)."""
+        if stores_response and len(rec.responses) >= api.max_session_responses:
+            raise ApiError(400, f"this session stores {len(rec.responses)} responses (api.max_session_responses): "
+                                "send store=false, or continue in a new session", param="store")
+        size = len(msgspec.msgpack.encode(rec)) + incoming
+        if size > api.max_session_record_bytes:
+            raise ApiError(400, f"this session's record would grow to about {size} bytes (limit "
+                                f"{api.max_session_record_bytes}, api.max_session_record_bytes): continue in a new session")
+
     async def save(self, rec: SessionRecord) -> None:
         try:
             await asyncio.wait_for(self.kv.put(rec.id.replace(".", "_"), msgspec.msgpack.encode(rec)), 2.0)

@@ -57,7 +57,7 @@ def test_it_runs_as_a_module():
     assert bad.returncode == 1 and "NODE_ADDR=1.1.1.1 is a public address" in bad.stderr
 
 
-@pytest.mark.parametrize("value", ["0.0.0.0", "::", "[::]", "0"])
+@pytest.mark.parametrize("value", ["0.0.0.0", "::", "[::]", "0", "::ffff:0.0.0.0", "[::ffff:0:0]", "0:0:0:0:0:ffff:0.0.0.0"])
 def test_the_unspecified_address_is_refused_even_when_public_ones_are_allowed(value):
     """Issue 48 item 3: 0.0.0.0, :: and "0" passed as private (not global), so CONTROL_ADDR=0.0.0.0
     published NATS and the sync agent on every interface, public ones too."""

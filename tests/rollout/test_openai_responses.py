@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import msgspec
 import openai
 import pytest
 from openai import OpenAI
@@ -109,3 +110,42 @@ async def test_a_response_with_store_false_is_recorded_but_not_kept(tmp_path, na
             await _in_thread(lambda: client.responses.create(model="policy", input="More.", previous_response_id=unkept.id))
         state = await finish(url, sess, reward=0.0)
         assert state["turns"] == 1, "the turn itself is recorded (training data), only the response object is not kept"
+
+
+async def test_a_session_keeps_only_what_it_can_persist(tmp_path, nats_server, warm_engine):
+    """Issue 67 M2: each stored response echoes its ``metadata``, ``instructions`` and ``tools``,
+    so 12 turns with 3 MB of metadata took +98 MiB and the session silently stopped being
+    persisted (lost at a restart). With the official client: ``metadata`` is bounded as OpenAI
+    bounds it (16 pairs, 64-character keys, 512-character values: 400 naming the bound); a
+    session stores at most ``api.max_session_responses`` responses (then 400 naming the
+    setting; ``store=false`` goes on); a turn whose record would pass
+    ``api.max_session_record_bytes`` is refused before it runs; every accepted turn is in the
+    sessions bucket, and a refused one changed nothing there."""
+    from rollout_service.openai.sessions import SessionRecord
+
+    cfg = idle_cfg(tmp_path, nats_server.url, warm_engine, "api.max_session_responses=2", "api.max_session_record_bytes=65536")
+    async with running_service(cfg) as (svc, url):
+        sess = await new_session(url, data_source="external/arith", group_size=1)
+        client = OpenAI(base_url=sess["base_url"], api_key=sess["token"], timeout=120, max_retries=0)
+
+        def ask(**kw):
+            return _in_thread(lambda: client.responses.create(model="policy", input="1+1", temperature=0, max_output_tokens=4, **kw))
+
+        for bad, needle in (({f"k{i}": "v" for i in range(17)}, "17 pairs (limit 16)"), ({"k" * 65: "v"}, "65 characters (limit 64)"),
+                            ({"k": "v" * 513}, "513 characters (limit 512)")):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await ask(metadata=bad)
+            assert needle in str(refused.value), refused.value
+        first = await ask(metadata={"k": "v" * 512})
+        second = await ask(previous_response_id=first.id)
+        with pytest.raises(openai.BadRequestError, match="api.max_session_responses"):
+            await ask(previous_response_id=second.id)
+        await ask(previous_response_id=second.id, store=False)  # not stored: goes on
+        saved = await svc.sessions.kv.get(sess["id"].replace(".", "_"))
+        before = msgspec.msgpack.decode(saved.value, type=SessionRecord)
+        assert sorted(before.responses) == sorted([first.id, second.id])
+        with pytest.raises(openai.BadRequestError, match="api.max_session_record_bytes"):
+            await _in_thread(lambda: client.responses.create(model="policy", input="1+1", instructions="x" * 70_000,
+                                                             max_output_tokens=4, store=False))
+        after = await svc.sessions.kv.get(sess["id"].replace(".", "_"))
+        assert after.value == saved.value, "a refused turn changed the saved record"

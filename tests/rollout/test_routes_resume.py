@@ -78,6 +78,9 @@ async def test_a_resumed_call_keeps_the_routes_of_the_tokens_decoded_before_the_
                 await direct.abort(rid="rl-moe.a1.t0.s0")  # the turn loop's rid of its first call
                 await wait_for(lambda: gate.waiting.is_set(), WAIT_S, "the agent to wait at the gate")
                 await direct.update_weights_from_disk(str(tmp_path / "new"), weight_version=1)
+                # then the flush of the sync's abort policy: the aborted call's KV (and its routes) leave
+                # the prefix cache, so the resume and the control below are computed by the new weights
+                await direct.flush_cache(retries=10, interval_s=0.2)
                 gate.open.set()
                 ended, kept = await asyncio.wait_for(turn, 120)
                 control = await direct.generate(state.token_ids[:len(PROMPT) + len(kept[0].output_ids)], {"max_new_tokens": 1},

@@ -61,6 +61,7 @@ def test_a_socket_for_a_non_loopback_master_binds_that_address_not_every_interfa
 
 @pytest.mark.parametrize(("address", "why"), [("203.0.113.7", "none an address of this host"),
                                               ("0.0.0.0", "unspecified address"), ("::", "unspecified address"),
+                                              ("::ffff:0.0.0.0", "unspecified address"), ("::ffff:0:0", "unspecified address"),
                                               ("", "empty"), ("no-such-host.invalid", "does not resolve")])
 def test_an_address_this_host_cannot_listen_on_is_an_error_that_says_what_to_set(address, why):
     with pytest.raises(ListenAddressError, match=why) as info:
