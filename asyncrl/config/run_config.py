@@ -86,6 +86,14 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _engines_wait_out_a_healthy_broadcast(self) -> RunConfig:
+        if self.engines.weight_group_timeout_s <= self.sync.broadcast_timeout_s:
+            raise ValueError(f"engines.weight_group_timeout_s ({self.engines.weight_group_timeout_s:g}) must exceed "
+                             f"sync.broadcast_timeout_s ({self.sync.broadcast_timeout_s:g}): an engine may wait that long "
+                             f"for the trainer's next bucket in a healthy sync")
+        return self
+
+    @model_validator(mode="after")
     def _token_budget_holds_a_trajectory(self) -> RunConfig:
         a = self.actor
         if a.use_dynamic_bsz and a.ppo_max_token_len_per_gpu < self.model.max_model_len:

@@ -29,6 +29,8 @@
 # weight sync keeps it paused (with the default 1, /health is a one-token generation that
 # waits behind the pause and answers 503 after 20 s). asyncrl's rollout service probes
 # /health_generate itself when the engine is not paused for a sync.
+# ENGINE_WEIGHT_GROUP_TIMEOUT_S (default 360): the weight-update group's timeout, through asyncrl's
+# hook in ENGINE_HOOK_DIR (default /opt/asyncrl/sglang_hooks, compose mounts launcher/sglang_hooks).
 # ENGINE_DRY_RUN=1 prints the command instead of running it (tests/deploy).
 set -euo pipefail
 
@@ -99,6 +101,17 @@ print(next((n for n, addrs in psutil.net_if_addrs().items() for a in addrs if a.
     fi
 fi
 export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION="${SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION:-0}"
+# asyncrl's hook (launcher/sglang_hooks, mounted by compose): SGLang's weight-update group gets a
+# bounded timeout instead of torch's 30 minutes (issue 66 N7; engines.weight_group_timeout_s,
+# which must exceed sync.broadcast_timeout_s)
+ENGINE_WEIGHT_GROUP_TIMEOUT_S="${ENGINE_WEIGHT_GROUP_TIMEOUT_S:-360}"
+ENGINE_HOOK_DIR="${ENGINE_HOOK_DIR:-/opt/asyncrl/sglang_hooks}"
+if [[ ! -r "$ENGINE_HOOK_DIR/sitecustomize.py" ]]; then
+    echo "engine.sh: asyncrl's SGLang hook is missing: $ENGINE_HOOK_DIR/sitecustomize.py (mount launcher/sglang_hooks there)" >&2
+    exit 2
+fi
+export ASYNCRL_WEIGHT_GROUP_TIMEOUT_S="$ENGINE_WEIGHT_GROUP_TIMEOUT_S"
+export PYTHONPATH="$ENGINE_HOOK_DIR${PYTHONPATH:+:$PYTHONPATH}"
 
 # the key in a private file (mkdtemp: 0700; the file 0600), JSON-quoted (JSON is YAML)
 secrets_dir=$(mktemp -d -t asyncrl-engine-XXXXXX)
@@ -118,7 +131,8 @@ cmd=(python3 -m sglang.launch_server
      "${extra[@]}" "$@")
 
 echo "engine.sh: slot $slot of $slots (CUDA_VISIBLE_DEVICES=$visible), listening on $ENGINE_HOST:$port" \
-     "(weight-group interface: ${NCCL_SOCKET_IFNAME:-any})" >&2
+     "(weight-group interface: ${NCCL_SOCKET_IFNAME:-any}; its timeout: ${ASYNCRL_WEIGHT_GROUP_TIMEOUT_S} s," \
+     "hook: $ENGINE_HOOK_DIR)" >&2
 if [[ "${ENGINE_DRY_RUN:-0}" == "1" ]]; then
     printf '%s\n' "${cmd[@]}"
     exec sleep "${ENGINE_DRY_RUN_HOLD_S:-0}"

@@ -19,6 +19,7 @@ from asyncrl.config import RunConfig, secret
 from asyncrl.jetstream.embedded import find_nats_server
 from asyncrl.launch import ChildProcess
 from asyncrl.sync_control.pause_policy import IN_PLACE_FLAGS, plan_for
+from launcher.sglang_hooks import hook_env
 from launcher.slurm.placement import EngineSlot
 
 ENGINE_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"  # the SGLang keys' way to the step (see launcher.slurm.step)
@@ -97,7 +98,8 @@ def engine_command(cfg: RunConfig, python: str) -> tuple[list[str], dict[str, st
             command.append("--enable-return-routed-experts")  # R3 trains on the engines' routes (issue 66 N3)
         if plan_for(cfg.sync, cfg.async_training).engine_mode == "in_place":  # issue 66 N1, N2: the sync agent requires them
             command += [flag for flag, _ in IN_PLACE_FLAGS.values() if flag not in command]
-        env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0")}
+        env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0"),
+               **hook_env(cfg.engines.weight_group_timeout_s)}  # a bounded weight-group timeout (issue 66 N7)
         opts = []
         for flag, var, value in (("api-key", ENGINE_KEY_ENV, secret(cfg.engines.api_key)),
                                  ("admin-api-key", ENGINE_ADMIN_KEY_ENV, secret(cfg.engines.admin_api_key))):

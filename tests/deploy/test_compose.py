@@ -393,9 +393,14 @@ def test_engines_get_the_flags_the_system_needs(one_box, tmp_path):
     env = container_environ(one_box, "sglang")  # ENGINE_API_KEY_FILE: the host's secret file
     env.update(PATH="/usr/bin:/bin", ENGINE_DRY_RUN="1", ENGINE_SLOT_DIR=str(tmp_path / "slots"),
                ENGINE_ADDR_FILE=str(tmp_path / "addr"), TMPDIR=str(tmp_path))  # its secrets dir: in the test's tmp
+    # asyncrl's SGLang hook where compose mounts it (issue 66 N7): the bind's source in this checkout
+    hook = next(v for v in s["volumes"] if v.get("target") == "/opt/asyncrl/sglang_hooks")
+    env["ENGINE_HOOK_DIR"] = str((REPO / hook["source"]).resolve())
+    assert (Path(env["ENGINE_HOOK_DIR"]) / "sitecustomize.py").is_file() and hook["read_only"]
     out = subprocess.run(["bash", str(REPO / "docker" / "sglang" / "engine.sh")], env=env, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
+    assert "its timeout: 360 s" in out.stderr and env["ENGINE_WEIGHT_GROUP_TIMEOUT_S"] == "360"
     argv = out.stdout.split("\n")
     flags = dict(zip(argv, argv[1:], strict=False))
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]

@@ -148,6 +148,20 @@ def test_the_engine_key_reaches_sglang_in_a_private_config_file_not_the_command_
     assert env["ASYNCRL_ENGINE_API_KEY"] == "another-key-0123456789" and cmd[:3] == ["python3", "-m", "sglang.launch_server"]
 
 
+def test_sglang_engines_get_the_weight_group_timeout_through_asyncrls_hook():
+    """Issue 66 N7: the job's SGLang engines load ``launcher/sglang_hooks`` first (then whatever
+    ``PYTHONPATH`` the job had) with ``engines.weight_group_timeout_s``; a timeout the engines
+    could hit in a healthy sync is refused at load."""
+    from launcher.sglang_hooks import HOOK_DIR, TIMEOUT_ENV
+
+    cfg = load_config(None, ["engines.backend=sglang", "engines.weight_group_timeout_s=450"], environ={})
+    _, env, _ = engine_command(cfg, "python3")
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(HOOK_DIR) and (HOOK_DIR / "sitecustomize.py").is_file()
+    assert env[TIMEOUT_ENV] == "450"
+    with pytest.raises(ValueError, match=r"engines.weight_group_timeout_s \(300\) must exceed sync.broadcast_timeout_s \(300\)"):
+        load_config(None, ["engines.weight_group_timeout_s=300"], environ={})
+
+
 def test_routing_replay_starts_sglang_with_its_routes_returned():
     """Issue 66 N3: with ``actor.router_replay.mode = "R3"`` the job's SGLang engines must answer
     routed experts (``--enable-return-routed-experts``; without it every call of the run is an

@@ -9,7 +9,9 @@ it drives a local_engine. The server's whole log (SGLang's server args included)
 ``<log_dir>/<name>-<port>.log``.
 
 The process gets ``SGLANG_USE_CPU_ENGINE=1`` (SGLang's CPU code paths), ``HF_HUB_OFFLINE=1`` (no
-hub) and ``stand_ins/`` first on ``PYTHONPATH``: the ``sgl_kernel`` stand-in (one function in
+hub), asyncrl's own hook first on ``PYTHONPATH`` as the product gives it to SGLang
+(``launcher/sglang_hooks``: the weight group's timeout, ``engines.weight_group_timeout_s``'s
+default unless ``env`` says otherwise) and then ``stand_ins/``: the ``sgl_kernel`` stand-in (one function in
 plain torch, every other name fails when used) and a ``sitecustomize`` that drops
 ``pin_memory`` without CUDA (LoRA asks for it). They are what they say and no more:
 stand_ins/sgl_kernel/__init__.py and stand_ins/sitecustomize.py.
@@ -24,11 +26,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from asyncrl.config.sections_engines import EnginesConfig
 from asyncrl.launch import ChildProcess, free_port
+from launcher.sglang_hooks import hook_env
 from tests.helpers.processes import Engine
 from tests.sglang_cpu.install import DEFAULT_RELEASE, venv_python
 
 STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+DEFAULT_WEIGHT_GROUP_TIMEOUT_S = EnginesConfig().weight_group_timeout_s
 # Import of torch + SGLang + the model in three processes: 20-40 s idle, several times that with
 # the suite's other work on the 2 cores.
 START_TIMEOUT_S = 300.0
@@ -76,7 +81,9 @@ def lora_flags(rank: int, *, max_loaded_loras: int = 8, max_loras_per_batch: int
 def server_env(tp_size: int = 1, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "PYTHON"))}
     env.update(SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=str(STAND_INS), TOKENIZERS_PARALLELISM="false",
+               # asyncrl's hook first, as the product starts SGLang (compose, Slurm): it loads the
+               # stand-ins' sitecustomize after its own
+               **hook_env(DEFAULT_WEIGHT_GROUP_TIMEOUT_S, python_path=str(STAND_INS)), TOKENIZERS_PARALLELISM="false",
                # one compute thread per process: OpenMP's spinning threads of several servers and the
                # trainer on 2 cores made a decode step of the tiny model take seconds
                OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
