@@ -134,6 +134,14 @@ class AdapterStore:
     def enabled(self) -> bool:
         return self.layers is not None
 
+    def max_adapter_bytes(self) -> int:
+        """The most bytes an adapter this engine could serve holds: ``--max-lora-rank`` ×
+        (fan-in + fan-out) of every served module, at 8 bytes a value (float64, the widest dtype
+        admitted). 0 with LoRA off."""
+        if self.layers is None:
+            return 0
+        return sum(self.max_rank * (fan_in + fan_out) * 8 for fan_in, fan_out in self.layers.shapes())
+
     def loaded_adapters(self) -> dict[str, str]:
         return {a.name: a.path for a in self.registry.values()}
 

@@ -59,6 +59,10 @@ class LoraLayers:
         m = self.modules.get(module)
         return None if m is None else (m.in_features, m.out_features)
 
+    def shapes(self) -> list[tuple[int, int]]:
+        """``(in, out)`` features of every served module."""
+        return [(m.in_features, m.out_features) for m in self.modules.values()]
+
     def weights(self, modules: dict[str, tuple[torch.Tensor, torch.Tensor]], scaling: float) -> AdapterWeights:
         """Tensors in the model's dtype and on its device (shapes checked by the caller)."""
         return AdapterWeights({name: (a.to(self.device, self.dtype), b.to(self.device, self.dtype))

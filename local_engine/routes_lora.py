@@ -9,13 +9,8 @@ string per TP rank: rank r reads entry r) from 0.5.17; ``expected_checksums`` (0
 sha256 of each tensor's bytes, checked by every rank before anything is loaded (SGLang's
 "[LORA-CHECK]" message). Each emulated rank (``--tp-size``) decodes and checks its own entry.
 
-The payload is a pickle of a dict name → CPU tensor, read by a restricted unpickler like
-SGLang's ``SafeUnpickler``: tensors, storages and dtypes only, and (stricter than SGLang, issue
-48) never torch's own functions: ``find_class`` returns stand-ins, the opcodes that set
-attributes or build other objects (BUILD, INST, OBJ, NEWOBJ, ...) are refused before anything is
-unpickled, and each tensor must be a float, dense, contiguous, finite tensor covering its own
-storage (``tensor_problem``); an unreadable payload (a declared length the bytes do not hold, a
-recursion) is a 400, never a 500. Every release 0.5.15-0.5.23
+The payload (a pickle of a dict name → CPU tensor) is decoded without trusting it, in a worker
+thread, by :mod:`local_engine.adapter_payload`; an unreadable or hostile one is a 400. Every release 0.5.15-0.5.23
 admits a plain pickle of CPU tensors (protocol 3 or later; their own unpicklers were run on
 it: tests/contract); protocol 2 and older reach for ``_codecs.encode``, blocked before 0.5.21
 ("Blocked unsafe global ... during pickle deserialization"). Shared-memory handles (same-host
@@ -30,13 +25,7 @@ problem. Every other answer is ``LoRAUpdateOutput``, 200 on success and 400 othe
 
 from __future__ import annotations
 
-import base64
-import binascii
-import codecs
-import io
-import pickle
-import pickletools
-from collections import OrderedDict
+import asyncio
 from typing import Any
 
 import torch
@@ -45,6 +34,7 @@ from pydantic import Field
 from starlette.responses import Response
 
 from asyncrl.sync_control.layout import parse_version
+from local_engine.adapter_payload import decode_tensors
 from local_engine.errors import BadRequest, JSONResp, parse_body
 from local_engine.lora import TENSOR_PATH, sha256_of
 from local_engine.protocol import _Body
@@ -55,9 +45,6 @@ router = APIRouter()
 MAX_ADAPTER_BODY_BYTES = 1 << 30
 """Largest ``/load_lora_adapter_from_tensors`` body (SGLang sets none): a rank-64 adapter on
 every linear layer of a 7B model is ~0.6 GB as base64 fp32."""
-_SAFE_GLOBALS = {("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor"),
-                 ("collections", "OrderedDict"), ("torch", "Size")}
-_SAFE_GLOBALS |= {("torch", n) for n in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool")}
 
 
 class LoadLoraBody(_Body):
@@ -87,113 +74,6 @@ class LoadLoraTensorsBody(_Body):
     lora_id: str | None = None
     load_format: str | None = None
     expected_checksums: dict[str, str] | None = None
-
-
-_REFUSED_OPCODES = frozenset({"BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4"})
-"""Opcodes a dict of tensors never needs: BUILD would set attributes on what ``find_class``
-returned (a payload once re-programmed torch's ``_rebuild_tensor_v2`` for every later load:
-issue 48), the others build arbitrary objects."""
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-MAX_ADAPTER_TENSORS = 100_000
-
-
-def _check_opcodes(raw: bytes) -> None:
-    """Refuse a payload using an opcode outside a plain pickle of tensors, or declaring more
-    bytes than it holds (before anything is allocated)."""
-    try:
-        for op, _arg, _pos in pickletools.genops(raw):
-            if op.name in _REFUSED_OPCODES:
-                raise ValueError(f"the serialized tensors use the pickle opcode {op.name}, which a dict of tensors never needs")
-    except ValueError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - genops raises what the bytes make it: all mean "not a pickle"
-        raise ValueError(f"the serialized tensors are not a pickle: {type(exc).__name__}: {exc}") from None
-
-
-def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None):
-    """A fresh stand-in for ``torch._utils._rebuild_tensor_v2`` (never the function itself, so
-    nothing in a payload can change torch): checks the arguments' types first."""
-    if not isinstance(storage, (torch.storage.TypedStorage, torch.UntypedStorage)):
-        raise pickle.UnpicklingError("a tensor's storage is not a torch storage")
-    if not (isinstance(storage_offset, int) and isinstance(size, tuple | torch.Size) and isinstance(stride, tuple)
-            and all(isinstance(x, int) and x >= 0 for x in (*size, *stride))):
-        raise pickle.UnpicklingError("a tensor's offset, size or stride is not a tuple of non-negative ints")
-    return torch._utils._rebuild_tensor_v2(storage, storage_offset, torch.Size(size), stride, False, OrderedDict())
-
-
-def _unpickler(data: bytes, old_protocols: bool) -> pickle.Unpickler:
-    class Restricted(pickle.Unpickler):
-        def find_class(self, module: str, name: str):
-            if (module, name) == ("torch.storage", "_load_from_bytes"):
-                return _load_storage
-            if (module, name) in (("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor")):
-                return _rebuild_tensor
-            if (module, name) == ("collections", "OrderedDict"):
-                return OrderedDict
-            if (module, name) == ("torch", "Size"):
-                return torch.Size
-            if module == "torch" and name in _DTYPE_NAMES:
-                return getattr(torch, name)
-            if (module, name) == ("_codecs", "encode") and old_protocols:
-                return codecs.encode
-            raise RuntimeError(f"Blocked unsafe global ({module}.{name}) during pickle deserialization")
-
-    return Restricted(io.BytesIO(data))
-
-
-_DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"})
-
-
-def _load_storage(data: bytes):
-    storage = torch.load(io.BytesIO(data), weights_only=True)
-    if not isinstance(storage, (torch.storage.TypedStorage, torch.UntypedStorage)):
-        raise pickle.UnpicklingError(f"Expected a Torch storage, got {type(storage).__name__}")
-    return storage
-
-
-def tensor_problem(name: str, t: torch.Tensor) -> str | None:
-    """Why a decoded adapter tensor cannot be loaded, or None: a float dtype, a plain dense
-    tensor (no negative or conjugate bit), contiguous and covering its whole storage (no
-    stride-0 or offset views into a larger buffer), finite."""
-    if t.dtype not in _DTYPES:
-        return f"tensor {name}: dtype {t.dtype} is not a float type"
-    if t.is_neg() or t.is_conj() or t.layout != torch.strided or t.is_quantized:
-        return f"tensor {name}: not a plain dense tensor"
-    if not t.is_contiguous() or t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
-        return f"tensor {name}: must be contiguous and cover its whole storage"
-    if not bool(torch.isfinite(t).all()):
-        return f"tensor {name}: holds NaN or infinite values"
-    return None
-
-
-def decode_tensors(payload: str, old_protocols: bool) -> dict[str, torch.Tensor]:
-    """One rank's payload as name → tensor (``old_protocols``: pickle protocol 2 and older
-    admitted, 0.5.21+); raises ValueError (bad base64, bad pickle, refused opcodes, not a dict
-    of tensors, a tensor :func:`tensor_problem` refuses) or RuntimeError (a blocked global)."""
-    try:
-        raw = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"the serialized tensors are not base64: {exc}") from None
-    _check_opcodes(raw)
-    try:
-        data = _unpickler(raw, old_protocols).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError, KeyError,
-            MemoryError, OverflowError, RecursionError) as exc:
-        raise ValueError(f"the serialized tensors are not a pickle of tensors: {type(exc).__name__}: {exc}") from None
-    if isinstance(data, list):
-        try:
-            data = dict(data)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"the serialized tensors must be a dict of name to tensor: {exc}") from None
-    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in data.items()):
-        raise ValueError("the serialized tensors must be a dict of name to tensor")
-    if len(data) > MAX_ADAPTER_TENSORS:
-        raise ValueError(f"the serialized tensors hold {len(data)} tensors (at most {MAX_ADAPTER_TENSORS})")
-    for name, t in data.items():
-        problem = tensor_problem(name, t)
-        if problem:
-            raise ValueError(problem)
-    return data
 
 
 def _answer(out: dict) -> JSONResp:
@@ -246,7 +126,7 @@ async def load_lora_adapter_from_tensors(request: Request, engine: EngineDep) ->
     ranks = []
     for rank, payload in enumerate(payloads):
         try:
-            tensors = decode_tensors(payload, old_protocols=release >= (0, 5, 21))
+            tensors = await asyncio.to_thread(decode_tensors, payload, release >= (0, 5, 21), engine.lora.max_adapter_bytes())
         except (ValueError, RuntimeError) as exc:
             engine.fatal_if_sglang_would_die(f"rank {rank}: {exc}")
             return _answer(engine.lora.output(False, str(exc)))

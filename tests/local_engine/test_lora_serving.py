@@ -19,9 +19,9 @@ import torch
 from asyncrl import failpoints
 from asyncrl.engine_client import EngineHTTPError
 from asyncrl.weight_sync.adapter import adapter_checksums, encode_adapter
+from local_engine.adapter_payload import decode_tensors
 from local_engine.lora import AdapterStore, read_adapter_dir
 from local_engine.lora_compute import LoraLayers
-from local_engine.routes_lora import decode_tensors
 from local_engine.runner import HFModelRunner
 from local_engine.settings import EngineSettings, SettingsError
 from tests.helpers.lora import make_adapter

@@ -10,13 +10,15 @@ from __future__ import annotations
 import base64
 import pickle
 import struct
+import warnings
+from collections import OrderedDict
 
 import pytest
 import torch
 
 from asyncrl.engine_client import EngineHTTPError
 from asyncrl.weight_sync.adapter import encode_adapter
-from local_engine.routes_lora import decode_tensors
+from local_engine.adapter_payload import decode_tensors
 
 
 def b64(raw: bytes) -> str:
@@ -71,18 +73,57 @@ def test_tensors_an_adapter_cannot_be_made_of_are_refused(case):
     with pytest.raises(ValueError):
         decode_tensors(payload, old_protocols=True)
     # a lazily negated or conjugated view (pickle materialises one, a stand-in might not)
-    from local_engine.routes_lora import tensor_problem
+    from local_engine.adapter_payload import tensor_problem
 
     assert tensor_problem("x", base._neg_view()) and tensor_problem("x", torch.zeros(2, dtype=torch.complex64).conj())
     assert tensor_problem("x", base) is None
 
 
+def storage_declaring(declared: int, present: int = 6) -> bytes:
+    """A one-tensor payload whose float32 storage (torch's legacy record, as a typed storage
+    pickles itself) declares ``declared`` values and carries ``present``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TypedStorage is deprecated; it is what tensors pickle through
+        record = torch.zeros(present).storage().__reduce__()[1][0]
+    head, tail = record.split(b"K" + bytes([present]) + b"N", 1)  # BININT1 numel, then view_metadata None
+    forged = head + b"J" + struct.pack("<i", declared) + b"N" + tail
+
+    class Storage:
+        def __reduce__(self):
+            return torch.storage._load_from_bytes, (forged,)
+
+    class Tensor:
+        def __reduce__(self):
+            return torch._utils._rebuild_tensor_v2, (Storage(), 0, (present,), (1,), False, OrderedDict())
+
+    return pickle.dumps({"x": Tensor()}, protocol=4)
+
+
+def test_a_storage_declaring_more_bytes_than_it_carries_is_refused_before_anything_is_allocated():
+    """Issue 67 L1: a payload of under 1 kB declaring a 1 GiB storage made torch allocate it before
+    finding the bytes missing; the declared size is now read first."""
+    payload = storage_declaring(1 << 28)
+    assert len(payload) < 1000
+    with pytest.raises(ValueError, match=r"a storage declares 1073741824 bytes but carries 24"):
+        decode_tensors(b64(payload), old_protocols=True)
+    assert torch.equal(decode_tensors(b64(storage_declaring(6)), old_protocols=True)["x"], torch.zeros(6))
+
+
+def test_storages_beyond_the_largest_adapter_the_engine_serves_are_refused():
+    """Issue 67 L1: all storages together at most ``max_bytes`` (the engine's
+    ``--max-lora-rank`` × fan of its served modules), counted before each is allocated."""
+    two = {"a": torch.zeros(4), "b": torch.zeros(4)}  # 16 + 16 bytes
+    assert set(decode_tensors(encode_adapter(two), old_protocols=True, max_bytes=32)) == {"a", "b"}
+    with pytest.raises(ValueError, match=r"more bytes than an adapter of --max-lora-rank .* \(16 more, 0 left\)"):
+        decode_tensors(encode_adapter({**two, "c": torch.zeros(4)}), old_protocols=True, max_bytes=32)
+
+
 def test_the_unpickler_never_hands_out_torch_functions():
     """find_class answers stand-ins: even an attribute set on what it returned (were BUILD
     admitted) could not reach torch."""
-    from local_engine.routes_lora import _unpickler
+    from local_engine.adapter_payload import _Budget, _unpickler
 
-    up = _unpickler(b"", old_protocols=True)
+    up = _unpickler(b"", old_protocols=True, budget=_Budget(None))
     assert up.find_class("torch._utils", "_rebuild_tensor_v2") is not torch._utils._rebuild_tensor_v2
     assert up.find_class("torch.storage", "_load_from_bytes") is not torch.storage._load_from_bytes
     with pytest.raises(RuntimeError, match="Blocked"):
@@ -115,9 +156,15 @@ async def test_hostile_payloads_and_configs_are_400s_over_http(tmp_path):
             cases = [("reprogram", b64(reprogram_payload()), config),
                      ("huge", b64(b"\x80\x04\x8e" + struct.pack("<Q", 2**62) + b"xx."), config),
                      ("nan", encode_adapter(nan), config),
+                     ("declared", b64(storage_declaring(1 << 28)), config),
+                     # present, but beyond rank 8 × (128 + 128) × 8 bytes × 2 modules (issue 67 L1)
+                     ("beyond-rank", encode_adapter({**good, "base_model.model.model.layers.0.self_attn.q_proj.lora_A."
+                                                     "weight": torch.zeros(8, 128 * 64)}), config),
                      ("alpha", encode_adapter(good), {**config, "lora_alpha": 1e308}),
                      ("targets", encode_adapter(good), {**config, "target_modules": [1, 2]})]
             for name, payload, cfg in cases:
                 status, body = await post(name, payload, cfg)
                 assert status == 400, (name, status, body)
+                if name in ("declared", "beyond-rank"):
+                    assert ("declares 1073741824 bytes" if name == "declared" else "--max-lora-rank") in str(body), body
             assert (await post("good", encode_adapter(good), config))[0] == 200
