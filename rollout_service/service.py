@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import RunConfig, secret
-from asyncrl.engine_client.allowed import engine_url_refusal
+from asyncrl.engine_urls import engine_url_refusal
 from asyncrl.jetstream import store_sizes
 from asyncrl.loops import LoopSupervisor
 from asyncrl.progress import ProgressWindow

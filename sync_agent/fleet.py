@@ -22,7 +22,7 @@ import logging
 
 from asyncrl.config import secret
 from asyncrl.engine_client import EngineClient
-from asyncrl.engine_client.allowed import engine_url_refusal
+from asyncrl.engine_urls import engine_url_refusal
 from asyncrl.wire.rollout_admin import EngineState, RolloutStatus
 from asyncrl.wire.sync import EngineView, weight_version_number
 from sync_agent.liveness import EngineLiveness

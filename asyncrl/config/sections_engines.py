@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 
 from asyncrl.config.sections_core import Section
+from asyncrl.engine_urls import allowed_entry_problem, url_shape_problem
 
 
 class TimingSection(Section):
@@ -102,9 +103,11 @@ class EnginesConfig(Section):
     urls: list[str] = Field(default_factory=list)
     """Base URLs of running engines (SGLang, or local engines started elsewhere)."""
     allowed_hosts: list[str] = Field(default_factory=list)
-    """Hosts an engine added at run time (``POST /admin/engines``) may be on, besides those of
-    ``urls``: host names or addresses, or networks in CIDR form (``10.0.0.0/24``). The engine
-    keys go to every engine the services know (:mod:`asyncrl.engine_client.allowed`)."""
+    """Where an engine added at run time (``POST /admin/engines``) may be, besides the
+    endpoints of ``urls`` (their host and port): ``host:port`` (``[v6]:port``) for one
+    endpoint, a host name or address for any port of it, or a network in CIDR form
+    (``10.0.0.0/24``) for any port of its addresses. The engine keys go to every engine the
+    services know (:mod:`asyncrl.engine_urls`)."""
     num_local: int = Field(1, ge=0, le=64)
     """Local engines ``asyncrl up`` starts when ``backend`` is ``local`` and ``urls`` is empty."""
     local: LocalEngineSection = Field(default_factory=LocalEngineSection)
@@ -147,4 +150,16 @@ class EnginesConfig(Section):
         for url in v:
             if not re.match(r"^https?://[^/\s]+", url):
                 raise ValueError(f"engine url {url!r} must start with http:// or https://")
+            problem = url_shape_problem(url)
+            if problem:
+                raise ValueError(problem)
         return [u.rstrip("/") for u in v]
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts_parse(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            problem = allowed_entry_problem(entry)
+            if problem:
+                raise ValueError(problem)
+        return v

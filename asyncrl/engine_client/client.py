@@ -125,7 +125,8 @@ class EngineClient:
         session = self._ensure_session()
         try:
             async with session.request(
-                method, url, data=data, headers=headers, params=params, timeout=aiohttp.ClientTimeout(total=limit)
+                method, url, data=data, headers=headers, params=params, timeout=aiohttp.ClientTimeout(total=limit),
+                allow_redirects=False,  # keys and bodies (adapter tensors) go to the engine's URL only (issue 67 L2)
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -205,7 +206,7 @@ class EngineClient:
         session = self._ensure_session()
         try:
             async with session.post(url, data=orjson.dumps(body), headers={**self._headers(False), "Content-Type": "application/json"},
-                                    timeout=aiohttp.ClientTimeout(total=limit)) as resp:
+                                    timeout=aiohttp.ClientTimeout(total=limit), allow_redirects=False) as resp:
                 if resp.status != 200:
                     raw = await resp.read()
                     try:

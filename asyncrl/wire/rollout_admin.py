@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator
+
+from asyncrl.engine_urls import url_shape_problem
 
 PauseMode = Literal["partial", "drain", "hold", "per_request"]
 EngineRotation = Literal["healthy", "unhealthy", "quarantined"]
@@ -55,7 +57,16 @@ class ResumeRequest(_Request):
 
 class AddEngineRequest(_Request):
     url: HttpUrl
+    """The engine's base URL: no user name or password, query or fragment (a 400 naming it)."""
     id: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+    @field_validator("url")
+    @classmethod
+    def _base_url_only(cls, v: HttpUrl) -> HttpUrl:
+        problem = url_shape_problem(str(v))
+        if problem:
+            raise ValueError(problem)
+        return v
 
 
 class QuarantineRequest(_Request):

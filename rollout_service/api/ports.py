@@ -55,4 +55,4 @@ class AdminPorts:
     pause_timeout_s: float
     """``rollout.pause_timeout_s``: a pause that names no timeout waits this long."""
     engine_refusal: Callable[[str], str | None] = lambda url: None
-    """Why an engine URL may not be added (``asyncrl.engine_client.allowed``), or None."""
+    """Why an engine URL may not be added (``asyncrl.engine_urls``), or None."""

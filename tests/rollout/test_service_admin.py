@@ -18,7 +18,8 @@ ROUTES = [("POST", "/admin/pause", {}), ("POST", "/admin/resume", {"version": 1}
 
 @pytest.fixture
 async def service(tmp_path, nats_server, warm_engine):
-    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.total_rollout_steps=2", "security.api_token=data-plane-token-xyz")
+    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.total_rollout_steps=2", "security.api_token=data-plane-token-xyz",
+                         'engines.allowed_hosts=["127.0.0.1"]')  # engines may be added on any local port
     async with running_service(cfg) as running:
         yield running
 
@@ -81,9 +82,10 @@ async def test_resume_to_an_older_version_is_a_conflict(service):
 async def test_engines_added_quarantined_released_and_removed_at_run_time(tmp_path, nats_server, warm_engine):
     from tests.helpers.processes import start_engine
 
-    cfg = service_config(tmp_path, nats_server.url, [warm_engine], "async_training.staleness_threshold=100")
     with start_engine(tmp_path, name="second-engine") as engine:
         second = engine.url
+        cfg = service_config(tmp_path, nats_server.url, [warm_engine], "async_training.staleness_threshold=100",
+                             f'engines.allowed_hosts=["127.0.0.1:{engine.port}"]')  # as an operator allows the one it adds
         async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
             status, body = await admin(http, "POST", f"{url}/admin/engines", {"url": second, "id": "second"})
             assert status == 200 and {e["id"] for e in body["engines"]} >= {"second"}

@@ -84,7 +84,8 @@ async def test_adapters_load_where_lora_is_served_and_the_rest_is_held_out(tmp_p
                                                                             restart_lora_engine):
     lora, plain = lora_and_plain
     versions = snapshots(tmp_path, 3)
-    async with stack(tmp_path, nats_server.url, [lora.url], *LORA) as (svc, rollout_url, agent, agent_url, cfg):
+    allow = f'engines.allowed_hosts=["127.0.0.1:{plain.port}"]'  # the one engine the operator adds (issue 67 L2)
+    async with stack(tmp_path, nats_server.url, [lora.url], *LORA, allow) as (svc, rollout_url, agent, agent_url, cfg):
         async with httpx.AsyncClient() as http:  # joins after the start check (which would refuse it), as an operator adds one
             r = await http.post(f"{rollout_url}/admin/engines", json={"url": plain.url}, headers={"Authorization": f"Bearer {ADMIN}"})
             assert r.status_code == 200, r.text
