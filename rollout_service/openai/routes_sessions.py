@@ -100,13 +100,16 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
         sid = f"sess-{uuid.uuid4().hex[:20]}"
         named = body.group_id or f"g-{sid}"
         group_id = EXTERNAL_GROUP_PREFIX + named  # never one of the service's own groups (s00000001, ...)
-        size = next((r.agent.group_size for r in sessions.sessions.values() if r.agent.group_id == group_id), None)
+        members = [r for r in sessions.sessions.values() if r.agent.group_id == group_id]
+        size = members[0].agent.group_size if members else None
         if size is not None and size != body.group_size:
             raise ApiError(409, f"group {named!r} has group_size {size}, fixed by its first session", param="group_size")
-        refused = ctx.runner.admit_external(group_id, body.group_size)
-        if refused is not None:  # NATS not taking trajectories is an outage (503); quota, pause and the like are backpressure (429)
-            status = 503 if refused.startswith("outbox full") else 429
-            raise ApiError(status, f"not admitting new episodes now: {refused}", headers={"Retry-After": "5"})
+        refused = ctx.runner.admit_external(group_id, body.group_size, recorded_members=len(members))
+        if refused is not None:
+            status, why = refused
+            if status == 409:
+                raise ApiError(409, f"group {named!r} is full: {why}; start a new group", param="group_id")
+            raise ApiError(status, f"not admitting new episodes now: {why}", headers={"Retry-After": "5"})
         token = new_token()
         now = time.time()
         agent = AgentState(id=sid, run_id=ctx.run_id, group_id=group_id, group_size=body.group_size, group_index=body.group_index,
@@ -282,12 +285,12 @@ def sessions_router(ctx: OpenAIContext) -> APIRouter:
     @router.post("/v1/sessions/{sid}/finish", responses=errors(404, 409))
     async def finish(request: Request, sid: str, body: FinishRequest | None = None):
         rec = session_for(request, sid)
-        if rec.status in ("finished", "failed"):
-            return rec.public()
-        if rec.status != "open":
-            raise ApiError(409, f"session {sid} is {rec.status}", param="session_id")
         failure = body.failure if body is not None else ""
-        async with sessions.lock(sid):
+        async with sessions.lock(sid):  # the status read under the lock: two /finish calls end it once (issue 67 L4)
+            if rec.status in ("finished", "failed"):
+                return rec.public()
+            if rec.status != "open":
+                raise ApiError(409, f"session {sid} is {rec.status}", param="session_id")
             a = rec.agent
             if a.response_length <= 0 or not any(a.loss_mask):
                 if not failure:

@@ -148,6 +148,7 @@ class Runner:
         self.agents: dict[str, AgentState] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self.groups: dict[str, int] = {}  # group id -> members not finished yet
+        self._session_members: dict[str, int] = {}  # an outside group's id -> sessions admitted to it (issue 67 L4)
         self._cancelled_left: dict[str, int] = {}  # group id -> members not yet cancelled (once one was)
         self.queued_trajectories = 0
         self.trainer_held = 0
@@ -346,6 +347,7 @@ class Runner:
             self.groups[traj.group_id] = self.groups.get(traj.group_id, 1) - 1
         if self.groups.get(traj.group_id, 0) <= 0:
             self.groups.pop(traj.group_id, None)
+            self._session_members.pop(traj.group_id, None)
         self.publisher.notify()
 
     async def drop_member(self, group_id: str) -> None:
@@ -359,22 +361,35 @@ class Runner:
         self.groups[group_id] = left
         if left <= 0:
             self.groups.pop(group_id, None)
+            self._session_members.pop(group_id, None)
             if self.settings.publish_unit == "group":
                 await self.outbox.release_group_async(group_id)
             self.publisher.notify()
         self._wake.set()
 
-    def admit_external(self, group_id: str, group_size: int) -> str | None:
-        """Admission of a session: a new group counts as one started sample (staleness quota);
-        a session joining a known group does not. Returns why it is refused, or None."""
+    def admit_external(self, group_id: str, group_size: int, recorded_members: int = 0) -> tuple[int, str] | None:
+        """Admission of a session: ``(HTTP status, why)`` when refused, else None. A new group
+        counts as one started sample (staleness quota). A session joining a group still open
+        fills one of that sample's places, so it takes no quota, but it is refused (409) once
+        ``group_size`` sessions joined the group, and (429) while the service is paused or
+        stopping, as a new group is (issue 67 L4: joins once skipped all three).
+        ``recorded_members``: the group's sessions on record, counted when this process has
+        not admitted them itself (after a restart)."""
         if group_id in self.groups:
+            if self._stop.is_set() or self.paused:
+                return 429, "stopping" if self._stop.is_set() else f"paused ({self.pause_mode})"
+            joined = self._session_members.get(group_id, recorded_members)
+            if joined >= group_size:
+                return 409, f"all {group_size} sessions of this group (group_size) have joined it"
+            self._session_members[group_id] = joined + 1
             return None
         blocker = self.admission_blocker(external=True)
-        if blocker is not None:
-            return blocker
+        if blocker is not None:  # NATS not taking trajectories is an outage (503); the rest is backpressure (429)
+            return 503 if blocker.startswith("outbox full") else 429, blocker
         self.quota.on_start()
         self.counters.samples_started += 1
         self.groups[group_id] = group_size
+        self._session_members[group_id] = 1
         return None
 
     async def _finish(self, state: AgentState) -> None:
