@@ -58,7 +58,10 @@ LABEL org.opencontainers.image.title="asyncrl service" \
       org.opencontainers.image.description="asyncrl rollout service and sync agent" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --system --gid 10001 asyncrl \
-    && useradd --system --uid 10001 --gid asyncrl --home-dir /var/lib/asyncrl --create-home asyncrl
+    && useradd --system --uid 10001 --gid asyncrl --home-dir /var/lib/asyncrl --create-home asyncrl \
+    && install -d -o asyncrl -g asyncrl -m 0700 /var/lib/asyncrl/engine-slots
+# engine-slots: where compose.cluster.yaml's engine-cpu replicas lock their port slots (a new
+# volume mounted there takes this directory's owner)
 COPY --from=build /opt/asyncrl /opt/asyncrl
 ENV PATH=/opt/asyncrl/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -3,7 +3,7 @@
     asyncrl engine --model builtin:tiny --host 127.0.0.1 --port 30000 \\
         [--dtype float32|bfloat16] [--seed 0] [--max-batch-size 32] [--max-model-len N] \\
         [--sglang-compat 0.5.23] [--tp-size N] [--device cpu|cuda] [--timing-mode ...] \\
-        [--port-slots N --addr-file PATH]   # the first free port of port..port+N-1 (replicas on one host)
+        [--port-slots N --slot-dir DIR --addr-file PATH]   # a slot's port, port+k (replicas on one host)
 
 Every flag is a field of :class:`local_engine.settings.EngineSettings` (``--help`` lists them;
 ``EngineSettings.from_argv`` parses them, environment variables included). A bad value exits
@@ -44,10 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asyncrl.listen import bound_ifname_env
     from local_engine.port_slot import claim_port, write_address
 
-    listening = None
+    listening = slot_lock = None  # the slot lock is held (open) for the process's life
     if settings.port_slots > 1 or settings.addr_file:
         try:  # claimed before the model loads: replicas starting together get distinct ports
-            listening = claim_port(settings.host, settings.port, settings.port_slots)
+            listening, slot_lock = claim_port(settings.host, settings.port, settings.port_slots, settings.slot_dir)
         except OSError as exc:
             print(f"asyncrl engine: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}", file=sys.stderr)
             return 2

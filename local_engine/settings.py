@@ -86,10 +86,14 @@ class EngineSettings(LocalEngineSection):
     port: int = Field(30000, ge=0, le=65535)
     """TCP port (SGLang's default is 30000)."""
     port_slots: int = Field(1, ge=1, le=256)
-    """Ports to try from ``port`` on: the engine listens on the first free one of ``port`` ..
-    ``port + port_slots - 1`` (:mod:`local_engine.port_slot`). For replicas sharing a host's
-    network (compose ``--scale`` under host networking, compose.cluster.yaml): each takes the
-    next free port, as docker/sglang/engine.sh's GPU slots do. None free: exits 2 naming them."""
+    """Slots of replicas sharing a host's network (compose ``--scale`` under host networking,
+    compose.cluster.yaml): each replica locks the first free slot ``k`` in ``slot_dir`` and
+    listens on exactly ``port + k``, as docker/sglang/engine.sh's GPU slots do; a slot's port
+    held by anything but a replica, or every slot taken, exits 2 naming it
+    (:mod:`local_engine.port_slot`). More than 1 needs ``slot_dir``."""
+    slot_dir: str | None = None
+    """The directory the replicas of one host share for their slot locks (compose: a volume).
+    None: one slot, ``port`` exactly."""
     addr_file: str | None = None
     """Where to write ``host:port`` once the port is claimed (a container healthcheck reads it)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -155,6 +159,9 @@ class EngineSettings(LocalEngineSection):
     def _port_range(self) -> EngineSettings:
         if self.port + self.port_slots - 1 > 65535:
             raise ValueError(f"port_slots: ports {self.port}..{self.port + self.port_slots - 1} go past 65535")
+        if self.port_slots > 1 and not self.slot_dir:
+            raise ValueError(f"port_slots={self.port_slots} needs slot_dir: a directory the replicas share to lock "
+                             "their slots (issue 67 L6: without, a replica would take any free port of the range)")
         return self
 
     @model_validator(mode="after")

@@ -126,6 +126,8 @@ def test_cluster_node_roles(compose, role):
         assert engine["depends_on"]["network-check"]["condition"] == "service_completed_successfully"
         flags = engine["command"]
         assert flags[flags.index("--host") + 1] == CLUSTER_ADDRS["NODE_ADDR"] and "--port-slots" in flags
+        slots = flags[flags.index("--slot-dir") + 1]  # the replicas' locks in a volume of the node (issue 67 L6)
+        assert any(v["target"] == slots and v["type"] == "volume" for v in engine["volumes"]), engine["volumes"]
         assert "/tmp/asyncrl-engine-addr" in flags and "asyncrl-engine-addr" in " ".join(engine["healthcheck"]["test"])
     if role == "cpu-trainer":
         trainer = svc["trainer-cpu"]

@@ -15,7 +15,7 @@ from local_engine.settings import EngineSettings, SettingsError, build_parser
 
 def every_field_changed() -> EngineSettings:
     return EngineSettings(
-        model="/models/x", host="0.0.0.0", port=31234, port_slots=4, addr_file="/tmp/addr", dtype="bfloat16", seed=7, max_model_len=1024,
+        model="/models/x", host="0.0.0.0", port=31234, port_slots=4, slot_dir="/tmp/slots", addr_file="/tmp/addr", dtype="bfloat16", seed=7, max_model_len=1024,
         api_key="key-1", admin_api_key="key-2", weight_version="v3", served_model_name="-starts-with-dash",
         log_level="debug", log_json=True, max_batch_size=5, device="cuda", torch_threads=0,
         weight_sync_timeout_s=12.5, pause_drain_timeout_s=1e-3, sglang_compat="0.5.18", tp_size=2, dp_size=3,
