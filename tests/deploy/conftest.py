@@ -34,6 +34,19 @@ SECRETS_MOUNT = "/run/secrets/"
 ALL_PROFILES = "control,engine,trainer,monitoring"
 CLUSTER_ADDRS = {"NODE_ADDR": "10.20.0.11", "CONTROL_ADDR": "10.20.0.10", "MASTER_ADDR": "10.20.0.10"}
 
+ROLE_SECRETS = {
+    "control": {"admin_token", "api_token", "engine_api_key", "nats_rollout_password", "nats_sys_password",
+                "nats_trainer_password", "status_token", "sync_token"},
+    "engine": {"engine_api_key"},
+    "cpu-engine": {"engine_api_key"},
+    "trainer": {"nats_trainer_password", "sync_token"},
+    "cpu-trainer": {"nats_trainer_password", "sync_token"},
+    "monitoring": {"grafana_admin_password", "status_token"},
+}
+"""The secret files each role's services mount: what docs/deployment.md's table tells operators
+to copy to a node of that role, and no more (issue 67 L7: engine nodes once got every secret)."""
+
+
 
 class DeployTools:
     """Paths of the validators: ``compose`` and ``hadolint`` executables; ``promql_parser`` importable."""

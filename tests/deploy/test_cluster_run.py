@@ -38,7 +38,7 @@ import pytest
 
 from tests.deploy.cluster_nodes import Node, network_down, network_up, sh
 from tests.deploy.cluster_project import ADDRS, ENGINE_URLS, Cluster, node_env, wait
-from tests.deploy.conftest import REPO, make_secrets
+from tests.deploy.conftest import REPO, ROLE_SECRETS, make_secrets
 from tests.deploy.docker_engine import docker_engine
 
 pytestmark = [pytest.mark.timeout(5400)]
@@ -75,10 +75,13 @@ def cluster(tmp_path_factory):
             node.start()
             node.load_images(c.images_a if node.name == "a" else c.images_engine)
             c.checkout(node)
-        # the secrets written once, on node a, and copied to the others (`scp -rp secrets nodeB:asyncrl/`)
+        # the secrets written once, on node a; the engine nodes get only the engine key, as
+        # docs/deployment.md's table says (issue 67 L7)
         c.secrets = make_secrets(c.a.workdir / "secrets")
         for node in (c.nodes["b"], c.nodes["c"]):
-            sh(["cp", "-rp", str(c.a.workdir / "secrets"), str(node.workdir / "secrets")])
+            (node.workdir / "secrets").mkdir(mode=0o700)
+            for name in sorted(ROLE_SECRETS["cpu-engine"]):
+                sh(["cp", "-p", str(c.a.workdir / "secrets" / name), str(node.workdir / "secrets" / name)])
         # Prometheus on node a: the engines of the other nodes
         (c.a.workdir / "docker" / "prometheus" / "targets" / "engines.json").write_text(json.dumps(
             [{"targets": [u.removeprefix("http://") for u in ENGINE_URLS], "labels": {"role": "engine"}}]))

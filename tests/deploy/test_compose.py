@@ -17,6 +17,7 @@ from tests.deploy.conftest import (
     ALL_PROFILES,
     CLUSTER_ADDRS,
     REPO,
+    ROLE_SECRETS,
     SECRET_NAMES,
     SECRETS_MOUNT,
     container_environ,
@@ -101,6 +102,16 @@ def test_asyncrl_services_run_with_a_read_only_root(one_box, cpu_box):
             assert any(t.startswith("/tmp:size=") for t in svc.get("tmpfs", [])), f"{name}: no size-capped /tmp"
             checked.add(name)
     assert checked == {"rollout", "sync-agent", "python-sandbox", "trainer", "model-init", "engine-cpu", "trainer-cpu"}
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_each_role_mounts_exactly_the_secrets_the_docs_tell_its_nodes_to_hold(compose, role):
+    project = compose.config(files=("compose.yaml", "compose.cluster.yaml"), profiles=role, env=CLUSTER_ADDRS)
+    used = {s["source"] for svc in project["services"].values() for s in svc.get("secrets", [])}
+    assert used == ROLE_SECRETS[role]
+    table = (REPO / "docs" / "deployment.md").read_text()
+    rows = re.findall(rf"^\s*\| `{re.escape(role)}` \| ((?:`[a-z_]+`(?:, )?)+) \|$", table, re.M)  # the secrets table
+    assert len(rows) == 1 and set(re.findall(r"`([a-z_]+)`", rows[0])) == ROLE_SECRETS[role], rows
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))
