@@ -64,7 +64,9 @@ def create_app(agent) -> FastAPI:
         finally:
             await agent.close()
 
-    app = FastAPI(title="asyncrl sync agent", lifespan=lifespan)
+    # its OpenAPI document only with the sync (or status) token, no browsable /docs (issue 67:
+    # both were served to anyone who could reach the port)
+    app = FastAPI(title="asyncrl sync agent", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=MAX_BODY_BYTES)
     registry = CollectorRegistry(auto_describe=True)
@@ -94,6 +96,10 @@ def create_app(agent) -> FastAPI:
     async def list_syncs():
         return {"syncs": [r.public() for r in co.records[-20:]]}
 
+    @router.get("/openapi.json", include_in_schema=False)
+    async def openapi_document():
+        return JSONResponse(app.openapi())
+
     @router.get("/status")
     async def status() -> AgentStatus:
         unreachable = None
@@ -121,6 +127,6 @@ def create_app(agent) -> FastAPI:
     async def metrics():
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    public = ("/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+    public = ("/health", "/metrics")
     document_errors(app, authenticated=lambda path: token is not None and path not in public)
     return app

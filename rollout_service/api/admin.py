@@ -9,6 +9,8 @@ snapshot and driven through ``pause`` / ``resume``, the engine pool, the status.
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Depends, Request
 
 from asyncrl.http.errors import ApiError
@@ -23,6 +25,8 @@ from asyncrl.wire.rollout_admin import (
 from rollout_service.api.auth import require_token
 from rollout_service.api.ports import AdminPorts
 from rollout_service.runner.runner import PauseTimeout
+
+log = logging.getLogger(__name__)
 
 
 def build_admin_router(ports: AdminPorts) -> APIRouter:
@@ -53,8 +57,17 @@ def build_admin_router(ports: AdminPorts) -> APIRouter:
         current = runner.snapshot().version
         if body.version < current:
             raise ApiError(409, f"version {body.version} is older than the current version {current}", param="version")
+        if body.version > current:  # only to a version a completed sync installed (issue 67: 2^63-1 wedged every later sync)
+            answered = await pool.refresh_versions()
+            served = sorted({v for v in answered.values() if v is not None})
+            if answered and (not served or served[-1] < body.version):
+                raise ApiError(409, f"no engine serves version {body.version} (they answer {served or 'no version'}): "
+                                    "resume only to a version a completed sync installed", param="version")
+            if not answered:  # every engine out of reach: never left paused for it
+                log.warning("resuming to version %d with no engine answering its version", body.version)
+        else:
+            pool.refresh_versions_soon()
         await runner.resume(body.version)
-        pool.refresh_versions_soon()
         return service_status()
 
     @router.post("/validate", responses=errors(409))

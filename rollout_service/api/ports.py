@@ -38,6 +38,8 @@ class EngineAdmin(Protocol):
 
     def refresh_versions_soon(self, engine_ids: list[str] | None = None) -> None: ...
 
+    async def refresh_versions(self, engine_ids: list[str] | None = None) -> dict[str, int | None]: ...
+
 
 @dataclass(frozen=True)
 class AdminPorts:

@@ -100,27 +100,32 @@ class HealthChecker:
             log.warning("engine %s failed its health check (%s): %d calls in flight on it go elsewhere",
                         handle.id, why, handle.inflight)
 
-    async def refresh_versions(self, engine_ids: list[str] | None = None) -> None:
+    async def refresh_versions(self, engine_ids: list[str] | None = None) -> dict[str, int | None]:
         """Ask engines (all, or ``engine_ids``) for their weight version now, each within
         ``HEALTH_TIMEOUT_S``; one that does not answer keeps what it showed. Called after a
         sync (resume, release) so the status shows what the sync wrote at once, not after the
         next answer or health check (which can wait up to ``HEALTH_GENERATE_TIMEOUT_S`` on a
-        busy engine)."""
+        busy engine). Returns the version each engine that answered reported (None: no label)."""
+        answered: dict[str, int | None] = {}
+
         async def one(handle: EngineHandle) -> None:
             try:
-                await self._read_version(handle)
+                answered[handle.id] = await self._read_version(handle)
             except EngineError as exc:
                 log.debug("engine %s: weight version not read after a sync: %s", handle.id, exc)
 
         handles = [h for eid, h in list(self.engines.items()) if engine_ids is None or eid in engine_ids]
         await asyncio.gather(*(one(h) for h in handles))
+        return answered
 
     @staticmethod
-    async def _read_version(handle: EngineHandle) -> None:
-        """Ask the engine for its weight version (``HEALTH_TIMEOUT_S``) and record the answer;
-        raises EngineError when it does not answer."""
+    async def _read_version(handle: EngineHandle) -> int | None:
+        """Ask the engine for its weight version (``HEALTH_TIMEOUT_S``), record and return the
+        answer; raises EngineError when it does not answer."""
         asked_at = time.monotonic()
-        handle.observe_version(await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S), asked_at)
+        version = await handle.client.weight_version(timeout_s=HEALTH_TIMEOUT_S)
+        handle.observe_version(version, asked_at)
+        return version
 
     async def _read_server_info(self, handle: EngineHandle) -> None:
         """Record the engine's release from ``/server_info`` (None when it does not say) and

@@ -30,6 +30,26 @@ def warm_engine(warm_model: Path, tmp_path_factory):
         yield engine.url
 
 
+@pytest.fixture
+async def install_version():
+    """``await install_version(engine_url, v)``: the engine now says it serves version ``v``, as
+    a completed sync leaves it (``/update_weight_version``; the rollout service resumes only to a
+    version an engine serves, issue 67). Shared engines are put back to version 0 afterwards."""
+    from asyncrl.engine_client import EngineClient
+
+    touched: list[str] = []
+
+    async def install(url: str, version: int) -> None:
+        async with EngineClient(url) as client:
+            await client.update_weight_version(version, abort_all_requests=False)
+        touched.append(url)
+
+    yield install
+    for url in dict.fromkeys(touched):
+        async with EngineClient(url) as client:
+            await client.update_weight_version(0, abort_all_requests=False)
+
+
 def service_config(tmp_path: Path, nats_url: str, engine_urls: list[str], *overrides: str):
     """The service's config; with no data of its own, the demo task's files, as ``asyncrl rollout``
     gives them (launcher.demo_data)."""

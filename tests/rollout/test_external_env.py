@@ -65,7 +65,7 @@ async def test_environment_process_serves_parked_calls(tmp_path, nats_server, wa
         assert calls and results and not any(r.startswith("Error: the") for r in results)
 
 
-async def test_replay_conflict_unknown_and_pause_while_parked(tmp_path, nats_server, warm_engine):
+async def test_replay_conflict_unknown_and_pause_while_parked(tmp_path, nats_server, warm_engine, install_version):
     cfg = cfg_for(tmp_path, nats_server.url, warm_engine, ext_tool())
     async with running_service(cfg) as (svc, url), httpx.AsyncClient(timeout=60) as http, aiohttp.ClientSession() as adm:
         calls = await poll_calls(url, 4)
@@ -90,6 +90,7 @@ async def test_replay_conflict_unknown_and_pause_while_parked(tmp_path, nats_ser
         assert nosess.status_code == 403  # an unknown session is not told apart from a wrong token (issue 30 item 11)
         bad = await http.post(path, content=b"{oops", headers={**auth, "Content-Type": "application/json"})
         assert bad.status_code == 400 and "malformed JSON" in bad.json()["error"]["message"]
+        await install_version(warm_engine, 1)  # the sync
         status, body = await admin(adm, "POST", f"{url}/admin/resume", {"version": 1})
         assert status == 200
         for c in calls[1:]:

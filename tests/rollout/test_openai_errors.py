@@ -52,6 +52,10 @@ async def test_bad_requests_get_json_4xx_and_never_500(tmp_path, nats_server, wa
                 ("POST", f"{url}/v1/completions", {"json": {"prompt": [-1]}}, api, 400, "non-negative"),
                 ("POST", f"{url}/v1/completions", {"json": {"prompt": ["a", "b"]}}, api, 400, "batched"),
                 ("POST", f"{url}/v1/completions", {"json": {"prompt": "x", "echo": True}}, api, 400, "echo"),
+                # an engine's adapter is the service's to choose: a client's is refused, never passed on
+                # (an unknown one would make the engine list its loaded adapters; issue 67)
+                ("POST", f"{url}/v1/chat/completions", {"json": {"messages": msg, "lora_path": "x"}}, api, 400, "lora_path"),
+                ("POST", f"{url}/v1/completions", {"json": {"prompt": "x", "lora_path": "x"}}, api, 400, "lora_path"),
                 ("POST", chat, {"json": {"messages": msg}}, {}, 401, "session token"),
                 ("POST", chat, {"json": {"messages": msg}}, api, 403, "invalid session"),
                 ("POST", f"{url}/v1/sessions/sess-unknown/v1/chat/completions", {"json": {"messages": msg}}, sauth, 404, "no session"),

@@ -123,7 +123,8 @@ async def test_group_with_tool_calls_is_published_once_and_exactly(tmp_path, nat
             assert chat.decode(resp_ids[a:b]) == chat.decode(chat.environment_segment([tool_msg]))
 
 
-async def test_validation_runs_greedy_on_the_val_set_and_publishes_metrics(tmp_path, nats_server, warm_engine):
+async def test_validation_runs_greedy_on_the_val_set_and_publishes_metrics(tmp_path, nats_server, warm_engine,
+                                                                          install_version):
     import json as _json
 
     import aiohttp
@@ -149,7 +150,8 @@ async def test_validation_runs_greedy_on_the_val_set_and_publishes_metrics(tmp_p
             key = "val-core/asyncrl/arith/reward/mean@1"
             assert 0.0 <= body["metrics"][key] <= 1.0 and body["metrics"]["val-aux/num_tool_calls/mean"] > 0
             # every test_freq versions it runs by itself after a resume
-            await admin(http, "POST", f"{url}/admin/resume", {"version": 2})
+            await install_version(warm_engine, 2)  # the sync
+            assert (await admin(http, "POST", f"{url}/admin/resume", {"version": 2}))[0] == 200
             await wait_for(lambda: (svc.runner.snapshot().last_validation or {}).get("version") == 2, 180, "validation at version 2")
             await wait_for(lambda: any(d.get("kind") == "validation" and d["version"] == 2 for d in seen), 30, "published")
             await wait_for(lambda: any(d.get("kind") == "rollout" and "rollouter/idle_ratio" in d["metrics"] for d in seen), 30,

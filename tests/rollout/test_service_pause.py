@@ -75,7 +75,7 @@ async def test_partial_pause_mid_generation_wastes_nothing_and_resumes_at_the_ne
         assert t.metadata["resumed_after_abort"] >= 1
 
 
-async def test_drain_pause_finishes_in_flight_work_and_admits_nothing(tmp_path, nats_server, warm_engine):
+async def test_drain_pause_finishes_in_flight_work_and_admits_nothing(tmp_path, nats_server, warm_engine, install_version):
     cfg = service_config(tmp_path, nats_server.url, [warm_engine], "rollout.n=2", "rollout.total_rollout_steps=50",
                          "async_training.partial_rollout=false", "async_training.staleness_threshold=2")
     async with running_service(cfg) as (svc, url), aiohttp.ClientSession() as http:
@@ -88,6 +88,7 @@ async def test_drain_pause_finishes_in_flight_work_and_admits_nothing(tmp_path, 
         assert body["counters"]["samples_started"] == started and body["admission_blocked"].startswith("paused")
         # the trainer consumes what was queued; the quota at the next version counts only what is left
         assert await consume_as_trainer(nats_server.url, cfg.run.id) >= 1
+        await install_version(warm_engine, 1)  # the sync
         status, body = await admin(http, "POST", f"{url}/admin/resume", {"version": 1})
         assert status == 200 and body["quota"]["version"] == 1
         assert body["quota"]["carried_over_at_reset"] == 0, "drained and consumed: nothing is stale at the new version"

@@ -141,7 +141,8 @@ async def test_a_failing_rubric_is_published_as_reward_error_never_as_a_reward(t
     assert all("broken on purpose" in t.reward_details["error"] for t in trajs)
 
 
-async def test_backpressure_holds_the_next_group_until_the_version_moves(tmp_path, nats_server, warm_engine, warm_model):
+async def test_backpressure_holds_the_next_group_until_the_version_moves(tmp_path, nats_server, warm_engine, warm_model,
+                                                                         install_version):
     """Staleness 0 with a mini-batch of one sample: one group per weight version. The driver's
     second group is refused (429) until the version moves, then it plays."""
     proxy, _chat, _log = await scripted_proxy(warm_engine, warm_model, direct_answer)
@@ -155,6 +156,7 @@ async def test_backpressure_holds_the_next_group_until_the_version_moves(tmp_pat
             assert "queue full" in blocked or "quota" in blocked, blocked
             assert svc.env_driver.progress().started == 1  # the second group waits for its admission
             assert await consume_as_trainer(nats_server.url, "demo") == 2  # the trainer takes the first group
+            await install_version(warm_engine, 1)  # the sync
             async with httpx.AsyncClient() as http:
                 for path in ("/admin/pause", "/admin/resume"):
                     body = {"mode": "drain"} if path == "/admin/pause" else {"version": 1}

@@ -119,6 +119,13 @@ async def test_stale_and_unauthenticated_requests_are_refused(tmp_path, nats_ser
             assert stale.json()["error"]["current_version"] == 5  # what a restarted trainer must move past
             assert (await http.get(f"{agent_url}/health")).status_code == 200
             assert "asyncrl_sync_weight_version" in (await http.get(f"{agent_url}/metrics")).text
+            # its OpenAPI document only with the token, no browsable docs (issue 67)
+            assert (await http.get(f"{agent_url}/openapi.json")).status_code == 401
+            document = await http.get(f"{agent_url}/openapi.json", headers=auth)
+            assert document.status_code == 200 and "/v1/syncs" in document.json()["paths"]
+            assert "/openapi.json" not in document.json()["paths"]
+            for path in ("/docs", "/redoc"):
+                assert (await http.get(f"{agent_url}{path}", headers=auth)).status_code == 404
 
 
 async def test_trainer_that_never_broadcasts_leaves_nothing_paused(tmp_path, nats_server, engines):

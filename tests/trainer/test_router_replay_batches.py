@@ -47,6 +47,9 @@ def rows(n: int, layers: int = 4, top_k: int = 2, value: int = 3) -> np.ndarray:
     (traj(routes=rows(5)), MOE, ""),
     (traj(routes=rows(5)), PolicyRouting(layers=4, top_k=2, experts=8), ""),  # replay off: kept, unused
     (traj(routes=np.full((5, 4, 2), 255)), MOE, ""),  # every row unreported: routed live, not out of range
+    # a layer's top-k naming one expert twice (issue 67): its replay would weight that expert twice
+    (traj(routes=np.concatenate([rows(2), np.full((1, 4, 2), 255), np.where(np.arange(4)[None, :, None] == 2, 5, rows(2))])),
+     MOE, "repeats an expert within layer 2's top-2 (row 3)"),
 ])
 def test_routes_that_do_not_fit_the_policy_are_refused_with_a_reason(t, routing, reason):
     got = admission_check("run", 2000, 64, routing)(t)

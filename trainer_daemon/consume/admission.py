@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from asyncrl.wire import Trajectory
 from asyncrl.wire.routed_experts import no_route
 
@@ -72,9 +74,14 @@ def _routes_reason(traj: Trajectory, routing: PolicyRouting) -> str:
         return "routed_experts for a dense policy (it has no experts to route to)"
     if (r.layers, r.top_k) != (routing.layers, routing.top_k):
         return f"routed_experts of {r.layers} layers x top-{r.top_k}; the policy has {routing.layers} x top-{routing.top_k}"
-    ids = r.array()
-    ids = ids[ids != no_route(r.width)]  # rows the engine did not report: routed live
-    top = int(ids.max()) if ids.size else 0
+    rows = r.array()
+    reported = (rows != no_route(r.width)).any(axis=(1, 2))  # rows the engine did not report: routed live
+    top = int(rows[reported].max()) if reported.any() else 0
     if top >= routing.experts:
         return f"expert id {top} in routed_experts is outside the policy's {routing.experts} experts"
+    ranked = np.sort(rows, axis=-1)
+    repeated = np.argwhere((ranked[..., 1:] == ranked[..., :-1]).any(axis=-1) & reported[:, None])
+    if repeated.size:  # a router's top-k are k distinct experts (issue 67: duplicates were admitted)
+        position, layer = (int(x) for x in repeated[0])
+        return f"routed_experts repeats an expert within layer {layer}'s top-{r.top_k} (row {position})"
     return ""
