@@ -2,8 +2,9 @@
 share it (issue 50 item 2), instead of closures over a runner bound after the pool.
 
 - The **runner** is its only writer, at three moments: after restoring its checkpoint
-  (:meth:`ServingState.restored`), at a pause (:meth:`pausing`, then :meth:`hold_calls` when its
-  mode closes the gate) and at a resume (:meth:`resumed`).
+  (:meth:`ServingState.restored`), at a pause (:meth:`pausing`, with its mode and start, then
+  :meth:`hold_calls` when its mode's strategy closes the gate:
+  :mod:`rollout_service.runner.pause_modes`) and at a resume (:meth:`resumed`).
 - The **engine pool** reads it: whether the rollout is paused for a sync (engines are paused on
   purpose: no health verdicts), whether the gate holds calls (a call waiting for a routable
   engine goes back to the gate), the version served (an engine back from quarantine at it is
@@ -57,6 +58,10 @@ class ServingState:
         self.gate = Gate()
         self.version = 0
         self.paused = False
+        self.pause_mode: str | None = None
+        """The mode of the pause in progress (None while serving)."""
+        self.paused_at: float | None = None
+        """``time.monotonic()`` when the pause in progress began (None while serving)."""
         self.seconds_per_version: float | None = None
         """Wall time between two versions, averaged (None until two resumes to a new version):
         how fast the trainer moves, for projecting when a call's trajectory will be trained."""
@@ -81,8 +86,12 @@ class ServingState:
     def restored(self, version: int) -> None:
         self.version = version
 
-    def pausing(self) -> None:
+    def pausing(self, mode: str) -> None:
+        """A pause in ``mode`` begins (or a repeated one goes on: its start is kept)."""
         self.paused = True
+        self.pause_mode = mode
+        if self.paused_at is None:
+            self.paused_at = time.monotonic()
 
     def hold_calls(self) -> None:
         self.gate.close()
@@ -97,4 +106,5 @@ class ServingState:
             self._version_since = now
         self.version = version
         self.paused = False
+        self.pause_mode = self.paused_at = None
         self.gate.open()

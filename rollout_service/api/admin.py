@@ -24,7 +24,7 @@ from asyncrl.wire.rollout_admin import (
 )
 from rollout_service.api.auth import require_token
 from rollout_service.api.ports import AdminPorts
-from rollout_service.runner.runner import PauseTimeout
+from rollout_service.runner.pause_modes import PauseTimeout
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ is not yet known to the engine: the abort misses it. One waiting at a paused eng
 known (SGLang's tokenizer registers it before the gate), but from 0.5.20 the tokenizer passes
 one exact-rid abort per request and drops the later ones, and an abort that reaches a request
 held at the gate finds it not yet scheduled and is lost. So a caller that must stop everything
-re-sends (the runner's pause does, every ``PAUSE_REABORT_S``) and, once the re-sends are used
+re-sends (the runner's partial pause does, every ``pause_modes.PAUSE_REABORT_S``) and, once the re-sends are used
 up, aborts everything on the engines still holding its calls. Rids are ``<prefix><trajectory id>.t<turn>.s<segment>`` with fixed-length
 ids, so no live rid is a prefix of another (SGLang's scheduler matches by prefix).
 

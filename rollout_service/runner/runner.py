@@ -54,7 +54,14 @@ from rollout_service.agent.state import AgentState, Phase
 from rollout_service.runner.accounting import RunnerCounters, TokenAccounting, VersionClock
 from rollout_service.runner.finish import to_trajectory
 from rollout_service.runner.inflight import InFlightCalls
-from rollout_service.runner.per_request import pause_per_request
+from rollout_service.runner.pause_modes import (
+    DrainPause,
+    HoldPause,
+    PartialPause,
+    PauseMode,
+    PauseParts,
+    PerRequestPause,
+)
 from rollout_service.runner.quota import QueueDepth, StalenessQuota, StarvationWatch
 from rollout_service.runner.restore import restore, runner_document
 from rollout_service.runner.snapshot import PromptProgress, RunnerSnapshot, TokenCounts
@@ -66,8 +73,6 @@ log = logging.getLogger(__name__)
 ADMISSION_POLL_S = 0.5  # re-check admission at least this often (queue depth changes outside)
 STORE_RETRY_S = 2.0  # retry checkpoint writes/deletes that failed while NATS was unreachable
 LOOP_RESTART_S = 1.0  # pause before restarting a background loop that raised
-PAUSE_REABORT_S = 0.25  # re-send aborts while a pause waits: catches calls that raced the first abort
-EXACT_ABORT_ROUNDS = 8  # then abort everything on the engines still holding our calls (~2 s into a pause)
 SLOW_PAUSE_S = 1.0  # a pause longer than this is logged with where its time went
 
 
@@ -109,10 +114,6 @@ class RunnerSettings:
                    quota_starvation_s=cfg.rollout.quota_starvation_s)
 
 
-class PauseTimeout(RuntimeError):
-    """The pause did not complete in time (the runner stays paused)."""
-
-
 class Runner:
     """See the module docstring. Build with the collaborators, then ``await start()``."""
 
@@ -137,9 +138,6 @@ class Runner:
         self.serving = serving or ServingState()
         """What the rollout serves now: this runner writes it (restore, pause, resume), the
         engine pool reads it (:mod:`rollout_service.serving`)."""
-        self.paused_at: float | None = None
-        """``time.monotonic()`` when the current pause began (None while running)."""
-        self.pause_mode: str | None = None
         self.last_pause: PauseOutcome | None = None
         """What the last ``per_request`` pause decided (:mod:`.per_request`)."""
         self.tokens = tokens or TokenAccounting()
@@ -164,6 +162,14 @@ class Runner:
         self._stop = self.loops.stop_event
         self.deps = deps
         self.validation = ValidationSchedule(settings.test_freq, validator)
+        parts = PauseParts(serving=self.serving, calls=self.calls, abort_engines=abort_engines, rid_prefix=rid_prefix,
+                           running=lambda: len(self.tasks) - self.parked_trajectories, abort_rids=abort_rids)
+        per_request = PerRequestPause(parts, settings.request_rule, version=lambda: self.version,
+                                      cancellable=lambda state: state.id in self.agents, projection=self._projection,
+                                      record=self._record_per_request)
+        self.pause_modes: dict[str, PauseMode] = {m.name: m for m in (HoldPause(parts), PartialPause(parts),
+                                                                       DrainPause(parts), per_request)}
+        """The strategy of each pause mode (:mod:`.pause_modes`)."""
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -262,7 +268,7 @@ class Runner:
         if self._stop.is_set():
             return "stopping"
         if self.paused:
-            return f"paused ({self.pause_mode})"
+            return f"paused ({self.serving.pause_mode})"
         if external:
             if not self.outbox.has_room():
                 return f"outbox full ({len(self.outbox)} trajectories waiting for NATS)"
@@ -377,7 +383,7 @@ class Runner:
         not admitted them itself (after a restart)."""
         if group_id in self.groups:
             if self._stop.is_set() or self.paused:
-                return 429, "stopping" if self._stop.is_set() else f"paused ({self.pause_mode})"
+                return 429, "stopping" if self._stop.is_set() else f"paused ({self.serving.pause_mode})"
             joined = self._session_members.get(group_id, recorded_members)
             if joined >= group_size:
                 return 409, f"all {group_size} sessions of this group (group_size) have joined it"
@@ -429,38 +435,12 @@ class Runner:
         """See the module docstring. ``mode`` is ``partial``, ``drain``, ``hold`` or
         ``per_request`` (:mod:`.per_request`, judged for a sync to ``target_version``: the
         next version when None)."""
-        self.serving.pausing()
-        if self.paused_at is None:
-            self.paused_at = time.monotonic()
-        self.pause_mode = mode
+        strategy = self.pause_modes.get(mode)
+        if strategy is None:
+            raise ValueError(f"unknown pause mode {mode!r} (one of {sorted(self.pause_modes)})")
+        self.serving.pausing(mode)
         started, calls_at_start = time.monotonic(), self.calls.count
-        deadline = started + timeout_s
-        if mode == "hold":
-            self.serving.hold_calls()
-        elif mode == "per_request":
-            self.serving.hold_calls()
-            await self._pause_per_request(self.version + 1 if target_version is None else target_version)
-        elif mode == "partial":
-            self.serving.hold_calls()
-            rounds = 0
-            while self.calls.count > 0:
-                rounds += 1
-                # exact rids first (engines may be shared); then every request of an engine that
-                # still holds one of ours (an exact abort can be used up: pool.abort_inflight)
-                await self.abort_engines(self.rid_prefix, everything=rounds > EXACT_ABORT_ROUNDS)
-                if time.monotonic() > deadline:
-                    raise PauseTimeout(f"{self.calls.count} generate calls still in flight after {timeout_s:.0f} s")
-                await asyncio.sleep(PAUSE_REABORT_S)
-        else:  # drain: in-flight agents keep generating; only admission stops (parked ones wait on their environment)
-            while len(self.tasks) > self.parked_trajectories:
-                if time.monotonic() > deadline:
-                    raise PauseTimeout(f"{len(self.tasks)} trajectories still running after {timeout_s:.0f} s")
-                await asyncio.sleep(0.05)
-            self.serving.hold_calls()
-            while self.calls.count > 0:  # session requests already at the engine finish too
-                if time.monotonic() > deadline:
-                    raise PauseTimeout(f"{self.calls.count} generate calls still in flight after {timeout_s:.0f} s")
-                await asyncio.sleep(0.05)
+        await strategy.settle(started + timeout_s, timeout_s, self.version + 1 if target_version is None else target_version)
         stopped = time.monotonic()
         self.clock.set_idle(True)
         await self.agent_store.flush_dirty()
@@ -470,18 +450,14 @@ class Runner:
             log.info("pause (%s) took %.1f s: %.1f s until no call was in flight (%d at the start), %.1f s saving state",
                      mode, took, stopped - started, calls_at_start, time.monotonic() - stopped)
 
-    async def _pause_per_request(self, target: int) -> None:
-        async def abort(rids: set[str]) -> None:
-            if self.abort_rids is not None:
-                await self.abort_rids(rids)
-            else:
-                await asyncio.gather(*(self.abort_engines(rid) for rid in rids))
+    def _projection(self) -> tuple[float | None, int]:
+        """What a per-request pause projects with: the seconds a version takes and the versions
+        already queued ahead (``sync.per_request.project_versions``; off: neither)."""
+        if not self.settings.project_versions:
+            return None, 0
+        return self.serving.seconds_per_version, self.queue_versions()
 
-        done = await pause_per_request(self.calls, self.settings.request_rule, target, self.version, abort,
-                                       cancellable=lambda state: state.id in self.agents, rounds=EXACT_ABORT_ROUNDS,
-                                       interval_s=PAUSE_REABORT_S,
-                                       seconds_per_version=self.serving.seconds_per_version if self.settings.project_versions else None,
-                                       queue_versions=self.queue_versions() if self.settings.project_versions else 0)
+    def _record_per_request(self, done: PauseOutcome, target: int) -> None:
         c = self.counters
         c.per_request_pauses += 1
         for outcome in ("kept", "resumed", "cancelled", "missed"):
@@ -500,8 +476,6 @@ class Runner:
             except Exception as exc:  # noqa: BLE001 - NATS down: the last reading is the best we have
                 log.warning("queue depth unknown at resume (%s); using the last reading", exc)
         self.quota.on_version(version, self.in_flight_samples, self.queued_samples)
-        self.paused_at = None
-        self.pause_mode = None
         self.serving.resumed(version)
         await self._save_state()
         self._wake.set()
@@ -516,8 +490,8 @@ class Runner:
         queued = self.queued_samples
         partial = sum(1 for s in self.agents.values() if s.phase == Phase.GENERATING and s.segment > 0)
         return RunnerSnapshot(
-            version=self.version, paused=self.paused, pause_mode=self.pause_mode,
-            paused_for_s=None if self.paused_at is None else round(time.monotonic() - self.paused_at, 3),
+            version=self.version, paused=self.paused, pause_mode=self.serving.pause_mode,
+            paused_for_s=None if self.serving.paused_at is None else round(time.monotonic() - self.serving.paused_at, 3),
             admission_blocked=self.admission_blocker(), active=self.active_trajectories, parked=self.parked_trajectories,
             generating=self.calls.count, partial=partial, in_flight_samples=self.in_flight_samples, queued_samples=queued,
             queued_trajectories=self.queued_trajectories, max_concurrent_samples=self.max_concurrent,

@@ -180,7 +180,7 @@ async def test_a_pause_whose_exact_aborts_are_used_up_aborts_everything_on_those
     2): a call whose first abort came before it was scheduled is never ended by re-sends. After
     ``EXACT_ABORT_ROUNDS`` rounds the pause aborts everything on the engines still holding one
     of its calls, and returns."""
-    from rollout_service.runner.runner import EXACT_ABORT_ROUNDS
+    from rollout_service.runner.pause_modes import EXACT_ABORT_ROUNDS
 
     aborted = asyncio.Event()
     aborts: list = []
