@@ -67,6 +67,12 @@ this goes by ``path``: ``/load_lora_adapter_from_tensors`` carries one copy per 
 request body (issue 66 N10)."""
 
 
+def tp_size_of(info: dict) -> int:
+    """The engine's TP ranks from its ``/server_info`` (1 when it does not say)."""
+    tp = info.get("tp_size")
+    return tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
+
+
 def pick_transport(info: dict, transport: Transport, spec: AdapterSpec, shared_dir: bool = False) -> str:
     """``tensors`` or ``path`` for an engine whose ``/server_info`` is ``info``; raises
     WeightSyncError when neither can work (naming the setting to change). ``shared_dir``: the
@@ -75,7 +81,7 @@ def pick_transport(info: dict, transport: Transport, spec: AdapterSpec, shared_d
     if not info.get("enable_lora"):
         raise WeightSyncError("serves no LoRA adapters: start it with --enable-lora, --max-lora-rank and "
                               "--lora-target-modules, or set sync.lora_weights=merged")
-    tp = info.get("tp_size") if isinstance(info.get("tp_size"), int) and info["tp_size"] >= 1 else 1
+    tp = tp_size_of(info)
     big = shared_dir and spec.path is not None and spec.nbytes * tp > TENSORS_BODY_MAX_BYTES
     choice = transport if transport != "auto" else ("tensors" if spec.tensors and not big else "path")
     if choice == "tensors" and not spec.tensors:
@@ -137,7 +143,7 @@ async def stage_adapter(update: EngineUpdate, spec: AdapterSpec, *, run_id: str,
         for name in stale:
             await c.unload_lora_adapter(name, timeout_s=timeout_s)
         release = parse_version(str(info.get("version", "")))
-        tp = info.get("tp_size") if isinstance(info.get("tp_size"), int) and info["tp_size"] >= 1 else 1
+        tp = tp_size_of(info)
 
         async def load() -> None:
             if how == "tensors":
