@@ -42,7 +42,8 @@ from asyncrl.engine_client.errors import EngineError
 from asyncrl.sync_control.adapter_load import adapter_problems, stage_adapter, switch_adapter
 from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
 from asyncrl.sync_control.errors import WeightSyncError
-from asyncrl.sync_control.layout import LayoutError, check_nccl, moe_problems
+from asyncrl.sync_control.group_plan import GroupRefused, plan_group
+from asyncrl.sync_control.layout import LayoutError
 from asyncrl.sync_control.pause_policy import PausePlan, plan_for, policy_problems
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
 from asyncrl.wire.sync import AdapterSpec, EngineView, ReloadSpec, SyncRequest
@@ -185,21 +186,15 @@ class SyncCoordinator:
         update = EngineUpdate([Member(eid, self.client(eid, live[eid])) for eid in order],
                               control_timeout_s=self.settings.sync.engine_timeout_s)
         try:
-            layouts, world = await update.read_layouts()
+            _, world = await plan_group(update, self.plan, [n for bucket in request.buckets for n in bucket.names],
+                                        backend=request.group.backend,
+                                        nccl_versions=(request.group.nccl_version, request.group.torch_version))
+        except GroupRefused as exc:
+            raise SyncConflict(409, exc.code, exc.message) from None
         except LayoutError as exc:
             raise SyncConflict(409, "layout", str(exc)) from None
         except EngineError as exc:
             raise SyncConflict(503, "no_engines", f"reading an engine's /server_info failed: {exc}") from None
-        if request.group.backend == "nccl":
-            problems = check_nccl(layouts, request.group.nccl_version, request.group.torch_version)
-            if problems:
-                raise SyncConflict(409, "nccl_mismatch", "NCCL versions cannot form one group: " + "; ".join(problems))
-        problems = policy_problems(self.plan, layouts)
-        if problems:
-            raise SyncConflict(409, "pause_policy", "; ".join(problems))
-        problems = moe_problems(layouts, [n for bucket in request.buckets for n in bucket.names])
-        if problems:
-            raise SyncConflict(409, "layout", "; ".join(problems))
         return {m.id: m.rank_offset for m in update.members}, world
 
     async def problems_at_start(self) -> list[str]:

@@ -116,7 +116,8 @@ async def test_a_policy_that_keeps_requests_is_refused_on_an_engine_without_span
     with start_engine(tmp_path, name="engine-0.5.23") as new, \
             start_engine(tmp_path, "--sglang-compat", "0.5.18", name="engine-0.5.18") as old:
         async with stack(tmp_path, nats_server.url, [new.url], "async_training.partial_rollout=true",
-                         "sync.pause_policy=retract") as (svc, rollout_url, agent, agent_url, cfg):
+                         "sync.pause_policy=retract", f'engines.allowed_hosts=["127.0.0.1:{old.port}"]') \
+                as (svc, rollout_url, agent, agent_url, cfg):
             old_id = svc.pool.add(old.url).id
             pub = publisher(agent_url, cfg)
             try:
@@ -188,7 +189,8 @@ async def test_in_place_is_refused_on_engines_that_cache_prefixes_or_overlap_the
                         ("sync.pause_policy=per_request", "sync.per_request.survivor_mode=retract")):
             assert await problems(plain.url, *relaxed) == [], relaxed
         async with stack(tmp_path, nats_server.url, [safe.url], "async_training.partial_rollout=true",
-                         "sync.pause_policy=in_place") as (svc, rollout_url, agent, agent_url, cfg):
+                         "sync.pause_policy=in_place", f'engines.allowed_hosts=["127.0.0.1:{plain.port}"]') \
+                as (svc, rollout_url, agent, agent_url, cfg):
             plain_id = svc.pool.add(plain.url).id
             pub = publisher(agent_url, cfg)
             try:

@@ -40,8 +40,8 @@ import torch
 from asyncrl.engine_client import EngineClient
 from asyncrl.sync_control.engine_update import FLUSH_RETRIES, EngineUpdate, Member
 from asyncrl.sync_control.errors import WeightSyncError
-from asyncrl.sync_control.layout import check_nccl, moe_problems
-from asyncrl.sync_control.pause_policy import pause_plan, policy_problems
+from asyncrl.sync_control.group_plan import GroupRefused, plan_group
+from asyncrl.sync_control.pause_policy import pause_plan
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
 from asyncrl.weight_sync import (
     WeightGroup,
@@ -93,14 +93,11 @@ class DirectEnginePublisher(WeightPublisher):
 
     async def _form(self, update: EngineUpdate, names: list[str]) -> None:
         self.group_name = update.group_name = fresh_group_name(self.group_base)
-        layouts, world = await update.read_layouts()
-        problems = policy_problems(pause_plan(self.pause_mode, True), layouts) + moe_problems(layouts, names)
-        if problems:
-            raise WeightSyncError("; ".join(problems))
-        if self.backend == "nccl":
-            problems = check_nccl(layouts, *trainer_nccl_versions())
-            if problems:
-                raise WeightSyncError("NCCL versions cannot form one group: " + "; ".join(problems))
+        try:
+            _, world = await plan_group(update, pause_plan(self.pause_mode, True), names, backend=self.backend,
+                                        nccl_versions=trainer_nccl_versions() if self.backend == "nccl" else None)
+        except GroupRefused as exc:
+            raise WeightSyncError(exc.message) from None
         sock = reserve_listen_socket(self.master_address, self.master_port)
         port = sock.getsockname()[1]
 
