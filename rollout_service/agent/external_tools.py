@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from typing import Any, Protocol
 import msgspec
 
 from asyncrl.http.errors import ApiError
+from asyncrl.wire.environment import ToolCallAnnouncement
 from rollout_service.api.auth import check_token, hash_token, new_token
 
 log = logging.getLogger(__name__)
@@ -115,9 +115,9 @@ class ParkedCall:
     on_timeout: str
     future: asyncio.Future = field(repr=False, default=None)  # type: ignore[assignment]
 
-    def announcement(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "token": self.token, "tool_call_id": self.call_id, "name": self.name,
-                "arguments": self.arguments, "deadline": self.deadline, "environment": self.environment}
+    def announcement(self) -> ToolCallAnnouncement:
+        return ToolCallAnnouncement(session_id=self.session_id, token=self.token, tool_call_id=self.call_id, name=self.name,
+                                    arguments=self.arguments, deadline=self.deadline, environment=self.environment)
 
 
 class ExternalBroker:
@@ -208,7 +208,7 @@ class ExternalBroker:
         self.parked[key] = parked
         await self._notify()
         try:
-            await self.announce(cfg.environment, json.dumps(parked.announcement()).encode())
+            await self.announce(cfg.environment, parked.announcement().encode())
         except Exception as exc:  # noqa: BLE001 - long-pollers still see it
             log.warning("announcing %s/%s failed: %s", session_id, call_id, exc)
         try:
@@ -274,7 +274,7 @@ class ExternalBroker:
     async def pending(self, *, session_id: str | None = None, environment: str | None = None, wait_s: float = 0.0) -> list[dict]:
         """Parked calls of a session or an environment; waits up to ``wait_s`` for one."""
         def current() -> list[dict]:
-            return [p.announcement() for k, p in self.parked.items()
+            return [msgspec.to_builtins(p.announcement()) for k, p in self.parked.items()
                     if (session_id is None or p.session_id == session_id) and (environment is None or p.environment == environment)
                     and self.records.get(k, None) is not None and self.records[k].status == "parked"]
 

@@ -177,3 +177,23 @@ def test_the_sync_agents_status_and_refusals_are_typed_once():
     assert SyncRefusal.parse(200, json.dumps(stale)) is None
     assert SyncRefusal.parse(409, "not json") is None
     assert SyncRefusal.parse(409, json.dumps({"error": {"reason": "sideways"}})) is None  # not one of REFUSALS
+
+
+def test_a_tool_call_announcement_is_one_typed_json_object():
+    """The core-NATS announcement to an external environment (issue 68 item 4: it was a
+    hand-made dict): exactly the documented keys, decoded back whole, a missing key refused."""
+    import json
+
+    import msgspec
+
+    from asyncrl.wire.environment import ToolCallAnnouncement
+
+    a = ToolCallAnnouncement(session_id="s-1", token="t", tool_call_id="c-1", name="ask", arguments={"q": 1},
+                             deadline=12.5, environment="env-a")
+    body = json.loads(a.encode())
+    assert body == {"session_id": "s-1", "token": "t", "tool_call_id": "c-1", "name": "ask", "arguments": {"q": 1},
+                    "deadline": 12.5, "environment": "env-a"}
+    assert ToolCallAnnouncement.decode(a.encode()) == a
+    del body["token"]
+    with pytest.raises(msgspec.ValidationError, match="token"):
+        ToolCallAnnouncement.decode(json.dumps(body).encode())
