@@ -181,6 +181,71 @@ def test_no_module_import_cycles_even_through_lazy_or_type_checking_imports():
     assert not cycles, "import cycles (lazy and TYPE_CHECKING imports counted): " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
+def _room(module: str) -> str:
+    """A module's room: the sub-package or top-level module of its package it lives in."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def _room_graph(root: Path = ROOT, packages: tuple[str, ...] = FIRST_PARTY) -> dict[str, set[str]]:
+    """Room → the rooms of the same package it imports (lazy, ``TYPE_CHECKING`` and relative
+    imports counted). The module graph cannot see a circle between rooms whose modules form no
+    cycle (issue 68 item 4)."""
+    modules: dict[str, Path] = {}
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            modules[".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*here[:len(here) - (node.level - 1)], *([node.module] if node.module else [])])
+                if not base:
+                    continue
+                targets = [base, *(f"{base}.{a.name}" for a in node.names)]
+            else:
+                continue
+            for target in targets:
+                found = resolve(target)
+                if found is None or name.count(".") == 0 or found.count(".") == 0:
+                    continue
+                a, b = _room(name), _room(found)
+                if a != b and a.split(".")[0] == b.split(".")[0]:
+                    graph.setdefault(a, set()).add(b)
+                    graph.setdefault(b, set())
+    return graph
+
+
+def test_no_circle_between_the_rooms_of_a_package():
+    """Issue 68: inside every package, its rooms (sub-packages and top-level modules) import
+    each other in one direction only (the rollout service's agent → api → runner → agent and
+    the trainer's policy → sync → state → policy circles were broken up)."""
+    cycles = _cycles(_room_graph())
+    assert not cycles, "circles between rooms: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_room_lint_sees_a_circle_through_relative_imports(tmp_path):
+    for path, text in {"p/__init__.py": "", "p/a/__init__.py": "", "p/a/x.py": "from ..b import y\n",
+                       "p/b/__init__.py": "", "p/b/y.py": "def f():\n    from p.c import z\n",
+                       "p/c.py": "from .a import x\n"}.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    graph = _room_graph(tmp_path, ("p",))
+    assert graph == {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}}, graph
+    assert _cycles(graph) == [["p.a", "p.b", "p.c"]]
+
+
 def test_the_cycle_lint_finds_a_cycle_through_a_lazy_import():
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []

@@ -52,8 +52,8 @@ from typing import Any, Protocol
 import msgspec
 
 from asyncrl.http.errors import ApiError
+from asyncrl.http.session_tokens import check_token, hash_token, new_token
 from asyncrl.wire.environment import ToolCallAnnouncement
-from rollout_service.api.auth import check_token, hash_token, new_token
 
 log = logging.getLogger(__name__)
 

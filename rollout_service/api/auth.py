@@ -3,16 +3,12 @@ comparisons are constant-time. A service refuses to start with an empty or well-
 admin token unless ``security.insecure_dev`` (``--insecure-dev``) is set, and off loopback it
 refuses ``--insecure-dev`` and an open data plane (no ``security.api_token``).
 
-Per-session tokens (OpenAI sessions, parked external tool calls) are random, handed out
-once and stored only as their SHA-256 (:func:`new_token`, :func:`hash_token`,
-:func:`check_token`). This module imports nothing else of the service, so every layer may
-use it."""
+Per-session tokens (OpenAI sessions, parked external tool calls) are the foundation's
+(:mod:`asyncrl.http.session_tokens`). This module imports nothing else of the service."""
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import secrets
 
 from fastapi import Request
 
@@ -68,21 +64,4 @@ def require_token(request: Request, expected: str | None, what: str, api_key_hea
         also = " (or 'x-api-key: <token>')" if api_key_header else ""
         raise ApiError(401, f"{what} requires 'Authorization: Bearer <token>'{also}", headers={"WWW-Authenticate": "Bearer"})
     if not hmac.compare_digest(got.encode(), expected.encode()):
-        raise ApiError(403, f"invalid {what} token")
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def new_token() -> str:
-    return "sess-" + secrets.token_urlsafe(24)
-
-
-def check_token(expected_hash: str, given: str | None, what: str = "session") -> None:
-    """401 without a token, 403 when ``given`` does not hash to ``expected_hash``."""
-    if given is None:
-        raise ApiError(401, f"{what} routes require 'Authorization: Bearer <{what} token>' (or 'x-api-key: <{what} token>')",
-                       headers={"WWW-Authenticate": "Bearer"})
-    if not hmac.compare_digest(hash_token(given), expected_hash):
         raise ApiError(403, f"invalid {what} token")

@@ -20,8 +20,9 @@ from fastapi.responses import StreamingResponse
 
 from asyncrl.http.errors import ApiError
 from asyncrl.http.openapi import errors, streams
+from asyncrl.http.session_tokens import check_token, hash_token, new_token
 from rollout_service.agent.state import AgentState
-from rollout_service.api.auth import check_token, client_key, hash_token, new_token
+from rollout_service.api.auth import client_key
 from rollout_service.openai.context import OpenAIContext
 from rollout_service.openai.handlers import (
     answer_chat,

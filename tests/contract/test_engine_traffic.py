@@ -111,7 +111,8 @@ async def drive_adapters(url: str, tmp_dir) -> None:
     from asyncrl.sync_control.sequence import UpdateSteps, run_update
     from local_engine.lora import read_adapter_dir
     from tests.helpers.lora import make_adapter
-    from trainer_daemon.sync.adapter import AdapterSnapshot, adapter_spec
+    from trainer_daemon.policy.lora import AdapterSnapshot
+    from trainer_daemon.sync.adapter import adapter_spec
 
     make_adapter(load_model("builtin:tiny"), tmp_dir / "adapter", seed=5)
     snapshot = AdapterSnapshot(*reversed(read_adapter_dir(str(tmp_dir / "adapter"))))

@@ -1,4 +1,4 @@
-"""``segmented_sdpa`` (trainer_daemon/compute/segmented_attention.py), the CPU's attention for packed
+"""``segmented_sdpa`` (trainer_daemon/policy/segmented_attention.py), the CPU's attention for packed
 rows: on fixed tensors it gives the dense block-diagonal mask's hidden states, log-probs, loss
 and gradients, and it refuses what it cannot do."""
 
@@ -14,8 +14,8 @@ from asyncrl.models import load_model
 from tests.trainer.helpers import make_group
 from trainer_daemon.algo import log_probs_from_logits
 from trainer_daemon.compute.packing import pack, packed_attention_mask
-from trainer_daemon.compute.segmented_attention import NAME, cu_seq_lens, segmented_sdpa_forward
 from trainer_daemon.policy.model import set_attention
+from trainer_daemon.policy.segmented_attention import NAME, cu_seq_lens, segmented_sdpa_forward
 
 
 def _packed():

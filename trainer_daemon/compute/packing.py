@@ -145,7 +145,7 @@ def packed_attention_mask(seq_lens: Sequence[int], attn_implementation: str, dev
 
     - ``flash_attention_2`` / ``flash_attention_3``: None (transformers derives the varlen
       boundaries from ``position_ids``);
-    - ``segmented_sdpa`` (:mod:`trainer_daemon.compute.segmented_attention`): None (it takes the
+    - ``segmented_sdpa`` (:mod:`trainer_daemon.policy.segmented_attention`): None (it takes the
       boundaries from ``cu_seq_lens_q``);
     - ``flex_attention``: a ``BlockMask`` (block-diagonal causal, from the document ids);
     - anything else (``sdpa``; also ``eager``, which takes an additive float mask): a 4-D

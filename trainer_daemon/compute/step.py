@@ -53,9 +53,9 @@ from trainer_daemon.compute.batch import MicroBatch, collate
 from trainer_daemon.compute.logprob_head import log_prob_head
 from trainer_daemon.compute.packing import PackedMicroBatch, pack, packed_attention_mask
 from trainer_daemon.compute.router_replay import RouterReplay
-from trainer_daemon.compute.segmented_attention import NAME as SEGMENTED
-from trainer_daemon.compute.segmented_attention import cu_seq_lens
 from trainer_daemon.policy.distributed import DistContext
+from trainer_daemon.policy.segmented_attention import NAME as SEGMENTED
+from trainer_daemon.policy.segmented_attention import cu_seq_lens
 
 
 @dataclass

@@ -23,11 +23,25 @@ layer and the embeddings are never adapted.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 ADAPTER = "default"
 BASE = ".base_layer."
 LORA_A, LORA_B = f".lora_A.{ADAPTER}.weight", f".lora_B.{ADAPTER}.weight"
+
+
+@dataclass(frozen=True)
+class AdapterSnapshot:
+    """One version's adapter: peft's saved names → CPU tensors, and its ``adapter_config.json``."""
+
+    tensors: dict[str, torch.Tensor]
+    config: dict
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 def lora_config(rank: int, alpha: float, target_modules: str | list[str]):
@@ -108,13 +122,12 @@ def adapter_config(rank: int, alpha: float, targets: list[str], base_model: str)
 
 def adapter_snapshot(model: torch.nn.Module, actor, base_model: str, dtype: torch.dtype, write: bool):
     """*Collective.* The adapter of the current parameters as an adapter sync publishes it
-    (:class:`trainer_daemon.sync.adapter.AdapterSnapshot`, tensors in ``dtype``; rank and alpha
+    (:class:`AdapterSnapshot`, tensors in ``dtype``; rank and alpha
     from the ``actor`` section, ``base_model`` named in its config): every rank
     gathers the trainable parameters only; rank 0 (``write``) gets the snapshot, others None."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import FSDPModule
 
-    from trainer_daemon.sync.adapter import AdapterSnapshot
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     trained = get_model_state_dict(model, options=opts)

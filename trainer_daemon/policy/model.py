@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from asyncrl.models import load_model
-from trainer_daemon.compute import segmented_attention
+from trainer_daemon.policy import segmented_attention
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ def staging_mode(sync, actor, backend: str, model_bytes: int | None = None, devi
     ``two_buckets`` (:mod:`trainer_daemon.sync.streaming`). LoRA merged into the weights
     (``actor.lora_rank``, ``sync.lora_weights = merged``): ``state_dict``, where the adapters
     are merged (the config refuses the others with it). Adapter syncs stage nothing of this:
-    :class:`~trainer_daemon.sync.adapter.AdapterSnapshot`."""
+    :class:`~trainer_daemon.policy.lora.AdapterSnapshot`."""
     if sync.staging != "auto":
         return sync.staging
     if actor.lora_rank:

@@ -1,8 +1,8 @@
 """What an adapter sync publishes (``sync.lora_weights = adapter``): the LoRA adapter of one
 version, as :class:`~asyncrl.wire.sync.AdapterSpec` for the sync agent.
 
-:class:`AdapterSnapshot` is taken by the daemon at the sync point (every rank gathers the
-trainable parameters only: a few MB, not the model) and handed to the publisher, which turns
+:class:`~trainer_daemon.policy.lora.AdapterSnapshot` (the policy's, taken by the daemon at the sync point (every rank gathers the
+trainable parameters only: a few MB, not the model)) is handed to the publisher, which turns
 it into a spec with :func:`adapter_spec`: the tensors encoded for
 ``/load_lora_adapter_from_tensors`` unless ``sync.adapter_transport = path``, and, unless it is
 ``tensors``, a peft directory ``<adapter_dir>/<name>`` written atomically for engines that load
@@ -14,29 +14,15 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from asyncrl.weight_sync.adapter import adapter_checksums, encode_adapter, write_adapter_dir
 from asyncrl.wire.sync import AdapterSpec, adapter_name
+from trainer_daemon.policy.lora import AdapterSnapshot
 
 log = logging.getLogger(__name__)
 
 KEEP_DIRS = 3
-
-
-@dataclass(frozen=True)
-class AdapterSnapshot:
-    """One version's adapter: peft's saved names → CPU tensors, and its ``adapter_config.json``."""
-
-    tensors: dict[str, torch.Tensor]
-    config: dict
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 def adapter_spec(snapshot: AdapterSnapshot, version: int, *, run_id: str, transport: str, adapter_dir: Path) -> AdapterSpec:

@@ -57,7 +57,8 @@ from asyncrl.wire.sync import (
     SyncStatus,
     fresh_group_name,
 )
-from trainer_daemon.sync.adapter import AdapterSnapshot, adapter_spec
+from trainer_daemon.policy.lora import AdapterSnapshot
+from trainer_daemon.sync.adapter import adapter_spec
 from trainer_daemon.sync.base import (
     StaleVersion,
     WeightPublisher,
