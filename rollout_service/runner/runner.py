@@ -53,6 +53,7 @@ from rollout_service.agent.loop import run_agent
 from rollout_service.agent.state import AgentState, Phase
 from rollout_service.runner.accounting import RunnerCounters, TokenAccounting, VersionClock
 from rollout_service.runner.finish import to_trajectory
+from rollout_service.runner.groups import GroupBook
 from rollout_service.runner.inflight import InFlightCalls
 from rollout_service.runner.pause_modes import (
     DrainPause,
@@ -145,9 +146,8 @@ class Runner:
         self.counters = RunnerCounters()
         self.agents: dict[str, AgentState] = {}
         self.tasks: dict[str, asyncio.Task] = {}
-        self.groups: dict[str, int] = {}  # group id -> members not finished yet
-        self._session_members: dict[str, int] = {}  # an outside group's id -> sessions admitted to it (issue 67 L4)
-        self._cancelled_left: dict[str, int] = {}  # group id -> members not yet cancelled (once one was)
+        self.book = GroupBook(settings.n)
+        """The open samples (:mod:`.groups`)."""
         self.queued_trajectories = 0
         self.trainer_held = 0
         """Trajectories delivered to the trainer and not yet acked (``QueueDepth.held``)."""
@@ -176,7 +176,7 @@ class Runner:
         """Resume from the checkpoints (:mod:`.restore`), then start admitting and publishing."""
         restored = await restore(state_store=self.state_store, agent_store=self.agent_store, outbox=self.outbox,
                                  stream=self.stream, quota=self.quota)
-        self.groups.update(restored.groups)
+        self.book.restore(restored.groups)
         self.counters.dropped_already_finished += restored.dropped
         for state in restored.agents:
             self.counters.restored_agents += 1
@@ -223,8 +223,13 @@ class Runner:
         return sum(1 for s in self.agents.values() if s.phase == Phase.AWAITING_ENV)
 
     @property
+    def groups(self) -> dict[str, int]:
+        """Open group id → members not finished yet (read it; :attr:`book` changes it)."""
+        return self.book.left
+
+    @property
     def in_flight_samples(self) -> int:
-        return sum(1 for left in self.groups.values() if left > 0)
+        return self.book.in_flight
 
     def queue_versions(self) -> int:
         """Versions the trainer needs to consume the whole samples already queued (stream and
@@ -232,8 +237,7 @@ class Runner:
         finished members of groups still decoding are not ahead of it: the trainer takes a
         group once it is whole, so they wait as it does (counted for the service's own groups,
         of size ``rollout.n``; a session's group of another size is counted as whole)."""
-        waiting = sum(self.n - left for left in self.groups.values() if 0 < left < self.n)
-        whole = max(0, self.queued_trajectories + len(self.outbox) - waiting)
+        whole = max(0, self.queued_trajectories + len(self.outbox) - self.book.finished_members_waiting())
         return whole // self.n // max(1, self.settings.samples_per_sync)
 
     @property
@@ -317,7 +321,7 @@ class Runner:
         ]
         await asyncio.gather(*(self.agent_store.put(state) for state in states))  # n writes, one round trip
         await self._save_state()
-        self.groups[group_id] = self.n
+        self.book.open(group_id, self.n)
         for state in states:
             self._launch(state)
 
@@ -344,16 +348,12 @@ class Runner:
         together are written concurrently and each counts only after its own write."""
         if self.settings.publish_unit == "group":
             await self.outbox.hold_async(traj)
-            left = self.groups.get(traj.group_id, 1) - 1
-            self.groups[traj.group_id] = left
-            if left <= 0:
+            if self.book.member_finished(traj.group_id):
                 await self.outbox.release_group_async(traj.group_id)
         else:
             await self.outbox.put_ready_async(traj)
-            self.groups[traj.group_id] = self.groups.get(traj.group_id, 1) - 1
-        if self.groups.get(traj.group_id, 0) <= 0:
-            self.groups.pop(traj.group_id, None)
-            self._session_members.pop(traj.group_id, None)
+            self.book.member_finished(traj.group_id)
+        self.book.forget(traj.group_id)
         self.publisher.notify()
 
     async def drop_member(self, group_id: str) -> None:
@@ -361,17 +361,10 @@ class Runner:
         before any completion): its group expects one member less, so the group's place is
         given back once the others are done, and with ``publish_unit = "group"`` the members
         held for it are released instead of waiting for one that never comes."""
-        if group_id not in self.groups:
-            return
-        left = self.groups[group_id] - 1
-        self.groups[group_id] = left
-        if left <= 0:
-            self.groups.pop(group_id, None)
-            self._session_members.pop(group_id, None)
+        if self.book.member_left(group_id):
             if self.settings.publish_unit == "group":
                 await self.outbox.release_group_async(group_id)
             self.publisher.notify()
-        self._wake.set()
 
     def admit_external(self, group_id: str, group_size: int, recorded_members: int = 0) -> tuple[int, str] | None:
         """Admission of a session: ``(HTTP status, why)`` when refused, else None. A new group
@@ -384,18 +377,15 @@ class Runner:
         if group_id in self.groups:
             if self._stop.is_set() or self.paused:
                 return 429, "stopping" if self._stop.is_set() else f"paused ({self.serving.pause_mode})"
-            joined = self._session_members.get(group_id, recorded_members)
-            if joined >= group_size:
+            if not self.book.join(group_id, group_size, recorded_members):
                 return 409, f"all {group_size} sessions of this group (group_size) have joined it"
-            self._session_members[group_id] = joined + 1
             return None
         blocker = self.admission_blocker(external=True)
         if blocker is not None:  # NATS not taking trajectories is an outage (503); the rest is backpressure (429)
             return 503 if blocker.startswith("outbox full") else 429, blocker
         self.quota.on_start()
         self.counters.samples_started += 1
-        self.groups[group_id] = group_size
-        self._session_members[group_id] = 1
+        self.book.open(group_id, group_size, session=True)
         return None
 
     async def _finish(self, state: AgentState) -> None:
@@ -422,11 +412,8 @@ class Runner:
         """A trajectory cancelled for staleness (:mod:`.per_request`): once every member of its
         sample is, the sample never trains and its place in the staleness quota is given back."""
         self.counters.stale_cancelled_tokens += state.response_length
-        left = self._cancelled_left.get(state.group_id, state.group_size) - 1
-        if left > 0:
-            self._cancelled_left[state.group_id] = left
+        if not self.book.cancelled(state.group_id, state.group_size):
             return
-        self._cancelled_left.pop(state.group_id, None)
         self.quota.on_cancelled()
         self.counters.cancelled_samples += 1
 
