@@ -35,16 +35,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
 
+from asyncrl.config.sections_engines import EnginesConfig
+from asyncrl.config.sections_infra import ActorConfig, SyncConfig
 from asyncrl.engine_client import EngineClient
 from asyncrl.engine_client.errors import EngineError
-from asyncrl.sync_control.adapter_load import adapter_problems, stage_adapter, switch_adapter
-from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
+from asyncrl.sync_control.adapter_load import stage_adapter, switch_adapter
+from asyncrl.sync_control.engine_update import EngineUpdate, Member
 from asyncrl.sync_control.errors import WeightSyncError
 from asyncrl.sync_control.group_plan import GroupRefused, plan_group
 from asyncrl.sync_control.layout import LayoutError
-from asyncrl.sync_control.pause_policy import PausePlan, plan_for, policy_problems
+from asyncrl.sync_control.pause_policy import PausePlan, plan_for
 from asyncrl.sync_control.sequence import UpdateSteps, run_update
 from asyncrl.wire.sync import AdapterSpec, EngineView, ReloadSpec, SyncRequest
 from sync_agent.fleet import AGENT_REASON, Fleet, held_because
@@ -80,9 +81,9 @@ class CoordinatorSettings:
     """The coordinator's share of the run config (``from_config``): the ``sync``, ``engines``
     and ``actor`` sections, the run id, the pause plan and whether syncs carry adapters."""
 
-    sync: Any
-    engines: Any
-    actor: Any
+    sync: SyncConfig
+    engines: EnginesConfig
+    actor: ActorConfig
     run_id: str
     plan: PausePlan
     syncs_adapters: bool
@@ -198,41 +199,9 @@ class SyncCoordinator:
         return {m.id: m.rank_offset for m in update.members}, world
 
     async def problems_at_start(self) -> list[str]:
-        """Why this run cannot sync on the configured engines (``engines.urls``), read from
-        their ``/server_info`` when the agent starts: a ``retract``/``in_place`` policy on
-        engines without ``weight_versions`` spans (issue 35), and with adapter syncs an engine
-        that cannot load the run's adapter (LoRA off, ``--max-lora-rank`` under
-        ``actor.lora_rank``, ``--lora-target-modules`` not covering ``actor.target_modules``,
-        ``--max-loaded-loras`` under 2: issue 36), so the run stops before its first sync, not
-        at it. Engines that do not answer within the liveness bound are not judged here; every
-        sync judges its members again."""
-        urls = list(self.settings.engines.urls or [])
-        spans = self.plan.engine_mode in ("retract", "in_place")
-        if not (spans or self.settings.syncs_adapters) or not urls:
-            return []
-        limit = min(self.settings.sync.engine_timeout_s, LIVENESS_TIMEOUT_S)
-
-        async def one(url: str) -> list[str]:
-            update = EngineUpdate([Member(url, self.client(url, url))], control_timeout_s=limit)
-            found = []
-            if spans:
-                try:
-                    found += policy_problems(self.plan, (await update.read_layouts())[0])
-                except LayoutError as exc:  # a layout no weight group can update: refused now, not at every sync
-                    found.append(str(exc))
-                except EngineError as exc:
-                    log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
-                    return found
-            if self.settings.syncs_adapters:  # adapters travel without a weight group: the layout is not theirs to judge
-                try:
-                    info = await update.members[0].client.server_info(timeout_s=limit)
-                except EngineError as exc:
-                    log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
-                    return found
-                found += adapter_problems(self.settings.actor, info, f"engine {url}")
-            return found
-
-        return [p for found in await asyncio.gather(*(one(u) for u in urls)) for p in found]
+        """Why this run cannot sync on its configured engines, judged when the agent starts
+        (:meth:`sync_agent.fleet.Fleet.problems_at_start`)."""
+        return await self.fleet.problems_at_start(self.plan, self.settings.actor if self.settings.syncs_adapters else None)
 
     # -- accepting ------------------------------------------------------------------------
     async def submit(self, request: SyncRequest) -> tuple[SyncRecord, int]:

@@ -10,6 +10,7 @@ coordinator): a client per engine, who answers, and a typed
   (an engine that missed a probe is not waited for) and keeps the last answer
   (:attr:`last_views`, for ``/metrics``).
 - :func:`held_because` says why a quarantined engine is still out and what brings it back.
+- :meth:`Fleet.problems_at_start` judges the configured engines when the agent starts.
 
 The coordinator owns the state the views are judged against (the version, the engines that
 need a reload, the reload source) and passes it in; the fleet keeps none of it.
@@ -21,8 +22,14 @@ import asyncio
 import logging
 
 from asyncrl.config import secret
+from asyncrl.config.sections_infra import ActorConfig
 from asyncrl.engine_client import EngineClient
+from asyncrl.engine_client.errors import EngineError
 from asyncrl.engine_urls import engine_url_refusal
+from asyncrl.sync_control.adapter_load import adapter_problems
+from asyncrl.sync_control.engine_update import LIVENESS_TIMEOUT_S, EngineUpdate, Member
+from asyncrl.sync_control.layout import LayoutError
+from asyncrl.sync_control.pause_policy import PausePlan, policy_problems
 from asyncrl.wire.rollout_admin import EngineState, RolloutStatus
 from asyncrl.wire.sync import EngineView, weight_version_number
 from sync_agent.liveness import EngineLiveness
@@ -57,6 +64,43 @@ class Fleet:
             c = self.clients[engine_id] = EngineClient(url, api_key=secret(e.api_key), admin_api_key=secret(e.admin_api_key),
                                                        control_timeout_s=self.engine_timeout_s)
         return c
+
+    async def problems_at_start(self, plan: PausePlan, adapters_of: ActorConfig | None) -> list[str]:
+        """Why the run cannot sync on the configured engines (``engines.urls``), read from their
+        ``/server_info`` when the agent starts: a ``retract``/``in_place`` plan on engines
+        without ``weight_versions`` spans or the in-place flags (issues 35, 66), and with adapter
+        syncs (``adapters_of``: the actor section) an engine that cannot load the run's adapter
+        (LoRA off, ``--max-lora-rank`` under ``actor.lora_rank``, ``--lora-target-modules`` not
+        covering ``actor.target_modules``, ``--max-loaded-loras`` under 2: issue 36), so the run
+        stops before its first sync, not at it. Engines that do not answer within the liveness
+        bound are not judged here; every sync judges its members again."""
+        urls = list(self.engines.urls or [])
+        spans = plan.engine_mode in ("retract", "in_place")
+        if not (spans or adapters_of is not None) or not urls:
+            return []
+        limit = min(self.engine_timeout_s, LIVENESS_TIMEOUT_S)
+
+        async def one(url: str) -> list[str]:
+            update = EngineUpdate([Member(url, self.client(url, url))], control_timeout_s=limit)
+            found = []
+            if spans:
+                try:
+                    found += policy_problems(plan, (await update.read_layouts())[0])
+                except LayoutError as exc:  # a layout no weight group can update: refused now, not at every sync
+                    found.append(str(exc))
+                except EngineError as exc:
+                    log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
+                    return found
+            if adapters_of is not None:  # adapters travel without a weight group: the layout is not theirs to judge
+                try:
+                    info = await update.members[0].client.server_info(timeout_s=limit)
+                except EngineError as exc:
+                    log.info("engine %s not judged at start (%s): its first sync will be", url, exc)
+                    return found
+                found += adapter_problems(adapters_of, info, f"engine {url}")
+            return found
+
+        return [p for found in await asyncio.gather(*(one(u) for u in urls)) for p in found]
 
     def _allowed(self, listed: list[EngineState]) -> list[EngineState]:
         out = []
