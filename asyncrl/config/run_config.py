@@ -38,6 +38,10 @@ DEBUG_TEXT_BYTES_PER_TOKEN = 16  # optional `messages` text: worst-case UTF-8 by
 WIRE_FIXED_OVERHEAD = 1 << 20  # headers, reward details, timings, metadata
 
 
+WEIGHT_GROUP_SLACK_S = 60.0
+"""How much longer than ``sync.broadcast_timeout_s`` an SGLang engine waits in the weight group by default."""
+
+
 class RunConfig(Section):
     """Everything a run needs; each section documents its fields."""
 
@@ -87,7 +91,7 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _engines_wait_out_a_healthy_broadcast(self) -> RunConfig:
-        if self.engines.weight_group_timeout_s <= self.sync.broadcast_timeout_s:
+        if self.engines.weight_group_timeout_s is not None and self.engines.weight_group_timeout_s <= self.sync.broadcast_timeout_s:
             raise ValueError(f"engines.weight_group_timeout_s ({self.engines.weight_group_timeout_s:g}) must exceed "
                              f"sync.broadcast_timeout_s ({self.sync.broadcast_timeout_s:g}): an engine may wait that long "
                              f"for the trainer's next bucket in a healthy sync")
@@ -100,6 +104,12 @@ class RunConfig(Section):
             raise ValueError(f"actor.ppo_max_token_len_per_gpu ({a.ppo_max_token_len_per_gpu}) must be >= model.max_model_len "
                              f"({self.model.max_model_len}): a trajectory that long would fit no micro-batch")
         return self
+
+    @property
+    def engine_weight_group_timeout_s(self) -> float:
+        """``engines.weight_group_timeout_s``, or ``sync.broadcast_timeout_s`` + 60 s when unset."""
+        e = self.engines.weight_group_timeout_s
+        return e if e is not None else self.sync.broadcast_timeout_s + WEIGHT_GROUP_SLACK_S
 
     @property
     def syncs_adapters(self) -> bool:

@@ -133,14 +133,15 @@ class EnginesConfig(Section):
     timeout); set it well below what a loaded engine gives one request."""
     control_timeout_s: float = Field(60.0, gt=0.0)
     """Upper bound of control calls (pause, abort, flush, info)."""
-    weight_group_timeout_s: float = Field(360.0, gt=0.0, le=86400.0)
+    weight_group_timeout_s: float | None = Field(None, gt=0.0, le=86400.0)
     """Timeout of an SGLang engine's side of the weight-update group (each broadcast it waits
     in). SGLang sets none, so torch's 30 minutes apply: over NCCL an engine downstream of a
     stalled rank would stay paused that long (docs/operations.md, "Which weight-sync backend").
     The SGLang engines asyncrl starts (``asyncrl slurm``; compose's ``ENGINE_WEIGHT_GROUP_TIMEOUT_S``)
     get it through asyncrl's hook (``launcher/sglang_hooks``); hand-started ones as
-    docs/deployment.md shows. Must exceed ``sync.broadcast_timeout_s``: a healthy sync's
-    engine waits at most that long for the trainer's next bucket. The cost of a timeout over
+    docs/deployment.md shows. None: ``sync.broadcast_timeout_s`` + 60 s (360 s by default;
+    ``RunConfig.engine_weight_group_timeout_s``); set, it must exceed ``sync.broadcast_timeout_s``:
+    a healthy sync's engine waits at most that long for the trainer's next bucket. The cost of a timeout over
     NCCL: with torch's default ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` the engine process exits and
     is restarted, then repaired to the current weights. Local engines: ``local.weight_sync_timeout_s``."""
 

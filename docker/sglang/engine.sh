@@ -30,7 +30,8 @@
 # waits behind the pause and answers 503 after 20 s). asyncrl's rollout service probes
 # /health_generate itself when the engine is not paused for a sync.
 # ENGINE_WEIGHT_GROUP_TIMEOUT_S (default 360): the weight-update group's timeout, through asyncrl's
-# hook in ENGINE_HOOK_DIR (default /opt/asyncrl/sglang_hooks, compose mounts launcher/sglang_hooks).
+# hook in ENGINE_HOOK_DIR (default: /opt/asyncrl/sglang_hooks, where compose mounts
+# launcher/sglang_hooks, else the launcher/sglang_hooks of the checkout this script is in).
 # ENGINE_DRY_RUN=1 prints the command instead of running it (tests/deploy).
 set -euo pipefail
 
@@ -105,6 +106,14 @@ export SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION="${SGLANG_ENABLE_HEALTH_ENDPOINT
 # bounded timeout instead of torch's 30 minutes (issue 66 N7; engines.weight_group_timeout_s,
 # which must exceed sync.broadcast_timeout_s)
 ENGINE_WEIGHT_GROUP_TIMEOUT_S="${ENGINE_WEIGHT_GROUP_TIMEOUT_S:-360}"
+if [[ -z "${ENGINE_HOOK_DIR:-}" ]]; then  # compose's mount, else this checkout's (engine.sh run from a clone)
+    for candidate in /opt/asyncrl/sglang_hooks "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../../launcher/sglang_hooks"; do
+        if [[ -r "$candidate/sitecustomize.py" ]]; then
+            ENGINE_HOOK_DIR="$(cd "$candidate" && pwd)"
+            break
+        fi
+    done
+fi
 ENGINE_HOOK_DIR="${ENGINE_HOOK_DIR:-/opt/asyncrl/sglang_hooks}"
 if [[ ! -r "$ENGINE_HOOK_DIR/sitecustomize.py" ]]; then
     echo "engine.sh: asyncrl's SGLang hook is missing: $ENGINE_HOOK_DIR/sitecustomize.py (mount launcher/sglang_hooks there)" >&2
@@ -131,8 +140,8 @@ cmd=(python3 -m sglang.launch_server
      "${extra[@]}" "$@")
 
 echo "engine.sh: slot $slot of $slots (CUDA_VISIBLE_DEVICES=$visible), listening on $ENGINE_HOST:$port" \
-     "(weight-group interface: ${NCCL_SOCKET_IFNAME:-any}; its timeout: ${ASYNCRL_WEIGHT_GROUP_TIMEOUT_S} s," \
-     "hook: $ENGINE_HOOK_DIR)" >&2
+     "(weight-group interface: ${NCCL_SOCKET_IFNAME:-any})" \
+     "(weight-group timeout: ${ASYNCRL_WEIGHT_GROUP_TIMEOUT_S} s, asyncrl's hook: $ENGINE_HOOK_DIR)" >&2
 if [[ "${ENGINE_DRY_RUN:-0}" == "1" ]]; then
     printf '%s\n' "${cmd[@]}"
     exec sleep "${ENGINE_DRY_RUN_HOLD_S:-0}"

@@ -99,7 +99,7 @@ def engine_command(cfg: RunConfig, python: str) -> tuple[list[str], dict[str, st
         if plan_for(cfg.sync, cfg.async_training).engine_mode == "in_place":  # issue 66 N1, N2: the sync agent requires them
             command += [flag for flag, _ in IN_PLACE_FLAGS.values() if flag not in command]
         env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0"),
-               **hook_env(cfg.engines.weight_group_timeout_s)}  # a bounded weight-group timeout (issue 66 N7)
+               **hook_env(cfg.engine_weight_group_timeout_s)}  # a bounded weight-group timeout (issue 66 N7)
         opts = []
         for flag, var, value in (("api-key", ENGINE_KEY_ENV, secret(cfg.engines.api_key)),
                                  ("admin-api-key", ENGINE_ADMIN_KEY_ENV, secret(cfg.engines.admin_api_key))):

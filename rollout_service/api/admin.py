@@ -58,16 +58,15 @@ def build_admin_router(ports: AdminPorts) -> APIRouter:
         if body.version < current:
             raise ApiError(409, f"version {body.version} is older than the current version {current}", param="version")
         if body.version > current:  # only to a version a completed sync installed (issue 67: 2^63-1 wedged every later sync)
-            answered = await pool.refresh_versions()
-            served = sorted({v for v in answered.values() if v is not None})
-            if answered and (not served or served[-1] < body.version):
-                raise ApiError(409, f"no engine serves version {body.version} (they answer {served or 'no version'}): "
+            served, answers = await pool.serves(body.version)
+            if served is False:
+                shown = sorted({v for v in answers if v is not None})
+                raise ApiError(409, f"no engine serves version {body.version} (they answer {shown or 'no version'}): "
                                     "resume only to a version a completed sync installed", param="version")
-            if not answered:  # every engine out of reach: never left paused for it
+            if served is None:  # every engine out of reach: never left paused for it
                 log.warning("resuming to version %d with no engine answering its version", body.version)
-        else:
-            pool.refresh_versions_soon()
         await runner.resume(body.version)
+        pool.refresh_versions_soon()
         return service_status()
 
     @router.post("/validate", responses=errors(409))

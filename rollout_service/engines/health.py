@@ -118,6 +118,28 @@ class HealthChecker:
         await asyncio.gather(*(one(h) for h in handles))
         return answered
 
+    async def serves(self, version: int) -> tuple[bool | None, list[int | None]]:
+        """Whether some engine serves ``version`` or a newer one, asking every engine at once
+        (each within ``HEALTH_TIMEOUT_S``) and returning as soon as one says so: a hung engine
+        is not waited for once another answered. ``(True, ...)``; ``(False, answers)`` when every
+        engine answered an older version (or none); ``(None, [])`` when none answered."""
+        tasks = [asyncio.create_task(self._read_version(h)) for h in list(self.engines.values())]
+        answers: list[int | None] = []
+        try:
+            for next_answer in asyncio.as_completed(tasks):
+                try:
+                    got = await next_answer
+                except EngineError:
+                    continue
+                answers.append(got)
+                if got is not None and got >= version:
+                    return True, answers
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return (False, answers) if answers else (None, [])
+
     @staticmethod
     async def _read_version(handle: EngineHandle) -> int | None:
         """Ask the engine for its weight version (``HEALTH_TIMEOUT_S``), record and return the

@@ -362,6 +362,9 @@ class EnginePool:
     async def refresh_versions(self, engine_ids: list[str] | None = None) -> dict[str, int | None]:
         return await self.health.refresh_versions(engine_ids)
 
+    async def serves(self, version: int) -> tuple[bool | None, list[int | None]]:
+        return await self.health.serves(version)
+
     def refresh_versions_soon(self, engine_ids: list[str] | None = None) -> None:
         """:meth:`refresh_versions` in the background (the caller's answer does not wait for it)."""
         task = asyncio.create_task(self.refresh_versions(engine_ids))

@@ -413,7 +413,7 @@ def test_engines_get_the_flags_the_system_needs(one_box, tmp_path):
     out = subprocess.run(["bash", str(REPO / "docker" / "sglang" / "engine.sh")], env=env, capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    assert "its timeout: 360 s" in out.stderr and env["ENGINE_WEIGHT_GROUP_TIMEOUT_S"] == "360"
+    assert "(weight-group timeout: 360 s" in out.stderr and env["ENGINE_WEIGHT_GROUP_TIMEOUT_S"] == "360"
     argv = out.stdout.split("\n")
     flags = dict(zip(argv, argv[1:], strict=False))
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]

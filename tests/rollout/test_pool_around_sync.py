@@ -80,7 +80,7 @@ async def test_a_pause_sends_calls_waiting_for_a_routable_engine_back_at_once(mo
     waiting = asyncio.create_task(pool.generate(None, [1, 2], {}, rid="r-1"))
     await asyncio.sleep(0.05)
     assert not waiting.done()
-    serving.pausing()  # what the runner does at a partial pause
+    serving.pausing("partial")  # what the runner does at a partial pause
     serving.hold_calls()
     await pool.abort_inflight("r-")
     try:
@@ -105,7 +105,7 @@ async def test_during_a_drain_pause_a_call_waiting_for_an_engine_keeps_waiting(m
     from rollout_service.serving import ServingState
 
     serving = ServingState()
-    serving.pausing()  # a drain pause: paused, the gate still open for the trajectories it waits for
+    serving.pausing("drain")  # a drain pause: paused, the gate still open for the trajectories it waits for
     pool = EnginePool(serving=serving)
     pool.add("http://127.0.0.1:9")
     (handle,) = pool.engines.values()

@@ -12,12 +12,16 @@ def test_the_serving_state_follows_pause_and_resume_and_names_the_adapter():
     assert (s.version, s.paused, s.holding_calls, s.adapter_route) == (0, False, False, None)  # base model at 0
     s.restored(3)
     assert s.adapter_route is not None and s.adapter_route[1] == 3 and "run-7" in s.adapter_route[0]
-    s.pausing()
-    assert s.paused and not s.holding_calls  # a drain pause: the gate stays open for a while
+    s.pausing("drain")
+    assert s.paused and not s.holding_calls and s.pause_mode == "drain" and s.paused_at is not None  # the gate open a while
+    started = s.paused_at
+    s.pausing("drain")  # a repeated pause keeps its start
+    assert s.paused_at == started
     s.hold_calls()
     assert s.holding_calls
     s.resumed(4)
     assert (s.version, s.paused, s.holding_calls, s.adapter_route[1]) == (4, False, False, 4)
+    assert (s.pause_mode, s.paused_at) == (None, None)
     assert ServingState("run-7", syncs_adapters=False).adapter_route is None
 
 

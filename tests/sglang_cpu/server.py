@@ -26,14 +26,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from asyncrl.config.sections_engines import EnginesConfig
+from asyncrl.config.run_config import RunConfig
 from asyncrl.launch import ChildProcess, free_port
 from launcher.sglang_hooks import hook_env
 from tests.helpers.processes import Engine
 from tests.sglang_cpu.install import DEFAULT_RELEASE, venv_python
 
 STAND_INS = Path(__file__).resolve().parent / "stand_ins"
-DEFAULT_WEIGHT_GROUP_TIMEOUT_S = EnginesConfig().weight_group_timeout_s
+DEFAULT_WEIGHT_GROUP_TIMEOUT_S = RunConfig().engine_weight_group_timeout_s
 # Import of torch + SGLang + the model in three processes: 20-40 s idle, several times that with
 # the suite's other work on the 2 cores.
 START_TIMEOUT_S = 300.0
