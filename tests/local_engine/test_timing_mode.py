@@ -53,8 +53,9 @@ async def test_an_interrupted_request_keeps_its_length_under_every_pause_mode(tm
             async def decoding() -> bool:
                 return (await c.loads())["loads"][0]["num_total_tokens"] > len(prompt) + 20
 
+            at_start = await recomputed()  # the readiness probes' one-token generations may have been cut and resent
             whole = await c.generate(prompt, sp)
-            assert len(whole.output_ids) == 300 and await recomputed() == 0  # sigma 0: every draw is the median
+            assert len(whole.output_ids) == 300 and await recomputed() == at_start  # sigma 0: every draw is the median
             for mode in ("abort", "retract", "in_place"):
                 call = asyncio.create_task(c.generate(prompt, sp))
                 await wait_for(decoding, WAIT_S, "tokens before the pause")
