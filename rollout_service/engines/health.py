@@ -100,23 +100,20 @@ class HealthChecker:
             log.warning("engine %s failed its health check (%s): %d calls in flight on it go elsewhere",
                         handle.id, why, handle.inflight)
 
-    async def refresh_versions(self, engine_ids: list[str] | None = None) -> dict[str, int | None]:
+    async def refresh_versions(self, engine_ids: list[str] | None = None) -> None:
         """Ask engines (all, or ``engine_ids``) for their weight version now, each within
         ``HEALTH_TIMEOUT_S``; one that does not answer keeps what it showed. Called after a
         sync (resume, release) so the status shows what the sync wrote at once, not after the
         next answer or health check (which can wait up to ``HEALTH_GENERATE_TIMEOUT_S`` on a
-        busy engine). Returns the version each engine that answered reported (None: no label)."""
-        answered: dict[str, int | None] = {}
-
+        busy engine)."""
         async def one(handle: EngineHandle) -> None:
             try:
-                answered[handle.id] = await self._read_version(handle)
+                await self._read_version(handle)
             except EngineError as exc:
                 log.debug("engine %s: weight version not read after a sync: %s", handle.id, exc)
 
         handles = [h for eid, h in list(self.engines.items()) if engine_ids is None or eid in engine_ids]
         await asyncio.gather(*(one(h) for h in handles))
-        return answered
 
     async def serves(self, version: int) -> tuple[bool | None, list[int | None]]:
         """Whether some engine serves ``version`` or a newer one, asking every engine at once

@@ -359,8 +359,8 @@ class EnginePool:
     async def check_once(self) -> None:
         await self.health.check_once()
 
-    async def refresh_versions(self, engine_ids: list[str] | None = None) -> dict[str, int | None]:
-        return await self.health.refresh_versions(engine_ids)
+    async def refresh_versions(self, engine_ids: list[str] | None = None) -> None:
+        await self.health.refresh_versions(engine_ids)
 
     async def serves(self, version: int) -> tuple[bool | None, list[int | None]]:
         return await self.health.serves(version)

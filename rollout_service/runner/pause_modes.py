@@ -63,21 +63,22 @@ class PauseMode(Protocol):
     async def settle(self, deadline: float, timeout_s: float, target_version: int) -> None: ...
 
 
-class HoldPause:
-    name = "hold"
+class _OnParts:
+    """A strategy that needs only the shared parts."""
 
     def __init__(self, parts: PauseParts) -> None:
         self.parts = parts
+
+
+class HoldPause(_OnParts):
+    name = "hold"
 
     async def settle(self, deadline: float, timeout_s: float, target_version: int) -> None:
         self.parts.serving.hold_calls()
 
 
-class PartialPause:
+class PartialPause(_OnParts):
     name = "partial"
-
-    def __init__(self, parts: PauseParts) -> None:
-        self.parts = parts
 
     async def settle(self, deadline: float, timeout_s: float, target_version: int) -> None:
         p = self.parts
@@ -93,11 +94,8 @@ class PartialPause:
             await asyncio.sleep(PAUSE_REABORT_S)
 
 
-class DrainPause:
+class DrainPause(_OnParts):
     name = "drain"
-
-    def __init__(self, parts: PauseParts) -> None:
-        self.parts = parts
 
     async def settle(self, deadline: float, timeout_s: float, target_version: int) -> None:
         p = self.parts
